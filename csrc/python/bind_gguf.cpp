@@ -1,0 +1,3 @@
+#include "bindings.h"
+
+void init_gguf(nb::module_& m) {}

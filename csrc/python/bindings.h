@@ -1,0 +1,12 @@
+// One init_<area> per binding file, gathered in module.cpp.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace nb = nanobind;
+
+void init_types(nb::module_& m);
+void init_gguf(nb::module_& m);
+void init_dequant(nb::module_& m);
+void init_quantize(nb::module_& m);
+void init_kernels(nb::module_& m);

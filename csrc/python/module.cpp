@@ -1,0 +1,30 @@
+#include "bindings.h"
+#include "core/errors.h"
+
+namespace {
+
+// Raise the Python-side class (defined in regolith/errors.py so it can subclass RegolithError).
+void raise_as(const char* cls, const char* msg) {
+    nb::object type = nb::module_::import_("regolith.errors").attr(cls);
+    PyErr_SetString(type.ptr(), msg);
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+    m.doc() = "regolith C++ core";
+    nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const regolith::GGUFError& e) {
+            raise_as("GGUFError", e.what());
+        } catch (const regolith::Error& e) {
+            raise_as("RegolithError", e.what());
+        }
+    });
+    init_types(m);
+    init_gguf(m);
+    init_dequant(m);
+    init_quantize(m);
+    init_kernels(m);
+}

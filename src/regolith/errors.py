@@ -1,0 +1,16 @@
+"""The regolith exception hierarchy."""
+
+
+class RegolithError(Exception):
+    """Base class of every error regolith raises on purpose."""
+
+
+class GGUFError(RegolithError, ValueError):
+    """A GGUF file is malformed, truncated or uses something regolith does not support.
+
+    The message names the problem and the byte offset in the file where it was found.
+    """
+
+
+class ModelFormatError(RegolithError, ValueError):
+    """A model file is well-formed but does not describe a model regolith can run as stated."""

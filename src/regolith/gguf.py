@@ -1,0 +1,1 @@
+"""Reading GGUF files (filled in by the GGUF reader work)."""
