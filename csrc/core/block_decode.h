@@ -26,7 +26,7 @@
 #include "core/quant.h"
 #include "core/quant_tables.h"
 
-namespace regolith::cpu {
+namespace regolith {
 
 template <int TYPE>
 struct BlockDecoder;
@@ -88,4 +88,4 @@ struct BlockDecoder<RG_TYPE_Q4_K> {
     }
 };
 
-}  // namespace regolith::cpu
+}  // namespace regolith
