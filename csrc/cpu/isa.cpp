@@ -1,0 +1,84 @@
+#include "isa.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "core/errors.h"
+
+namespace regolith::cpu {
+namespace {
+
+bool cpu_has(Isa isa) {
+    switch (isa) {
+        case Isa::Scalar:
+            return true;
+        case Isa::Avx2:
+#if defined(RG_HAVE_AVX2) && (defined(__GNUC__) || defined(__clang__))
+            __builtin_cpu_init();
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                   __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+#else
+            return false;
+#endif
+        case Isa::Neon:
+#if defined(RG_HAVE_NEON)
+            return true;  // baseline on arm64
+#else
+            return false;
+#endif
+    }
+    return false;
+}
+
+Isa initial_isa() {
+    const std::vector<Isa> isas = available_isas();
+    if (const char* env = std::getenv("REGOLITH_ISA")) {
+        const Isa want = isa_from_name(env);
+        if (std::find(isas.begin(), isas.end(), want) != isas.end()) return want;
+    }
+    return isas.back();
+}
+
+std::atomic<Isa>& active() {
+    static std::atomic<Isa> isa{initial_isa()};
+    return isa;
+}
+
+}  // namespace
+
+std::string_view isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::Scalar:
+            return "scalar";
+        case Isa::Avx2:
+            return "avx2";
+        case Isa::Neon:
+            return "neon";
+    }
+    return "?";
+}
+
+Isa isa_from_name(std::string_view name) {
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Neon})
+        if (isa_name(isa) == name) return isa;
+    throw Error("unknown instruction set '" + std::string(name) + "' (expected scalar, avx2 or neon)");
+}
+
+std::vector<Isa> available_isas() {
+    std::vector<Isa> out;
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Neon})
+        if (cpu_has(isa)) out.push_back(isa);
+    return out;
+}
+
+Isa active_isa() { return active().load(); }
+
+void set_active_isa(Isa isa) {
+    if (!cpu_has(isa))
+        throw Error("instruction set '" + std::string(isa_name(isa)) + "' is not available on this machine");
+    active().store(isa);
+}
+
+}  // namespace regolith::cpu

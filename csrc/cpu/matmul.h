@@ -1,0 +1,62 @@
+// CPU matrix products: the per-ISA kernel tables behind cpu_backend().matmul.
+//
+// Quantized weights multiply int8-quantized activations (Q8: one float scale per 32 elements, as ggml's
+// vec_dot does): each weight block is decoded once by its BlockDecoder into int8 codes and per-group
+// scales, then dotted with every token's activations in integer arithmetic. Float weights (F32, F16, BF16)
+// multiply float activations directly.
+#pragma once
+
+#include <cstdint>
+
+#include "core/quant.h"
+
+namespace regolith::cpu {
+
+// Activations of ntok tokens prepared once per matmul: float copy and Q8 quantization.
+struct MatmulArgs {
+    const uint8_t* w;    // weight rows
+    int64_t row_bytes;
+    int64_t rows;
+    int64_t cols;
+    int64_t ntok;
+    const float* x;      // [ntok][cols] float activations
+    const int8_t* xq;    // [ntok][cols] int8 codes (quantized types only)
+    const float* xd;     // [ntok][cols / 32] scale per 32 codes
+    const float* xs;     // [ntok][cols / 16] float sum of x per 16 elements (for affine-bias types)
+    float* y;            // [ntok][rows]
+};
+
+// Per-thread working memory, owned by the caller: kernel translation units compiled with ISA flags must
+// not instantiate standard-library code (the linker could hand their copies to the portable path).
+struct Scratch {
+    int8_t* q;        // [kPanelRows][cols] decoded codes
+    float* scale;     // [kPanelRows][cols / 16]
+    float* bias;      // [kPanelRows][cols / 16]
+    float* row;       // [cols] a float weight row
+};
+
+// Tokens processed together per pass over a weight row: every decoded block is used ntok times.
+constexpr int kMaxTok = 8;
+// Rows decoded together into a panel when ntok > kMaxTok (prefill): each weight block is decoded once and
+// the panel (kPanelRows x cols int8, L2-resident) is reused by every token.
+constexpr int64_t kPanelRows = 16;
+
+// Computes output rows [r0, r1) for all tokens.
+using RowsKernel = void (*)(const MatmulArgs& args, int64_t r0, int64_t r1, const Scratch& scratch);
+
+struct KernelTable {
+    RowsKernel by_type[RG_TYPE_COUNT];  // nullptr: type not supported
+};
+
+const KernelTable& kernels_scalar();
+#if defined(RG_HAVE_AVX2)
+const KernelTable& kernels_avx2();
+#endif
+#if defined(RG_HAVE_NEON)
+const KernelTable& kernels_neon();
+#endif
+
+// Q8 activation quantization of one row of n elements (n % 32 == 0): q[n], d[n/32], s[n/16].
+void quantize_activations(const float* x, int64_t n, int8_t* q, float* d, float* s);
+
+}  // namespace regolith::cpu

@@ -1,0 +1,63 @@
+// x86-64 kernels: AVX2 + FMA + F16C (compiled with -mavx2 -mfma -mf16c -mbmi2; used only when the CPU has them).
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "cpu/matmul_impl.h"
+
+namespace regolith::cpu {
+namespace {
+
+struct SimdAvx2 {
+    using Acc = __m256;
+    static Acc zero() { return _mm256_setzero_ps(); }
+    static float hsum(Acc a) {
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        return _mm_cvtss_f32(s);
+    }
+    static void dot32(const int8_t* w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+        // |w| (unsigned) * sign(w)*x (signed): pair sums stay within int16 since |x| <= 127.
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+        const __m256i s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));  // lanes 0-3: elements 0-15
+        const __m256 scale = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s_lo)), _mm_set1_ps(s_hi), 1);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
+    }
+    static float dot_f32(const float* w, const float* x, int64_t n) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        }
+        float s = hsum(_mm256_add_ps(a0, a1));
+        for (; i < n; ++i) s += w[i] * x[i];
+        return s;
+    }
+    static void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+        for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
+    }
+    static void bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+        }
+        for (; i < n; ++i) dst[i] = bf16_to_fp32(src[i]);
+    }
+};
+
+}  // namespace
+
+const KernelTable& kernels_avx2() {
+    static const KernelTable table = make_kernel_table<SimdAvx2>();
+    return table;
+}
+
+}  // namespace regolith::cpu

@@ -1,0 +1,120 @@
+// Kernel templates shared by every ISA; included once per ISA translation unit with its Simd type:
+//
+//   struct Simd {
+//       using Acc = ...;                       // a float accumulator (scalar float or a vector register)
+//       static Acc zero();
+//       static float hsum(Acc);
+//       // acc += s_lo * dot(w[0:16], x[0:16]) + s_hi * dot(w[16:32], x[16:32])   (int8 codes)
+//       static void dot32(const int8_t* w, const int8_t* x, float s_lo, float s_hi, Acc& acc);
+//       static float dot_f32(const float* w, const float* x, int64_t n);
+//       static void f16_to_f32(const uint16_t* src, float* dst, int64_t n);
+//       static void bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
+//   };
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/block_decode.h"
+#include "core/quant_list.h"
+#include "cpu/matmul.h"
+
+namespace regolith::cpu {
+
+template <class S, class D>
+struct QuantKernel {
+    static constexpr int QK = D::QK, G = D::G, NG = QK / G;
+    static_assert(G == 16 || G == 32, "scale groups must be 16 or 32 elements");
+    static_assert(QK % 32 == 0, "blocks must cover whole 32-element activation blocks");
+
+    // Decoded row: int8 codes plus per-group scale (and bias) for every block.
+    struct DecodedRow {
+        int8_t* q;
+        float* scale;
+        float* bias;
+    };
+
+    static void decode_row(const typename D::Block* blocks, int64_t nb, DecodedRow out) {
+        for (int64_t b = 0; b < nb; ++b) D::decode(blocks[b], out.q + b * QK, out.scale + b * NG, out.bias + b * NG);
+    }
+
+    // One token: sum over the row of scale*q*x (+ bias*sum(x)).
+    static float dot_row(const DecodedRow& r, int64_t cols, const int8_t* xq, const float* xd, const float* xs) {
+        typename S::Acc acc = S::zero();
+        for (int64_t c = 0; c < cols; c += 32) {
+            const int64_t g = c / G;
+            const float d = xd[c / 32];
+            const float s_lo = r.scale[g] * d;
+            const float s_hi = G == 16 ? r.scale[g + 1] * d : s_lo;
+            S::dot32(r.q + c, xq + c, s_lo, s_hi, acc);
+        }
+        float sum = S::hsum(acc);
+        if constexpr (D::HAS_BIAS) {
+            float b = 0.0f;
+            for (int64_t g = 0; g < cols / G; ++g) {
+                const float xsum = G == 16 ? xs[g] : xs[2 * g] + xs[2 * g + 1];
+                b += r.bias[g] * xsum;
+            }
+            sum += b;
+        }
+        return sum;
+    }
+
+    static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
+        const int64_t nb = a.cols / QK, ng = a.cols / G;
+        const int64_t panel = a.ntok > kMaxTok ? kPanelRows : 1;
+        for (int64_t p0 = r0; p0 < r1; p0 += panel) {
+            const int64_t p1 = std::min(r1, p0 + panel);
+            for (int64_t r = p0; r < p1; ++r) {
+                const auto* blocks = reinterpret_cast<const typename D::Block*>(a.w + r * a.row_bytes);
+                decode_row(blocks, nb, row_at(s, r - p0, a.cols, ng));
+            }
+            for (int64_t t = 0; t < a.ntok; ++t) {
+                const int8_t* xq = a.xq + t * a.cols;
+                const float* xd = a.xd + t * (a.cols / 32);
+                const float* xs = a.xs + t * (a.cols / 16);
+                for (int64_t r = p0; r < p1; ++r)
+                    a.y[t * a.rows + r] = dot_row(row_at(s, r - p0, a.cols, ng), a.cols, xq, xd, xs);
+            }
+        }
+    }
+
+    static DecodedRow row_at(const Scratch& s, int64_t i, int64_t cols, int64_t ng) {
+        return {s.q + i * cols, s.scale + i * ng, s.bias + i * ng};
+    }
+};
+
+// F32 / F16 / BF16 weights: rows converted to f32 once, then dotted with every token.
+template <class S, int TYPE>
+struct FloatKernel {
+    static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
+        for (int64_t r = r0; r < r1; ++r) {
+            const uint8_t* src = a.w + r * a.row_bytes;
+            const float* wr;
+            if constexpr (TYPE == RG_TYPE_F32) {
+                wr = reinterpret_cast<const float*>(src);
+            } else if constexpr (TYPE == RG_TYPE_F16) {
+                S::f16_to_f32(reinterpret_cast<const uint16_t*>(src), s.row, a.cols);
+                wr = s.row;
+            } else {
+                S::bf16_to_f32(reinterpret_cast<const uint16_t*>(src), s.row, a.cols);
+                wr = s.row;
+            }
+            for (int64_t t = 0; t < a.ntok; ++t) a.y[t * a.rows + r] = S::dot_f32(wr, a.x + t * a.cols, a.cols);
+        }
+    }
+};
+
+template <class S>
+KernelTable make_kernel_table() {
+    KernelTable table{};
+    table.by_type[RG_TYPE_F32] = &FloatKernel<S, RG_TYPE_F32>::rows;
+    table.by_type[RG_TYPE_F16] = &FloatKernel<S, RG_TYPE_F16>::rows;
+    table.by_type[RG_TYPE_BF16] = &FloatKernel<S, RG_TYPE_BF16>::rows;
+    for_each_quant_type([&](auto type) {
+        table.by_type[type.value] = &QuantKernel<S, BlockDecoder<type.value>>::rows;
+    });
+    return table;
+}
+
+}  // namespace regolith::cpu

@@ -1,0 +1,44 @@
+// Portable kernels: plain C++, no intrinsics. Always built; the reference the SIMD kernels are tested against.
+#include <cstdint>
+
+#include "core/half.h"
+#include "cpu/matmul_impl.h"
+
+namespace regolith::cpu {
+namespace {
+
+struct SimdScalar {
+    using Acc = float;
+    static Acc zero() { return 0.0f; }
+    static float hsum(Acc a) { return a; }
+    static void dot32(const int8_t* w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
+        int32_t lo = 0, hi = 0;
+        for (int i = 0; i < 16; ++i) lo += int32_t(w[i]) * x[i];
+        for (int i = 16; i < 32; ++i) hi += int32_t(w[i]) * x[i];
+        acc += s_lo * float(lo) + s_hi * float(hi);
+    }
+    static float dot_f32(const float* w, const float* x, int64_t n) {
+        // 8 partial sums: same association as an 8-lane vector kernel, and faster than one serial chain.
+        float s[8] = {};
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < 8; ++k) s[k] += w[i + k] * x[i + k];
+        for (; i < n; ++i) s[0] += w[i] * x[i];
+        return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    }
+    static void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+        for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+    }
+    static void bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+        for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(src[i]);
+    }
+};
+
+}  // namespace
+
+const KernelTable& kernels_scalar() {
+    static const KernelTable table = make_kernel_table<SimdScalar>();
+    return table;
+}
+
+}  // namespace regolith::cpu
