@@ -3,10 +3,37 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 
 namespace regolith {
+namespace {
+
+// How long a thread spins before it sleeps: long enough to bridge the gap between two consecutive
+// matrix products of one decode step, short enough not to burn a core when idle.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
+// Spins until pred() holds or kSpin has passed; returns pred().
+template <class Pred>
+bool spin_until(Pred pred) {
+    const auto deadline = std::chrono::steady_clock::now() + kSpin;
+    for (int i = 0;; ++i) {
+        if (pred()) return true;
+        cpu_relax();
+        if ((i & 255) == 255 && std::chrono::steady_clock::now() > deadline) return pred();
+    }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
     for (int i = 1; i < std::max(1, n_threads); ++i) workers_.emplace_back([this, i] { worker_loop(i); });
@@ -15,35 +42,37 @@ ThreadPool::ThreadPool(int n_threads) {
 ThreadPool::~ThreadPool() {
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        stop_ = true;
+        stop_.store(true);
     }
     wake_.notify_all();
     for (auto& w : workers_) w.join();
 }
 
+void ThreadPool::run_chunk(int index) {
+    try {
+        (*job_)(chunks_[size_t(index)].first, chunks_[size_t(index)].second);
+    } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!error_) error_ = std::current_exception();
+    }
+}
+
 void ThreadPool::worker_loop(int index) {
     uint64_t seen = 0;
     for (;;) {
-        std::pair<int64_t, int64_t> chunk;
-        const std::function<void(int64_t, int64_t)>* job;
-        {
+        const auto fresh = [&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; };
+        if (!spin_until(fresh)) {
             std::unique_lock<std::mutex> lock(mutex_);
-            wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-            if (stop_) return;
-            seen = generation_;
-            if (size_t(index) >= chunks_.size()) continue;
-            chunk = chunks_[index];
-            job = job_;
+            wake_.wait(lock, fresh);
         }
-        std::exception_ptr err;
-        try {
-            (*job)(chunk.first, chunk.second);
-        } catch (...) {
-            err = std::current_exception();
+        if (stop_.load()) return;
+        seen = generation_.load(std::memory_order_acquire);
+        if (size_t(index) >= chunks_.size()) continue;  // this round has fewer chunks than threads
+        run_chunk(index);
+        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            done_.notify_one();
         }
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (err && !error_) error_ = err;
-        if (--pending_ == 0) done_.notify_one();
     }
 }
 
@@ -57,30 +86,24 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
         fn(0, n);
         return;
     }
-    std::vector<std::pair<int64_t, int64_t>> chunks;
-    for (int64_t p = 0; p < parts; ++p) {
-        const int64_t b = units * p / parts * grain, e = std::min(n, units * (p + 1) / parts * grain);
-        chunks.emplace_back(b, e);
-    }
+    chunks_.clear();
+    for (int64_t p = 0; p < parts; ++p)
+        chunks_.emplace_back(units * p / parts * grain, std::min(n, units * (p + 1) / parts * grain));
+    job_ = &fn;
+    error_ = nullptr;
+    pending_.store(int(parts) - 1, std::memory_order_relaxed);
     {
-        std::lock_guard<std::mutex> lock(mutex_);
-        chunks_ = chunks;
-        job_ = &fn;
-        pending_ = int(parts) - 1;
-        error_ = nullptr;
-        ++generation_;
+        std::lock_guard<std::mutex> lock(mutex_);  // no lost wake-up for a worker about to sleep
+        generation_.fetch_add(1, std::memory_order_acq_rel);
     }
     wake_.notify_all();
-    std::exception_ptr mine;
-    try {
-        fn(chunks[0].first, chunks[0].second);
-    } catch (...) {
-        mine = std::current_exception();
+    run_chunk(0);
+    const auto finished = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+    if (!spin_until(finished)) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        done_.wait(lock, finished);
     }
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-    chunks_.clear();
-    if (mine) std::rethrow_exception(mine);
+    job_ = nullptr;
     if (error_) std::rethrow_exception(error_);
 }
 

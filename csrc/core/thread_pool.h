@@ -1,8 +1,14 @@
 // A small persistent thread pool for data-parallel loops over rows.
+//
+// Decode runs thousands of small parallel loops per token (one per weight matrix), so hand-off latency
+// matters: workers spin briefly on an atomic generation counter before sleeping on a condition variable,
+// and the caller spins briefly before sleeping while it waits for the last chunk.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -20,25 +26,26 @@ public:
     int size() const { return int(workers_.size()) + 1; }
 
     // Runs fn(begin, end) over [0, n) split into at most size() contiguous chunks whose boundaries are
-    // multiples of `grain`; the calling thread takes a chunk too. Returns when all chunks are done; the
+    // multiples of `grain`; the calling thread takes the first chunk. Returns when all chunks are done; the
     // first exception thrown by a chunk is rethrown here. Calls from several threads are serialised; fn must
     // not call parallel_for on the same pool.
     void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 private:
     void worker_loop(int index);
+    void run_chunk(int index);
 
     std::vector<std::thread> workers_;
-    std::mutex call_mutex_;
-    std::mutex mutex_;
+    std::mutex call_mutex_;  // serialises callers
+    std::mutex mutex_;       // guards sleeping and the error slot
     std::condition_variable wake_;
     std::condition_variable done_;
     const std::function<void(int64_t, int64_t)>* job_ = nullptr;
     std::vector<std::pair<int64_t, int64_t>> chunks_;
-    uint64_t generation_ = 0;
-    int pending_ = 0;
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<int> pending_{0};
     std::exception_ptr error_;
-    bool stop_ = false;
+    std::atomic<bool> stop_{false};
 };
 
 // The process-wide pool used by the CPU kernels. Threads default to the number of cores the process may

@@ -2,14 +2,17 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
 #include "bindings.h"
 #include "core/ops.h"
+#include "core/quant_list.h"
 #include "core/thread_pool.h"
 #include "core/types.h"
 #include "cpu/isa.h"
+#include "cpu/membench.h"
 
 namespace {
 
@@ -34,11 +37,67 @@ Out matmul(uint32_t type, Weights w, int64_t cols, Acts x) {
     return Out(y, {size_t(ntok), size_t(rows)}, owner);
 }
 
+using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Moves a vector into a 1-D numpy array that owns it.
+template <class T>
+nb::object to_numpy(std::vector<T>&& v) {
+    auto* heap = new std::vector<T>(std::move(v));
+    nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+    return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner));
+}
+
+// The BlockDecoder view of quantized data: (codes int8[n], scale f32[n/G], bias f32[n/G] or None, G).
+// For tests that need the magnitudes of the integer decomposition (float rounding bounds of the kernels).
+nb::tuple decode_blocks(uint32_t type, Bytes data, int64_t n) {
+    nb::object result = nb::none();
+    regolith::for_each_quant_type([&](auto tc) {
+        using D = regolith::BlockDecoder<tc.value>;
+        if (tc.value != int(type)) return;
+        if (n % D::QK != 0 || int64_t(data.shape(0)) != n / D::QK * int64_t(sizeof(typename D::Block)))
+            throw nb::value_error("data must hold exactly n elements");
+        std::vector<int8_t> q(static_cast<size_t>(n));
+        std::vector<float> sc(static_cast<size_t>(n / D::G)), bi(sc.size());
+        const auto* blocks = reinterpret_cast<const typename D::Block*>(data.data());
+        constexpr int NG = D::QK / D::G;
+        for (int64_t b = 0; b < n / D::QK; ++b) D::decode(blocks[b], &q[b * D::QK], &sc[b * NG], &bi[b * NG]);
+        nb::object bias = D::HAS_BIAS ? to_numpy(std::move(bi)) : nb::none();
+        result = nb::make_tuple(to_numpy(std::move(q)), to_numpy(std::move(sc)), bias, D::G);
+    });
+    if (result.is_none()) throw nb::value_error("not a quantized type with a block decoder");
+    return nb::borrow<nb::tuple>(result);
+}
+
+// Times `iters` products of x with consecutive rows x cols matrices taken in turn from `pool` (wrapping),
+// in C++ so that Python call overhead is not measured. Returns seconds.
+double time_matmul(uint32_t type, Weights pool, int64_t rows, int64_t cols, Acts x, int64_t iters) {
+    const regolith::TypeTraits* t = regolith::type_traits(type);
+    if (!t || cols % t->block_elems != 0) throw nb::value_error("bad type or cols");
+    const int64_t row_bytes = int64_t(pool.shape(1));
+    if (row_bytes != regolith::type_row_bytes(*t, cols) || int64_t(x.shape(1)) != cols)
+        throw nb::value_error("shape mismatch");
+    const int64_t n_mats = int64_t(pool.shape(0)) / rows;
+    if (n_mats < 1) throw nb::value_error("pool smaller than one matrix");
+    const int64_t ntok = int64_t(x.shape(0));
+    std::vector<float> y(size_t(rows * ntok));
+    nb::gil_scoped_release release;
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iters; ++i) {
+        regolith::WeightView view{type, pool.data() + (i % n_mats) * rows * row_bytes, rows, cols, row_bytes};
+        regolith::cpu_backend().matmul(view, x.data(), ntok, y.data());
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
 void init_kernels(nb::module_& m) {
     m.def("matmul", &matmul, nb::arg("type_id"), nb::arg("w"), nb::arg("cols"), nb::arg("x"),
           "y[t, r] = sum_c W[r, c] x[t, c] on the CPU backend. w: uint8 (rows, row_bytes); x: float32 (ntok, cols).");
+    m.def("decode_blocks", &decode_blocks, nb::arg("type_id"), nb::arg("data"), nb::arg("n"),
+          "Decode quantized data into (int8 codes, scale per group, bias per group or None, group size).");
+    m.def("time_matmul", &time_matmul, nb::arg("type_id"), nb::arg("pool"), nb::arg("rows"), nb::arg("cols"),
+          nb::arg("x"), nb::arg("iters"), "Benchmark helper: seconds for iters matmuls cycling through pool.");
     m.def(
         "set_isa", [](const std::string& name) { regolith::cpu::set_active_isa(regolith::cpu::isa_from_name(name)); },
         nb::arg("name"), "Select the CPU kernels: 'scalar', 'avx2' or 'neon'.");
@@ -50,4 +109,11 @@ void init_kernels(nb::module_& m) {
     });
     m.def("set_threads", &regolith::set_default_threads, nb::arg("n"), "Threads for CPU kernels (0: all cores).");
     m.def("threads", &regolith::default_threads);
+    m.def(
+        "read_all",
+        [](Bytes data) {
+            nb::gil_scoped_release release;
+            return regolith::cpu::read_all(data.data(), data.shape(0));
+        },
+        nb::arg("data"), "Read every byte on the kernel threads (bandwidth probe); returns an XOR checksum.");
 }

@@ -1,0 +1,140 @@
+"""CPU matmul kernels (matvec, small batch, prefill GEMM) against dequantize-then-float64.
+
+The weights' reference values come from the `gguf` package's dequantizers (tests/quant_data.py). Two
+sources of error are allowed, each with a bound derived from the kernel's arithmetic, not fitted:
+
+* Float rounding. The kernel sums products of the integer decomposition w = scale*q + bias in float32, so
+  its rounding error is at most gamma * sum_i (|scale*q_i| + |bias|) * |x_i| with gamma = (k + 8) * eps32,
+  k = cols / 16 the number of float accumulation steps per lane (plus the 8-lane reduction and the
+  per-group scale products). The magnitudes come from _core.decode_blocks.
+* Activation quantization. Activations are quantized to int8 per 32 elements (scale amax/127), so each
+  |x_i - x_hat_i| <= amax/254 and the error is at most sum_i |scale*q_i| * amax_block(i)/254. The
+  "q8-exact" tests use activations that Q8 represents exactly, so only float rounding remains.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from regolith import _core
+from tests.quant_data import QUANT_TYPES, block_size, q8_exact_activations, random_blocks, reference_dequantize, type_id
+
+ISAS = _core.available_isas()
+EPS32 = float(np.finfo(np.float32).eps)
+FLOAT_TYPES = {"F32": (0, np.float32), "F16": (1, np.float16), "BF16": (30, None)}
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    before = _core.isa()
+    _core.set_isa(request.param)
+    yield request.param
+    _core.set_isa(before)
+
+
+def _decomposition(name: str, wq: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """|scale*q| per element and |bias| per element, float64 (rows, cols)."""
+    q, scale, bias, g = _core.decode_blocks(type_id(name), wq.reshape(-1), rows * cols)
+    sq = np.abs(q.astype(np.float64) * np.repeat(scale.astype(np.float64), g))
+    b = np.zeros_like(sq) if bias is None else np.abs(np.repeat(bias.astype(np.float64), g))
+    return sq.reshape(rows, cols), b.reshape(rows, cols)
+
+
+def _check_quant(name: str, rows: int, cols: int, ntok: int, rng: np.random.Generator, exact_acts: bool):
+    wq = random_blocks(name, (rows, cols), rng)
+    w = reference_dequantize(wq, name).astype(np.float64)
+    if exact_acts:
+        x = q8_exact_activations(ntok, cols, rng)
+    else:
+        x = rng.standard_normal((ntok, cols)).astype(np.float32) * rng.uniform(0.01, 10)
+    y = _core.matmul(type_id(name), wq, cols, x)
+    ref = x.astype(np.float64) @ w.T
+
+    sq, b = _decomposition(name, wq, rows, cols)
+    ax = np.abs(x.astype(np.float64))
+    bound = (cols / 16 + 8) * EPS32 * ((sq + b) @ ax.T).T
+    if not exact_acts:
+        amax = np.repeat(ax.reshape(ntok, cols // 32, 32).max(axis=2), 32, axis=1)
+        bound += (sq @ (amax / 254.0).T).T * (1 + 1e-6)
+    err = np.abs(y.astype(np.float64) - ref)
+    assert y.shape == (ntok, rows)
+    assert np.all(err <= bound + 1e-30), f"{name}: max excess {np.max(err - bound)}"
+
+
+@pytest.mark.parametrize("ntok", [1, 2, 5, 8, 9, 33])
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_matmul_q8_exact_matches_dequantize_float64(name, ntok, isa):
+    qk, _ = block_size(name)
+    rng = np.random.default_rng([type_id(name), ntok])
+    _check_quant(name, rows=19, cols=max(qk, 256) * 2, ntok=ntok, rng=rng, exact_acts=True)
+
+
+@pytest.mark.parametrize("ntok", [1, 4, 8, 20])
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_matmul_matches_dequantize_float64_within_q8_bound(name, ntok, isa):
+    qk, _ = block_size(name)
+    rng = np.random.default_rng([type_id(name), ntok, 1])
+    _check_quant(name, rows=7, cols=max(qk, 256), ntok=ntok, rng=rng, exact_acts=False)
+
+
+@pytest.mark.parametrize("ntok", [1, 3, 8, 12])
+@pytest.mark.parametrize("name", FLOAT_TYPES)
+def test_float_matmul_matches_float64(name, ntok, isa):
+    rng = np.random.default_rng(ntok)
+    rows, cols = 11, 301
+    w32 = rng.standard_normal((rows, cols)).astype(np.float32)
+    if name == "BF16":
+        bits = (w32.view(np.uint32) >> 16).astype(np.uint16)
+        w = (bits.astype(np.uint32) << 16).view(np.float32)
+        raw = bits.view(np.uint8).reshape(rows, -1)
+    else:
+        w = w32.astype(FLOAT_TYPES[name][1])
+        raw = w.view(np.uint8).reshape(rows, -1)
+    x = rng.standard_normal((ntok, cols)).astype(np.float32)
+    y = _core.matmul(FLOAT_TYPES[name][0], raw, cols, x)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    bound = (cols / 8 + 8) * EPS32 * (np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T)
+    assert np.all(np.abs(y - ref) <= bound)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    name=st.sampled_from(["Q4_K", "IQ2_XS", "Q8_0", "Q6_K", "IQ4_NL", "Q2_0"]),
+    rows=st.integers(1, 40),
+    nblocks=st.integers(1, 6),
+    ntok=st.integers(1, 40),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_matmul_shapes_property(name, rows, nblocks, ntok, seed):
+    qk, _ = block_size(name)
+    _check_quant(name, rows, qk * nblocks, ntok, np.random.default_rng(seed), exact_acts=True)
+
+
+def test_isas_agree_to_float_rounding():
+    if len(ISAS) < 2:
+        pytest.skip("only the scalar kernels exist on this machine")
+    rng = np.random.default_rng(7)
+    wq = random_blocks("Q4_K", (64, 1024), rng)
+    x = rng.standard_normal((5, 1024)).astype(np.float32)
+    ys = {}
+    before = _core.isa()
+    for isa_name in ISAS:
+        _core.set_isa(isa_name)
+        ys[isa_name] = _core.matmul(type_id("Q4_K"), wq, 1024, x)
+    _core.set_isa(before)
+    base = ys["scalar"].astype(np.float64)
+    for isa_name, y in ys.items():
+        np.testing.assert_allclose(y, base, rtol=0, atol=1e-4 * np.abs(base).max())
+
+
+def test_matmul_rejects_bad_shapes():
+    wq = random_blocks("Q4_K", (4, 256), np.random.default_rng(0))
+    with pytest.raises(ValueError):
+        _core.matmul(type_id("Q4_K"), wq, 512, np.zeros((1, 512), np.float32))
+    with pytest.raises(ValueError):
+        _core.matmul(type_id("Q4_K"), wq, 256, np.zeros((1, 255), np.float32))
+    with pytest.raises(ValueError):
+        _core.matmul(999, wq, 256, np.zeros((1, 256), np.float32))
