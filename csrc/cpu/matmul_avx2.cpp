@@ -17,13 +17,21 @@ struct SimdAvx2 {
         s = _mm_add_ss(s, _mm_movehdup_ps(s));
         return _mm_cvtss_f32(s);
     }
-    static void dot32(const int8_t* w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
-        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    struct W {
+        __m256i w, abs;
+    };
+    static W load_w(const int8_t* w) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+        return {v, _mm256_sign_epi8(v, v)};
+    }
+    template <bool SPLIT>
+    static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
         // |w| (unsigned) * sign(w)*x (signed): pair sums stay within int16 since |x| <= 127.
-        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+        const __m256i p = _mm256_maddubs_epi16(w.abs, _mm256_sign_epi8(xv, w.w));
         const __m256i s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));  // lanes 0-3: elements 0-15
-        const __m256 scale = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s_lo)), _mm_set1_ps(s_hi), 1);
+        const __m256 scale = SPLIT ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s_lo)), _mm_set1_ps(s_hi), 1)
+                                   : _mm256_set1_ps(s_lo);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
     }
     static float dot_f32(const float* w, const float* x, int64_t n) {

@@ -4,8 +4,11 @@
 //       using Acc = ...;                       // a float accumulator (scalar float or a vector register)
 //       static Acc zero();
 //       static float hsum(Acc);
-//       // acc += s_lo * dot(w[0:16], x[0:16]) + s_hi * dot(w[16:32], x[16:32])   (int8 codes)
-//       static void dot32(const int8_t* w, const int8_t* x, float s_lo, float s_hi, Acc& acc);
+//       using W = ...;                         // 32 weight codes loaded once, reused for several tokens
+//       static W load_w(const int8_t* w);
+//       // acc += s_lo * dot(w[0:16], x[0:16]) + s_hi * dot(w[16:32], x[16:32])   (int8 codes);
+//       // SPLIT is false when s_lo == s_hi (32-element scale groups).
+//       template <bool SPLIT> static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc);
 //       static float dot_f32(const float* w, const float* x, int64_t n);
 //       static void f16_to_f32(const uint16_t* src, float* dst, int64_t n);
 //       static void bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
@@ -38,26 +41,49 @@ struct QuantKernel {
         for (int64_t b = 0; b < nb; ++b) D::decode(blocks[b], out.q + b * QK, out.scale + b * NG, out.bias + b * NG);
     }
 
-    // One token: sum over the row of scale*q*x (+ bias*sum(x)).
-    static float dot_row(const DecodedRow& r, int64_t cols, const int8_t* xq, const float* xd, const float* xs) {
-        typename S::Acc acc = S::zero();
+    // NT tokens (t0 .. t0+NT) against one decoded row; each 32-code chunk of weights is loaded once and
+    // used by all NT tokens. out[t] = sum over the row of scale*q*x (+ bias*sum(x)).
+    template <int NT>
+    static void dot_row(const DecodedRow& r, const MatmulArgs& a, int64_t t0, float* out) {
+        const int64_t cols = a.cols;
+        typename S::Acc acc[NT];
+        for (int t = 0; t < NT; ++t) acc[t] = S::zero();
         for (int64_t c = 0; c < cols; c += 32) {
+            const typename S::W w = S::load_w(r.q + c);
             const int64_t g = c / G;
-            const float d = xd[c / 32];
-            const float s_lo = r.scale[g] * d;
-            const float s_hi = G == 16 ? r.scale[g + 1] * d : s_lo;
-            S::dot32(r.q + c, xq + c, s_lo, s_hi, acc);
-        }
-        float sum = S::hsum(acc);
-        if constexpr (D::HAS_BIAS) {
-            float b = 0.0f;
-            for (int64_t g = 0; g < cols / G; ++g) {
-                const float xsum = G == 16 ? xs[g] : xs[2 * g] + xs[2 * g + 1];
-                b += r.bias[g] * xsum;
+            const float w_lo = r.scale[g], w_hi = G == 16 ? r.scale[g + 1] : w_lo;
+            for (int t = 0; t < NT; ++t) {
+                const float d = a.xd[(t0 + t) * (cols / 32) + c / 32];
+                S::template dot32<G == 16>(w, a.xq + (t0 + t) * cols + c, w_lo * d, w_hi * d, acc[t]);
             }
-            sum += b;
         }
-        return sum;
+        for (int t = 0; t < NT; ++t) {
+            float sum = S::hsum(acc[t]);
+            if constexpr (D::HAS_BIAS) {
+                const float* xs = a.xs + (t0 + t) * (cols / 16);
+                float b = 0.0f;
+                for (int64_t g = 0; g < cols / G; ++g) b += r.bias[g] * (G == 16 ? xs[g] : xs[2 * g] + xs[2 * g + 1]);
+                sum += b;
+            }
+            out[t] = sum;
+        }
+    }
+
+    // Tokens [t0, t1) (at most kMaxTok) against one decoded row, writing y[t][r].
+    static void dot_tokens(const DecodedRow& row, const MatmulArgs& a, int64_t r, int64_t t0, int64_t t1) {
+        float out[kMaxTok];
+        const int nt = int(t1 - t0);
+        switch (nt) {
+            case 1: dot_row<1>(row, a, t0, out); break;
+            case 2: dot_row<2>(row, a, t0, out); break;
+            case 3: dot_row<3>(row, a, t0, out); break;
+            case 4: dot_row<4>(row, a, t0, out); break;
+            case 5: dot_row<5>(row, a, t0, out); break;
+            case 6: dot_row<6>(row, a, t0, out); break;
+            case 7: dot_row<7>(row, a, t0, out); break;
+            default: dot_row<8>(row, a, t0, out); break;
+        }
+        for (int t = 0; t < nt; ++t) a.y[(t0 + t) * a.rows + r] = out[t];
     }
 
     static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
@@ -69,13 +95,9 @@ struct QuantKernel {
                 const auto* blocks = reinterpret_cast<const typename D::Block*>(a.w + r * a.row_bytes);
                 decode_row(blocks, nb, row_at(s, r - p0, a.cols, ng));
             }
-            for (int64_t t = 0; t < a.ntok; ++t) {
-                const int8_t* xq = a.xq + t * a.cols;
-                const float* xd = a.xd + t * (a.cols / 32);
-                const float* xs = a.xs + t * (a.cols / 16);
+            for (int64_t t0 = 0; t0 < a.ntok; t0 += kMaxTok)
                 for (int64_t r = p0; r < p1; ++r)
-                    a.y[t * a.rows + r] = dot_row(row_at(s, r - p0, a.cols, ng), a.cols, xq, xd, xs);
-            }
+                    dot_tokens(row_at(s, r - p0, a.cols, ng), a, r, t0, std::min(a.ntok, t0 + kMaxTok));
         }
     }
 

@@ -22,9 +22,12 @@ struct SimdNeon {
         return vpaddlq_s16(p);
 #endif
     }
-    static void dot32(const int8_t* w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
-        const int32x4_t lo = dot16(vld1q_s8(w), vld1q_s8(x));
-        const int32x4_t hi = dot16(vld1q_s8(w + 16), vld1q_s8(x + 16));
+    using W = int8x16x2_t;
+    static W load_w(const int8_t* w) { return vld1q_s8_x2(w); }
+    template <bool SPLIT>
+    static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
+        const int32x4_t lo = dot16(w.val[0], vld1q_s8(x));
+        const int32x4_t hi = dot16(w.val[1], vld1q_s8(x + 16));
         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(lo), s_lo);
         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(hi), s_hi);
     }

@@ -11,7 +11,10 @@ struct SimdScalar {
     using Acc = float;
     static Acc zero() { return 0.0f; }
     static float hsum(Acc a) { return a; }
-    static void dot32(const int8_t* w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
+    using W = const int8_t*;
+    static W load_w(const int8_t* w) { return w; }
+    template <bool SPLIT>
+    static void dot32(W w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
         int32_t lo = 0, hi = 0;
         for (int i = 0; i < 16; ++i) lo += int32_t(w[i]) * x[i];
         for (int i = 16; i < 32; ++i) hi += int32_t(w[i]) * x[i];
