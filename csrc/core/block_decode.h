@@ -7,7 +7,8 @@
 // evaluated in float32 as one multiply then one add (compile users with -ffp-contract=off where
 // bit-exactness matters). `scale` and `bias` are computed with the same float32 operations, in the same
 // order, as the gguf package's numpy dequantizers, so dequantization built on this is bit-exact (the
-// per-type comments say why where the mapping is not literal). The integer dot-product kernels use the
+// per-type comments say why where the mapping is not literal). Only NaN outputs (from inf/NaN scale
+// fields) may differ in NaN sign/payload, e.g. Q4_K's bias = -(dmin * m) where gguf subtracts dmin * m. The integer dot-product kernels use the
 // same decode: sum_i x[i] a[i] = sum_g scale_g * (q . a)_g + bias_g * sum(a)_g. q always fits int8.
 //
 // A decoder is a struct BlockDecoder<TYPE> with:
@@ -33,11 +34,31 @@
 #include "core/quant.h"
 #include "core/quant_tables.h"
 
+#if defined(__SSSE3__)
+#include <tmmintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "block decoders assume a little-endian host (GGUF data is little-endian)"
 #endif
 
+// The decoders are compiled both into the portable core and into ISA-specific kernel files (-mavx2). An
+// ISA-named inline namespace keeps those copies distinct symbols, so the linker can never merge an AVX2
+// copy of an inline function into portable code (an ODR trap). Users just write regolith::BlockDecoder.
+#if defined(__AVX2__)
+#define RG_DECODE_ISA decode_avx2
+#elif defined(__SSSE3__)
+#define RG_DECODE_ISA decode_ssse3
+#elif defined(__ARM_NEON)
+#define RG_DECODE_ISA decode_neon
+#else
+#define RG_DECODE_ISA decode_generic
+#endif
+
 namespace regolith {
+inline namespace RG_DECODE_ISA {
 
 template <uint32_t TYPE>
 struct BlockDecoder;
@@ -77,7 +98,9 @@ constexpr uint64_t kLowNibbles = 0x0f0f0f0f0f0f0f0full;
 constexpr uint64_t bytes_of(uint8_t b) { return kOnes * b; }
 
 // Per byte x - k as int8, for bytes with x + 0x80 - k < 0x100 (so the add never carries out of a byte).
-inline uint64_t sub_bytes(uint64_t x, uint8_t k) { return (x + bytes_of(uint8_t(0x80 - k))) ^ bytes_of(0x80); }
+inline uint64_t sub_bytes(uint64_t x, uint8_t k) {
+    return (x + bytes_of(uint8_t(0x80 - k))) ^ bytes_of(0x80);
+}
 
 // Negate the bytes of g where m has 0xFF (two's complement: ~g + 1). Exact per byte provided every byte
 // of g is >= 1: then ~g <= 0xFE and the +1 never carries into the next byte.
@@ -110,13 +133,40 @@ inline void or_high_bits32(uint32_t qh, int8_t* q, uint8_t bit) {
     }
 }
 
-// 16 nibble indices (8 bytes, low nibble first) into a 16-entry int8 table -> q[0..7], q[8..15]... as laid
-// out by IQ4_NL / MXFP4 / NVFP4: element l = table[qs[l] & 15], element n/2 + l = table[qs[l] >> 4].
-inline void lookup_nibbles(const uint8_t* qs, int n_bytes, const int8_t* table, int8_t* q) {
-    for (int l = 0; l < n_bytes; ++l) {
-        q[l] = table[qs[l] & 0x0f];
-        q[l + n_bytes] = table[qs[l] >> 4];
+// Nibble indices into a 16-entry int8 table, laid out as IQ4_NL / IQ4_XS / MXFP4 / NVFP4 do:
+// from N bytes, element l = table[qs[l] & 15] and element N + l = table[qs[l] >> 4]. N = 16 or 8.
+template <int N>
+inline void lookup_nibbles(const uint8_t* qs, const int8_t* table, int8_t* q) {
+    static_assert(N == 16 || N == 8, "16 or 8 bytes");
+#if defined(__SSSE3__)
+    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(table));
+    const __m128i m = _mm_set1_epi8(0x0f);
+    if constexpr (N == 16) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_shuffle_epi8(t, _mm_and_si128(v, m)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16),
+                         _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+    } else {
+        const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs));
+        const __m128i idx = _mm_and_si128(_mm_unpacklo_epi64(v, _mm_srli_epi16(v, 4)), m);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_shuffle_epi8(t, idx));
     }
+#elif defined(__ARM_NEON)
+    const int8x16_t t = vld1q_s8(table);
+    if constexpr (N == 16) {
+        const uint8x16_t v = vld1q_u8(qs);
+        vst1q_s8(q, vqtbl1q_s8(t, vandq_u8(v, vdupq_n_u8(0x0f))));
+        vst1q_s8(q + 16, vqtbl1q_s8(t, vshrq_n_u8(v, 4)));
+    } else {
+        const uint8x8_t v = vld1_u8(qs);
+        vst1q_s8(q, vqtbl1q_s8(t, vcombine_u8(vand_u8(v, vdup_n_u8(0x0f)), vshr_n_u8(v, 4))));
+    }
+#else
+    for (int l = 0; l < N; ++l) {
+        q[l] = table[qs[l] & 0x0f];
+        q[l + N] = table[qs[l] >> 4];
+    }
+#endif
 }
 
 // MXFP4 block scale: E8M0 exponent e -> 2^(e - 127) / 2 (the kvalues are doubled), as gguf's
@@ -185,7 +235,7 @@ template <>
 struct BlockDecoder<RG_TYPE_IQ4_NL> : DecoderTraits<RG_TYPE_IQ4_NL, block_iq4_nl, QK4_NL, 32, false> {
     static void decode(const Block& b, int8_t* q, float* scale, float*) {
         scale[0] = fp16_to_fp32(b.d);
-        decode_detail::lookup_nibbles(b.qs, 16, rg_kvalues_iq4nl, q);
+        decode_detail::lookup_nibbles<16>(b.qs, rg_kvalues_iq4nl, q);
     }
 };
 
@@ -195,7 +245,7 @@ template <>
 struct BlockDecoder<RG_TYPE_MXFP4> : DecoderTraits<RG_TYPE_MXFP4, block_mxfp4, QK_MXFP4, 32, false> {
     static void decode(const Block& b, int8_t* q, float* scale, float*) {
         scale[0] = decode_detail::e8m0_half(b.e);
-        decode_detail::lookup_nibbles(b.qs, 16, rg_kvalues_e2m1, q);
+        decode_detail::lookup_nibbles<16>(b.qs, rg_kvalues_e2m1, q);
     }
 };
 
@@ -206,7 +256,7 @@ struct BlockDecoder<RG_TYPE_NVFP4> : DecoderTraits<RG_TYPE_NVFP4, block_nvfp4, Q
     static void decode(const Block& b, int8_t* q, float* scale, float*) {
         for (int s = 0; s < 4; ++s) {
             scale[s] = decode_detail::bits_to_f32(rg_ue4m3_half_bits[b.d[s]]);
-            decode_detail::lookup_nibbles(b.qs + 8 * s, 8, rg_kvalues_e2m1, q + 16 * s);
+            decode_detail::lookup_nibbles<8>(b.qs + 8 * s, rg_kvalues_e2m1, q + 16 * s);
         }
     }
 };
@@ -229,7 +279,13 @@ struct BlockDecoder<RG_TYPE_Q2_0> : DecoderTraits<RG_TYPE_Q2_0, block_q2_0, QK2_
     static void decode(const Block& b, int8_t* q, float* scale, float*) {
         const float d = fp16_to_fp32(b.d);
         scale[0] = scale[1] = d;
-        for (int j = 0; j < QK; ++j) q[j] = int8_t(((b.qs[j >> 2] >> (2 * (j & 3))) & 3) - 1);
+        // two bytes at a time, placed at bits 0 and 32: shifting by 6, 12, 18 moves code r of each byte to
+        // bits 8r..8r+1, the masked OR spreads the 4 codes over 4 bytes
+        using namespace decode_detail;
+        for (int c = 0; c < QK / 8; ++c) {
+            const uint64_t y = b.qs[2 * c] | (uint64_t(b.qs[2 * c + 1]) << 32);
+            store_u64(q + 8 * c, sub_bytes((y | (y << 6) | (y << 12) | (y << 18)) & bytes_of(3), 1));
+        }
     }
 };
 
@@ -248,7 +304,8 @@ struct BlockDecoder<RG_TYPE_Q2_K> : DecoderTraits<RG_TYPE_Q2_K, block_q2_K, QK_K
         for (int h = 0; h < 2; ++h)
             for (int c = 0; c < 4; ++c) {
                 const uint64_t v = load_u64(b.qs + 32 * h + 8 * c);
-                for (int k = 0; k < 4; ++k) store_u64(q + 128 * h + 32 * k + 8 * c, (v >> (2 * k)) & bytes_of(3));
+                for (int k = 0; k < 4; ++k)
+                    store_u64(q + 128 * h + 32 * k + 8 * c, (v >> (2 * k)) & bytes_of(3));
             }
     }
 };
@@ -330,7 +387,8 @@ struct BlockDecoder<RG_TYPE_Q5_K> : DecoderTraits<RG_TYPE_Q5_K, block_q5_K, QK_K
             for (int k = 0; k < 4; ++k) {
                 const uint64_t v = load_u64(b.qs + 32 * k + 8 * c);
                 store_u64(q + 64 * k + 8 * c, (v & kLowNibbles) | (((hm >> (2 * k)) & kOnes) << 4));
-                store_u64(q + 64 * k + 32 + 8 * c, ((v >> 4) & kLowNibbles) | (((hm >> (2 * k + 1)) & kOnes) << 4));
+                store_u64(q + 64 * k + 32 + 8 * c,
+                          ((v >> 4) & kLowNibbles) | (((hm >> (2 * k + 1)) & kOnes) << 4));
             }
         }
     }
@@ -349,7 +407,8 @@ struct BlockDecoder<RG_TYPE_Q6_K> : DecoderTraits<RG_TYPE_Q6_K, block_q6_K, QK_K
                 const uint64_t hv = load_u64(b.qh + 32 * h + 8 * c);
                 for (int k = 0; k < 4; ++k) {
                     const uint64_t lv = load_u64(b.ql + 64 * h + 32 * (k & 1) + 8 * c);
-                    const uint64_t code = ((lv >> (4 * (k >> 1))) & kLowNibbles) | (((hv >> (2 * k)) & bytes_of(3)) << 4);
+                    const uint64_t code =
+                        ((lv >> (4 * (k >> 1))) & kLowNibbles) | (((hv >> (2 * k)) & bytes_of(3)) << 4);
                     store_u64(q + 128 * h + 32 * k + 8 * c, sub_bytes(code, 32));
                 }
             }
@@ -400,6 +459,7 @@ struct BlockDecoder<RG_TYPE_TQ2_0> : DecoderTraits<RG_TYPE_TQ2_0, block_tq2_0, Q
     }
 };
 
+}  // namespace RG_DECODE_ISA
 }  // namespace regolith
 
 #define RG_BLOCK_DECODE_INSIDE
@@ -408,14 +468,17 @@ struct BlockDecoder<RG_TYPE_TQ2_0> : DecoderTraits<RG_TYPE_TQ2_0, block_tq2_0, Q
 
 // ---- run-time type dispatch -------------------------------------------------------------------------------
 // Every type with a BlockDecoder, as X(TYPE_ID): for explicit instantiation and tables over decoders.
+// clang-format off
 #define RG_FOR_EACH_QUANT_TYPE(X)                                                                        \
     X(RG_TYPE_Q4_0) X(RG_TYPE_Q4_1) X(RG_TYPE_Q5_0) X(RG_TYPE_Q5_1) X(RG_TYPE_Q8_0) X(RG_TYPE_Q8_K)     \
     X(RG_TYPE_Q2_K) X(RG_TYPE_Q3_K) X(RG_TYPE_Q4_K) X(RG_TYPE_Q5_K) X(RG_TYPE_Q6_K)                     \
     X(RG_TYPE_IQ1_S) X(RG_TYPE_IQ1_M) X(RG_TYPE_IQ2_XXS) X(RG_TYPE_IQ2_XS) X(RG_TYPE_IQ2_S)             \
     X(RG_TYPE_IQ3_XXS) X(RG_TYPE_IQ3_S) X(RG_TYPE_IQ4_NL) X(RG_TYPE_IQ4_XS) X(RG_TYPE_TQ1_0)            \
     X(RG_TYPE_TQ2_0) X(RG_TYPE_MXFP4) X(RG_TYPE_NVFP4) X(RG_TYPE_Q1_0) X(RG_TYPE_Q2_0)
+// clang-format on
 
 namespace regolith {
+inline namespace RG_DECODE_ISA {
 
 // True when `type` has a BlockDecoder.
 constexpr bool is_quant_type(uint32_t type) {
@@ -446,4 +509,5 @@ decltype(auto) dispatch_quant_type(uint32_t type, F&& f) {
     }
 }
 
+}  // namespace RG_DECODE_ISA
 }  // namespace regolith

@@ -12,6 +12,7 @@
 #endif
 
 namespace regolith {
+inline namespace RG_DECODE_ISA {
 
 // IQ2_XXS: per 32 elements two uint32: 4 grid indices (bytes) | 4 x 7-bit ksigns indices + 4-bit scale s.
 // gguf: db = d * (0.5 + s) * 0.25; x = db * grid * sign.
@@ -94,7 +95,8 @@ struct BlockDecoder<RG_TYPE_IQ3_S> : DecoderTraits<RG_TYPE_IQ3_S, block_iq3_s, Q
     static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
-        for (int g = 0; g < NG; ++g) scale[g] = d * float(1 + 2 * ((b.scales[g >> 1] >> (4 * (g & 1))) & 0x0f));
+        for (int g = 0; g < NG; ++g)
+            scale[g] = d * float(1 + 2 * ((b.scales[g >> 1] >> (4 * (g & 1))) & 0x0f));
         for (int t = 0; t < QK / 8; ++t) {
             const int i0 = 2 * t, i1 = 2 * t + 1;
             const uint8_t h = b.qh[t >> 2];
@@ -114,8 +116,11 @@ struct BlockDecoder<RG_TYPE_IQ3_S> : DecoderTraits<RG_TYPE_IQ3_S, block_iq3_s, Q
 // real number dl * q / 8 once: bit-identical. q is never 0 so signed zeros agree as well.
 inline uint64_t iq1_codes(uint64_t grid, bool negative_delta) {
     using namespace decode_detail;
-    const uint64_t g8 = (grid << 3) & bytes_of(0xf8);  // per byte 8 * g; bits shifted in from below are masked
-    return add_bytes(g8, negative_delta ? bytes_of(0xff) : kOnes);
+    const uint64_t g8 =
+        (grid << 3) & bytes_of(0xf8);  // per byte 8 * g; bits shifted in from below are masked
+    const uint64_t delta =
+        kOnes ^ ((uint64_t(0) - uint64_t(negative_delta)) & bytes_of(0xfe));  // 0x01 or 0xFF, no branch
+    return add_bytes(g8, delta);
 }
 
 // IQ1_S: per 32 elements a uint16 qh: 4 x 3 high index bits, 3-bit scale s, delta sign (bit 15).
@@ -147,9 +152,11 @@ struct BlockDecoder<RG_TYPE_IQ1_M> : DecoderTraits<RG_TYPE_IQ1_M, block_iq1_m, Q
         using namespace decode_detail;
         uint16_t sc[4];
         for (int u = 0; u < 4; ++u) sc[u] = load_u16(b.scales + 2 * u);
-        const uint16_t dbits = uint16_t((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+        const uint16_t dbits =
+            uint16_t((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
         const float d = fp16_to_fp32(dbits);
-        for (int s = 0; s < NG; ++s) scale[s] = d * float(2 * ((sc[s >> 2] >> (3 * (s & 3))) & 7) + 1) * 0.125f;
+        for (int s = 0; s < NG; ++s)
+            scale[s] = d * float(2 * ((sc[s >> 2] >> (3 * (s & 3))) & 7) + 1) * 0.125f;
         for (int t = 0; t < QK / 8; ++t) {
             const int nib = (b.qh[t >> 1] >> (4 * (t & 1))) & 0x0f;
             const int idx = b.qs[t] | ((nib & 7) << 8);
@@ -170,9 +177,10 @@ struct BlockDecoder<RG_TYPE_IQ4_XS> : DecoderTraits<RG_TYPE_IQ4_XS, block_iq4_xs
             const int lo = (b.scales_l[ib >> 1] >> (4 * (ib & 1))) & 0x0f;
             const int hi = (sh >> (2 * ib)) & 3;
             scale[ib] = d * float((lo | (hi << 4)) - 32);
-            lookup_nibbles(b.qs + 16 * ib, 16, rg_kvalues_iq4nl, q + 32 * ib);
+            lookup_nibbles<16>(b.qs + 16 * ib, rg_kvalues_iq4nl, q + 32 * ib);
         }
     }
 };
 
+}  // namespace RG_DECODE_ISA
 }  // namespace regolith

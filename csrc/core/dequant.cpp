@@ -65,7 +65,8 @@ void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n) {
         default:
             break;
     }
-    if (!is_quant_type(type)) throw Error(std::string("dequantize: type ") + std::string(t->name) + " is not supported");
+    if (!is_quant_type(type))
+        throw Error(std::string("dequantize: type ") + std::string(t->name) + " is not supported");
     dispatch_quant_type(type, [&](auto dec) {
         using D = decltype(dec);
         dequantize_blocks<D>(s, dst, n / D::QK);
