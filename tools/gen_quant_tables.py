@@ -69,7 +69,12 @@ def _pack_rows(grid: np.ndarray) -> list[int]:
 def _byte_masks(values: np.ndarray) -> list[int]:
     """byte -> uint64 with byte i = 0xFF where bit i of the byte is set."""
     bits = (values.astype(np.uint64)[:, None] >> np.arange(8, dtype=np.uint64)) & np.uint64(1)
-    return [int(x) for x in np.bitwise_or.reduce((bits * np.uint64(0xFF)) << (np.arange(8, dtype=np.uint64) * np.uint64(8)), axis=1)]
+    return [
+        int(x)
+        for x in np.bitwise_or.reduce(
+            (bits * np.uint64(0xFF)) << (np.arange(8, dtype=np.uint64) * np.uint64(8)), axis=1
+        )
+    ]
 
 
 def _array(ctype: str, name: str, values: list[int], comment: str, per_line: int, fmt: str) -> str:
@@ -102,26 +107,43 @@ def _ue4m3_half_bits() -> list[int]:
 def generate() -> str:
     ksigns = np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8)
     # ksigns[i] is i's 7 bits plus an 8th bit that makes the popcount even
-    assert all(int(k) & 0x7F == i and bin(int(k)).count("1") % 2 == 0 for i, k in enumerate(ksigns))
+    assert all(int(k) & 0x7F == i and int(k).bit_count() % 2 == 0 for i, k in enumerate(ksigns))
     assert quants.MXFP4.kvalues == quants.NVFP4.kvalues
     iq1 = _grid(quants.IQ1_S)
     assert np.array_equal(iq1, _grid(quants.IQ1_M))
     parts = [
         PREAMBLE,
-        _u64("rg_iq2xxs_grid", _pack_rows(_grid(quants.IQ2_XXS)), "IQ2_XXS grid: 256 x 8 values in {8, 25, 43}"),
+        _u64(
+            "rg_iq2xxs_grid", _pack_rows(_grid(quants.IQ2_XXS)), "IQ2_XXS grid: 256 x 8 values in {8, 25, 43}"
+        ),
         _u64("rg_iq2xs_grid", _pack_rows(_grid(quants.IQ2_XS)), "IQ2_XS grid: 512 x 8 values in {8, 25, 43}"),
         _u64("rg_iq2s_grid", _pack_rows(_grid(quants.IQ2_S)), "IQ2_S grid: 1024 x 8 values in {8, 25, 43}"),
         _u32("rg_iq3xxs_grid", _pack_rows(_grid(quants.IQ3_XXS)), "IQ3_XXS grid: 256 x 4 values in 4..62"),
         _u32("rg_iq3s_grid", _pack_rows(_grid(quants.IQ3_S)), "IQ3_S grid: 512 x 4 odd values in 1..15"),
         _u64("rg_iq1s_grid", _pack_rows(iq1), "IQ1_S / IQ1_M grid: 2048 x 8 values in {-1, 0, 1} (int8)"),
-        _array("uint8_t", "rg_ksigns", [int(k) for k in ksigns], "7-bit sign index -> 8 sign bits (even parity)",
-               16, "0x{:02x}"),
-        _u64("rg_ksigns_mask", _byte_masks(ksigns), "7-bit sign index -> byte mask (0xFF = negate), ksigns expanded"),
-        _u64("rg_byte_mask", _byte_masks(np.arange(256)), "byte -> byte mask: byte i is 0xFF when bit i is set"),
+        _array(
+            "uint8_t",
+            "rg_ksigns",
+            [int(k) for k in ksigns],
+            "7-bit sign index -> 8 sign bits (even parity)",
+            16,
+            "0x{:02x}",
+        ),
+        _u64(
+            "rg_ksigns_mask",
+            _byte_masks(ksigns),
+            "7-bit sign index -> byte mask (0xFF = negate), ksigns expanded",
+        ),
+        _u64(
+            "rg_byte_mask", _byte_masks(np.arange(256)), "byte -> byte mask: byte i is 0xFF when bit i is set"
+        ),
         _i8("rg_kvalues_iq4nl", list(quants.IQ4_NL.kvalues), "IQ4_NL / IQ4_XS non-linear code values"),
         _i8("rg_kvalues_e2m1", list(quants.MXFP4.kvalues), "E2M1 (FP4) values times 2, for MXFP4 and NVFP4"),
-        _u32("rg_ue4m3_half_bits", _ue4m3_half_bits(),
-             "NVFP4 UE4M3 scale byte -> float32 bits of value * 0.5 (0x00 and 0x7F -> 0; bit 7 ignored)"),
+        _u32(
+            "rg_ue4m3_half_bits",
+            _ue4m3_half_bits(),
+            "NVFP4 UE4M3 scale byte -> float32 bits of value * 0.5 (0x00 and 0x7F -> 0; bit 7 ignored)",
+        ),
     ]
     return "\n".join(parts)
 

@@ -53,7 +53,7 @@ def dequantize(data: np.ndarray | bytes, qtype: int | str) -> np.ndarray:
     row_bytes = arr.shape[-1]
     if row_bytes % nbytes != 0:
         raise ValueError(
-            f"{type_name(type_id)}: bytes per row ({row_bytes}) is not a multiple of the block size ({nbytes})"
+            f"{type_name(type_id)}: bytes per row ({row_bytes}) is not a multiple of the block size {nbytes}"
         )
     out_shape = (*arr.shape[:-1], row_bytes // nbytes * elems)
     flat = arr.reshape(-1)
