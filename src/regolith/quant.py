@@ -7,7 +7,7 @@ import numpy as np
 from . import _core
 from .errors import RegolithError
 
-__all__ = ["TYPE_IDS", "dequantize", "quantize", "type_name", "type_size"]
+__all__ = ["TYPE_IDS", "dequantize", "type_name", "type_size"]
 
 TYPE_IDS: dict[str, int] = {
     info[0]: i for i in range(_core.type_count()) if (info := _core.type_info(i)) is not None
@@ -34,3 +34,28 @@ def type_size(qtype: int | str) -> tuple[int, int]:
     """(elements per block, bytes per block) of a type."""
     _, elems, nbytes, _ = _core.type_info(_type_id(qtype))
     return elems, nbytes
+
+
+def dequantize(data: np.ndarray | bytes, qtype: int | str) -> np.ndarray:
+    """Decode GGUF tensor data of type ``qtype`` to float32, bit-exact with ``gguf.quants.dequantize``.
+
+    ``data`` is viewed as bytes (``bytes`` is one row): shape ``(..., row_bytes)`` gives
+    ``(..., row_bytes // block_bytes * block_elems)``. Raises ValueError when a row is not a whole number
+    of blocks and RegolithError for types regolith cannot decode.
+    """
+    type_id = _type_id(qtype)
+    arr = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    arr = np.ascontiguousarray(arr)
+    if arr.ndim == 0:
+        raise ValueError("dequantize needs at least one dimension (the row bytes)")
+    arr = arr.view(np.uint8)
+    elems, nbytes = type_size(type_id)
+    row_bytes = arr.shape[-1]
+    if row_bytes % nbytes != 0:
+        raise ValueError(
+            f"{type_name(type_id)}: bytes per row ({row_bytes}) is not a multiple of the block size {nbytes}"
+        )
+    out_shape = (*arr.shape[:-1], row_bytes // nbytes * elems)
+    flat = arr.reshape(-1)
+    out = _core.dequantize(type_id, flat, flat.size // nbytes * elems)
+    return out.reshape(out_shape)
