@@ -31,6 +31,7 @@
 
 #include "core/errors.h"
 #include "core/half.h"
+#include "core/isa_namespace.h"
 #include "core/quant.h"
 #include "core/quant_tables.h"
 
@@ -44,21 +45,9 @@
 #error "block decoders assume a little-endian host (GGUF data is little-endian)"
 #endif
 
-// The decoders are compiled both into the portable core and into ISA-specific kernel files (-mavx2). An
-// ISA-named inline namespace keeps those copies distinct symbols, so the linker can never merge an AVX2
-// copy of an inline function into portable code (an ODR trap). Users just write regolith::BlockDecoder.
-#if defined(__AVX2__)
-#define RG_DECODE_ISA decode_avx2
-#elif defined(__SSSE3__)
-#define RG_DECODE_ISA decode_ssse3
-#elif defined(__ARM_NEON)
-#define RG_DECODE_ISA decode_neon
-#else
-#define RG_DECODE_ISA decode_generic
-#endif
-
+// Compiled into both portable and ISA-specific files: see core/isa_namespace.h.
 namespace regolith {
-inline namespace RG_DECODE_ISA {
+inline namespace RG_ISA_NS {
 
 template <uint32_t TYPE>
 struct BlockDecoder;
@@ -459,7 +448,7 @@ struct BlockDecoder<RG_TYPE_TQ2_0> : DecoderTraits<RG_TYPE_TQ2_0, block_tq2_0, Q
     }
 };
 
-}  // namespace RG_DECODE_ISA
+}  // namespace RG_ISA_NS
 }  // namespace regolith
 
 #define RG_BLOCK_DECODE_INSIDE
@@ -478,7 +467,7 @@ struct BlockDecoder<RG_TYPE_TQ2_0> : DecoderTraits<RG_TYPE_TQ2_0, block_tq2_0, Q
 // clang-format on
 
 namespace regolith {
-inline namespace RG_DECODE_ISA {
+inline namespace RG_ISA_NS {
 
 // True when `type` has a BlockDecoder.
 constexpr bool is_quant_type(uint32_t type) {
@@ -509,5 +498,5 @@ decltype(auto) dispatch_quant_type(uint32_t type, F&& f) {
     }
 }
 
-}  // namespace RG_DECODE_ISA
+}  // namespace RG_ISA_NS
 }  // namespace regolith

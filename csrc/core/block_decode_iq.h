@@ -12,7 +12,7 @@
 #endif
 
 namespace regolith {
-inline namespace RG_DECODE_ISA {
+inline namespace RG_ISA_NS {
 
 // IQ2_XXS: per 32 elements two uint32: 4 grid indices (bytes) | 4 x 7-bit ksigns indices + 4-bit scale s.
 // gguf: db = d * (0.5 + s) * 0.25; x = db * grid * sign.
@@ -182,5 +182,5 @@ struct BlockDecoder<RG_TYPE_IQ4_XS> : DecoderTraits<RG_TYPE_IQ4_XS, block_iq4_xs
     }
 };
 
-}  // namespace RG_DECODE_ISA
+}  // namespace RG_ISA_NS
 }  // namespace regolith

@@ -4,7 +4,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/isa_namespace.h"
+
 namespace regolith {
+inline namespace RG_ISA_NS {
 
 inline float f32_from_bits(uint32_t u) {
     float f;
@@ -60,4 +63,5 @@ inline uint16_t fp32_to_bf16(float f) {
     return uint16_t(x >> 16);
 }
 
+}  // namespace RG_ISA_NS
 }  // namespace regolith

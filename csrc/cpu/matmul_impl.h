@@ -19,7 +19,6 @@
 #include <cstring>
 
 #include "core/block_decode.h"
-#include "core/quant_list.h"
 #include "cpu/matmul.h"
 
 namespace regolith::cpu {
@@ -133,9 +132,9 @@ KernelTable make_kernel_table() {
     table.by_type[RG_TYPE_F32] = &FloatKernel<S, RG_TYPE_F32>::rows;
     table.by_type[RG_TYPE_F16] = &FloatKernel<S, RG_TYPE_F16>::rows;
     table.by_type[RG_TYPE_BF16] = &FloatKernel<S, RG_TYPE_BF16>::rows;
-    for_each_quant_type([&](auto type) {
-        table.by_type[type.value] = &QuantKernel<S, BlockDecoder<type.value>>::rows;
-    });
+#define RG_KERNEL_(T) table.by_type[T] = &QuantKernel<S, BlockDecoder<T>>::rows;
+    RG_FOR_EACH_QUANT_TYPE(RG_KERNEL_)
+#undef RG_KERNEL_
     return table;
 }
 

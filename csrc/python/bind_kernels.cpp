@@ -8,7 +8,7 @@
 
 #include "bindings.h"
 #include "core/ops.h"
-#include "core/quant_list.h"
+#include "core/block_decode.h"
 #include "core/thread_pool.h"
 #include "core/types.h"
 #include "cpu/isa.h"
@@ -50,10 +50,9 @@ nb::object to_numpy(std::vector<T>&& v) {
 // The BlockDecoder view of quantized data: (codes int8[n], scale f32[n/G], bias f32[n/G] or None, G).
 // For tests that need the magnitudes of the integer decomposition (float rounding bounds of the kernels).
 nb::tuple decode_blocks(uint32_t type, Bytes data, int64_t n) {
-    nb::object result = nb::none();
-    regolith::for_each_quant_type([&](auto tc) {
-        using D = regolith::BlockDecoder<tc.value>;
-        if (tc.value != int(type)) return;
+    if (!regolith::is_quant_type(type)) throw nb::value_error("not a quantized type with a block decoder");
+    return regolith::dispatch_quant_type(type, [&](auto decoder) -> nb::tuple {
+        using D = decltype(decoder);
         if (n % D::QK != 0 || int64_t(data.shape(0)) != n / D::QK * int64_t(sizeof(typename D::Block)))
             throw nb::value_error("data must hold exactly n elements");
         std::vector<int8_t> q(static_cast<size_t>(n));
@@ -62,10 +61,8 @@ nb::tuple decode_blocks(uint32_t type, Bytes data, int64_t n) {
         constexpr int NG = D::QK / D::G;
         for (int64_t b = 0; b < n / D::QK; ++b) D::decode(blocks[b], &q[b * D::QK], &sc[b * NG], &bi[b * NG]);
         nb::object bias = D::HAS_BIAS ? to_numpy(std::move(bi)) : nb::none();
-        result = nb::make_tuple(to_numpy(std::move(q)), to_numpy(std::move(sc)), bias, D::G);
+        return nb::make_tuple(to_numpy(std::move(q)), to_numpy(std::move(sc)), bias, D::G);
     });
-    if (result.is_none()) throw nb::value_error("not a quantized type with a block decoder");
-    return nb::borrow<nb::tuple>(result);
 }
 
 // Times `iters` products of x with consecutive rows x cols matrices taken in turn from `pool` (wrapping),

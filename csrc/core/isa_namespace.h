@@ -1,0 +1,16 @@
+// Header-defined inline code (half conversions, block decoders) is compiled both into the portable core
+// and into ISA-specific kernel files built with -mavx2 and the like. Wrapping it in an ISA-named inline
+// namespace makes those copies distinct symbols, so the linker can never hand an AVX2-compiled copy of an
+// inline function to portable code (which would crash on CPUs without AVX2). Callers just write
+// regolith::name; the inline namespace is invisible to them.
+#pragma once
+
+#if defined(__AVX2__)
+#define RG_ISA_NS isa_avx2
+#elif defined(__SSSE3__)
+#define RG_ISA_NS isa_ssse3
+#elif defined(__ARM_NEON)
+#define RG_ISA_NS isa_neon
+#else
+#define RG_ISA_NS isa_generic
+#endif
