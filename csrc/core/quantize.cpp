@@ -32,30 +32,33 @@ inline uint16_t np_fp16(float f) {
     return fp32_to_fp16(f);
 }
 
-// numpy's max/min reductions propagate NaN.
+// numpy's max/min reductions: any NaN gives the default NaN (payload and sign dropped); among equal values
+// (+0 and -0) the last one wins.
+inline float np_nan() { return f32_from_bits(0x7fc00000u); }
+
 inline float np_max(const float* x, int n) {
     float m = x[0];
-    for (int i = 1; i < n; ++i) {
-        if (x[i] != x[i]) return x[i];
-        if (x[i] > m) m = x[i];
+    for (int i = 0; i < n; ++i) {
+        if (x[i] != x[i]) return np_nan();
+        if (!(m > x[i])) m = x[i];
     }
     return m;
 }
 
 inline float np_min(const float* x, int n) {
     float m = x[0];
-    for (int i = 1; i < n; ++i) {
-        if (x[i] != x[i]) return x[i];
-        if (x[i] < m) m = x[i];
+    for (int i = 0; i < n; ++i) {
+        if (x[i] != x[i]) return np_nan();
+        if (!(m < x[i])) m = x[i];
     }
     return m;
 }
 
 inline float np_amax(const float* x, int n) {
     float m = std::fabs(x[0]);
-    for (int i = 1; i < n; ++i) {
+    for (int i = 0; i < n; ++i) {
         const float a = std::fabs(x[i]);
-        if (a != a) return a;
+        if (a != a) return np_nan();
         if (a > m) m = a;
     }
     return m;
@@ -183,11 +186,11 @@ void quantize_q5_1(const float* x, block_q5_1* y, int64_t nb) {
 
 // ---- types without a gguf-py quantizer: finite input only ----------------------------------------------
 
-void require_finite(const float* x, int64_t n, int64_t offset, uint32_t type) {
+void require_finite(const float* x, int64_t n, uint32_t type) {
     for (int64_t i = 0; i < n; ++i) {
         if (!std::isfinite(x[i])) {
             throw Error("cannot quantize a non-finite value (" + std::to_string(x[i]) + " at index " +
-                        std::to_string(offset + i) + ") to " + std::string(type_traits(type)->name) +
+                        std::to_string(i) + ") to " + std::string(type_traits(type)->name) +
                         "; replace inf/NaN before quantizing");
         }
     }
@@ -211,7 +214,7 @@ void quantize_q2_0(const float* x, block_q2_0* y, int64_t nb) {
         store_half(&y[b].d, amax);
         std::memset(y[b].qs, 0, sizeof(y[b].qs));
         for (int j = 0; j < QK2_0; ++j) {
-            // id can be inf for subnormal amax: then x*id is +-inf or NaN, mapped to code 0 as x86 (int) does.
+            // Subnormal amax makes id inf and x*id +-inf or NaN: code 0, as x86's (int) cast gives.
             const float r = std::round(x[j] * id);
             int q = std::fabs(r) < 2147483648.0f ? int(r) + 1 : 0;
             q = q < 0 ? 0 : (q > 3 ? 3 : q);
@@ -223,8 +226,9 @@ void quantize_q2_0(const float* x, block_q2_0* y, int64_t nb) {
 constexpr float kGroupMaxEps = 1e-15f;
 
 // Q4_K sub-block fit (llama.cpp's make_qkx2_quants): x ~ scale * L - min_out with L in [0, nmax], weighted
-// squared error. Starts from the min/max grid, then tries nstep+1 grid densities around nmax/(max - min), each
-// followed by a weighted least-squares refit of (scale, min), keeping the best. Returns scale; *min_out >= 0.
+// squared error. Starts from the min/max grid, then tries nstep+1 grid densities around nmax/(max - min),
+// each followed by a weighted least-squares refit of (scale, min), keeping the best. Returns the scale;
+// *min_out (>= 0) is the min as subtracted.
 float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L, float* min_out, float rmin,
                     float rdelta, int nstep) {
     float min = x[0], max = x[0];
@@ -421,13 +425,15 @@ void quantize_q6_k(const float* x, block_q6_K* y, int64_t nb) {
                 const uint8_t* q = reinterpret_cast<const uint8_t*>(L) + k + l;
                 ql[l] = uint8_t((q[0] & 0xf) | ((q[64] & 0xf) << 4));
                 ql[l + 32] = uint8_t((q[32] & 0xf) | ((q[96] & 0xf) << 4));
-                qh[l] = uint8_t((q[0] >> 4) | ((q[32] >> 4) << 2) | ((q[64] >> 4) << 4) | ((q[96] >> 4) << 6));
+                qh[l] =
+                    uint8_t((q[0] >> 4) | ((q[32] >> 4) << 2) | ((q[64] >> 4) << 4) | ((q[96] >> 4) << 6));
             }
         }
     }
 }
 
-constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113};
 
 // Index of the table value nearest to v (ties to the lower), as llama.cpp's best_index_int8.
 inline int nearest_iq4nl(float v) {
@@ -436,8 +442,10 @@ inline int nearest_iq4nl(float v) {
     int lo = 0, hi = 15;
     while (hi - lo > 1) {
         const int mid = (lo + hi) / 2;
-        if (v < kIq4nlValues[mid]) hi = mid;
-        else lo = mid;
+        if (v < kIq4nlValues[mid])
+            hi = mid;
+        else
+            lo = mid;
     }
     return v - kIq4nlValues[hi - 1] < kIq4nlValues[hi] - v ? hi - 1 : hi;
 }
@@ -532,22 +540,35 @@ size_t quantized_row_bytes(uint32_t type, int64_t n) {
 void quantize_row(uint32_t type, const float* src, void* dst, int64_t n) {
     const int64_t nb = checked_blocks(type, n);
     switch (type) {
-        case RG_TYPE_F16: return quantize_f16(src, static_cast<uint16_t*>(dst), n);
-        case RG_TYPE_BF16: return quantize_bf16(src, static_cast<uint16_t*>(dst), n);
-        case RG_TYPE_Q4_0: return quantize_q4_0(src, static_cast<block_q4_0*>(dst), nb);
-        case RG_TYPE_Q4_1: return quantize_q4_1(src, static_cast<block_q4_1*>(dst), nb);
-        case RG_TYPE_Q5_0: return quantize_q5_0(src, static_cast<block_q5_0*>(dst), nb);
-        case RG_TYPE_Q5_1: return quantize_q5_1(src, static_cast<block_q5_1*>(dst), nb);
-        case RG_TYPE_Q8_0: return quantize_q8_0(src, static_cast<block_q8_0*>(dst), nb);
-        default: break;
+        case RG_TYPE_F16:
+            return quantize_f16(src, static_cast<uint16_t*>(dst), n);
+        case RG_TYPE_BF16:
+            return quantize_bf16(src, static_cast<uint16_t*>(dst), n);
+        case RG_TYPE_Q4_0:
+            return quantize_q4_0(src, static_cast<block_q4_0*>(dst), nb);
+        case RG_TYPE_Q4_1:
+            return quantize_q4_1(src, static_cast<block_q4_1*>(dst), nb);
+        case RG_TYPE_Q5_0:
+            return quantize_q5_0(src, static_cast<block_q5_0*>(dst), nb);
+        case RG_TYPE_Q5_1:
+            return quantize_q5_1(src, static_cast<block_q5_1*>(dst), nb);
+        case RG_TYPE_Q8_0:
+            return quantize_q8_0(src, static_cast<block_q8_0*>(dst), nb);
+        default:
+            break;
     }
-    require_finite(src, n, 0, type);
+    require_finite(src, n, type);
     switch (type) {
-        case RG_TYPE_Q2_0: return quantize_q2_0(src, static_cast<block_q2_0*>(dst), nb);
-        case RG_TYPE_Q4_K: return quantize_q4_k(src, static_cast<block_q4_K*>(dst), nb);
-        case RG_TYPE_Q6_K: return quantize_q6_k(src, static_cast<block_q6_K*>(dst), nb);
-        case RG_TYPE_IQ4_NL: return quantize_iq4_nl(src, static_cast<block_iq4_nl*>(dst), nb);
-        default: break;
+        case RG_TYPE_Q2_0:
+            return quantize_q2_0(src, static_cast<block_q2_0*>(dst), nb);
+        case RG_TYPE_Q4_K:
+            return quantize_q4_k(src, static_cast<block_q4_K*>(dst), nb);
+        case RG_TYPE_Q6_K:
+            return quantize_q6_k(src, static_cast<block_q6_K*>(dst), nb);
+        case RG_TYPE_IQ4_NL:
+            return quantize_iq4_nl(src, static_cast<block_iq4_nl*>(dst), nb);
+        default:
+            break;
     }
 }
 

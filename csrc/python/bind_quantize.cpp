@@ -32,6 +32,7 @@ void init_quantize(nb::module_& m) {
           "Quantize a 1-D C-contiguous float32 array (length a multiple of the block size) to GGUF block "
           "bytes. Raises RegolithError for unsupported types, bad lengths, or inf/NaN where the type "
           "cannot hold them.");
-    m.def("can_quantize", [](uint32_t type_id) { return regolith::can_quantize(type_id); }, nb::arg("type_id"),
-          "Whether quantize() produces this GGUF type id.");
+    m.def(
+        "can_quantize", [](uint32_t type_id) { return regolith::can_quantize(type_id); }, nb::arg("type_id"),
+        "Whether quantize() produces this GGUF type id.");
 }
