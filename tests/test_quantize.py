@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from regolith import _core
 from regolith.errors import RegolithError
 from regolith.quant import quantize
 
@@ -360,6 +361,9 @@ def test_quantize_rejects_bad_input() -> None:
         quantize(x, "Q3_K")
     with pytest.raises(RegolithError, match="unknown"):
         quantize(x, "Q9_9")
+    for bad in [x.astype(np.float64), np.zeros(512, np.float32)[::2], x.reshape(2, 128)]:
+        with pytest.raises(TypeError):
+            _core.quantize(int(GT.Q8_0), bad)  # the binding takes only 1-D C-contiguous float32
     for name in ["Q4_K", "Q6_K", "IQ4_NL", "Q2_0"]:
         y = x.copy()
         y[7] = np.nan

@@ -26,7 +26,7 @@ ByteRow quantize(uint32_t type_id, FloatRow data) {
 }  // namespace
 
 void init_quantize(nb::module_& m) {
-    m.def("quantize", &quantize, nb::arg("type_id"), nb::arg("data"),
+    m.def("quantize", &quantize, nb::arg("type_id"), nb::arg("data").noconvert(),
           nb::sig("def quantize(type_id: int, data: numpy.ndarray[dtype=float32, shape=(*), order='C']) "
                   "-> numpy.ndarray[dtype=uint8, shape=(*)]"),
           "Quantize a 1-D C-contiguous float32 array (length a multiple of the block size) to GGUF block "
