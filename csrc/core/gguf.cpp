@@ -321,8 +321,8 @@ void GgufFile::parse() {
                                 " is not a multiple of the " + std::string(tt->name) + " block size " +
                                 std::to_string(tt->block_elems),
                             at);
-        t.row_bytes = t.ne[0] / uint64_t(tt->block_elems) * uint64_t(tt->block_bytes);
-        if (mul_overflows(t.row_bytes, t.n_elements / t.ne[0], &t.nbytes))
+        if (mul_overflows(t.ne[0] / uint64_t(tt->block_elems), uint64_t(tt->block_bytes), &t.row_bytes) ||
+            mul_overflows(t.row_bytes, t.n_elements / t.ne[0], &t.nbytes))
             throw GGUFError("tensor " + quoted(t.name) + " byte size overflows 64 bits", at);
         offset_field[i] = c.pos();
         t.offset = c.read<uint64_t>("tensor offset");
