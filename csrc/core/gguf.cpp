@@ -77,11 +77,24 @@ bool valid_utf8(std::string_view s) {
 
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
 
+// A name (valid UTF-8) for an error message: control bytes escaped, long names cut at a character boundary.
 std::string quoted(std::string_view s) {
     constexpr size_t kMax = 80;
+    size_t n = s.size();
+    if (n > kMax) {
+        n = kMax;
+        while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+    }
     std::string out = "'";
-    out.append(s.substr(0, kMax));
-    if (s.size() > kMax) out += "...";
+    for (unsigned char ch : s.substr(0, n)) {
+        if (ch < 0x20 || ch == 0x7F) {
+            static const char hex[] = "0123456789abcdef";
+            out += {'\\', 'x', hex[ch >> 4], hex[ch & 15]};
+        } else {
+            out += char(ch);
+        }
+    }
+    if (n < s.size()) out += "...";
     return out + "'";
 }
 
