@@ -29,20 +29,32 @@ constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
 
 const char* value_type_name(uint32_t t) {
-    static const char* names[kGgufValueTypeCount] = {"uint8", "int8",  "uint16", "int16",  "uint32",
-                                                     "int32", "float32", "bool", "string", "array",
-                                                     "uint64", "int64", "float64"};
+    static const char* names[kGgufValueTypeCount] = {"uint8",  "int8",    "uint16", "int16",  "uint32",
+                                                     "int32",  "float32", "bool",   "string", "array",
+                                                     "uint64", "int64",   "float64"};
     return t < kGgufValueTypeCount ? names[t] : "unknown";
 }
 
 // Encoded size of a fixed-size value type; 0 for string and array.
 uint64_t fixed_size(GgufValueType t) {
     switch (t) {
-        case GgufValueType::UINT8: case GgufValueType::INT8: case GgufValueType::BOOL: return 1;
-        case GgufValueType::UINT16: case GgufValueType::INT16: return 2;
-        case GgufValueType::UINT32: case GgufValueType::INT32: case GgufValueType::FLOAT32: return 4;
-        case GgufValueType::UINT64: case GgufValueType::INT64: case GgufValueType::FLOAT64: return 8;
-        default: return 0;
+        case GgufValueType::UINT8:
+        case GgufValueType::INT8:
+        case GgufValueType::BOOL:
+            return 1;
+        case GgufValueType::UINT16:
+        case GgufValueType::INT16:
+            return 2;
+        case GgufValueType::UINT32:
+        case GgufValueType::INT32:
+        case GgufValueType::FLOAT32:
+            return 4;
+        case GgufValueType::UINT64:
+        case GgufValueType::INT64:
+        case GgufValueType::FLOAT64:
+            return 8;
+        default:
+            return 0;
     }
 }
 
@@ -59,13 +71,25 @@ bool valid_utf8(std::string_view s) {
     const auto* end = p + s.size();
     while (p < end) {
         unsigned c = *p;
-        if (c < 0x80) { ++p; continue; }
+        if (c < 0x80) {
+            ++p;
+            continue;
+        }
         int n;
         unsigned lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) n = 1;
-        else if (c >= 0xE0 && c <= 0xEF) { n = 2; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-        else if (c >= 0xF0 && c <= 0xF4) { n = 3; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-        else return false;
+        if (c >= 0xC2 && c <= 0xDF) {
+            n = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            n = 2;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            n = 3;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            return false;
+        }
         if (end - p <= n) return false;
         if (p[1] < lo || p[1] > hi) return false;
         for (int i = 2; i <= n; ++i)
@@ -100,7 +124,7 @@ std::string quoted(std::string_view s) {
 
 // Bounds-checked little-endian reads from the mapping.
 class Cursor {
-public:
+  public:
     Cursor(const uint8_t* base, uint64_t size) : base_(base), size_(size) {}
 
     uint64_t pos() const { return pos_; }
@@ -132,15 +156,16 @@ public:
         uint64_t at = pos_;
         uint64_t len = read<uint64_t>(what);
         if (len > remaining())
-            throw GGUFError(std::string(what) + " length " + std::to_string(len) + " runs past the end of the file (" +
-                                std::to_string(remaining()) + " bytes remain)",
+            throw GGUFError(std::string(what) + " length " + std::to_string(len) +
+                                " runs past the end of the file (" + std::to_string(remaining()) +
+                                " bytes remain)",
                             at);
         std::string_view s(reinterpret_cast<const char*>(base_ + pos_), len);
         pos_ += len;
         return s;
     }
 
-private:
+  private:
     const uint8_t* base_;
     uint64_t size_;
     uint64_t pos_ = 0;
@@ -149,8 +174,7 @@ private:
 GgufValueType read_value_type(Cursor& c, const char* what) {
     uint64_t at = c.pos();
     uint32_t t = c.read<uint32_t>(what);
-    if (t >= kGgufValueTypeCount)
-        throw GGUFError("unknown metadata value type " + std::to_string(t), at);
+    if (t >= kGgufValueTypeCount) throw GGUFError("unknown metadata value type " + std::to_string(t), at);
     return GgufValueType(t);
 }
 
@@ -158,7 +182,8 @@ GgufValue read_value(Cursor& c, GgufValueType type, int depth);
 
 GgufArray read_array(Cursor& c, int depth) {
     if (depth > kMaxArrayDepth)
-        throw GGUFError("metadata arrays nested deeper than " + std::to_string(kMaxArrayDepth) + " levels", c.pos());
+        throw GGUFError("metadata arrays nested deeper than " + std::to_string(kMaxArrayDepth) + " levels",
+                        c.pos());
     GgufArray a;
     a.type = read_value_type(c, "array element type");
     uint64_t at = c.pos();
@@ -174,7 +199,8 @@ GgufArray read_array(Cursor& c, int depth) {
         if (a.type == GgufValueType::BOOL) {
             for (uint64_t i = 0; i < a.size; ++i)
                 if (a.data[i] > 1)
-                    throw GGUFError("invalid bool value " + std::to_string(a.data[i]) + " in array", c.pos() + i);
+                    throw GGUFError("invalid bool value " + std::to_string(a.data[i]) + " in array",
+                                    c.pos() + i);
         }
         c.skip(a.size * esize, "array data");
         return a;
@@ -186,24 +212,36 @@ GgufArray read_array(Cursor& c, int depth) {
 
 GgufValue read_value(Cursor& c, GgufValueType type, int depth) {
     switch (type) {
-        case GgufValueType::UINT8: return c.read<uint8_t>("uint8 value");
-        case GgufValueType::INT8: return c.read<int8_t>("int8 value");
-        case GgufValueType::UINT16: return c.read<uint16_t>("uint16 value");
-        case GgufValueType::INT16: return c.read<int16_t>("int16 value");
-        case GgufValueType::UINT32: return c.read<uint32_t>("uint32 value");
-        case GgufValueType::INT32: return c.read<int32_t>("int32 value");
-        case GgufValueType::FLOAT32: return c.read<float>("float32 value");
+        case GgufValueType::UINT8:
+            return c.read<uint8_t>("uint8 value");
+        case GgufValueType::INT8:
+            return c.read<int8_t>("int8 value");
+        case GgufValueType::UINT16:
+            return c.read<uint16_t>("uint16 value");
+        case GgufValueType::INT16:
+            return c.read<int16_t>("int16 value");
+        case GgufValueType::UINT32:
+            return c.read<uint32_t>("uint32 value");
+        case GgufValueType::INT32:
+            return c.read<int32_t>("int32 value");
+        case GgufValueType::FLOAT32:
+            return c.read<float>("float32 value");
         case GgufValueType::BOOL: {
             uint64_t at = c.pos();
             uint8_t b = c.read<uint8_t>("bool value");
             if (b > 1) throw GGUFError("invalid bool value " + std::to_string(b), at);
             return b == 1;
         }
-        case GgufValueType::STRING: return c.read_string("string value");
-        case GgufValueType::ARRAY: return read_array(c, depth + 1);
-        case GgufValueType::UINT64: return c.read<uint64_t>("uint64 value");
-        case GgufValueType::INT64: return c.read<int64_t>("int64 value");
-        case GgufValueType::FLOAT64: return c.read<double>("float64 value");
+        case GgufValueType::STRING:
+            return c.read_string("string value");
+        case GgufValueType::ARRAY:
+            return read_array(c, depth + 1);
+        case GgufValueType::UINT64:
+            return c.read<uint64_t>("uint64 value");
+        case GgufValueType::INT64:
+            return c.read<int64_t>("int64 value");
+        case GgufValueType::FLOAT64:
+            return c.read<double>("float64 value");
     }
     throw GGUFError("unknown metadata value type " + std::to_string(uint32_t(type)), c.pos());
 }
@@ -214,7 +252,10 @@ GgufFile::GgufFile(const std::string& path) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw std::system_error(errno, std::generic_category(), path);
     struct stat st;
-    int err = ::fstat(fd, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : !S_ISREG(st.st_mode) ? EINVAL : 0;
+    int err = ::fstat(fd, &st) != 0  ? errno
+              : S_ISDIR(st.st_mode)  ? EISDIR
+              : !S_ISREG(st.st_mode) ? EINVAL
+                                     : 0;
     if (err) {
         ::close(fd);
         throw std::system_error(err, std::generic_category(), path);
@@ -262,12 +303,12 @@ void GgufFile::parse() {
     c.skip(4, "magic");
     version_ = c.read<uint32_t>("version");
     if ((version_ & 0xFFFF) == 0 && version_ != 0)
-        throw GGUFError("big-endian GGUF files are not supported (version field reads " + std::to_string(version_) +
-                            " little-endian)",
+        throw GGUFError("big-endian GGUF files are not supported (version field reads " +
+                            std::to_string(version_) + " little-endian)",
                         4);
     if (version_ != 2 && version_ != 3)
-        throw GGUFError("unsupported GGUF version " + std::to_string(version_) + " (regolith reads versions 2 and 3)",
-                        4);
+        throw GGUFError(
+            "unsupported GGUF version " + std::to_string(version_) + " (regolith reads versions 2 and 3)", 4);
     uint64_t at_counts = c.pos();
     uint64_t n_tensors = c.read<uint64_t>("tensor count");
     uint64_t n_kv = c.read<uint64_t>("metadata count");
@@ -292,10 +333,12 @@ void GgufFile::parse() {
         if (key == "general.alignment") {
             const uint32_t* a = std::get_if<uint32_t>(&value);
             if (!a)
-                throw GGUFError(std::string("general.alignment must be a uint32, not ") + value_type_name(uint32_t(type)),
-                                at_value);
+                throw GGUFError(
+                    std::string("general.alignment must be a uint32, not ") + value_type_name(uint32_t(type)),
+                    at_value);
             if (*a == 0 || (*a & (*a - 1)) != 0)
-                throw GGUFError("general.alignment " + std::to_string(*a) + " is not a nonzero power of two", at_value);
+                throw GGUFError("general.alignment " + std::to_string(*a) + " is not a nonzero power of two",
+                                at_value);
             alignment_ = *a;
         }
         metadata_.emplace_back(key, std::move(value));
@@ -315,7 +358,8 @@ void GgufFile::parse() {
         uint64_t at = c.pos();
         t.n_dims = c.read<uint32_t>("tensor n_dims");
         if (t.n_dims == 0 || t.n_dims > kMaxDims)
-            throw GGUFError("tensor " + quoted(t.name) + " has " + std::to_string(t.n_dims) + " dimensions (must be 1..4)",
+            throw GGUFError("tensor " + quoted(t.name) + " has " + std::to_string(t.n_dims) +
+                                " dimensions (must be 1..4)",
                             at);
         t.n_elements = 1;
         for (uint32_t d = 0; d < t.n_dims; ++d) {
@@ -328,7 +372,9 @@ void GgufFile::parse() {
         at = c.pos();
         t.type = c.read<uint32_t>("tensor type");
         const TypeTraits* tt = type_traits(t.type);
-        if (!tt) throw GGUFError("tensor " + quoted(t.name) + " has unknown type id " + std::to_string(t.type), at);
+        if (!tt)
+            throw GGUFError("tensor " + quoted(t.name) + " has unknown type id " + std::to_string(t.type),
+                            at);
         if (t.ne[0] % uint64_t(tt->block_elems) != 0)
             throw GGUFError("tensor " + quoted(t.name) + " row length " + std::to_string(t.ne[0]) +
                                 " is not a multiple of the " + std::string(tt->name) + " block size " +
@@ -344,7 +390,8 @@ void GgufFile::parse() {
 
     // ---- tensor data: aligned, inside the file, not overlapping
     uint64_t end_of_header = c.pos();
-    data_offset_ = (end_of_header + alignment_ - 1) / alignment_ * alignment_;  // cannot overflow: header < 2^63
+    data_offset_ =
+        (end_of_header + alignment_ - 1) / alignment_ * alignment_;  // cannot overflow: header < 2^63
     for (size_t i = 0; i < tensors_.size(); ++i) {
         GgufTensor& t = tensors_[i];
         if (t.offset % alignment_ != 0)
@@ -353,15 +400,16 @@ void GgufFile::parse() {
                             offset_field[i]);
         uint64_t abs;
         if (__builtin_add_overflow(data_offset_, t.offset, &abs) || abs > size_ || t.nbytes > size_ - abs)
-            throw GGUFError("tensor " + quoted(t.name) + " data (" + std::to_string(t.nbytes) + " bytes at data offset " +
-                                std::to_string(t.offset) + ") lies outside the file of " + std::to_string(size_) +
-                                " bytes",
+            throw GGUFError("tensor " + quoted(t.name) + " data (" + std::to_string(t.nbytes) +
+                                " bytes at data offset " + std::to_string(t.offset) +
+                                ") lies outside the file of " + std::to_string(size_) + " bytes",
                             offset_field[i]);
         t.offset = abs;
     }
     std::vector<size_t> order(tensors_.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors_[a].offset < tensors_[b].offset; });
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return tensors_[a].offset < tensors_[b].offset; });
     for (size_t k = 1; k < order.size(); ++k) {
         const GgufTensor& prev = tensors_[order[k - 1]];
         const GgufTensor& cur = tensors_[order[k]];

@@ -54,18 +54,18 @@ struct GgufValue : GgufVariant {
 };
 
 struct GgufTensor {
-    std::string_view name;      // valid UTF-8
-    uint32_t n_dims = 0;        // 1..4
+    std::string_view name;          // valid UTF-8
+    uint32_t n_dims = 0;            // 1..4
     uint64_t ne[4] = {1, 1, 1, 1};  // ggml order: ne[0] is the contiguous dimension
-    uint32_t type = 0;          // GGUF (ggml) type id
-    uint64_t offset = 0;        // absolute byte offset in the file
+    uint32_t type = 0;              // GGUF (ggml) type id
+    uint64_t offset = 0;            // absolute byte offset in the file
     uint64_t nbytes = 0;
     uint64_t n_elements = 0;
-    uint64_t row_bytes = 0;     // bytes of one ne[0] row
+    uint64_t row_bytes = 0;  // bytes of one ne[0] row
 };
 
 class GgufFile {
-public:
+  public:
     // Maps and parses `path`. Throws std::system_error when the file cannot be opened or mapped and
     // GGUFError when it is not a valid GGUF v2/v3 file.
     explicit GgufFile(const std::string& path);
@@ -87,7 +87,7 @@ public:
     const GgufTensor* find_tensor(std::string_view name) const;
     const uint8_t* tensor_data(const GgufTensor& t) const { return base_ + t.offset; }
 
-private:
+  private:
     void parse();
 
     const uint8_t* base_ = nullptr;

@@ -19,7 +19,9 @@ using regolith::GgufValueType;
 namespace {
 
 // Strings decode as UTF-8 with invalid bytes replaced by U+FFFD (keys are validated by the parser).
-PyObject* str_to_py(std::string_view s) { return PyUnicode_DecodeUTF8(s.data(), Py_ssize_t(s.size()), "replace"); }
+PyObject* str_to_py(std::string_view s) {
+    return PyUnicode_DecodeUTF8(s.data(), Py_ssize_t(s.size()), "replace");
+}
 
 template <class T>
 T load(const uint8_t* p) {
@@ -31,18 +33,30 @@ T load(const uint8_t* p) {
 // Element i of a fixed-size scalar array as a new Python reference.
 PyObject* scalar_to_py(GgufValueType type, const uint8_t* p) {
     switch (type) {
-        case GgufValueType::UINT8: return PyLong_FromUnsignedLong(*p);
-        case GgufValueType::INT8: return PyLong_FromLong(int8_t(*p));
-        case GgufValueType::UINT16: return PyLong_FromUnsignedLong(load<uint16_t>(p));
-        case GgufValueType::INT16: return PyLong_FromLong(load<int16_t>(p));
-        case GgufValueType::UINT32: return PyLong_FromUnsignedLong(load<uint32_t>(p));
-        case GgufValueType::INT32: return PyLong_FromLong(load<int32_t>(p));
-        case GgufValueType::FLOAT32: return PyFloat_FromDouble(load<float>(p));
-        case GgufValueType::BOOL: return PyBool_FromLong(*p);
-        case GgufValueType::UINT64: return PyLong_FromUnsignedLongLong(load<uint64_t>(p));
-        case GgufValueType::INT64: return PyLong_FromLongLong(load<int64_t>(p));
-        case GgufValueType::FLOAT64: return PyFloat_FromDouble(load<double>(p));
-        default: return nullptr;
+        case GgufValueType::UINT8:
+            return PyLong_FromUnsignedLong(*p);
+        case GgufValueType::INT8:
+            return PyLong_FromLong(int8_t(*p));
+        case GgufValueType::UINT16:
+            return PyLong_FromUnsignedLong(load<uint16_t>(p));
+        case GgufValueType::INT16:
+            return PyLong_FromLong(load<int16_t>(p));
+        case GgufValueType::UINT32:
+            return PyLong_FromUnsignedLong(load<uint32_t>(p));
+        case GgufValueType::INT32:
+            return PyLong_FromLong(load<int32_t>(p));
+        case GgufValueType::FLOAT32:
+            return PyFloat_FromDouble(load<float>(p));
+        case GgufValueType::BOOL:
+            return PyBool_FromLong(*p);
+        case GgufValueType::UINT64:
+            return PyLong_FromUnsignedLongLong(load<uint64_t>(p));
+        case GgufValueType::INT64:
+            return PyLong_FromLongLong(load<int64_t>(p));
+        case GgufValueType::FLOAT64:
+            return PyFloat_FromDouble(load<double>(p));
+        default:
+            return nullptr;
     }
 }
 
@@ -54,10 +68,22 @@ PyObject* array_to_py(const GgufArray& a) {
     size_t esize = 0;
     if (a.data) {
         switch (a.type) {
-            case GgufValueType::UINT8: case GgufValueType::INT8: case GgufValueType::BOOL: esize = 1; break;
-            case GgufValueType::UINT16: case GgufValueType::INT16: esize = 2; break;
-            case GgufValueType::UINT32: case GgufValueType::INT32: case GgufValueType::FLOAT32: esize = 4; break;
-            default: esize = 8;
+            case GgufValueType::UINT8:
+            case GgufValueType::INT8:
+            case GgufValueType::BOOL:
+                esize = 1;
+                break;
+            case GgufValueType::UINT16:
+            case GgufValueType::INT16:
+                esize = 2;
+                break;
+            case GgufValueType::UINT32:
+            case GgufValueType::INT32:
+            case GgufValueType::FLOAT32:
+                esize = 4;
+                break;
+            default:
+                esize = 8;
         }
     }
     for (uint64_t i = 0; i < a.size; ++i) {
@@ -77,11 +103,16 @@ PyObject* value_to_py(const GgufValue& v) {
     return std::visit(
         [](const auto& x) -> PyObject* {
             using T = std::decay_t<decltype(x)>;
-            if constexpr (std::is_same_v<T, bool>) return PyBool_FromLong(x);
-            else if constexpr (std::is_floating_point_v<T>) return PyFloat_FromDouble(x);
-            else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) return PyLong_FromLongLong(x);
-            else if constexpr (std::is_integral_v<T>) return PyLong_FromUnsignedLongLong(x);
-            else return nullptr;  // string and array handled above
+            if constexpr (std::is_same_v<T, bool>)
+                return PyBool_FromLong(x);
+            else if constexpr (std::is_floating_point_v<T>)
+                return PyFloat_FromDouble(x);
+            else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>)
+                return PyLong_FromLongLong(x);
+            else if constexpr (std::is_integral_v<T>)
+                return PyLong_FromUnsignedLongLong(x);
+            else
+                return nullptr;  // string and array handled above
         },
         static_cast<const regolith::GgufVariant&>(v));
 }
@@ -137,7 +168,8 @@ void init_gguf(nb::module_& m) {
             "metadata_types",
             [](const GgufFile& f) {
                 nb::dict d;
-                for (const auto& [key, value] : f.metadata()) d[checked(str_to_py(key))] = uint32_t(value.type());
+                for (const auto& [key, value] : f.metadata())
+                    d[checked(str_to_py(key))] = uint32_t(value.type());
                 return d;
             },
             "GGUF value type id of each metadata entry.")
@@ -159,7 +191,8 @@ void init_gguf(nb::module_& m) {
             [](const GgufFile& f, const std::string& name) {
                 const GgufTensor& t = tensor_named(f, name);
                 size_t shape[1] = {size_t(t.nbytes)};
-                return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>(f.tensor_data(t), 1, shape, nb::find(&f));
+                return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>(f.tensor_data(t), 1, shape,
+                                                                          nb::find(&f));
             },
             nb::arg("name"), "Zero-copy read-only uint8 view of a tensor's bytes; keeps the file mapped.");
 }

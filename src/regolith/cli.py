@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
@@ -43,16 +44,16 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
         md = f.metadata
         arch = f.architecture
 
-        summary = Table(title=f"[bold]{args.path}[/bold]", show_header=False, title_justify="left")
+        summary = Table(title=f"[bold]{escape(args.path)}[/bold]", show_header=False, title_justify="left")
         summary.add_column("key", style="cyan")
         summary.add_column("value", overflow="fold")
         summary.add_row("GGUF version", str(f.version))
-        summary.add_row("architecture", arch or "(none)")
+        summary.add_row("architecture", escape(arch or "(none)"))
         if "general.name" in md:
-            summary.add_row("name", _scalar_str(md["general.name"]))
+            summary.add_row("name", escape(_scalar_str(md["general.name"])))
         tok_model = md.get("tokenizer.ggml.model")
         if tok_model is not None:
-            summary.add_row("tokenizer", _scalar_str(tok_model))
+            summary.add_row("tokenizer", escape(_scalar_str(tok_model)))
         tokens = md.get("tokenizer.ggml.tokens")
         if isinstance(tokens, list):
             summary.add_row("vocab size", f"{len(tokens):,}")
@@ -71,7 +72,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
             hparams.add_column("value", justify="right")
             for key, value in md.items():
                 if key.startswith(prefix) and not isinstance(value, list):
-                    hparams.add_row(key[len(prefix) :], _scalar_str(value))
+                    hparams.add_row(escape(key[len(prefix) :]), escape(_scalar_str(value)))
             if hparams.row_count:
                 console.print(hparams)
 
@@ -97,7 +98,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
             listing.add_column("shape", justify="right")
             listing.add_column("bytes", justify="right")
             for t in f.tensors.values():
-                listing.add_row(t.name, t.type_name, "×".join(map(str, t.shape)), f"{t.nbytes:,}")
+                listing.add_row(escape(t.name), t.type_name, "×".join(map(str, t.shape)), f"{t.nbytes:,}")
             console.print(listing)
     return 0
 
