@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from tests.quant_data import block_size, random_blocks, type_id  # noqa: E402
-
-from regolith import _core  # noqa: E402
+from regolith import _core
+from regolith.quant import TYPE_IDS, type_size
+from tests.quant_data import random_blocks
 
 HOT_TYPES = ["IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ3_S", "IQ4_NL", "IQ4_XS", "Q4_K", "Q6_K", "Q8_0", "BF16", "Q2_0"]
 # (label, rows = output features, cols = input features)
@@ -56,18 +56,17 @@ def weight_pool(name: str, nbytes: int, rng: np.random.Generator) -> np.ndarray:
         n = nbytes // 2
         vals = rng.standard_normal(n).astype(np.float32)
         return (vals.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    qk, bs = block_size(name)
-    n_blocks = nbytes // bs
-    return random_blocks(name, (n_blocks * qk,), rng)
+    _, bs = type_size(name)
+    return random_blocks(name, nbytes // bs, rng).reshape(-1)
 
 
 def bench_one(name: str, pool: np.ndarray, rows: int, cols: int, ntok: int, seconds: float) -> float:
     """Seconds per matmul."""
-    tid = 30 if name == "BF16" else type_id(name)
+    tid = TYPE_IDS[name]
     if name == "BF16":
         row_bytes = cols * 2
     else:
-        qk, bs = block_size(name)
+        qk, bs = type_size(name)
         row_bytes = cols // qk * bs
     n_rows = pool.nbytes // row_bytes
     if n_rows < rows:
@@ -108,12 +107,12 @@ def main(argv: list[str] | None = None) -> None:
         if name == "BF16":
             need = max(need, lm_rows * 2048 * 2)
         else:
-            qk, bs = block_size(name)
+            qk, bs = type_size(name)
             need = max(need, lm_rows * 2048 // qk * bs)
         pool = weight_pool(name, need, rng)
         for label, rows, cols in shapes:
             cells = []
-            wbytes = rows * (cols * 2 if name == "BF16" else cols // block_size(name)[0] * block_size(name)[1])
+            wbytes = rows * (cols * 2 if name == "BF16" else cols // type_size(name)[0] * type_size(name)[1])
             for ntok in NTOKS:
                 sec = bench_one(name, pool, rows, cols, ntok, args.seconds)
                 gbs = wbytes / sec

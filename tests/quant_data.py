@@ -1,88 +1,129 @@
-"""Random valid quantized blocks and reference dequantization for the kernel tests.
+"""Quantized test data shared by the dequantization and kernel tests and the kernel benchmark.
 
-Random bytes are a valid block of every type once the float fields (the scales) hold finite values; the
-references are the `gguf` package's numpy dequantizers, and for the types gguf 0.19 does not know yet
-(Q1_0, Q2_0) a numpy transcription of the upstream ggml definition.
+Random bytes are a valid block of every type once its float fields (the scales) are finite. The oracle is
+the `gguf` package's numpy dequantizer; for the types gguf-py 0.19 lacks (Q8_K, Q1_0, Q2_0) it is an
+independent numpy transcription of the format definition (see docs/formats.md).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
 
-Q1_0, Q2_0 = 41, 42
-SIZES = {Q1_0: (128, 18), Q2_0: (64, 18)}
+from regolith.quant import type_size
 
-# Byte offsets of the fp16 scale fields inside one block (ggml layouts).
-_F16_FIELDS = {
-    "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "IQ4_NL": [0],
-    "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
-    "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0],
-    "IQ4_XS": [0], "TQ1_0": [52], "TQ2_0": [64], "Q1_0": [0], "Q2_0": [0],
+# Byte offsets of fp16 scale fields inside a block (IQ1_M spreads its scale over nibbles; handled apart).
+# fmt: off
+FP16_FIELDS: dict[str, tuple[int, ...]] = {
+    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,),
+    "IQ1_M": (), "IQ4_NL": (0,), "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,),
+    "MXFP4": (), "NVFP4": (), "Q8_K": (), "Q1_0": (0,), "Q2_0": (0,),
 }
-
-QUANT_TYPES = [
-    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_K", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+GGUF_TYPES = [
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
     "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
-    "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0", "Q2_0",
+    "TQ1_0", "TQ2_0", "MXFP4", "NVFP4",
 ]
+# fmt: on
+OWN_REF_TYPES = ["Q8_K", "Q1_0", "Q2_0"]
+QUANT_TYPES = GGUF_TYPES + OWN_REF_TYPES
+IQ1_M_SCALES = 48  # offset of the 4 uint16 scales whose top nibbles hold d
 
 
-def type_id(name: str) -> int:
-    return {"Q1_0": Q1_0, "Q2_0": Q2_0}.get(name) or GGMLQuantizationType[name].value
+# ---- independent references ----------------------------------------------------------------------------
+def _ref_q8_k(blocks: np.ndarray) -> np.ndarray:
+    d = blocks[:, :4].copy().view(np.float32)
+    qs = blocks[:, 4:260].view(np.int8).astype(np.float32)
+    return d * qs
 
 
-def block_size(name: str) -> tuple[int, int]:
-    tid = type_id(name)
-    return SIZES.get(tid) or GGML_QUANT_SIZES[GGMLQuantizationType(tid)]
+def _ref_q1_0(blocks: np.ndarray) -> np.ndarray:
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    bits = np.unpackbits(blocks[:, 2:18], axis=-1, bitorder="little")  # element j: bit j%8 of qs[j/8]
+    return np.where(bits == 1, d, -d).astype(np.float32)
 
 
-def _random_f16(rng: np.random.Generator, n: int) -> np.ndarray:
-    mag = np.exp2(rng.uniform(-8.0, 0.0, n))
-    return (mag * rng.choice([-1.0, 1.0], n)).astype(np.float16)
+def _ref_q2_0(blocks: np.ndarray) -> np.ndarray:
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    j = np.arange(64)
+    codes = (blocks[:, 2 + j // 4] >> (2 * (j % 4)).astype(np.uint8)) & np.uint8(3)
+    return (codes.astype(np.int8) - np.int8(1)).astype(np.float32) * d
 
 
-def random_blocks(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """uint8 array of shape (*shape[:-1], bytes for shape[-1] elements) holding random valid blocks."""
-    qk, bs = block_size(name)
-    assert shape[-1] % qk == 0
-    n_blocks = int(np.prod(shape)) // qk
-    blocks = rng.integers(0, 256, (n_blocks, bs), dtype=np.uint8)
-    for off in _F16_FIELDS.get(name, []):
-        blocks[:, off:off + 2] = _random_f16(rng, n_blocks).view(np.uint8).reshape(n_blocks, 2)
-    if name == "Q8_K":
-        d = (np.exp2(rng.uniform(-8, 0, n_blocks)) * rng.choice([-1, 1], n_blocks)).astype(np.float32)
-        blocks[:, 0:4] = d.view(np.uint8).reshape(n_blocks, 4)
-    elif name == "MXFP4":
-        blocks[:, 0] = rng.integers(118, 131, n_blocks)  # E8M0 exponents 2^-9 .. 2^3
-    elif name == "IQ1_M":
-        # the fp16 super-block scale is the top nibble of each of the 4 uint16 scale words
-        d = _random_f16(rng, n_blocks).view(np.uint16)
-        sc = blocks[:, 48:56].copy().view(np.uint16).reshape(n_blocks, 4)
-        for i in range(4):
-            sc[:, i] = (sc[:, i] & 0x0FFF) | (((d >> (4 * i)) & 0xF) << 12)
-        blocks[:, 48:56] = sc.view(np.uint8).reshape(n_blocks, 8)
-    return blocks.reshape(*shape[:-1], shape[-1] // qk * bs)
+OWN_REFS = {"Q8_K": _ref_q8_k, "Q1_0": _ref_q1_0, "Q2_0": _ref_q2_0}
 
 
-def reference_dequantize(data: np.ndarray, name: str) -> np.ndarray:
-    """float32 dequantization by the independent reference (gguf's numpy code, or the ggml definition)."""
-    tid = type_id(name)
-    if tid not in SIZES:
-        return gguf_dequantize(data, GGMLQuantizationType(tid))
-    qk, bs = SIZES[tid]
-    rows = data.reshape(-1, bs)
-    d = rows[:, :2].copy().view(np.float16).astype(np.float32)
-    qs = rows[:, 2:]
-    if tid == Q1_0:  # bit j of the block: +d if set, -d if clear (LSB first)
-        bits = np.unpackbits(qs, axis=1, bitorder="little").astype(np.float32)
-        vals = bits * 2.0 - 1.0
-    else:  # Q2_0: 2-bit code c per element, LSB first, value (c - 1) * d
-        codes = (qs[:, :, None] >> np.array([0, 2, 4, 6], dtype=np.uint8)) & 3
-        vals = codes.reshape(len(rows), qk).astype(np.float32) - 1.0
-    out = (d * vals).astype(np.float32)
-    return out.reshape(*data.shape[:-1], data.shape[-1] // bs * qk)
+def reference(data: np.ndarray, name: str) -> np.ndarray:
+    """The oracle: gguf.quants.dequantize, or our spec reference for types gguf-py lacks."""
+    if name in OWN_REFS:
+        elems, nbytes = type_size(name)
+        blocks = data.reshape(-1, nbytes)
+        with np.errstate(all="ignore"):
+            out = OWN_REFS[name](blocks)
+        return out.reshape(*data.shape[:-1], data.shape[-1] // nbytes * elems)
+    with np.errstate(all="ignore"):
+        return gguf_quants.dequantize(data, GGMLQuantizationType[name])
+
+
+# ---- block generators ----------------------------------------------------------------------------------
+def set_fp16(blocks: np.ndarray, name: str, value: np.ndarray | int) -> None:
+    """Write fp16 bit patterns into every scale field of each block."""
+    v = np.broadcast_to(np.asarray(value, dtype=np.uint16), (blocks.shape[0],)).copy()
+    for off in FP16_FIELDS[name]:
+        blocks[:, off : off + 2] = v.view(np.uint8).reshape(-1, 2)
+    if name == "IQ1_M":
+        sc = blocks[:, IQ1_M_SCALES : IQ1_M_SCALES + 8].copy().view(np.uint16)
+        for u in range(4):
+            sc[:, u] = (sc[:, u] & np.uint16(0x0FFF)) | (
+                ((v >> np.uint16(4 * u)) & np.uint16(0xF)) << np.uint16(12)
+            )
+        blocks[:, IQ1_M_SCALES : IQ1_M_SCALES + 8] = sc.view(np.uint8)
+    if name == "Q8_K":  # float32 d: the fp16 value, widened
+        blocks[:, :4] = v.view(np.float16).astype(np.float32).view(np.uint8).reshape(-1, 4)
+
+
+def _finite_fp16(rng: np.random.Generator, n: int) -> np.ndarray:
+    h = rng.integers(0, 1 << 16, size=n, dtype=np.uint16)
+    inf_nan = (h & np.uint16(0x7C00)) == np.uint16(0x7C00)
+    return np.where(inf_nan, h & np.uint16(0xBFFF), h)  # clear the exponent's top bit: finite
+
+
+def random_blocks(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n random valid blocks: random bytes with finite scale fields."""
+    _, nbytes = type_size(name)
+    blocks = rng.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
+    set_fp16(blocks, name, _finite_fp16(rng, n))
+    return blocks
+
+
+def special_blocks(name: str, rng: np.random.Generator) -> np.ndarray:
+    """Edge cases: zero and -0 scales, largest/smallest fp16 scales, all-zero and all-ones codes."""
+    scales = [0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x3C00, 0xBC00, 0x7BFF, 0xFBFF]
+    out = []
+    for fill in (None, 0x00, 0xFF, 0x55, 0xAA):
+        for s in scales:
+            b = random_blocks(name, 2, rng)
+            if fill is not None:
+                b[:] = fill
+            set_fp16(b, name, s)
+            out.append(b)
+    return np.concatenate(out)
+
+
+def random_matrix(name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """(rows, row_bytes) of random blocks with moderate scales (2^-8 .. 1, either sign), for products
+    whose float32 sums must not overflow."""
+    elems, nbytes = type_size(name)
+    n = rows * cols // elems
+    blocks = random_blocks(name, n, rng)
+    mag = np.exp2(rng.uniform(-8.0, 0.0, n)) * rng.choice([-1.0, 1.0], n)
+    set_fp16(blocks, name, mag.astype(np.float16).view(np.uint16))
+    if name == "MXFP4":
+        blocks[:, 0] = rng.integers(118, 131, n)  # E8M0 exponents: scales 2^-9 .. 2^3
+    return blocks.reshape(rows, cols // elems * nbytes)
 
 
 def q8_exact_activations(ntok: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -93,7 +134,6 @@ def q8_exact_activations(ntok: int, cols: int, rng: np.random.Generator) -> np.n
     """
     k = rng.integers(-127, 128, (ntok, cols // 32, 32))
     k[:, :, 0] = rng.choice([-127, 127], (ntok, cols // 32))
-    perm = rng.permuted(np.tile(np.arange(32), (ntok, cols // 32, 1)), axis=2)
-    k = np.take_along_axis(k, perm, axis=2)
+    k = rng.permuted(k, axis=2)
     scale = np.exp2(rng.integers(-6, 3, (ntok, cols // 32, 1)))
     return (k * scale).reshape(ntok, cols).astype(np.float32)

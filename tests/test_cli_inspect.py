@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf_samples import QT, VT, q8_0_bytes, write_gguf
 
 import regolith
 from regolith.cli import main
+from tests.gguf_samples import QT, VT, q8_0_bytes, write_gguf
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_samples import VT, field_pos, sample_file, tensor_fields, write_gguf
 
 import regolith
 from regolith import GGUFError
+from tests.gguf_samples import VT, field_pos, sample_file, tensor_fields, write_gguf
 
 Mutation = Callable[[bytearray], None]
 

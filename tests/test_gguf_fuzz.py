@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from gguf_samples import sample_file, tensor_fields
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import regolith
 from regolith import GGUFError
+from tests.gguf_samples import sample_file, tensor_fields
 
 EXTREMES = [
     0,

@@ -8,12 +8,10 @@ import time
 import gguf
 import numpy as np
 import pytest
-from gguf_samples import ALL_VALUE_KVS, QT, VT, expected_value, q8_0_bytes, sample_file, write_gguf
 
 import regolith
-from regolith import quant
-
-HAS_DEQUANTIZE = hasattr(quant, "dequantize")
+from tests.gguf_samples import ALL_VALUE_KVS, QT, VT, expected_value, q8_0_bytes, sample_file, write_gguf
+from tests.quant_data import random_blocks, reference
 
 
 @pytest.fixture
@@ -87,7 +85,7 @@ def test_custom_alignment(tmp_path, alignment):
         assert f.alignment == alignment
         data_start = min(t.offset for t in f.tensors.values())
         assert data_start % alignment == 0
-        for (name, arr, _), rt in zip(tensors, reader.tensors):
+        for (name, arr, _), rt in zip(tensors, reader.tensors, strict=True):
             info = f.tensors[name]
             assert (info.offset - data_start) % alignment == 0
             assert info.offset == rt.data_offset
@@ -162,35 +160,16 @@ def test_plain_tensor_types(tmp_path):
         np.testing.assert_array_equal(f.tensor("bf16"), expected)
 
 
-@pytest.mark.skipif(not HAS_DEQUANTIZE, reason="regolith.quant.dequantize not merged into this branch yet")
-@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q4_K, QT.Q6_K])
-def test_quantized_tensor_matches_gguf_dequantize(tmp_path, qtype):
-    rng = np.random.default_rng(3)
-    src = rng.standard_normal((3, 256)).astype(np.float32)
-    raw = gguf.quants.quantize(src, qtype)
-    path = write_gguf(tmp_path / "q.gguf", [], [("w", raw, qtype)])
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "IQ2_XS", "IQ4_XS", "MXFP4"])
+def test_quantized_tensor_matches_reference_dequantize(tmp_path, name):
+    blocks = random_blocks(name, 6, np.random.default_rng(3))
+    raw = blocks.reshape(3, -1)
+    path = write_gguf(tmp_path / "q.gguf", [], [("w", raw, gguf.GGMLQuantizationType[name])])
     with regolith.gguf.open(path) as f:
         out = f.tensor("w")
-        assert out.shape == (3, 256) and out.dtype == np.float32
-        np.testing.assert_allclose(out, gguf.quants.dequantize(raw, qtype), rtol=1e-6, atol=1e-6)
-
-
-def test_quantized_tensor_goes_through_quant_dequantize(tmp_path, monkeypatch):
-    """The plumbing only: regolith.quant.dequantize is stood in for by gguf-py's."""
-    calls = []
-
-    def fake_dequantize(data: np.ndarray, qtype: int) -> np.ndarray:
-        calls.append((data.shape, qtype))
-        return gguf.quants.dequantize(np.asarray(data), QT(qtype))
-
-    monkeypatch.setattr(quant, "dequantize", fake_dequantize, raising=False)
-    raw = q8_0_bytes(2, 64)
-    path = write_gguf(tmp_path / "q.gguf", [], [("w", raw, QT.Q8_0)])
-    with regolith.gguf.open(path) as f:
-        out = f.tensor("w")
-    assert calls == [((2, 68), int(QT.Q8_0))]
-    assert out.shape == (2, 64) and out.dtype == np.float32
-    np.testing.assert_array_equal(out, gguf.quants.dequantize(raw, QT.Q8_0))
+    want = reference(raw, name)
+    assert out.shape == want.shape and out.dtype == np.float32
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
 
 
 def test_quantized_tensor_bytes_shape(tmp_path):

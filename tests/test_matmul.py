@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from regolith import _core
-from tests.quant_data import QUANT_TYPES, block_size, q8_exact_activations, random_blocks, reference_dequantize, type_id
+from regolith.quant import TYPE_IDS, type_size
+from tests.quant_data import QUANT_TYPES, q8_exact_activations, random_matrix, reference
 
 ISAS = _core.available_isas()
 EPS32 = float(np.finfo(np.float32).eps)
@@ -37,20 +38,20 @@ def isa(request):
 
 def _decomposition(name: str, wq: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     """|scale*q| per element and |bias| per element, float64 (rows, cols)."""
-    q, scale, bias, g = _core.decode_blocks(type_id(name), wq.reshape(-1), rows * cols)
+    q, scale, bias, g = _core.decode_blocks(TYPE_IDS[name], wq.reshape(-1), rows * cols)
     sq = np.abs(q.astype(np.float64) * np.repeat(scale.astype(np.float64), g))
     b = np.zeros_like(sq) if bias is None else np.abs(np.repeat(bias.astype(np.float64), g))
     return sq.reshape(rows, cols), b.reshape(rows, cols)
 
 
 def _check_quant(name: str, rows: int, cols: int, ntok: int, rng: np.random.Generator, exact_acts: bool):
-    wq = random_blocks(name, (rows, cols), rng)
-    w = reference_dequantize(wq, name).astype(np.float64)
+    wq = random_matrix(name, rows, cols, rng)
+    w = reference(wq, name).astype(np.float64)
     if exact_acts:
         x = q8_exact_activations(ntok, cols, rng)
     else:
         x = rng.standard_normal((ntok, cols)).astype(np.float32) * rng.uniform(0.01, 10)
-    y = _core.matmul(type_id(name), wq, cols, x)
+    y = _core.matmul(TYPE_IDS[name], wq, cols, x)
     ref = x.astype(np.float64) @ w.T
 
     sq, b = _decomposition(name, wq, rows, cols)
@@ -67,16 +68,16 @@ def _check_quant(name: str, rows: int, cols: int, ntok: int, rng: np.random.Gene
 @pytest.mark.parametrize("ntok", [1, 2, 5, 8, 9, 33])
 @pytest.mark.parametrize("name", QUANT_TYPES)
 def test_matmul_q8_exact_matches_dequantize_float64(name, ntok, isa):
-    qk, _ = block_size(name)
-    rng = np.random.default_rng([type_id(name), ntok])
+    qk, _ = type_size(name)
+    rng = np.random.default_rng([TYPE_IDS[name], ntok])
     _check_quant(name, rows=19, cols=max(qk, 256) * 2, ntok=ntok, rng=rng, exact_acts=True)
 
 
 @pytest.mark.parametrize("ntok", [1, 4, 8, 20])
 @pytest.mark.parametrize("name", QUANT_TYPES)
 def test_matmul_matches_dequantize_float64_within_q8_bound(name, ntok, isa):
-    qk, _ = block_size(name)
-    rng = np.random.default_rng([type_id(name), ntok, 1])
+    qk, _ = type_size(name)
+    rng = np.random.default_rng([TYPE_IDS[name], ntok, 1])
     _check_quant(name, rows=7, cols=max(qk, 256), ntok=ntok, rng=rng, exact_acts=False)
 
 
@@ -109,7 +110,7 @@ def test_float_matmul_matches_float64(name, ntok, isa):
     seed=st.integers(0, 2**32 - 1),
 )
 def test_matmul_shapes_property(name, rows, nblocks, ntok, seed):
-    qk, _ = block_size(name)
+    qk, _ = type_size(name)
     _check_quant(name, rows, qk * nblocks, ntok, np.random.default_rng(seed), exact_acts=True)
 
 
@@ -117,24 +118,24 @@ def test_isas_agree_to_float_rounding():
     if len(ISAS) < 2:
         pytest.skip("only the scalar kernels exist on this machine")
     rng = np.random.default_rng(7)
-    wq = random_blocks("Q4_K", (64, 1024), rng)
+    wq = random_matrix("Q4_K", 64, 1024, rng)
     x = rng.standard_normal((5, 1024)).astype(np.float32)
     ys = {}
     before = _core.isa()
     for isa_name in ISAS:
         _core.set_isa(isa_name)
-        ys[isa_name] = _core.matmul(type_id("Q4_K"), wq, 1024, x)
+        ys[isa_name] = _core.matmul(TYPE_IDS["Q4_K"], wq, 1024, x)
     _core.set_isa(before)
     base = ys["scalar"].astype(np.float64)
-    for isa_name, y in ys.items():
+    for y in ys.values():
         np.testing.assert_allclose(y, base, rtol=0, atol=1e-4 * np.abs(base).max())
 
 
 def test_matmul_rejects_bad_shapes():
-    wq = random_blocks("Q4_K", (4, 256), np.random.default_rng(0))
+    wq = random_matrix("Q4_K", 4, 256, np.random.default_rng(0))
     with pytest.raises(ValueError):
-        _core.matmul(type_id("Q4_K"), wq, 512, np.zeros((1, 512), np.float32))
+        _core.matmul(TYPE_IDS["Q4_K"], wq, 512, np.zeros((1, 512), np.float32))
     with pytest.raises(ValueError):
-        _core.matmul(type_id("Q4_K"), wq, 256, np.zeros((1, 255), np.float32))
+        _core.matmul(TYPE_IDS["Q4_K"], wq, 256, np.zeros((1, 255), np.float32))
     with pytest.raises(ValueError):
         _core.matmul(999, wq, 256, np.zeros((1, 256), np.float32))

@@ -5,4 +5,4 @@ from .errors import GGUFError, ModelFormatError, RegolithError
 
 __version__ = "0.1.0"
 
-__all__ = ["GGUFError", "ModelFormatError", "RegolithError", "gguf", "__version__"]
+__all__ = ["GGUFError", "ModelFormatError", "RegolithError", "__version__", "gguf"]
