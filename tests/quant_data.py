@@ -127,13 +127,15 @@ def random_matrix(name: str, rows: int, cols: int, rng: np.random.Generator) -> 
 
 
 def q8_exact_activations(ntok: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Activations that Q8 (32-element blocks, scale amax/127) represents exactly.
+    """Activations that Q8 represents exactly, with 32- or 256-element blocks (scale amax/127).
 
-    Each 32-block is 2^e * k with integers |k| <= 127 and one |k| == 127, so amax/127 == 2^e exactly and
-    quantizing loses nothing: a kernel's only error is then float rounding.
+    Each 32-block is 2^e * k with integers |k| <= 127 and one |k| == 127, and e is shared by each 256
+    elements, so amax/127 == 2^e exactly for either block size and quantizing loses nothing: a kernel's
+    only error is then float rounding.
     """
     k = rng.integers(-127, 128, (ntok, cols // 32, 32))
     k[:, :, 0] = rng.choice([-127, 127], (ntok, cols // 32))
     k = rng.permuted(k, axis=2)
-    scale = np.exp2(rng.integers(-6, 3, (ntok, cols // 32, 1)))
+    e = rng.integers(-6, 3, (ntok, -(-cols // 256)))
+    scale = np.exp2(np.repeat(e, 8, axis=1)[:, : cols // 32, None])
     return (k * scale).reshape(ntok, cols).astype(np.float32)

@@ -7,9 +7,10 @@ sources of error are allowed, each with a bound derived from the kernel's arithm
   its rounding error is at most gamma * sum_i (|scale*q_i| + |bias|) * |x_i| with gamma = (k + 8) * eps32,
   k = cols / 16 the number of float accumulation steps per lane (plus the 8-lane reduction and the
   per-group scale products). The magnitudes come from _core.decode_blocks.
-* Activation quantization. Activations are quantized to int8 per 32 elements (scale amax/127), so each
-  |x_i - x_hat_i| <= amax/254 and the error is at most sum_i |scale*q_i| * amax_block(i)/254. The
-  "q8-exact" tests use activations that Q8 represents exactly, so only float rounding remains.
+* Activation quantization. Activations are quantized to int8 per block of 32 elements (256 for the types
+  whose kernels accumulate whole blocks in int32; scale amax/127), so each |x_i - x_hat_i| <= amax/254
+  and the error is at most sum_i |scale*q_i| * amax_block(i)/254. The "q8-exact" tests use activations
+  that Q8 represents exactly, so only float rounding remains.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def _check_quant(name: str, rows: int, cols: int, ntok: int, rng: np.random.Gene
     ax = np.abs(x.astype(np.float64))
     bound = (cols / 16 + 8) * EPS32 * ((sq + b) @ ax.T).T
     if not exact_acts:
-        amax = np.repeat(ax.reshape(ntok, cols // 32, 32).max(axis=2), 32, axis=1)
+        ab = _core.activation_block(TYPE_IDS[name])
+        amax = np.repeat(ax.reshape(ntok, cols // ab, ab).max(axis=2), ab, axis=1)
         bound += (sq @ (amax / 254.0).T).T * (1 + 1e-6)
     err = np.abs(y.astype(np.float64) - ref)
     assert y.shape == (ntok, rows)

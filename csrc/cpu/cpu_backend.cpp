@@ -14,14 +14,14 @@
 namespace regolith {
 namespace cpu {
 
-void quantize_activations(const float* x, int64_t n, int8_t* q, float* d, float* s) {
-    for (int64_t b = 0; b < n; b += 32) {
+void quantize_activations(const float* x, int64_t n, int block, int8_t* q, float* d, float* s) {
+    for (int64_t b = 0; b < n; b += block) {
         float amax = 0.0f;
-        for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[b + i]));
+        for (int i = 0; i < block; ++i) amax = std::fmax(amax, std::fabs(x[b + i]));
         const float scale = amax / 127.0f;
         const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-        for (int i = 0; i < 32; ++i) q[b + i] = int8_t(std::lrintf(x[b + i] * inv));
-        d[b / 32] = scale;
+        for (int i = 0; i < block; ++i) q[b + i] = int8_t(std::lrintf(x[b + i] * inv));
+        d[b / block] = scale;
     }
     for (int64_t g = 0; g < n; g += 16) {
         float sum = 0.0f;
@@ -47,16 +47,25 @@ const KernelTable& active_table() {
     }
 }
 
+}  // namespace
+
+int activation_block(uint32_t type) { return type < RG_TYPE_COUNT ? active_table().act_block[type] : 0; }
+
+namespace {
+
 // Per-thread kernel scratch, grown on demand.
 struct ThreadScratch {
     std::vector<int8_t> q;
-    std::vector<float> scale, bias, row;
+    std::vector<float> scale, bias, row, dsuper;
+    std::vector<int16_t> isc;
     Scratch get(int64_t cols) {
         q.resize(size_t(kPanelRows * cols));
         scale.resize(size_t(kPanelRows * (cols / 16 + 1)));
         bias.resize(scale.size());
+        isc.resize(scale.size());
+        dsuper.resize(size_t(kPanelRows * (cols / 256 + 1)));
         row.resize(size_t(cols));
-        return {q.data(), scale.data(), bias.data(), row.data()};
+        return {q.data(), scale.data(), bias.data(), isc.data(), dsuper.data(), row.data()};
     }
 };
 
@@ -72,7 +81,8 @@ public:
             throw Error("matmul: " + std::string(t->name) + " row of " + std::to_string(w.cols) +
                         " elements is not a whole number of " + std::to_string(t->block_elems) + "-element blocks");
         if (w.row_bytes < type_row_bytes(*t, w.cols)) throw Error("matmul: row_bytes smaller than one row");
-        const RowsKernel kernel = active_table().by_type[w.type];
+        const KernelTable& table = active_table();
+        const RowsKernel kernel = table.by_type[w.type];
         if (!kernel) throw Error("matmul: no kernel for type " + std::string(t->name));
 
         MatmulArgs args{static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, ntok, x,
@@ -82,11 +92,12 @@ public:
         thread_local std::vector<float> xd_, xs_;
         if (quantized) {
             xq_.resize(size_t(ntok * w.cols));
-            xd_.resize(size_t(ntok * w.cols / 32));
+            const int block = table.act_block[w.type];
+            xd_.resize(size_t(ntok * w.cols / block));
             xs_.resize(size_t(ntok * w.cols / 16));
             for (int64_t i = 0; i < ntok; ++i)
-                quantize_activations(x + i * w.cols, w.cols, xq_.data() + i * w.cols, xd_.data() + i * w.cols / 32,
-                                     xs_.data() + i * w.cols / 16);
+                quantize_activations(x + i * w.cols, w.cols, block, xq_.data() + i * w.cols,
+                                     xd_.data() + i * w.cols / block, xs_.data() + i * w.cols / 16);
             args.xq = xq_.data();
             args.xd = xd_.data();
             args.xs = xs_.data();

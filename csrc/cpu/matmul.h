@@ -21,7 +21,7 @@ struct MatmulArgs {
     int64_t ntok;
     const float* x;      // [ntok][cols] float activations
     const int8_t* xq;    // [ntok][cols] int8 codes (quantized types only)
-    const float* xd;     // [ntok][cols / 32] scale per 32 codes
+    const float* xd;     // [ntok][cols / act_block] scale per activation block (32 or 256 codes)
     const float* xs;     // [ntok][cols / 16] float sum of x per 16 elements (for affine-bias types)
     float* y;            // [ntok][rows]
 };
@@ -32,6 +32,8 @@ struct Scratch {
     int8_t* q;        // [kPanelRows][cols] decoded codes
     float* scale;     // [kPanelRows][cols / 16]
     float* bias;      // [kPanelRows][cols / 16]
+    int16_t* isc;     // [kPanelRows][cols / 16] integer sub-scales (IntScales types)
+    float* dsuper;    // [kPanelRows][cols / 256] their per-block float factor
     float* row;       // [cols] a float weight row
 };
 
@@ -46,6 +48,7 @@ using RowsKernel = void (*)(const MatmulArgs& args, int64_t r0, int64_t r1, cons
 
 struct KernelTable {
     RowsKernel by_type[RG_TYPE_COUNT];  // nullptr: type not supported
+    int act_block[RG_TYPE_COUNT];       // activation quantization block the kernel expects: 32 or 256
 };
 
 const KernelTable& kernels_scalar();
@@ -56,7 +59,11 @@ const KernelTable& kernels_avx2();
 const KernelTable& kernels_neon();
 #endif
 
-// Q8 activation quantization of one row of n elements (n % 32 == 0): q[n], d[n/32], s[n/16].
-void quantize_activations(const float* x, int64_t n, int8_t* q, float* d, float* s);
+// The activation block the active ISA's kernel for `type` expects (32 or 256; 0 for unsupported types).
+int activation_block(uint32_t type);
+
+// Q8 activation quantization of one row of n elements (n % block == 0, block 32 or 256): codes q[n],
+// scale d[n / block] (amax / 127 per block), float sums s[n / 16] of x per 16 elements.
+void quantize_activations(const float* x, int64_t n, int block, int8_t* q, float* d, float* s);
 
 }  // namespace regolith::cpu

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "cpu/codes_avx2.h"
 #include "cpu/matmul_impl.h"
 
 namespace regolith::cpu {
@@ -20,6 +21,10 @@ struct SimdAvx2 {
     struct W {
         __m256i w, abs;
     };
+    using Raw = __m256i;
+    template <uint32_t TYPE>
+    using Codes = Avx2Codes<TYPE>;
+    static W make_w(__m256i v) { return {v, _mm256_sign_epi8(v, v)}; }
     static W load_w(const int8_t* w) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
         return {v, _mm256_sign_epi8(v, v)};
@@ -33,6 +38,22 @@ struct SimdAvx2 {
         const __m256 scale = SPLIT ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s_lo)), _mm_set1_ps(s_hi), 1)
                                    : _mm256_set1_ps(s_lo);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
+    }
+    using IAcc = __m256i;
+    using IScale = __m256i;  // int16 multipliers for the 16 pair sums: 8 x s_lo (elements 0-15), 8 x s_hi
+    static IAcc izero() { return _mm256_setzero_si256(); }
+    template <bool SPLIT>
+    static IScale iscale(int16_t s_lo, int16_t s_hi) {
+        if (!SPLIT) return _mm256_set1_epi16(s_lo);
+        return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s_lo)), _mm_set1_epi16(s_hi), 1);
+    }
+    static void idot32(const W& w, const int8_t* x, const IScale& s, IAcc& acc) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+        const __m256i p = _mm256_maddubs_epi16(w.abs, _mm256_sign_epi8(xv, w.w));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+    }
+    static void iflush(const IAcc& ia, float scale, Acc& acc) {
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(scale), acc);
     }
     static float dot_f32(const float* w, const float* x, int64_t n) {
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();

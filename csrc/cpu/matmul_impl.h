@@ -9,6 +9,13 @@
 //       // acc += s_lo * dot(w[0:16], x[0:16]) + s_hi * dot(w[16:32], x[16:32])   (int8 codes);
 //       // SPLIT is false when s_lo == s_hi (32-element scale groups).
 //       template <bool SPLIT> static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc);
+//       // Integer-scale path (256-element blocks with IntScales): int32 lanes, int16 sub-scales.
+//       using IAcc = ...;  using IScale = ...;
+//       static IAcc izero();
+//       template <bool SPLIT> static IScale iscale(int16_t s_lo, int16_t s_hi);
+//       // acc += s_lo * (w[0:16] . x[0:16]) + s_hi * (w[16:32] . x[16:32]) in int32 lanes
+//       static void idot32(const W& w, const int8_t* x, const IScale& s, IAcc& acc);
+//       static void iflush(const IAcc& ia, float scale, Acc& acc);   // acc += float(ia) * scale
 //       static float dot_f32(const float* w, const float* x, int64_t n);
 //       static void f16_to_f32(const uint16_t* src, float* dst, int64_t n);
 //       static void bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
@@ -17,8 +24,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/block_decode.h"
+#include "core/block_int_scales.h"
 #include "cpu/matmul.h"
 
 namespace regolith::cpu {
@@ -28,16 +37,60 @@ struct QuantKernel {
     static constexpr int QK = D::QK, G = D::G, NG = QK / G;
     static_assert(G == 16 || G == 32, "scale groups must be 16 or 32 elements");
     static_assert(QK % 32 == 0, "blocks must cover whole 32-element activation blocks");
+    // Types with integer sub-scales accumulate a whole block in int32; their activations are quantized per
+    // 256 elements (one activation scale per weight block), as ggml's Q8_K does.
+    static constexpr bool INT = has_int_scales<D::TYPE>::value;
+    static constexpr int AB = INT ? 256 : 32;
+    static_assert(!INT || QK == 256, "integer sub-scales are for 256-element blocks");
 
     // Decoded row: int8 codes plus per-group scale (and bias) for every block.
     struct DecodedRow {
         int8_t* q;
         float* scale;
         float* bias;
+        int16_t* isc;
+        float* dsuper;
     };
 
     static void decode_row(const typename D::Block* blocks, int64_t nb, DecodedRow out) {
-        for (int64_t b = 0; b < nb; ++b) D::decode(blocks[b], out.q + b * QK, out.scale + b * NG, out.bias + b * NG);
+        for (int64_t b = 0; b < nb; ++b) {
+            D::decode(blocks[b], out.q + b * QK, out.scale + b * NG, out.bias + b * NG);
+            if constexpr (INT) out.dsuper[b] = IntScales<D::TYPE>::get(blocks[b], out.isc + b * NG);
+        }
+    }
+
+    // Integer-scale form of dot_row: per block and token, int32 lanes accumulate isc * (q . x) over the
+    // block's 8 chunks, then one float multiply-add by dsuper * (the block's activation scale).
+    template <int NT>
+    static void dot_row_int(const DecodedRow& r, const MatmulArgs& a, int64_t t0, typename S::Acc* acc) {
+        const int64_t cols = a.cols;
+        for (int64_t b = 0; b < cols / QK; ++b) {
+            typename S::IAcc ia[NT];
+            for (int t = 0; t < NT; ++t) ia[t] = S::izero();
+            for (int k = 0; k < QK / 32; ++k) {
+                const int64_t c = b * QK + 32 * k;
+                const typename S::W w = S::load_w(r.q + c);
+                const int g = int(c / G);
+                const typename S::IScale sv = S::template iscale<G == 16>(r.isc[g], r.isc[G == 16 ? g + 1 : g]);
+                for (int t = 0; t < NT; ++t) S::idot32(w, a.xq + (t0 + t) * cols + c, sv, ia[t]);
+            }
+            for (int t = 0; t < NT; ++t) S::iflush(ia[t], r.dsuper[b] * a.xd[(t0 + t) * (cols / QK) + b], acc[t]);
+        }
+    }
+
+    // Float-scale form: each 32-code chunk is scaled by (weight scale * activation scale) in float.
+    template <int NT>
+    static void dot_row_float(const DecodedRow& r, const MatmulArgs& a, int64_t t0, typename S::Acc* acc) {
+        const int64_t cols = a.cols;
+        for (int64_t c = 0; c < cols; c += 32) {
+            const typename S::W w = S::load_w(r.q + c);
+            const int64_t g = c / G;
+            const float w_lo = r.scale[g], w_hi = G == 16 ? r.scale[g + 1] : w_lo;
+            for (int t = 0; t < NT; ++t) {
+                const float d = a.xd[(t0 + t) * (cols / 32) + c / 32];
+                S::template dot32<G == 16>(w, a.xq + (t0 + t) * cols + c, w_lo * d, w_hi * d, acc[t]);
+            }
+        }
     }
 
     // NT tokens (t0 .. t0+NT) against one decoded row; each 32-code chunk of weights is loaded once and
@@ -47,14 +100,10 @@ struct QuantKernel {
         const int64_t cols = a.cols;
         typename S::Acc acc[NT];
         for (int t = 0; t < NT; ++t) acc[t] = S::zero();
-        for (int64_t c = 0; c < cols; c += 32) {
-            const typename S::W w = S::load_w(r.q + c);
-            const int64_t g = c / G;
-            const float w_lo = r.scale[g], w_hi = G == 16 ? r.scale[g + 1] : w_lo;
-            for (int t = 0; t < NT; ++t) {
-                const float d = a.xd[(t0 + t) * (cols / 32) + c / 32];
-                S::template dot32<G == 16>(w, a.xq + (t0 + t) * cols + c, w_lo * d, w_hi * d, acc[t]);
-            }
+        if constexpr (INT) {
+            dot_row_int<NT>(r, a, t0, acc);
+        } else {
+            dot_row_float<NT>(r, a, t0, acc);
         }
         for (int t = 0; t < NT; ++t) {
             float sum = S::hsum(acc[t]);
@@ -101,7 +150,83 @@ struct QuantKernel {
     }
 
     static DecodedRow row_at(const Scratch& s, int64_t i, int64_t cols, int64_t ng) {
-        return {s.q + i * cols, s.scale + i * ng, s.bias + i * ng};
+        return {s.q + i * cols, s.scale + i * ng, s.bias + i * ng, s.isc + i * ng, s.dsuper + i * (cols / 256 + 1)};
+    }
+};
+
+// Does the ISA decode TYPE straight into registers (S::Codes<TYPE>, e.g. codes_avx2.h)?
+template <class S, uint32_t TYPE, class = void>
+struct simd_has_codes : std::false_type {};
+template <class S, uint32_t TYPE>
+struct simd_has_codes<S, TYPE, std::void_t<decltype(&S::template Codes<TYPE>::codes)>> : std::true_type {};
+
+// Decode path (ntok <= kMaxTok) for types the ISA decodes into registers: no trip through scratch memory.
+// Prefill falls back to QuantKernel's decoded panels.
+template <class S, class D>
+struct FusedKernel {
+    using Q = QuantKernel<S, D>;
+    using P = typename S::template Codes<D::TYPE>;
+    static constexpr int QK = D::QK, G = D::G, NG = QK / G, NCH = QK / 32;
+
+    template <int NT>
+    static void dot_row(const MatmulArgs& a, int64_t r, int64_t t0, float* out) {
+        const int64_t cols = a.cols, nb = cols / QK;
+        const auto* blocks = reinterpret_cast<const typename D::Block*>(a.w + r * a.row_bytes);
+        typename S::Acc acc[NT];
+        float bsum[NT] = {};
+        for (int t = 0; t < NT; ++t) acc[t] = S::zero();
+        for (int64_t b = 0; b < nb; ++b) {
+            typename S::Raw raw[NCH];
+            int16_t isc[NG];
+            float bias[NG];
+            const float ds = P::scales(blocks[b], isc, bias);
+            P::codes(blocks[b], raw);
+            if constexpr (Q::INT) {
+                typename S::IAcc ia[NT];
+                for (int t = 0; t < NT; ++t) ia[t] = S::izero();
+                for (int k = 0; k < NCH; ++k) {
+                    const typename S::W w = S::make_w(raw[k]);
+                    const int g = 32 * k / G;
+                    const typename S::IScale sv = S::template iscale<G == 16>(isc[g], isc[G == 16 ? g + 1 : g]);
+                    for (int t = 0; t < NT; ++t) S::idot32(w, a.xq + (t0 + t) * cols + b * QK + 32 * k, sv, ia[t]);
+                }
+                for (int t = 0; t < NT; ++t) S::iflush(ia[t], ds * a.xd[(t0 + t) * nb + b], acc[t]);
+            } else {
+                for (int k = 0; k < NCH; ++k) {
+                    const typename S::W w = S::make_w(raw[k]);
+                    const int64_t c = b * QK + 32 * k;
+                    for (int t = 0; t < NT; ++t) {
+                        const float d = ds * a.xd[(t0 + t) * (cols / 32) + c / 32];
+                        S::template dot32<false>(w, a.xq + (t0 + t) * cols + c, d, d, acc[t]);
+                    }
+                }
+            }
+            if constexpr (D::HAS_BIAS) {
+                for (int t = 0; t < NT; ++t) {
+                    const float* xs = a.xs + (t0 + t) * (cols / 16) + b * (QK / 16);
+                    for (int g = 0; g < NG; ++g) bsum[t] += bias[g] * (G == 16 ? xs[g] : xs[2 * g] + xs[2 * g + 1]);
+                }
+            }
+        }
+        for (int t = 0; t < NT; ++t) out[t] = S::hsum(acc[t]) + bsum[t];
+    }
+
+    static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
+        if (a.ntok > kMaxTok) return Q::rows(a, r0, r1, s);
+        float out[kMaxTok];
+        for (int64_t r = r0; r < r1; ++r) {
+            switch (a.ntok) {
+                case 1: dot_row<1>(a, r, 0, out); break;
+                case 2: dot_row<2>(a, r, 0, out); break;
+                case 3: dot_row<3>(a, r, 0, out); break;
+                case 4: dot_row<4>(a, r, 0, out); break;
+                case 5: dot_row<5>(a, r, 0, out); break;
+                case 6: dot_row<6>(a, r, 0, out); break;
+                case 7: dot_row<7>(a, r, 0, out); break;
+                default: dot_row<8>(a, r, 0, out); break;
+            }
+            for (int64_t t = 0; t < a.ntok; ++t) a.y[t * a.rows + r] = out[t];
+        }
     }
 };
 
@@ -132,7 +257,12 @@ KernelTable make_kernel_table() {
     table.by_type[RG_TYPE_F32] = &FloatKernel<S, RG_TYPE_F32>::rows;
     table.by_type[RG_TYPE_F16] = &FloatKernel<S, RG_TYPE_F16>::rows;
     table.by_type[RG_TYPE_BF16] = &FloatKernel<S, RG_TYPE_BF16>::rows;
-#define RG_KERNEL_(T) table.by_type[T] = &QuantKernel<S, BlockDecoder<T>>::rows;
+#define RG_KERNEL_(T)                                                                                    \
+    if constexpr (simd_has_codes<S, T>::value)                                                             \
+        table.by_type[T] = &FusedKernel<S, BlockDecoder<T>>::rows;                                         \
+    else                                                                                                   \
+        table.by_type[T] = &QuantKernel<S, BlockDecoder<T>>::rows;                                         \
+    table.act_block[T] = QuantKernel<S, BlockDecoder<T>>::AB;
     RG_FOR_EACH_QUANT_TYPE(RG_KERNEL_)
 #undef RG_KERNEL_
     return table;

@@ -31,6 +31,18 @@ struct SimdNeon {
         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(lo), s_lo);
         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(hi), s_hi);
     }
+    using IAcc = int32x4_t;
+    struct IScale {
+        int32_t lo, hi;
+    };
+    static IAcc izero() { return vdupq_n_s32(0); }
+    template <bool SPLIT>
+    static IScale iscale(int16_t s_lo, int16_t s_hi) { return {s_lo, s_hi}; }
+    static void idot32(const W& w, const int8_t* x, const IScale& s, IAcc& acc) {
+        acc = vmlaq_n_s32(acc, dot16(w.val[0], vld1q_s8(x)), s.lo);
+        acc = vmlaq_n_s32(acc, dot16(w.val[1], vld1q_s8(x + 16)), s.hi);
+    }
+    static void iflush(const IAcc& ia, float scale, Acc& acc) { acc = vfmaq_n_f32(acc, vcvtq_f32_s32(ia), scale); }
     static float dot_f32(const float* w, const float* x, int64_t n) {
         float32x4_t a0 = vdupq_n_f32(0.0f), a1 = vdupq_n_f32(0.0f);
         int64_t i = 0;

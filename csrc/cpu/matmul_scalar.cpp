@@ -20,6 +20,20 @@ struct SimdScalar {
         for (int i = 16; i < 32; ++i) hi += int32_t(w[i]) * x[i];
         acc += s_lo * float(lo) + s_hi * float(hi);
     }
+    using IAcc = int32_t;
+    struct IScale {
+        int16_t lo, hi;
+    };
+    static IAcc izero() { return 0; }
+    template <bool SPLIT>
+    static IScale iscale(int16_t s_lo, int16_t s_hi) { return {s_lo, s_hi}; }
+    static void idot32(W w, const int8_t* x, const IScale& s, IAcc& acc) {
+        int32_t lo = 0, hi = 0;
+        for (int i = 0; i < 16; ++i) lo += int32_t(w[i]) * x[i];
+        for (int i = 16; i < 32; ++i) hi += int32_t(w[i]) * x[i];
+        acc += lo * s.lo + hi * s.hi;
+    }
+    static void iflush(IAcc ia, float scale, Acc& acc) { acc += float(ia) * scale; }
     static float dot_f32(const float* w, const float* x, int64_t n) {
         // 8 partial sums: same association as an 8-lane vector kernel, and faster than one serial chain.
         float s[8] = {};

@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "core/types.h"
 #include "cpu/isa.h"
+#include "cpu/matmul.h"
 #include "cpu/membench.h"
 
 namespace {
@@ -95,6 +96,8 @@ void init_kernels(nb::module_& m) {
           "Decode quantized data into (int8 codes, scale per group, bias per group or None, group size).");
     m.def("time_matmul", &time_matmul, nb::arg("type_id"), nb::arg("pool"), nb::arg("rows"), nb::arg("cols"),
           nb::arg("x"), nb::arg("iters"), "Benchmark helper: seconds for iters matmuls cycling through pool.");
+    m.def("activation_block", &regolith::cpu::activation_block, nb::arg("type_id"),
+          "Elements per activation quantization block the active kernels use for a weight type (32 or 256).");
     m.def(
         "set_isa", [](const std::string& name) { regolith::cpu::set_active_isa(regolith::cpu::isa_from_name(name)); },
         nb::arg("name"), "Select the CPU kernels: 'scalar', 'avx2' or 'neon'.");

@@ -1,0 +1,173 @@
+// AVX2 block decoding straight into registers for the hottest weight types, used by the fused decode
+// kernel (ntok <= 8) in matmul_impl.h. Each Avx2Codes<TYPE> yields exactly the int8 codes of
+// BlockDecoder<TYPE> (the tests compare the two paths) and the block's scales:
+//
+//   static void codes(const Block& b, __m256i* q);                 // QK / 32 vectors of 32 codes
+//   static float scales(const Block& b, int16_t* isc, float* bias);
+//       INT types (IntScales): fills isc[NG] (and bias[NG] for affine types), returns dsuper;
+//       others (one scale per block): returns that scale.
+//
+// Only included by matmul_avx2.cpp (compiled with -mavx2).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/block_decode.h"
+#include "core/block_int_scales.h"
+
+namespace regolith::cpu {
+namespace {
+
+template <uint32_t TYPE>
+struct Avx2Codes;
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline uint16_t u16_at(const void* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+inline uint32_t u32_at(const void* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+// Four 8-code grid rows and their sign masks (0xFF bytes negate) -> 32 signed codes.
+inline __m256i signed_grid(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3, uint64_t m0, uint64_t m1,
+                           uint64_t m2, uint64_t m3) {
+    const __m256i g = _mm256_setr_epi64x(int64_t(g0), int64_t(g1), int64_t(g2), int64_t(g3));
+    const __m256i m = _mm256_setr_epi64x(int64_t(m0), int64_t(m1), int64_t(m2), int64_t(m3));
+    // sign_epi8(g, -1) = -g, sign_epi8(g, 1) = g
+    return _mm256_sign_epi8(g, _mm256_or_si256(m, _mm256_set1_epi8(1)));
+}
+
+// 16 bytes of packed nibbles -> 32 table values: low nibbles first, then high nibbles.
+inline __m256i nibble_lookup16(const uint8_t* qs, __m256i table) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m256i idx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+    return _mm256_shuffle_epi8(table, idx);
+}
+
+inline __m256i iq4nl_table() {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rg_kvalues_iq4nl)));
+}
+
+template <>
+struct Avx2Codes<RG_TYPE_Q8_0> {
+    static void codes(const block_q8_0& b, __m256i* q) { q[0] = load256(b.qs); }
+    static float scales(const block_q8_0& b, int16_t*, float*) { return fp16_to_fp32(b.d); }
+};
+
+template <>
+struct Avx2Codes<RG_TYPE_IQ4_NL> {
+    static void codes(const block_iq4_nl& b, __m256i* q) { q[0] = nibble_lookup16(b.qs, iq4nl_table()); }
+    static float scales(const block_iq4_nl& b, int16_t*, float*) { return fp16_to_fp32(b.d); }
+};
+
+template <>
+struct Avx2Codes<RG_TYPE_IQ4_XS> {
+    static void codes(const block_iq4_xs& b, __m256i* q) {
+        const __m256i table = iq4nl_table();
+        for (int ib = 0; ib < 8; ++ib) q[ib] = nibble_lookup16(b.qs + 16 * ib, table);
+    }
+    static float scales(const block_iq4_xs& b, int16_t* isc, float*) { return IntScales<RG_TYPE_IQ4_XS>::get(b, isc); }
+};
+
+template <>
+struct Avx2Codes<RG_TYPE_Q4_K> {
+    static void codes(const block_q4_K& b, __m256i* q) {
+        const __m256i lo = _mm256_set1_epi8(0x0f);
+        for (int k = 0; k < 4; ++k) {
+            const __m256i v = load256(b.qs + 32 * k);
+            q[2 * k] = _mm256_and_si256(v, lo);
+            q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
+        }
+    }
+    static float scales(const block_q4_K& b, int16_t* isc, float* bias) {
+        const float dmin = fp16_to_fp32(b.dmin);
+        for (int g = 0; g < 8; ++g) {
+            uint8_t sc, m;
+            k_scale_min(g, b.scales, &sc, &m);
+            isc[g] = sc;
+            bias[g] = -(dmin * float(m));
+        }
+        return fp16_to_fp32(b.d);
+    }
+};
+
+template <>
+struct Avx2Codes<RG_TYPE_Q6_K> {
+    static void codes(const block_q6_K& b, __m256i* q) {
+        const __m256i lo = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i l0 = load256(b.ql + 64 * h), l1 = load256(b.ql + 64 * h + 32);
+            const __m256i hv = load256(b.qh + 32 * h);
+            for (int k = 0; k < 4; ++k) {
+                const __m256i l = (k & 1) ? l1 : l0;
+                const __m256i nib = _mm256_and_si256(k >> 1 ? _mm256_srli_epi16(l, 4) : l, lo);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * k), two);
+                q[4 * h + k] = _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16(hi, 4)), off);
+            }
+        }
+    }
+    static float scales(const block_q6_K& b, int16_t* isc, float*) { return IntScales<RG_TYPE_Q6_K>::get(b, isc); }
+};
+
+template <>
+struct Avx2Codes<RG_TYPE_IQ2_XXS> {
+    static void codes(const block_iq2_xxs& b, __m256i* q) {
+        const uint8_t* qs = reinterpret_cast<const uint8_t*>(b.qs);
+        for (int ib = 0; ib < 8; ++ib) {
+            const uint8_t* p = qs + 8 * ib;
+            const uint32_t a = u32_at(p + 4);
+            q[ib] = signed_grid(rg_iq2xxs_grid[p[0]], rg_iq2xxs_grid[p[1]], rg_iq2xxs_grid[p[2]], rg_iq2xxs_grid[p[3]],
+                                rg_ksigns_mask[a & 127], rg_ksigns_mask[(a >> 7) & 127],
+                                rg_ksigns_mask[(a >> 14) & 127], rg_ksigns_mask[(a >> 21) & 127]);
+        }
+    }
+    static float scales(const block_iq2_xxs& b, int16_t* isc, float*) {
+        return IntScales<RG_TYPE_IQ2_XXS>::get(b, isc);
+    }
+};
+
+template <>
+struct Avx2Codes<RG_TYPE_IQ2_XS> {
+    static void codes(const block_iq2_xs& b, __m256i* q) {
+        const uint8_t* qs = reinterpret_cast<const uint8_t*>(b.qs);
+        for (int ib = 0; ib < 8; ++ib) {
+            uint16_t v[4];
+            for (int j = 0; j < 4; ++j) v[j] = u16_at(qs + 8 * ib + 2 * j);
+            q[ib] = signed_grid(rg_iq2xs_grid[v[0] & 511], rg_iq2xs_grid[v[1] & 511], rg_iq2xs_grid[v[2] & 511],
+                                rg_iq2xs_grid[v[3] & 511], rg_ksigns_mask[v[0] >> 9], rg_ksigns_mask[v[1] >> 9],
+                                rg_ksigns_mask[v[2] >> 9], rg_ksigns_mask[v[3] >> 9]);
+        }
+    }
+    static float scales(const block_iq2_xs& b, int16_t* isc, float*) { return IntScales<RG_TYPE_IQ2_XS>::get(b, isc); }
+};
+
+template <>
+struct Avx2Codes<RG_TYPE_IQ3_S> {
+    static uint64_t grid_pair(const block_iq3_s& b, int t) {
+        const uint8_t h = b.qh[t >> 2];
+        const int i0 = 2 * t, i1 = 2 * t + 1;
+        const int idx0 = b.qs[i0] | (((h >> (i0 & 7)) & 1) << 8);
+        const int idx1 = b.qs[i1] | (((h >> (i1 & 7)) & 1) << 8);
+        return rg_iq3s_grid[idx0] | (uint64_t(rg_iq3s_grid[idx1]) << 32);
+    }
+    static void codes(const block_iq3_s& b, __m256i* q) {
+        for (int ib = 0; ib < 8; ++ib) {
+            const int t = 4 * ib;
+            q[ib] = signed_grid(grid_pair(b, t), grid_pair(b, t + 1), grid_pair(b, t + 2), grid_pair(b, t + 3),
+                                rg_byte_mask[b.signs[t]], rg_byte_mask[b.signs[t + 1]], rg_byte_mask[b.signs[t + 2]],
+                                rg_byte_mask[b.signs[t + 3]]);
+        }
+    }
+    static float scales(const block_iq3_s& b, int16_t* isc, float*) { return IntScales<RG_TYPE_IQ3_S>::get(b, isc); }
+};
+
+}  // namespace
+}  // namespace regolith::cpu
