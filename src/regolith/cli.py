@@ -14,6 +14,7 @@ from rich.table import Table
 from . import __version__
 from . import gguf as _gguf
 from .errors import RegolithError
+from .models import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
 
 __all__ = ["main"]
 
@@ -40,11 +41,12 @@ def _scalar_str(v: Any) -> str:
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
-    with _gguf.open(args.path) as f:
+    path = str(resolve_model(args.model))
+    with _gguf.open(path) as f:
         md = f.metadata
         arch = f.architecture
 
-        summary = Table(title=f"[bold]{escape(args.path)}[/bold]", show_header=False, title_justify="left")
+        summary = Table(title=f"[bold]{escape(path)}[/bold]", show_header=False, title_justify="left")
         summary.add_column("key", style="cyan")
         summary.add_column("value", overflow="fold")
         summary.add_row("GGUF version", str(f.version))
@@ -108,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="regolith",
         description="Run huge sparse Mixture-of-Experts language models on machines far smaller than the model.",
         epilog="example: regolith inspect model.gguf --tensors",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"regolith {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -117,7 +120,12 @@ def _parser() -> argparse.ArgumentParser:
         help="show a GGUF file's architecture, hyper-parameters and tensor types",
         description="Show a GGUF file's architecture, hyper-parameters, tensor-type histogram and size.",
     )
-    p.add_argument("path", help="path to a .gguf file")
+    known = ", ".join(f"{k} ({m.description})" for k, m in KNOWN_MODELS.items())
+    p.add_argument(
+        "model",
+        nargs="?",
+        help=f"a .gguf file or a known model name (default: {DEFAULT_MODEL}); known models: {known}",
+    )
     p.add_argument("--tensors", action="store_true", help="also list every tensor (name, type, shape, bytes)")
     p.set_defaults(func=_inspect)
     return parser
