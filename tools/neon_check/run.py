@@ -1,0 +1,83 @@
+"""Test the arm64 NEON kernels on an x86 machine: cross-compile the CPU backend for aarch64, run it under
+qemu on random valid weights of every type, and check NEON against the scalar kernels and the float64
+reference with the bounds of tests/test_matmul.py.
+
+    apt-get install g++-aarch64-linux-gnu qemu-user
+    python tools/neon_check/run.py [--dotprod]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, ROOT)
+
+from regolith.quant import TYPE_IDS, type_size  # noqa: E402
+from tests.quant_data import (  # noqa: E402
+    QUANT_TYPES,
+    decomposition_magnitudes,
+    q8_exact_activations,
+    random_matrix,
+    reference,
+)
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def build(out: str, dotprod: bool) -> None:
+    sources = glob.glob(f"{ROOT}/csrc/core/*.cpp") + [
+        s for s in glob.glob(f"{ROOT}/csrc/cpu/*.cpp") if not s.endswith("_avx2.cpp")
+    ]
+    march = "-march=armv8.2-a+dotprod" if dotprod else "-march=armv8-a"
+    cmd = ["aarch64-linux-gnu-g++", "-std=c++17", "-O2", march, "-ffp-contract=off", "-static", "-pthread",
+           "-DRG_HAVE_NEON=1", f"-I{ROOT}/csrc", *sources, f"{ROOT}/tools/neon_check/driver.cpp", "-o", out]
+    subprocess.run(cmd, check=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dotprod", action="store_true", help="build with the ARMv8.2 dot-product extension")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "neon_check")
+        build(exe, args.dotprod)
+        cases = []
+        for name in QUANT_TYPES:
+            qk, _ = type_size(name)
+            for ntok in (1, 3, 8, 11):
+                rows, cols = 9, max(qk, 256) * 2
+                wq = random_matrix(name, rows, cols, rng)
+                x = q8_exact_activations(ntok, cols, rng)
+                path = os.path.join(tmp, f"{name}-{ntok}.case")
+                with open(path, "wb") as f:
+                    f.write(struct.pack("<I4q", TYPE_IDS[name], rows, cols, ntok, wq.shape[1]))
+                    f.write(wq.tobytes())
+                    f.write(x.tobytes())
+                cases.append((name, path, wq, x, rows, cols, ntok))
+        subprocess.run(["qemu-aarch64", exe, *[c[1] for c in cases]], check=True)
+        failures = 0
+        for name, path, wq, x, rows, cols, ntok in cases:
+            ref = x.astype(np.float64) @ reference(wq, name).astype(np.float64).T
+            sq, b = decomposition_magnitudes(TYPE_IDS[name], wq, rows, cols)
+            bound = (cols / 16 + 8) * EPS32 * ((sq + b) @ np.abs(x.astype(np.float64)).T).T
+            for isa in ("scalar", "neon"):
+                y = np.fromfile(f"{path}.{isa}.out", dtype=np.float32).reshape(ntok, rows)
+                if not np.all(np.abs(y - ref) <= bound):
+                    failures += 1
+                    print(f"FAIL {isa} {name} ntok={ntok}: max excess {np.max(np.abs(y - ref) - bound):.3g}")
+        print(f"{len(cases) * 2 - failures} passed, {failures} failed")
+        return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
