@@ -169,5 +169,50 @@ struct Avx2Codes<RG_TYPE_IQ3_S> {
     static float scales(const block_iq3_s& b, int16_t* isc, float*) { return IntScales<RG_TYPE_IQ3_S>::get(b, isc); }
 };
 
+// IQ1_M: codes 8 * grid + delta (grid bytes -1/0/1, delta +-1 per 8 codes), as BlockDecoder<IQ1_M>.
+template <>
+struct Avx2Codes<RG_TYPE_IQ1_M> {
+    static int64_t delta(int nib) { return (nib & 8) ? -1 : 0x0101010101010101; }
+    static void codes(const block_iq1_m& b, __m256i* q) {
+        const __m256i eight = _mm256_set1_epi8(8);
+        for (int ib = 0; ib < 8; ++ib) {
+            int64_t g[4], d[4];
+            for (int j = 0; j < 4; ++j) {
+                const int t = 4 * ib + j;
+                const int nib = (b.qh[t >> 1] >> (4 * (t & 1))) & 0x0f;
+                g[j] = int64_t(rg_iq1s_grid[b.qs[t] | ((nib & 7) << 8)]);
+                d[j] = delta(nib);
+            }
+            const __m256i gv = _mm256_setr_epi64x(g[0], g[1], g[2], g[3]);
+            q[ib] = _mm256_add_epi8(_mm256_sign_epi8(eight, gv), _mm256_setr_epi64x(d[0], d[1], d[2], d[3]));
+        }
+    }
+    static float scales(const block_iq1_m& b, int16_t* isc, float*) { return IntScales<RG_TYPE_IQ1_M>::get(b, isc); }
+};
+
+// Q2_0: code j of a 32-code chunk is bits 2*(j%4) of byte j/4; value c - 1. Each byte is replicated 4
+// times, masked to its 2-bit field, and the field (in the low or the high nibble) mapped back to 0..3 by a
+// 16-entry lookup: 1,2,3 and 4,8,12 are disjoint, so one table serves every shift.
+template <>
+struct Avx2Codes<RG_TYPE_Q2_0> {
+    static void codes(const block_q2_0& b, __m256i* q) {
+        const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,  //
+                                                4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
+        const __m256i field = _mm256_set1_epi32(int32_t(0xc0300c03u));
+        const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0,  //
+                                               0, 1, 2, 3, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0);
+        const __m256i nib = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+        for (int k = 0; k < 2; ++k) {
+            int64_t bytes;
+            std::memcpy(&bytes, b.qs + 8 * k, 8);
+            const __m256i m = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi64x(bytes), spread), field);
+            const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(m, nib));
+            const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(m, 4), nib));
+            q[k] = _mm256_sub_epi8(_mm256_or_si256(lo, hi), one);
+        }
+    }
+    static float scales(const block_q2_0& b, int16_t*, float*) { return fp16_to_fp32(b.d); }
+};
+
 }  // namespace
 }  // namespace regolith::cpu
