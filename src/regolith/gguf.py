@@ -29,10 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = ["GGUFFile", "TensorInfo", "open"]
 
-# Types read directly with numpy; everything else goes through regolith.quant.dequantize.
+# Types read directly with numpy; everything else (F16, BF16, quantized) goes through quant.dequantize.
 _PLAIN_DTYPES: dict[str, str] = {
     "F32": "<f4",
-    "F16": "<f2",
     "F64": "<f8",
     "I8": "i1",
     "I16": "<i2",
@@ -141,13 +140,7 @@ class GGUFFile:
         if dtype is not None:
             out = raw.reshape(-1).view(dtype).reshape(info.shape)
             return out if info.type_name == "F32" else out.astype(np.float32)
-        if info.type_name == "BF16":
-            bits = raw.reshape(-1).view("<u2").astype(np.uint32) << 16
-            return bits.view(np.float32).reshape(info.shape)
-        dequantize = getattr(_quant, "dequantize", None)
-        if dequantize is None:
-            raise NotImplementedError(f"dequantizing {info.type_name} needs regolith.quant.dequantize")
-        return np.asarray(dequantize(raw, info.type_id), dtype=np.float32).reshape(info.shape)
+        return _quant.dequantize(raw, info.type_id).reshape(info.shape)
 
     def close(self) -> None:
         """Release this object's reference to the mapping (views already handed out keep it alive)."""
