@@ -25,7 +25,19 @@ from regolith import _core
 from regolith.quant import TYPE_IDS, type_size
 from tests.quant_data import random_blocks
 
-HOT_TYPES = ["IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ3_S", "IQ4_NL", "IQ4_XS", "Q4_K", "Q6_K", "Q8_0", "BF16", "Q2_0"]
+HOT_TYPES = [
+    "IQ1_M",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ3_S",
+    "IQ4_NL",
+    "IQ4_XS",
+    "Q4_K",
+    "Q6_K",
+    "Q8_0",
+    "BF16",
+    "Q2_0",
+]
 # (label, rows = output features, cols = input features)
 SHAPES = [
     ("expert gate/up 2048->512", 512, 2048),
@@ -123,7 +135,9 @@ def main(argv: list[str] | None = None) -> None:
             table.add_row(name, label, *cells)
         del pool
     console.print(table)
-    console.print("prefill (ntok=512) is compute-bound, so it is reported in multiply-accumulates per second.")
+    console.print(
+        "prefill (ntok=512) is compute-bound, so it is reported in multiply-accumulates per second."
+    )
 
 
 if __name__ == "__main__":

@@ -142,7 +142,9 @@ def q8_exact_activations(ntok: int, cols: int, rng: np.random.Generator) -> np.n
     return (k * scale).reshape(ntok, cols).astype(np.float32)
 
 
-def decomposition_magnitudes(type_id: int, wq: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+def decomposition_magnitudes(
+    type_id: int, wq: np.ndarray, rows: int, cols: int
+) -> tuple[np.ndarray, np.ndarray]:
     """|scale*q| and |bias| per element (float64, (rows, cols)) of the kernels' integer decomposition."""
     q, scale, bias, g = _core.decode_blocks(type_id, np.ascontiguousarray(wq).reshape(-1), rows * cols)
     sq = np.abs(q.astype(np.float64) * np.repeat(scale.astype(np.float64), g))

@@ -21,7 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
 @pytest.mark.parametrize("dotprod", [False, True], ids=["armv8-a", "armv8.2-a+dotprod"])
 def test_neon_kernels_match_reference_under_qemu(dotprod):
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "neon_check", "run.py")] + (["--dotprod"] if dotprod else [])
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "neon_check", "run.py")] + (
+        ["--dotprod"] if dotprod else []
+    )
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " 0 failed" in result.stdout

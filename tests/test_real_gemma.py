@@ -46,7 +46,9 @@ def test_gemma_tensors_dequantize_like_gguf(gemma):
         raw = gemma.tensor_bytes(t.name).reshape(-1, t.row_bytes)[:64]
         ours = regolith.quant.dequantize(raw, t.type_id)
         ref = gguf_quants.dequantize(np.array(raw), GGMLQuantizationType(t.type_id))
-        np.testing.assert_array_equal(ours.view(np.uint32), ref.astype(np.float32).view(np.uint32), err_msg=t.name)
+        np.testing.assert_array_equal(
+            ours.view(np.uint32), ref.astype(np.float32).view(np.uint32), err_msg=t.name
+        )
 
 
 @pytest.mark.parametrize("name", ["blk.0.ffn_down.weight", "blk.0.attn_q.weight", "blk.3.ffn_gate.weight"])
@@ -63,5 +65,7 @@ def test_gemma_matmul_matches_float64(gemma, name):
     ax = np.abs(x.astype(np.float64))
     ab = _core.activation_block(t.type_id)
     amax = np.repeat(ax.reshape(3, cols // ab, ab).max(axis=2), ab, axis=1)
-    bound = (sq @ (amax / 254).T).T * (1 + 1e-6) + (cols / 16 + 8) * np.finfo(np.float32).eps * ((sq + b) @ ax.T).T
+    bound = (sq @ (amax / 254).T).T * (1 + 1e-6) + (cols / 16 + 8) * np.finfo(np.float32).eps * (
+        (sq + b) @ ax.T
+    ).T
     assert np.all(np.abs(y - ref) <= bound), name

@@ -21,8 +21,8 @@ import numpy as np
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, ROOT)
 
-from regolith.quant import TYPE_IDS, type_size  # noqa: E402
-from tests.quant_data import (  # noqa: E402
+from regolith.quant import TYPE_IDS, type_size
+from tests.quant_data import (
     QUANT_TYPES,
     decomposition_magnitudes,
     q8_exact_activations,
@@ -38,8 +38,21 @@ def build(out: str, dotprod: bool) -> None:
         s for s in glob.glob(f"{ROOT}/csrc/cpu/*.cpp") if not s.endswith("_avx2.cpp")
     ]
     march = "-march=armv8.2-a+dotprod" if dotprod else "-march=armv8-a"
-    cmd = ["aarch64-linux-gnu-g++", "-std=c++17", "-O2", march, "-ffp-contract=off", "-static", "-pthread",
-           "-DRG_HAVE_NEON=1", f"-I{ROOT}/csrc", *sources, f"{ROOT}/tools/neon_check/driver.cpp", "-o", out]
+    cmd = [
+        "aarch64-linux-gnu-g++",
+        "-std=c++17",
+        "-O2",
+        march,
+        "-ffp-contract=off",
+        "-static",
+        "-pthread",
+        "-DRG_HAVE_NEON=1",
+        f"-I{ROOT}/csrc",
+        *sources,
+        f"{ROOT}/tools/neon_check/driver.cpp",
+        "-o",
+        out,
+    ]
     subprocess.run(cmd, check=True)
 
 
