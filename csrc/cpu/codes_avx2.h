@@ -172,7 +172,10 @@ struct Avx2Codes<RG_TYPE_IQ3_S> {
 // IQ1_M: codes 8 * grid + delta (grid bytes -1/0/1, delta +-1 per 8 codes), as BlockDecoder<IQ1_M>.
 template <>
 struct Avx2Codes<RG_TYPE_IQ1_M> {
-    static int64_t delta(int nib) { return (nib & 8) ? -1 : 0x0101010101010101; }
+    // +1 per byte, or -1 (0xFF) when the group's delta bit (nibble bit 3) is set; branch-free
+    static int64_t delta(int nib) {
+        return int64_t(0x0101010101010101ull ^ ((0 - uint64_t((nib >> 3) & 1)) & 0xfefefefefefefefeull));
+    }
     static void codes(const block_iq1_m& b, __m256i* q) {
         const __m256i eight = _mm256_set1_epi8(8);
         for (int ib = 0; ib < 8; ++ib) {
