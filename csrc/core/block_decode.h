@@ -337,18 +337,24 @@ inline void k_scale_min(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
     }
 }
 
+// Q4_K / Q5_K group parameters: scale = d * sc, bias = -(dmin * m) for the 8 groups of 32.
+template <class B>
+inline void k_scales_biases(const B& b, float* scale, float* bias) {
+    const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
+    for (int g = 0; g < 8; ++g) {
+        uint8_t sc, m;
+        k_scale_min(g, b.scales, &sc, &m);
+        scale[g] = d * float(sc);
+        bias[g] = -(dmin * float(m));
+    }
+}
+
 // Q4_K: (d * sc) * q - (dmin * m) per 32.
 template <>
 struct BlockDecoder<RG_TYPE_Q4_K> : DecoderTraits<RG_TYPE_Q4_K, block_q4_K, QK_K, 32, true> {
     static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
         using namespace decode_detail;
-        const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
-        for (int g = 0; g < NG; ++g) {
-            uint8_t sc, m;
-            k_scale_min(g, b.scales, &sc, &m);
-            scale[g] = d * float(sc);
-            bias[g] = -(dmin * float(m));
-        }
+        k_scales_biases(b, scale, bias);
         // 64 elements per 32 bytes: low nibbles are group 2k, high nibbles group 2k+1
         for (int k = 0; k < 4; ++k)
             for (int c = 0; c < 4; ++c) {
@@ -364,13 +370,7 @@ template <>
 struct BlockDecoder<RG_TYPE_Q5_K> : DecoderTraits<RG_TYPE_Q5_K, block_q5_K, QK_K, 32, true> {
     static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
         using namespace decode_detail;
-        const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
-        for (int g = 0; g < NG; ++g) {
-            uint8_t sc, m;
-            k_scale_min(g, b.scales, &sc, &m);
-            scale[g] = d * float(sc);
-            bias[g] = -(dmin * float(m));
-        }
+        k_scales_biases(b, scale, bias);
         for (int c = 0; c < 4; ++c) {
             const uint64_t hm = load_u64(b.qh + 8 * c);
             for (int k = 0; k < 4; ++k) {

@@ -47,28 +47,25 @@ struct IntScales<RG_TYPE_Q3_K> {
     }
 };
 
+// Q4_K / Q5_K: the 6-bit scales of the 8 groups, times d.
+template <class B>
+inline float k_int_scales(const B& b, int16_t* isc) {
+    for (int g = 0; g < 8; ++g) {
+        uint8_t sc, m;
+        k_scale_min(g, b.scales, &sc, &m);
+        isc[g] = sc;
+    }
+    return fp16_to_fp32(b.d);
+}
+
 template <>
 struct IntScales<RG_TYPE_Q4_K> {
-    static float get(const block_q4_K& b, int16_t* isc) {
-        for (int g = 0; g < 8; ++g) {
-            uint8_t sc, m;
-            k_scale_min(g, b.scales, &sc, &m);
-            isc[g] = sc;
-        }
-        return fp16_to_fp32(b.d);
-    }
+    static float get(const block_q4_K& b, int16_t* isc) { return k_int_scales(b, isc); }
 };
 
 template <>
 struct IntScales<RG_TYPE_Q5_K> {
-    static float get(const block_q5_K& b, int16_t* isc) {
-        for (int g = 0; g < 8; ++g) {
-            uint8_t sc, m;
-            k_scale_min(g, b.scales, &sc, &m);
-            isc[g] = sc;
-        }
-        return fp16_to_fp32(b.d);
-    }
+    static float get(const block_q5_K& b, int16_t* isc) { return k_int_scales(b, isc); }
 };
 
 template <>

@@ -13,7 +13,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "core/block_decode.h"
 #include "core/block_int_scales.h"
@@ -25,16 +24,9 @@ template <uint32_t TYPE>
 struct Avx2Codes;
 
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline uint16_t u16_at(const void* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
-inline uint32_t u32_at(const void* p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
+using decode_detail::load_u16;
+using decode_detail::load_u32;
+using decode_detail::load_u64;
 
 // Four 8-code grid rows and their sign masks (0xFF bytes negate) -> 32 signed codes.
 inline __m256i signed_grid(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3, uint64_t m0, uint64_t m1,
@@ -88,14 +80,9 @@ struct Avx2Codes<RG_TYPE_Q4_K> {
         }
     }
     static float scales(const block_q4_K& b, int16_t* isc, float* bias) {
-        const float dmin = fp16_to_fp32(b.dmin);
-        for (int g = 0; g < 8; ++g) {
-            uint8_t sc, m;
-            k_scale_min(g, b.scales, &sc, &m);
-            isc[g] = sc;
-            bias[g] = -(dmin * float(m));
-        }
-        return fp16_to_fp32(b.d);
+        float scale[8];  // the float form is not needed here, only the biases
+        k_scales_biases(b, scale, bias);
+        return k_int_scales(b, isc);
     }
 };
 
@@ -123,7 +110,7 @@ struct Avx2Codes<RG_TYPE_IQ2_XXS> {
         const uint8_t* qs = reinterpret_cast<const uint8_t*>(b.qs);
         for (int ib = 0; ib < 8; ++ib) {
             const uint8_t* p = qs + 8 * ib;
-            const uint32_t a = u32_at(p + 4);
+            const uint32_t a = load_u32(p + 4);
             q[ib] = signed_grid(rg_iq2xxs_grid[p[0]], rg_iq2xxs_grid[p[1]], rg_iq2xxs_grid[p[2]], rg_iq2xxs_grid[p[3]],
                                 rg_ksigns_mask[a & 127], rg_ksigns_mask[(a >> 7) & 127],
                                 rg_ksigns_mask[(a >> 14) & 127], rg_ksigns_mask[(a >> 21) & 127]);
@@ -140,7 +127,7 @@ struct Avx2Codes<RG_TYPE_IQ2_XS> {
         const uint8_t* qs = reinterpret_cast<const uint8_t*>(b.qs);
         for (int ib = 0; ib < 8; ++ib) {
             uint16_t v[4];
-            for (int j = 0; j < 4; ++j) v[j] = u16_at(qs + 8 * ib + 2 * j);
+            for (int j = 0; j < 4; ++j) v[j] = load_u16(qs + 8 * ib + 2 * j);
             q[ib] = signed_grid(rg_iq2xs_grid[v[0] & 511], rg_iq2xs_grid[v[1] & 511], rg_iq2xs_grid[v[2] & 511],
                                 rg_iq2xs_grid[v[3] & 511], rg_ksigns_mask[v[0] >> 9], rg_ksigns_mask[v[1] >> 9],
                                 rg_ksigns_mask[v[2] >> 9], rg_ksigns_mask[v[3] >> 9]);
@@ -206,9 +193,8 @@ struct Avx2Codes<RG_TYPE_Q2_0> {
                                                0, 1, 2, 3, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0);
         const __m256i nib = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
         for (int k = 0; k < 2; ++k) {
-            int64_t bytes;
-            std::memcpy(&bytes, b.qs + 8 * k, 8);
-            const __m256i m = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi64x(bytes), spread), field);
+            const __m256i bytes = _mm256_set1_epi64x(int64_t(load_u64(b.qs + 8 * k)));
+            const __m256i m = _mm256_and_si256(_mm256_shuffle_epi8(bytes, spread), field);
             const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(m, nib));
             const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(m, 4), nib));
             q[k] = _mm256_sub_epi8(_mm256_or_si256(lo, hi), one);
