@@ -1,8 +1,8 @@
 """regolith: run huge sparse Mixture-of-Experts language models on machines far smaller than the model."""
 
-from . import gguf
+from . import gguf, models, quant
 from .errors import GGUFError, ModelFormatError, RegolithError
 
 __version__ = "0.1.0"
 
-__all__ = ["GGUFError", "ModelFormatError", "RegolithError", "__version__", "gguf"]
+__all__ = ["GGUFError", "ModelFormatError", "RegolithError", "__version__", "gguf", "models", "quant"]
