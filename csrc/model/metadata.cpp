@@ -1,0 +1,122 @@
+#include "model/metadata.h"
+
+#include <cstring>
+#include <type_traits>
+#include <variant>
+
+#include "core/errors.h"
+
+namespace regolith::meta {
+namespace {
+
+[[noreturn]] void wrong(const std::string& key, const char* want) {
+    throw ModelFormatError("metadata key '" + key + "' must be " + want);
+}
+
+std::optional<int64_t> as_int(const GgufValue& v) {
+    return std::visit(
+        [](const auto& x) -> std::optional<int64_t> {
+            using T = std::decay_t<decltype(x)>;
+            if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+                if constexpr (std::is_same_v<T, uint64_t>)
+                    if (x > uint64_t(INT64_MAX)) return std::nullopt;
+                return int64_t(x);
+            } else {
+                return std::nullopt;
+            }
+        },
+        static_cast<const GgufVariant&>(v));
+}
+
+// Element i of a scalar array stored in the mapping.
+std::optional<int64_t> array_int(const GgufArray& a, uint64_t i) {
+    auto load = [&](auto tag) {
+        decltype(tag) x;
+        std::memcpy(&x, a.data + i * sizeof(x), sizeof(x));
+        return int64_t(x);
+    };
+    switch (a.type) {
+        case GgufValueType::BOOL:
+        case GgufValueType::UINT8: return load(uint8_t{});
+        case GgufValueType::INT8: return load(int8_t{});
+        case GgufValueType::UINT16: return load(uint16_t{});
+        case GgufValueType::INT16: return load(int16_t{});
+        case GgufValueType::UINT32: return load(uint32_t{});
+        case GgufValueType::INT32: return load(int32_t{});
+        case GgufValueType::INT64: return load(int64_t{});
+        case GgufValueType::UINT64: {
+            uint64_t x;
+            std::memcpy(&x, a.data + i * 8, 8);
+            if (x > uint64_t(INT64_MAX)) return std::nullopt;
+            return int64_t(x);
+        }
+        default: return std::nullopt;
+    }
+}
+
+}  // namespace
+
+std::optional<int64_t> get_int(const GgufFile& f, const std::string& key) {
+    const GgufValue* v = f.find(key);
+    if (!v) return std::nullopt;
+    const auto i = as_int(*v);
+    if (!i) wrong(key, "an integer");
+    return i;
+}
+
+int64_t require_int(const GgufFile& f, const std::string& key) {
+    const auto v = get_int(f, key);
+    if (!v) throw ModelFormatError("missing metadata key '" + key + "'");
+    return *v;
+}
+
+std::optional<float> get_float(const GgufFile& f, const std::string& key) {
+    const GgufValue* v = f.find(key);
+    if (!v) return std::nullopt;
+    if (const auto* x = std::get_if<float>(v)) return *x;
+    if (const auto* x = std::get_if<double>(v)) return float(*x);
+    if (const auto i = as_int(*v)) return float(*i);
+    wrong(key, "a number");
+}
+
+float require_float(const GgufFile& f, const std::string& key) {
+    const auto v = get_float(f, key);
+    if (!v) throw ModelFormatError("missing metadata key '" + key + "'");
+    return *v;
+}
+
+std::optional<bool> get_bool(const GgufFile& f, const std::string& key) {
+    const GgufValue* v = f.find(key);
+    if (!v) return std::nullopt;
+    if (const auto* x = std::get_if<bool>(v)) return *x;
+    wrong(key, "a bool");
+}
+
+std::string require_string(const GgufFile& f, const std::string& key) {
+    const GgufValue* v = f.find(key);
+    if (!v) throw ModelFormatError("missing metadata key '" + key + "'");
+    if (const auto* x = std::get_if<std::string_view>(v)) return std::string(*x);
+    wrong(key, "a string");
+}
+
+std::optional<std::vector<int64_t>> get_int_array(const GgufFile& f, const std::string& key, int64_t n) {
+    const GgufValue* v = f.find(key);
+    if (!v) return std::nullopt;
+    if (const auto* a = std::get_if<GgufArray>(v)) {
+        std::vector<int64_t> out;
+        for (uint64_t i = 0; i < a->size; ++i) {
+            const auto x = array_int(*a, i);
+            if (!x) wrong(key, "an array of integers");
+            out.push_back(*x);
+        }
+        if (n > 0 && int64_t(out.size()) != n)
+            throw ModelFormatError("metadata key '" + key + "' has " + std::to_string(out.size()) +
+                                   " elements, expected " + std::to_string(n));
+        return out;
+    }
+    const auto i = as_int(*v);
+    if (!i || n <= 0) wrong(key, "an array of integers");
+    return std::vector<int64_t>(size_t(n), *i);
+}
+
+}  // namespace regolith::meta

@@ -1,0 +1,23 @@
+// Typed reads of GGUF metadata for model loaders, with ModelFormatError naming the key on a missing key
+// or a value of the wrong kind. Integers of any width and sign read as int64; numbers as float.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/gguf.h"
+
+namespace regolith::meta {
+
+std::optional<int64_t> get_int(const GgufFile& f, const std::string& key);
+int64_t require_int(const GgufFile& f, const std::string& key);
+float require_float(const GgufFile& f, const std::string& key);
+std::optional<float> get_float(const GgufFile& f, const std::string& key);
+std::optional<bool> get_bool(const GgufFile& f, const std::string& key);
+std::string require_string(const GgufFile& f, const std::string& key);
+// An integer array, or a scalar integer broadcast to `n` elements when n > 0 (llama.cpp's "key or array").
+std::optional<std::vector<int64_t>> get_int_array(const GgufFile& f, const std::string& key, int64_t n = 0);
+
+}  // namespace regolith::meta
