@@ -20,4 +20,9 @@ struct GGUFError : Error {
     uint64_t offset;
 };
 
+// A well-formed file that does not describe a model regolith can run as stated (-> regolith.ModelFormatError).
+struct ModelFormatError : Error {
+    using Error::Error;
+};
+
 }  // namespace regolith
