@@ -29,4 +29,5 @@ NB_MODULE(_core, m) {
     init_dequant(m);
     init_quantize(m);
     init_kernels(m);
+    init_qsa(m);
 }

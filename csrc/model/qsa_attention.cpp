@@ -1,0 +1,394 @@
+#include "model/qsa_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <type_traits>
+#include <variant>
+
+#include "core/errors.h"
+#include "core/gguf.h"
+#include "core/thread_pool.h"
+#include "core/types.h"
+
+namespace regolith {
+
+namespace {
+
+// y = x / sqrt(mean(x^2) + eps) * gamma, over n elements (transformers' operation order).
+void rms_norm(const float* x, const float* gamma, int64_t n, float eps, float* y) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+    const float inv = 1.0f / std::sqrt(ss / float(n) + eps);
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * gamma[i];
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+bool same_shape(const QsaShape& a, const QsaShape& b) {
+    return a.hidden == b.hidden && a.n_head == b.n_head && a.n_head_kv == b.n_head_kv && a.head_dim == b.head_dim &&
+           a.index_n_head == b.index_n_head && a.index_head_dim == b.index_head_dim &&
+           a.compress_ratio == b.compress_ratio;
+}
+
+}  // namespace
+
+// ---- state ------------------------------------------------------------------------------------------------
+
+QsaState::QsaState(const QsaShape& shape, int64_t max_ctx) : shape_(shape), max_ctx_(max_ctx) {
+    if (max_ctx < 1) throw Error("QSA state: max_ctx must be at least 1, got " + std::to_string(max_ctx));
+}
+
+void QsaState::reserve_(int64_t n) {
+    const QsaShape& s = shape_;
+    auto grow = [](auto& v, int64_t size) {
+        if (int64_t(v.size()) < size) v.resize(size_t(size));
+    };
+    grow(k_, n * s.n_head_kv * s.head_dim);
+    grow(v_, n * s.n_head_kv * s.head_dim);
+    grow(index_k_, n * s.index_head_dim);
+    grow(block_k_, n / s.compress_ratio * s.index_head_dim);
+    grow(pos_, n);
+}
+
+void QsaState::truncate(int64_t n) {
+    if (n < 0 || n > n_)
+        throw Error("QSA state: cannot truncate to " + std::to_string(n) + " tokens, it holds " + std::to_string(n_));
+    n_ = n;  // complete blocks below n are unchanged; the storage is kept for reuse
+}
+
+// ---- layer ------------------------------------------------------------------------------------------------
+
+QsaAttention::QsaAttention(const QsaShape& shape, const QsaWeights& weights, Backend& backend)
+    : shape_(shape), w_(weights), backend_(backend) {
+    const QsaShape& s = shape_;
+    auto fail = [](const std::string& what) { throw ModelFormatError("QSA layer: " + what); };
+    if (s.hidden <= 0 || s.n_head <= 0 || s.n_head_kv <= 0 || s.head_dim <= 0 || s.index_n_head <= 0 ||
+        s.index_head_dim <= 0 || s.compress_ratio <= 0 || s.index_budget < 0)
+        fail("every dimension must be positive");
+    if (s.n_head % s.n_head_kv != 0) fail("head_count must be a multiple of head_count_kv");
+    if (s.n_rot < 0 || s.n_rot % 2 != 0 || s.n_rot > s.head_dim || s.n_rot > s.index_head_dim)
+        fail("rope.dimension_count " + std::to_string(s.n_rot) +
+             " must be even and at most key_length and indexer key_length");
+    auto check = [&](const WeightView& w, int64_t rows, int64_t cols, const char* name) {
+        if (!w.data || w.rows != rows || w.cols != cols)
+            fail(std::string(name) + " must be [" + std::to_string(rows) + " rows][" + std::to_string(cols) +
+                 " cols], got [" + std::to_string(w.rows) + "][" + std::to_string(w.cols) + "]");
+    };
+    check(w_.q, s.n_head * 2 * s.head_dim, s.hidden, "attn_q");
+    check(w_.k, s.n_head_kv * s.head_dim, s.hidden, "attn_k");
+    check(w_.v, s.n_head_kv * s.head_dim, s.hidden, "attn_v");
+    check(w_.o, s.hidden, s.n_head * s.head_dim, "attn_output");
+    check(w_.index_q, s.index_n_head * s.index_head_dim, s.hidden, "indexer.q_proj");
+    check(w_.index_k, s.index_head_dim, s.hidden, "indexer.k_proj");
+    if (!w_.q_norm || !w_.k_norm || !w_.index_q_norm || !w_.index_k_norm) fail("a norm weight is missing");
+
+    // inv_freq[i] = 1 / base^(2i / n_rot), in float32 as transformers computes it
+    inv_freq_.resize(size_t(s.n_rot / 2));
+    for (int64_t i = 0; i < s.n_rot / 2; ++i)
+        inv_freq_[i] = 1.0f / std::pow(s.rope_base, float(2 * i) / float(s.n_rot));
+}
+
+// Rotates the leading n_rot dims of n_rows rows (NEOX pairs i, i + n_rot/2) at position pos. Text tokens
+// carry the same position on every mrope section, so interleaved mrope reduces to this.
+void QsaAttention::rope_(float* x, int64_t n_rows, int64_t row_stride, int64_t pos) const {
+    const int64_t half = shape_.n_rot / 2;
+    for (int64_t i = 0; i < half; ++i) {
+        const float angle = float(pos) * inv_freq_[i];
+        const float c = std::cos(angle), s = std::sin(angle);
+        for (int64_t r = 0; r < n_rows; ++r) {
+            float* row = x + r * row_stride;
+            const float a = row[i], b = row[i + half];
+            row[i] = a * c - b * s;
+            row[i + half] = b * c + a * s;
+        }
+    }
+}
+
+void QsaAttention::forward(const float* x, const int64_t* positions, int64_t ntok, QsaState& st, float* y) const {
+    const QsaShape& s = shape_;
+    if (ntok < 0) throw Error("QSA forward: negative token count");
+    if (ntok == 0) return;
+    if (!same_shape(st.shape_, s)) throw Error("QSA forward: the state was made for a layer of another shape");
+    const int64_t n0 = st.n_, n1 = n0 + ntok;
+    if (n1 > st.max_ctx_)
+        throw Error("QSA context full: the state holds " + std::to_string(n0) + " of " + std::to_string(st.max_ctx_) +
+                    " tokens and cannot take " + std::to_string(ntok) +
+                    " more; use a larger context or truncate the state");
+
+    const int64_t H = s.n_head, KV = s.n_head_kv, D = s.head_dim, IH = s.index_n_head, ID = s.index_head_dim;
+    const int64_t r = s.compress_ratio, topk = s.block_topk();
+
+    // projections
+    std::vector<float> qg(static_cast<size_t>(ntok * H * 2 * D));  // [ntok][H][2][D]: per head q, then gate
+    std::vector<float> kx(static_cast<size_t>(ntok * KV * D));     // [ntok][KV][D]
+    std::vector<float> vx(static_cast<size_t>(ntok * KV * D));     // [ntok][KV][D]
+    std::vector<float> iq(static_cast<size_t>(ntok * IH * ID));    // [ntok][IH][ID]
+    std::vector<float> ik(static_cast<size_t>(ntok * ID));         // [ntok][ID]
+    backend_.matmul(w_.q, x, ntok, qg.data());
+    backend_.matmul(w_.k, x, ntok, kx.data());
+    backend_.matmul(w_.v, x, ntok, vx.data());
+    backend_.matmul(w_.index_q, x, ntok, iq.data());
+    backend_.matmul(w_.index_k, x, ntok, ik.data());
+
+    // queries (normed, rotated) and the new tokens' keys, values and raw indexer keys into the state
+    st.reserve_(n1);
+    std::vector<float> q(static_cast<size_t>(ntok * H * D));  // [ntok][H][D]
+    for (int64_t t = 0; t < ntok; ++t) {
+        const int64_t i = n0 + t, pos = positions[t];
+        float* qt = &q[size_t(t * H * D)];
+        for (int64_t h = 0; h < H; ++h) rms_norm(&qg[size_t((t * H + h) * 2 * D)], w_.q_norm, D, s.eps, qt + h * D);
+        rope_(qt, H, D, pos);
+        float* kt = &st.k_[size_t(i * KV * D)];
+        for (int64_t h = 0; h < KV; ++h) rms_norm(&kx[size_t((t * KV + h) * D)], w_.k_norm, D, s.eps, kt + h * D);
+        rope_(kt, KV, D, pos);
+        std::memcpy(&st.v_[size_t(i * KV * D)], &vx[size_t(t * KV * D)], sizeof(float) * size_t(KV * D));
+        std::memcpy(&st.index_k_[size_t(i * ID)], &ik[size_t(t * ID)], sizeof(float) * size_t(ID));
+        st.pos_[size_t(i)] = pos;
+        float* iqt = &iq[size_t(t * IH * ID)];
+        for (int64_t h = 0; h < IH; ++h) rms_norm(iqt + h * ID, w_.index_q_norm, ID, s.eps, iqt + h * ID);
+        rope_(iqt, IH, ID, pos);
+    }
+
+    // blocks completed by this call: mean of raw keys -> norm -> RoPE at the block's first position
+    std::vector<float> mean(static_cast<size_t>(ID));  // [ID]
+    for (int64_t b = n0 / r; b < n1 / r; ++b) {
+        std::fill(mean.begin(), mean.end(), 0.0f);
+        for (int64_t j = b * r; j < (b + 1) * r; ++j)
+            for (int64_t d = 0; d < ID; ++d) mean[d] += st.index_k_[size_t(j * ID + d)];
+        for (int64_t d = 0; d < ID; ++d) mean[d] /= float(r);
+        float* bk = &st.block_k_[size_t(b * ID)];
+        rms_norm(mean.data(), w_.index_k_norm, ID, s.eps, bk);
+        rope_(bk, 1, ID, st.pos_[size_t(b * r)]);
+    }
+
+    // block selection per query: the top min(topk, nb) complete blocks, listed in increasing block order
+    std::vector<int32_t> sel(static_cast<size_t>(ntok * topk));  // [ntok][topk] selected block ids
+    std::vector<int64_t> n_sel(static_cast<size_t>(ntok));       // [ntok]
+    const float index_scale = 1.0f / std::sqrt(float(ID));
+    default_pool().parallel_for(ntok, 1, [&](int64_t t0, int64_t t1) {
+        std::vector<float> score;   // [nb]
+        std::vector<int32_t> order;  // [nb]
+        for (int64_t t = t0; t < t1; ++t) {
+            const int64_t nb = (n0 + t + 1) / r, k = std::min(topk, nb);
+            n_sel[t] = k;
+            if (k == 0) continue;
+            int32_t* out = &sel[size_t(t * topk)];
+            if (k == nb) {
+                std::iota(out, out + k, 0);
+                continue;
+            }
+            score.resize(size_t(nb));
+            const float* iqt = &iq[size_t(t * IH * ID)];
+            for (int64_t b = 0; b < nb; ++b) {
+                const float* bk = &st.block_k_[size_t(b * ID)];
+                float sum = 0.0f;
+                for (int64_t h = 0; h < IH; ++h) sum += std::max(dot(iqt + h * ID, bk, ID), 0.0f);
+                score[b] = sum * index_scale;
+            }
+            order.resize(size_t(nb));
+            std::iota(order.begin(), order.end(), 0);
+            std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+                return score[a] > score[b] || (score[a] == score[b] && a < b);
+            });
+            std::copy(order.begin(), order.begin() + k, out);
+            std::sort(out, out + k);
+        }
+    });
+
+    // attention per (query, head) over the selected blocks' tokens and the tail, gated by sigmoid(gate)
+    std::vector<float> attn(static_cast<size_t>(ntok * H * D));  // [ntok][H][D]
+    const float scale = 1.0f / std::sqrt(float(D));
+    const int64_t group = H / KV;
+    default_pool().parallel_for(ntok * H, 1, [&](int64_t p0, int64_t p1) {
+        std::vector<int64_t> idx;  // [n_keys] cache indices attended
+        std::vector<float> w;      // [n_keys]
+        for (int64_t p = p0; p < p1; ++p) {
+            const int64_t t = p / H, h = p % H, i = n0 + t, kvh = h / group;
+            idx.clear();
+            for (int64_t j = 0; j < n_sel[t]; ++j) {
+                const int64_t b = sel[size_t(t * topk + j)];
+                for (int64_t c = b * r; c < (b + 1) * r; ++c) idx.push_back(c);
+            }
+            for (int64_t c = (i + 1) / r * r; c <= i; ++c) idx.push_back(c);
+
+            const float* qh = &q[size_t((t * H + h) * D)];
+            w.resize(idx.size());
+            float m = -INFINITY;
+            for (size_t j = 0; j < idx.size(); ++j) {
+                w[j] = dot(qh, &st.k_[size_t((idx[j] * KV + kvh) * D)], D) * scale;
+                m = std::max(m, w[j]);
+            }
+            float denom = 0.0f;
+            for (float& e : w) denom += (e = std::exp(e - m));
+            float* out = &attn[size_t((t * H + h) * D)];
+            std::fill(out, out + D, 0.0f);
+            for (size_t j = 0; j < idx.size(); ++j) {
+                const float* vj = &st.v_[size_t((idx[j] * KV + kvh) * D)];
+                const float pj = w[j] / denom;
+                for (int64_t d = 0; d < D; ++d) out[d] += pj * vj[d];
+            }
+            const float* gate = &qg[size_t((t * H + h) * 2 * D + D)];
+            for (int64_t d = 0; d < D; ++d) out[d] *= 1.0f / (1.0f + std::exp(-gate[d]));
+        }
+    });
+    st.n_ = n1;
+
+    backend_.matmul(w_.o, attn.data(), ntok, y);
+}
+
+// ---- GGUF loading -----------------------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void format_error(int64_t layer, const std::string& what) {
+    throw ModelFormatError("qwen4exp QSA layer " + std::to_string(layer) + ": " + what);
+}
+
+bool is_integer(GgufValueType t) {
+    return t == GgufValueType::UINT8 || t == GgufValueType::INT8 || t == GgufValueType::UINT16 ||
+           t == GgufValueType::INT16 || t == GgufValueType::UINT32 || t == GgufValueType::INT32 ||
+           t == GgufValueType::UINT64 || t == GgufValueType::INT64;
+}
+
+// Element i of an integer array (is_integer(a.type)).
+int64_t int_at(const GgufArray& a, uint64_t i) {
+    const uint8_t* p = a.data;
+    auto load = [&](auto tag) {
+        decltype(tag) v;
+        std::memcpy(&v, p + i * sizeof(v), sizeof(v));
+        return int64_t(v);
+    };
+    switch (a.type) {
+        case GgufValueType::UINT8: return load(uint8_t());
+        case GgufValueType::INT8: return load(int8_t());
+        case GgufValueType::UINT16: return load(uint16_t());
+        case GgufValueType::INT16: return load(int16_t());
+        case GgufValueType::UINT32: return load(uint32_t());
+        case GgufValueType::INT32: return load(int32_t());
+        case GgufValueType::UINT64: return load(uint64_t());
+        case GgufValueType::INT64: return load(int64_t());
+        default: return -1;
+    }
+}
+
+struct Meta {
+    const GgufFile& f;
+    std::string prefix;
+    int64_t layer;
+
+    const GgufValue& get(const std::string& key) const {
+        const GgufValue* v = f.find(prefix + key);
+        if (!v) format_error(layer, "metadata key " + prefix + key + " is missing");
+        return *v;
+    }
+    // An integer key; for an array, element `index` (per-layer keys such as compress_ratios).
+    int64_t integer(const std::string& key, int64_t index = -1) const {
+        const GgufValue& v = get(key);
+        if (const auto* a = std::get_if<GgufArray>(&v)) {
+            if (!is_integer(a->type)) format_error(layer, prefix + key + " must hold integers");
+            if (index < 0 || uint64_t(index) >= a->size)
+                format_error(layer, prefix + key + " has no entry for this layer");
+            return int_at(*a, uint64_t(index));
+        }
+        return std::visit(
+            [&](const auto& x) -> int64_t {
+                using T = std::decay_t<decltype(x)>;
+                if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) return int64_t(x);
+                format_error(layer, prefix + key + " must be an integer");
+            },
+            static_cast<const GgufVariant&>(v));
+    }
+    int64_t integer_or(const std::string& key, int64_t fallback) const {
+        return f.find(prefix + key) ? integer(key) : fallback;
+    }
+    float real(const std::string& key) const {
+        return std::visit(
+            [&](const auto& x) -> float {
+                using T = std::decay_t<decltype(x)>;
+                if constexpr (std::is_floating_point_v<T>) return float(x);
+                format_error(layer, prefix + key + " must be a float");
+            },
+            static_cast<const GgufVariant&>(get(key)));
+    }
+};
+
+}  // namespace
+
+QsaShape qsa_shape_from_gguf(const GgufFile& file, int64_t layer) {
+    const GgufValue* arch = file.find("general.architecture");
+    const auto* name = arch ? std::get_if<std::string_view>(arch) : nullptr;
+    if (!name || *name != "qwen4exp")
+        format_error(layer, "general.architecture must be \"qwen4exp\", got \"" +
+                                (name ? std::string(*name) : std::string("<missing>")) + "\"");
+    const Meta m{file, "qwen4exp.", layer};
+    const int64_t n_layer = m.integer("block_count");
+    if (layer < 0 || layer >= n_layer)
+        format_error(layer, "no such layer, the model has " + std::to_string(n_layer));
+
+    QsaShape s;
+    s.hidden = m.integer("embedding_length");
+    s.n_head = m.integer("attention.head_count");
+    s.n_head_kv = m.integer("attention.head_count_kv");
+    s.head_dim = m.integer("attention.key_length");
+    if (m.integer("attention.value_length") != s.head_dim)
+        format_error(layer, "attention.value_length must equal attention.key_length");
+    s.n_rot = m.integer_or("rope.dimension_count", s.head_dim);
+    s.rope_base = m.real("rope.freq_base");
+    s.eps = m.real("attention.layer_norm_rms_epsilon");
+    s.index_n_head = m.integer("attention.indexer.head_count");
+    s.index_head_dim = m.integer("attention.indexer.key_length");
+    s.index_budget = m.integer("attention.indexer.top_k");
+    s.compress_ratio = m.integer("attention.compress_ratios", layer);
+    if (s.compress_ratio <= 0)
+        format_error(layer, "attention.compress_ratios is " + std::to_string(s.compress_ratio) +
+                                " for this layer: it is not a QSA (full attention) layer");
+    return s;
+}
+
+QsaWeights qsa_weights_from_gguf(const GgufFile& file, int64_t layer, const QsaShape& s) {
+    const std::string blk = "blk." + std::to_string(layer) + ".";
+    auto tensor = [&](const std::string& name, int64_t ne0, int64_t ne1) -> const GgufTensor& {
+        const GgufTensor* t = file.find_tensor(blk + name);
+        if (!t) format_error(layer, "tensor " + blk + name + " is missing");
+        const uint32_t want_dims = ne1 > 0 ? 2 : 1;
+        if (t->n_dims != want_dims || int64_t(t->ne[0]) != ne0 || (ne1 > 0 && int64_t(t->ne[1]) != ne1))
+            format_error(layer, "tensor " + blk + name + " must have shape [" + std::to_string(ne0) +
+                                    (ne1 > 0 ? ", " + std::to_string(ne1) : std::string()) + "] (ggml order), got [" +
+                                    std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) + "]");
+        return *t;
+    };
+    auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
+        const GgufTensor& t = tensor(name, cols, rows);
+        const TypeTraits* tt = type_traits(t.type);
+        if (!tt || !tt->supported)
+            format_error(layer, "tensor " + blk + name + " has a type regolith cannot compute with (id " +
+                                    std::to_string(t.type) + ")");
+        return WeightView{t.type, file.tensor_data(t), rows, cols, int64_t(t.row_bytes)};
+    };
+    auto norm = [&](const std::string& name, int64_t n) {
+        const GgufTensor& t = tensor(name, n, 0);
+        if (t.type != 0) format_error(layer, "tensor " + blk + name + " must be F32");
+        return reinterpret_cast<const float*>(file.tensor_data(t));
+    };
+    QsaWeights w;
+    w.q = matrix("attn_q.weight", s.hidden, s.n_head * 2 * s.head_dim);
+    w.k = matrix("attn_k.weight", s.hidden, s.n_head_kv * s.head_dim);
+    w.v = matrix("attn_v.weight", s.hidden, s.n_head_kv * s.head_dim);
+    w.o = matrix("attn_output.weight", s.n_head * s.head_dim, s.hidden);
+    w.q_norm = norm("attn_q_norm.weight", s.head_dim);
+    w.k_norm = norm("attn_k_norm.weight", s.head_dim);
+    w.index_q = matrix("indexer.q_proj.weight", s.hidden, s.index_n_head * s.index_head_dim);
+    w.index_k = matrix("indexer.k_proj.weight", s.hidden, s.index_head_dim);
+    w.index_q_norm = norm("indexer.q_norm.weight", s.index_head_dim);
+    w.index_k_norm = norm("indexer.k_norm.weight", s.index_head_dim);
+    return w;
+}
+
+}  // namespace regolith
