@@ -20,4 +20,10 @@ struct GGUFError : Error {
     uint64_t offset;
 };
 
+// A well-formed GGUF that does not describe a model regolith can run as stated: a missing or mis-shaped
+// tensor, a missing or inconsistent metadata key (-> regolith.ModelFormatError).
+struct ModelFormatError : Error {
+    using Error::Error;
+};
+
 }  // namespace regolith
