@@ -4,6 +4,10 @@ The oracle is the transformers module itself (its pure-torch causal conv and chu
 are written to a one-layer GGUF in llama.cpp's qwen4exp layout (``write_gdn_gguf``: value heads reordered from
 HF's grouped order to tiled order, ``ssm_a = -exp(A_log)``, conv1d squeezed), and ``_core.GatedDeltaNetLayer``
 runs the same input. Errors are max |y - y_ref| / max |y_ref| over the whole output.
+
+``gguf_tensors`` reproduces llama.cpp's converter: on the convert branch's tiny checkpoints (tiny-a/b/nople,
+2 or 3 v heads per k head) every GDN tensor it makes was checked byte-identical to the recorded llama.cpp
+output (tests/fixtures/llamacpp on that branch).
 """
 
 from __future__ import annotations
@@ -78,7 +82,9 @@ def gguf_tensors(m) -> dict[str, np.ndarray]:
         p + "ssm_conv1d.weight": np.concatenate(
             [conv[: 2 * kd], reorder_v_heads(conv[2 * kd :], 0, nk, nv, dv)]
         ),
-        p + "ssm_a": reorder_v_heads(-np.exp(sd["A_log"]), 0, nk, nv, 1),
+        p + "ssm_a": reorder_v_heads(
+            -torch.exp(m.A_log).detach().numpy(), 0, nk, nv, 1
+        ),  # torch rounding, as the converter
         p + "ssm_dt.bias": reorder_v_heads(sd["dt_bias"], 0, nk, nv, 1),
         p + "ssm_alpha.weight": reorder_v_heads(sd["in_proj_a.weight"], 0, nk, nv, 1),
         p + "ssm_beta.weight": reorder_v_heads(sd["in_proj_b.weight"], 0, nk, nv, 1),
