@@ -309,3 +309,58 @@ def test_gdn_wrong_layer_raises_model_format_error(tmp_path):
     write_gdn_gguf(path, gdn_module(7))
     with pytest.raises(ModelFormatError, match=r"missing tensor 'blk\.1\.attn_qkv\.weight'"):
         _core.GatedDeltaNetLayer(str(path), 1)
+
+
+def write_model_gguf(path, model) -> None:
+    """A whole tiny qwen4_exp model as an f32 GGUF through regolith.convert's llama.cpp-layout mapping."""
+    from regolith.convert.qwen4exp import gguf_metadata, gguf_tensors
+
+    cfg = model.config.to_dict()
+    w = gguf.GGUFWriter(str(path), ARCH)
+    for key, val, vt in gguf_metadata(cfg):
+        if isinstance(val, list):
+            w.add_key_value(key, val, gguf.GGUFValueType.ARRAY, sub_type=vt)
+        else:
+            w.add_key_value(key, val, vt)
+    named = [(n, t.detach().numpy()) for n, t in model.state_dict().items()]
+    for name, arr in gguf_tensors(cfg, named):
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize(
+    "seed, gate, overrides",
+    [(0, "sigmoid", {}), (1, "silu", {"linear_num_value_heads": 6})],
+    ids=["tiny-a-sigmoid", "tiny-v6k2-silu"],
+)
+def test_gdn_in_tiny_model_matches_transformers(tmp_path, seed, gate, overrides):
+    """Each GDN layer of a whole tiny Qwen4ExpForCausalLM, on the hidden states transformers feeds it."""
+    from tests.qwen4exp_models import tiny_model
+
+    model = tiny_model(seed, output_gate_type=gate, **overrides)
+    path = tmp_path / "tiny.gguf"
+    write_model_gguf(path, model)
+    captured: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def capture(i):
+        def hook(module, args, kwargs, out):
+            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            captured[i] = (x[0].numpy().copy(), out[0].numpy().copy())
+
+        return hook
+
+    for i, block in enumerate(model.model.layers):
+        if hasattr(block, "linear_attn"):
+            block.linear_attn.register_forward_hook(capture(i), with_kwargs=True)
+    ntok = 150
+    ids = torch.randint(0, model.config.vocab_size, (1, ntok), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        model(ids)
+    assert sorted(captured) == [0, 2]
+    for i, (x, ref) in captured.items():
+        layer = _core.GatedDeltaNetLayer(str(path), i, gate=gate)
+        for sizes in ([ntok], uneven(ntok), [1] * ntok):
+            assert rel_err(run_in_pieces(layer, x, sizes)[0], ref) <= TOL_F32
