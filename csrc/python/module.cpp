@@ -30,4 +30,5 @@ NB_MODULE(_core, m) {
     init_quantize(m);
     init_kernels(m);
     init_qsa(m);
+    init_gdn(m);
 }
