@@ -20,4 +20,10 @@ struct GGUFError : Error {
     uint64_t offset;
 };
 
+// A well-formed file that does not describe a model regolith can run: a missing tensor or key, a shape
+// or constant that contradicts another (-> regolith.errors.ModelFormatError).
+struct ModelFormatError : Error {
+    using Error::Error;
+};
+
 }  // namespace regolith

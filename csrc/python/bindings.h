@@ -10,3 +10,4 @@ void init_gguf(nb::module_& m);
 void init_dequant(nb::module_& m);
 void init_quantize(nb::module_& m);
 void init_kernels(nb::module_& m);
+void init_ple(nb::module_& m);

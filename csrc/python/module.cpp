@@ -18,6 +18,8 @@ NB_MODULE(_core, m) {
             std::rethrow_exception(p);
         } catch (const regolith::GGUFError& e) {
             raise_as("GGUFError", e.what());
+        } catch (const regolith::ModelFormatError& e) {
+            raise_as("ModelFormatError", e.what());
         } catch (const regolith::Error& e) {
             raise_as("RegolithError", e.what());
         }
@@ -27,4 +29,5 @@ NB_MODULE(_core, m) {
     init_dequant(m);
     init_quantize(m);
     init_kernels(m);
+    init_ple(m);
 }
