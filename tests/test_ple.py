@@ -77,8 +77,12 @@ def write_ple_gguf(path: Path, config, ple, layer: int, table_type=None, skip: s
         return t.detach().float().numpy()
 
     table = f32(emb.ngram_embedding.weight)
+    if table_type == "F16":
+        table = table.astype(np.float16)
+    elif table_type is not None:
+        table = gguf.quants.quantize(table, gguf.GGMLQuantizationType[table_type])
     tensors = {
-        "per_layer_token_embd.weight": table.astype(np.float16) if table_type == "F16" else table,
+        "per_layer_token_embd.weight": table,
         f"blk.{layer}.ple_key.weight": f32(ple.key_proj.weight),
         f"blk.{layer}.ple_value.weight": f32(ple.value_proj.weight),
         f"blk.{layer}.ple_conv1d.weight": f32(ple.conv1d.weight).squeeze(1),
@@ -88,7 +92,8 @@ def write_ple_gguf(path: Path, config, ple, layer: int, table_type=None, skip: s
     }
     for name, arr in tensors.items():
         if name != skip:
-            w.add_tensor(name, np.ascontiguousarray(arr))
+            raw = gguf.GGMLQuantizationType[table_type] if arr.dtype == np.uint8 else None
+            w.add_tensor(name, np.ascontiguousarray(arr), raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -160,13 +165,16 @@ def run_chunks(layer, ids: np.ndarray, hidden: np.ndarray, sizes: list[int]) -> 
     return np.concatenate(outs)
 
 
-@pytest.mark.parametrize(("layer", "table_type"), [(0, None), (2, None), (1, "F16")])
+@pytest.mark.parametrize(("layer", "table_type"), [(0, None), (2, None), (1, "F16"), (1, "Q8_0")])
 def test_ple_matches_transformers(tmp_path: Path, layer: int, table_type: str | None) -> None:
-    config, ple = make_ple(layer, seed=layer)
-    if table_type == "F16":  # the oracle sees the table as stored
+    # Q8_0 blocks are 32 wide: 4 heads of 32
+    config, ple = make_ple(layer, seed=layer, ple_embed_dim=128 if table_type == "Q8_0" else 96)
+    if table_type is not None:  # the oracle sees the table as stored
         with torch.no_grad():
             w = ple.ple_embedding.ngram_embedding.weight
-            w.copy_(w.half().float())
+            qtype = gguf.GGMLQuantizationType[table_type]
+            stored = gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), qtype), qtype)
+            w.copy_(torch.from_numpy(stored))
     path = tmp_path / "ple.gguf"
     write_ple_gguf(path, config, ple, layer, table_type)
 
@@ -199,3 +207,58 @@ def test_ple_missing_tensor_is_model_format_error(tmp_path: Path) -> None:
     write_ple_gguf(path, config, ple, 0)
     with pytest.raises(ModelFormatError, match="layer 1 has no PLE"):
         _core.PleLayer(str(path), 1)
+
+
+def tiny_model_config(ple_layer: int):
+    """The whole tiny text model, with its PLE on `ple_layer`."""
+    return tiny_config(
+        ple_layer,
+        hc_lowrank=20,
+        num_attention_heads=4,
+        head_dim=32,
+        num_key_value_heads=2,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        num_experts=12,
+        num_experts_per_tok=2,
+        moe_intermediate_size=40,
+        shared_expert_intermediate_size=48,
+        indexer_n_heads=2,
+        indexer_kv_heads=1,
+        indexer_head_dim=32,
+        indexer_budget=8,
+        indexer_compress_ratio=4,
+        max_position_embeddings=256,
+    )
+
+
+def test_ple_in_model_matches_transformers_cache(tmp_path: Path) -> None:
+    """Inside Qwen4ExpTextModel decoding with its cache: the PLE's inputs and outputs captured by a hook."""
+    layer = 1
+    config = tiny_model_config(layer)
+    torch.manual_seed(3)
+    model = modeling.Qwen4ExpTextModel(config).eval()
+    ple = model.layers[layer].ple
+    with torch.no_grad():
+        for p in ple.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    path = tmp_path / "ple.gguf"
+    write_ple_gguf(path, config, ple, layer)
+
+    calls = []
+    ple.register_forward_hook(lambda m, args, out: calls.append((args[0][0], args[1][0], out[0])))
+    ids = token_sequence(np.random.default_rng(3), 24)
+    cache = modeling.DynamicCache(config=config)
+    with torch.no_grad():
+        for a, b in [(0, 13), *((i, i + 1) for i in range(13, 19)), (19, 24)]:
+            model(input_ids=torch.from_numpy(ids[a:b].astype(np.int64))[None], cache=cache, use_cache=True)
+
+    core = _core.PleLayer(str(path), layer)
+    state = core.new_state()
+    np.testing.assert_array_equal(np.concatenate([c[1].numpy() for c in calls]), ids)  # raw ids, no masking
+    for hidden, ple_ids, want in calls:
+        got = core.forward(ple_ids.numpy().astype(np.int32), hidden.numpy(), state)
+        assert rel_err(got, want.numpy()) <= 1e-4
+    assert core.rows_read == len(ids) * core.rows_per_token
