@@ -207,6 +207,12 @@ def test_ple_missing_tensor_is_model_format_error(tmp_path: Path) -> None:
     write_ple_gguf(path, config, ple, 0)
     with pytest.raises(ModelFormatError, match="layer 1 has no PLE"):
         _core.PleLayer(str(path), 1)
+    # the embeddings point past the table: the head ranges must fit its rows
+    with torch.no_grad():
+        ple.ple_embedding.ngram_heads_offsets[-1] += 4096
+    write_ple_gguf(path, config, ple, 0)
+    with pytest.raises(ModelFormatError, match="head 3 rows"):
+        _core.PleLayer(str(path), 0)
 
 
 def tiny_model_config(ple_layer: int):
