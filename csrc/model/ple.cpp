@@ -292,6 +292,8 @@ PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer)
     // Small vectors become f32 copies whatever their file type.
     const char* names[4] = {"ple_norm_key.weight", "ple_norm_query.weight", "ple_norm_conv.weight",
                             "ple_conv1d.weight"};
+    // The conv tensor's shape bounds conv_kernel by the file size before anything is sized by it.
+    expect_shape(r.tensor(blk + names[3]), shape_.conv_kernel, C);
     vectors_.resize(size_t(C * (3 + shape_.conv_kernel)));
     float* dst = vectors_.data();
     const float* ptr[4];
