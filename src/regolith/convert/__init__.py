@@ -1,0 +1,1 @@
+"""Converting Hugging Face checkpoints to GGUF (``regolith convert``)."""

@@ -1,0 +1,113 @@
+"""A GGUF file's layout as plain JSON data: every metadata key (type and value) and every tensor (name,
+ggml shape, ggml type, sha256 of its float32 data, and the values of small tensors).
+
+``tools/llamacpp_fixtures/make_qwen4exp_layout.py`` records llama.cpp's converter output with it into
+``tests/fixtures/llamacpp/``; the converter tests record regolith's output the same way and compare.
+Read with gguf-py's ``GGUFReader`` (the reference reader), not regolith's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FIXTURE_DIR = Path(__file__).parent / "fixtures" / "llamacpp"
+# Tensors up to this many elements also record their values (1-D norms, ssm_a, dt bias, ...).
+SMALL_TENSOR = 64
+
+# The tiny checkpoints the fixtures were made from: name -> (seed, tiny_text_config overrides).
+QWEN4EXP_VARIANTS: dict[str, tuple[int, dict[str, Any]]] = {
+    # hc 3, PLE on layer 1, GQA 2, partial rotary 0.5, GDN 2 k-heads / 4 v-heads, 16 experts top-4
+    "qwen4exp-tiny-a": (0, {}),
+    # hc 4, PLE on layer 3, GQA 4, rotary 0.25, 3 v-heads per k-head, 8 experts top-2, eos list
+    "qwen4exp-tiny-b": (
+        1,
+        {
+            "hc_count": 4,
+            "hc_lowrank": 12,
+            "ple_layer_ids": [3],
+            "num_key_value_heads": 1,
+            "partial_rotary": 0.25,
+            "linear_num_value_heads": 6,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": False,
+            "eos_token_id": [2, 0],
+            "indexer_budget": 12,
+            "indexer_compress_ratio": 3,
+        },
+    ),
+    # no PLE at all: no n-gram table, no ple.* keys
+    "qwen4exp-tiny-nople": (2, {"ple_layer_ids": [], "num_hidden_layers": 2}),
+}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8")
+    return value
+
+
+def _field_value(field: Any, vt: Any) -> Any:
+    types = list(field.types)
+    if types[0] == vt.ARRAY:
+        sub = types[1] if len(types) > 1 else None
+        items = [field.parts[i] for i in field.data]
+        if sub == vt.STRING:
+            return [bytes(p).decode("utf-8") for p in items]
+        return [_plain(p[0]) for p in items]
+    part = field.parts[field.data[0]]
+    if types[0] == vt.STRING:
+        return bytes(part).decode("utf-8")
+    if types[0] == vt.BOOL:
+        return bool(part[0])
+    return _plain(part[0])
+
+
+def gguf_layout(path: str | Path) -> dict[str, Any]:
+    """{"metadata": {key: {"type", ["item_type"], "value"}}, "tensors": [{"name", "shape", "type",
+    "sha256", ["values"]}]} of a GGUF file; shapes in ggml order (ne0 first)."""
+    import gguf
+
+    vt = gguf.GGUFValueType
+    reader = gguf.GGUFReader(str(path))
+    metadata: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        entry: dict[str, Any] = {"type": vt(field.types[0]).name}
+        if field.types[0] == vt.ARRAY:
+            entry["item_type"] = vt(field.types[1]).name if len(field.types) > 1 else None
+        entry["value"] = _field_value(field, vt)
+        metadata[key] = entry
+    tensors = []
+    for t in reader.tensors:
+        qtype = gguf.GGMLQuantizationType(t.tensor_type)
+        shape = [int(n) for n in t.shape]  # ggml order
+        data = np.asarray(t.data)
+        if qtype in (gguf.GGMLQuantizationType.F32,):
+            values = data.astype("<f4", copy=False)
+        else:
+            values = gguf.quants.dequantize(data, qtype).astype("<f4")
+        values = np.ascontiguousarray(values).reshape(-1)
+        rec: dict[str, Any] = {
+            "name": t.name,
+            "shape": shape,
+            "type": qtype.name,
+            "sha256": hashlib.sha256(values.tobytes()).hexdigest(),
+        }
+        if values.size <= SMALL_TENSOR:
+            rec["values"] = [float(v) for v in values]
+        tensors.append(rec)
+    return {"metadata": metadata, "tensors": tensors}
