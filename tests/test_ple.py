@@ -215,53 +215,54 @@ def test_ple_missing_tensor_is_model_format_error(tmp_path: Path) -> None:
         _core.PleLayer(str(path), 0)
 
 
-def tiny_model_config(ple_layer: int):
-    """The whole tiny text model, with its PLE on `ple_layer`."""
-    return tiny_config(
-        ple_layer,
-        hc_lowrank=20,
-        num_attention_heads=4,
-        head_dim=32,
-        num_key_value_heads=2,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        num_experts=12,
-        num_experts_per_tok=2,
-        moe_intermediate_size=40,
-        shared_expert_intermediate_size=48,
-        indexer_n_heads=2,
-        indexer_kv_heads=1,
-        indexer_head_dim=32,
-        indexer_budget=8,
-        indexer_compress_ratio=4,
-        max_position_embeddings=256,
-    )
+def convert_to_gguf(model_dir: Path, out: Path) -> None:
+    """HF checkpoint -> llama.cpp-layout f32 GGUF through regolith.convert's qwen4exp mapping."""
+    import json
+
+    from safetensors import safe_open
+
+    from regolith.convert import qwen4exp as cq
+
+    config = json.loads((model_dir / "config.json").read_text())
+    with safe_open(str(model_dir / "model.safetensors"), "np") as f:
+        named = [(k, f.get_tensor(k)) for k in f.keys()]  # noqa: SIM118 (safe_open is not iterable)
+    consts = cq.ple_constants_from(cq.collect_sources(named))
+    w = gguf.GGUFWriter(str(out), cq.ARCH)
+    for key, value, vtype in cq.gguf_metadata(config, ple_constants=consts):
+        if isinstance(value, list):
+            w.add_key_value(key, value, gguf.GGUFValueType.ARRAY, vtype)
+        else:
+            w.add_key_value(key, value, vtype)
+    for name, arr in cq.gguf_tensors(config, named):
+        w.add_tensor(name, np.ascontiguousarray(np.asarray(arr), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
-def test_ple_in_model_matches_transformers_cache(tmp_path: Path) -> None:
-    """Inside Qwen4ExpTextModel decoding with its cache: the PLE's inputs and outputs captured by a hook."""
-    layer = 1
-    config = tiny_model_config(layer)
-    torch.manual_seed(3)
-    model = modeling.Qwen4ExpTextModel(config).eval()
-    ple = model.layers[layer].ple
-    with torch.no_grad():
-        for p in ple.parameters():
-            p.copy_(torch.randn_like(p) * 0.5)
-    path = tmp_path / "ple.gguf"
-    write_ple_gguf(path, config, ple, layer)
+@pytest.mark.parametrize("layer", [0, 2])
+def test_ple_in_model_matches_transformers_cache(tmp_path: Path, layer: int) -> None:
+    """A tiny Qwen4ExpForCausalLM decoding with its cache (prompt, single tokens, a chunk), converted by
+    regolith.convert: the PLE's inputs and outputs captured by a hook against our layer on the same inputs."""
+    from tests.qwen4exp_models import tiny_model
+
+    model = tiny_model(layer, ple_layer_ids=[layer + 1])
+    model.save_pretrained(tmp_path / "hf")
+    convert_to_gguf(tmp_path / "hf", tmp_path / "model.gguf")
 
     calls = []
+    ple = model.model.layers[layer].ple
     ple.register_forward_hook(lambda m, args, out: calls.append((args[0][0], args[1][0], out[0])))
-    ids = token_sequence(np.random.default_rng(3), 24)
-    cache = modeling.DynamicCache(config=config)
+    eos = model.config.eos_token_id
+    ids = np.random.default_rng(layer).integers(0, model.config.vocab_size, 24).astype(np.int32)
+    ids[[0, 9, 10, 20]] = eos
+    cache = modeling.DynamicCache(config=model.config)
     with torch.no_grad():
         for a, b in [(0, 13), *((i, i + 1) for i in range(13, 19)), (19, 24)]:
             model(input_ids=torch.from_numpy(ids[a:b].astype(np.int64))[None], cache=cache, use_cache=True)
 
-    core = _core.PleLayer(str(path), layer)
+    core = _core.PleLayer(str(tmp_path / "model.gguf"), layer)
     state = core.new_state()
     np.testing.assert_array_equal(np.concatenate([c[1].numpy() for c in calls]), ids)  # raw ids, no masking
     for hidden, ple_ids, want in calls:
