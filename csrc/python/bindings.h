@@ -12,3 +12,4 @@ void init_quantize(nb::module_& m);
 void init_kernels(nb::module_& m);
 void init_qsa(nb::module_& m);
 void init_gdn(nb::module_& m);
+void init_ple(nb::module_& m);

@@ -31,4 +31,5 @@ NB_MODULE(_core, m) {
     init_kernels(m);
     init_qsa(m);
     init_gdn(m);
+    init_ple(m);
 }

@@ -1,0 +1,128 @@
+// qwen4exp PLE ("per-layer embedding"): hashed n-gram embeddings injected into the hyper-connection
+// streams of one decoder layer. Reference: transformers Qwen4ExpTextNGramEmbedding + Qwen4ExpTextPLELayer.
+//
+// Per token t (all f32):
+//   rows[h]   = hashed n-gram of (t, t-1, ..., t-n+1) for each head h          (ple_ngram_rows)
+//   emb       = concat_h table[rows[h]]                                        [ple_dim = n_heads * head_dim]
+//   key       = norm_key(W_key emb)                                            [hc][hidden], grouped RMSNorm
+//   value     = W_value emb                                                    [hidden]
+//   query     = norm_query(x)                                                  [hc][hidden], x = the streams
+//   g[s]      = <key[s], query[s]> / sqrt(hidden);  g = sign(g) sqrt(max(|g|, 1e-6))
+//   gated[s]  = sigmoid(g[s]) * value                                          [hc][hidden]
+//   out       = gated + silu(conv(norm_conv(gated)))   depthwise causal conv, kernel K, dilation n
+// The decoder layer adds `out` to the streams.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/ops.h"
+
+namespace regolith {
+
+class GgufFile;
+
+// The n-gram hash constants (GGUF qwen4exp.ple.*).
+struct PleHashParams {
+    int64_t ngram_size = 0;                 // n >= 2: heads cover 2-grams .. n-grams
+    int64_t heads_per_ngram = 0;            // heads per n-gram order
+    int64_t eos_token_id = 0;               // resets the n-gram context
+    std::vector<int64_t> multipliers;       // [ngram_size], odd
+    std::vector<int64_t> head_offsets;      // [n_heads], first table row of each head
+    std::vector<int64_t> head_vocab_sizes;  // [n_heads], rows of each head (> 0)
+    int64_t n_heads() const { return (ngram_size - 1) * heads_per_ngram; }
+};
+
+// Table row ids of each head for ntok tokens. `context` holds the ngram_size-1 ids before tokens[0],
+// oldest first (EOS where there is none). Pure: rows[t][h] for t < ntok, h < n_heads.
+//   w[0] = tokens[t]; w[s] = the token s positions back, or EOS once an EOS has been passed walking back
+//   (the token's own EOS does not cut its context);
+//   mixed_k = (w[0]*m[0]) ^ ... ^ (w[k-1]*m[k-1])  in int64 with wrap-around, for order k = 2..n;
+//   rows[t][h] = floor_mod(mixed_k, size[h]) + offset[h]  for the heads_per_ngram heads of order k.
+void ple_ngram_rows(const PleHashParams& p, const int64_t* context, const int32_t* tokens, int64_t ntok,
+                    int64_t* rows);
+
+// The n-gram table: `rows` rows of head_dim elements in a GGUF type, read one row at a time from the
+// file with pread (never mapped, never read whole).
+class PleTable {
+  public:
+    PleTable(const std::string& path, uint64_t offset, uint32_t type, int64_t rows, int64_t head_dim,
+             int64_t row_bytes);
+    ~PleTable();
+    PleTable(const PleTable&) = delete;
+    PleTable& operator=(const PleTable&) = delete;
+
+    // dst[head_dim] = row `row` as f32. Thread-compatible, not thread-safe (counters).
+    void read_row(int64_t row, float* dst);
+
+    int64_t rows() const { return rows_; }
+    int64_t head_dim() const { return head_dim_; }
+    uint64_t rows_read() const { return rows_read_; }
+    uint64_t bytes_read() const { return bytes_read_; }
+
+  private:
+    int fd_ = -1;
+    std::string path_;
+    uint64_t offset_;
+    uint32_t type_;
+    int64_t rows_, head_dim_, row_bytes_;
+    std::vector<uint8_t> buf_;  // one raw row
+    uint64_t rows_read_ = 0, bytes_read_ = 0;
+};
+
+struct PleShape {
+    int64_t hidden = 0;    // per stream
+    int64_t hc = 0;        // hyper-connection streams
+    int64_t ple_dim = 0;   // n_heads * head_dim
+    int64_t head_dim = 0;  // table row length
+    int64_t conv_kernel = 0;
+    float eps = 1e-6f;  // RMSNorm epsilon
+    int64_t channels() const { return hc * hidden; }
+};
+
+struct PleWeights {
+    WeightView key;           // [hc*hidden rows][ple_dim cols]
+    WeightView value;         // [hidden rows][ple_dim cols]
+    const float* norm_key;    // [hc*hidden], gamma with the +1 already applied (GGUF)
+    const float* norm_query;  // [hc*hidden]
+    const float* norm_conv;   // [hc*hidden]
+    const float* conv;        // [hc*hidden][conv_kernel], tap k reads (K-1-k)*dilation tokens back
+};
+
+// Decoding state of one sequence: the n-gram context and the conv history.
+struct PleState {
+    std::vector<int64_t> context;  // [ngram_size-1] previous token ids, oldest first
+    std::vector<float> conv;       // [(K-1)*dilation][channels] previous conv inputs, oldest first
+};
+
+class PleLayer {
+  public:
+    // Loads layer `layer` of a qwen4exp GGUF. `file` must outlive the layer (weights point into its
+    // mapping); the table is read through `path`. Throws ModelFormatError naming what is missing or wrong.
+    PleLayer(const GgufFile& file, const std::string& path, int64_t layer);
+
+    PleState new_state() const;
+
+    // out[ntok][hc*hidden] = the PLE addend for tokens continuing `state`; hidden: [ntok][hc*hidden],
+    // the streams entering the layer. Advances the state, so any split into calls gives the same output.
+    void forward(const int32_t* token_ids, const float* hidden, int64_t ntok, PleState& state, float* out);
+
+    const PleShape& shape() const { return shape_; }
+    const PleHashParams& hash() const { return hash_; }
+    const PleTable& table() const { return *table_; }
+    int64_t rows_per_token() const { return hash_.n_heads(); }
+
+  private:
+    int64_t dilation() const { return hash_.ngram_size; }
+    int64_t history() const { return (shape_.conv_kernel - 1) * dilation(); }
+
+    PleShape shape_;
+    PleHashParams hash_;
+    PleWeights w_{};
+    std::vector<float> vectors_;  // owned f32 copies of the norm and conv weights
+    std::unique_ptr<PleTable> table_;
+};
+
+}  // namespace regolith
