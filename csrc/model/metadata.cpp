@@ -92,11 +92,17 @@ std::optional<bool> get_bool(const GgufFile& f, const std::string& key) {
     wrong(key, "a bool");
 }
 
-std::string require_string(const GgufFile& f, const std::string& key) {
+std::optional<std::string> get_string(const GgufFile& f, const std::string& key) {
     const GgufValue* v = f.find(key);
-    if (!v) throw ModelFormatError("missing metadata key '" + key + "'");
+    if (!v) return std::nullopt;
     if (const auto* x = std::get_if<std::string_view>(v)) return std::string(*x);
     wrong(key, "a string");
+}
+
+std::string require_string(const GgufFile& f, const std::string& key) {
+    const auto v = get_string(f, key);
+    if (!v) throw ModelFormatError("missing metadata key '" + key + "'");
+    return *v;
 }
 
 std::optional<std::vector<int64_t>> get_int_array(const GgufFile& f, const std::string& key, int64_t n) {

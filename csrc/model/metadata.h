@@ -17,6 +17,7 @@ float require_float(const GgufFile& f, const std::string& key);
 std::optional<float> get_float(const GgufFile& f, const std::string& key);
 std::optional<bool> get_bool(const GgufFile& f, const std::string& key);
 std::string require_string(const GgufFile& f, const std::string& key);
+std::optional<std::string> get_string(const GgufFile& f, const std::string& key);
 // An integer array, or a scalar integer broadcast to `n` elements when n > 0 (llama.cpp's "key or array").
 std::optional<std::vector<int64_t>> get_int_array(const GgufFile& f, const std::string& key, int64_t n = 0);
 

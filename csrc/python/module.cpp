@@ -32,4 +32,5 @@ NB_MODULE(_core, m) {
     init_qsa(m);
     init_gdn(m);
     init_ple(m);
+    init_model(m);
 }

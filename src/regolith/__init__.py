@@ -2,7 +2,18 @@
 
 from . import gguf, models, quant
 from .errors import GGUFError, ModelFormatError, RegolithError
+from .model import Model, Window
 
 __version__ = "0.1.0"
 
-__all__ = ["GGUFError", "ModelFormatError", "RegolithError", "__version__", "gguf", "models", "quant"]
+__all__ = [
+    "GGUFError",
+    "Model",
+    "ModelFormatError",
+    "RegolithError",
+    "Window",
+    "__version__",
+    "gguf",
+    "models",
+    "quant",
+]

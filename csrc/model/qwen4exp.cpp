@@ -1,0 +1,158 @@
+#include "model/qwen4exp.h"
+
+#include <algorithm>
+
+#include "core/dequant.h"
+#include "core/errors.h"
+#include "model/metadata.h"
+
+namespace regolith {
+namespace {
+
+constexpr const char* kArch = "qwen4exp";
+
+std::string key(const char* suffix) { return std::string(kArch) + "." + suffix; }
+
+}  // namespace
+
+Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
+    const std::string arch = meta::require_string(f, "general.architecture");
+    if (arch != kArch)
+        throw ModelFormatError("architecture '" + arch + "' is not supported by the qwen4exp loader");
+    Qwen4ExpConfig c;
+    c.n_layer = meta::require_int(f, key("block_count"));
+    c.hidden = meta::require_int(f, key("embedding_length"));
+    c.context_length = meta::get_int(f, key("context_length")).value_or(0);
+    c.hc = meta::require_int(f, key("hyper_connection.count"));
+    c.hc_rank = meta::require_int(f, key("hyper_connection.low_rank"));
+    c.eps = meta::require_float(f, key("attention.layer_norm_rms_epsilon"));
+    if (c.n_layer <= 0 || c.hidden <= 0 || c.hc <= 1 || c.hc_rank <= 0)
+        throw ModelFormatError("qwen4exp: block_count, embedding_length, hyper_connection.* must be positive "
+                               "(and hyper_connection.count > 1)");
+    // Linear attention everywhere except every full_attention_interval-th layer, unless listed explicitly.
+    if (auto rec = meta::get_int_array(f, key("attention.recurrent_layers"), c.n_layer)) {
+        for (int64_t v : *rec) c.recurrent.push_back(v != 0);
+    } else {
+        const int64_t interval = meta::get_int(f, key("full_attention_interval")).value_or(4);
+        if (interval <= 0) throw ModelFormatError("qwen4exp.full_attention_interval must be positive");
+        for (int64_t i = 0; i < c.n_layer; ++i) c.recurrent.push_back((i + 1) % interval != 0);
+    }
+    const std::string gate = meta::get_string(f, key("ssm.gate_activation")).value_or("sigmoid");
+    if (gate != "sigmoid" && gate != "silu")
+        throw ModelFormatError("qwen4exp.ssm.gate_activation must be 'sigmoid' or 'silu', not '" + gate + "'");
+    c.gdn_gate = gate == "silu" ? GdnGateAct::Silu : GdnGateAct::Sigmoid;
+    c.moe.hidden = c.hidden;
+    c.moe.n_expert = meta::require_int(f, key("expert_count"));
+    c.moe.n_used = meta::require_int(f, key("expert_used_count"));
+    c.moe.ff_expert = meta::require_int(f, key("expert_feed_forward_length"));
+    c.moe.ff_shared = meta::get_int(f, key("expert_shared_feed_forward_length")).value_or(0);
+    c.moe.norm_topk_prob = meta::get_bool(f, key("expert_weights_norm")).value_or(true);
+    if (c.moe.n_used <= 0 || c.moe.n_used > c.moe.n_expert)
+        throw ModelFormatError("qwen4exp.expert_used_count must be in 1..expert_count");
+    const GgufTensor* emb = f.find_tensor("token_embd.weight");
+    if (!emb) throw ModelFormatError("missing tensor 'token_embd.weight'");
+    c.vocab = int64_t(emb->ne[1]);
+    if (auto ple = meta::get_int_array(f, key("ple.layers"))) {
+        for (int64_t il : *ple)
+            if (il < 0 || il >= c.n_layer) throw ModelFormatError("qwen4exp.ple.layers names layer " + std::to_string(il));
+        c.ple_layers = *ple;
+    }
+    return c;
+}
+
+Qwen4ExpModel::Qwen4ExpModel(const std::string& path, Backend& backend)
+    : file_(path), weights_(file_), backend_(backend), config_(Qwen4ExpConfig::from_gguf(file_)) {
+    const Qwen4ExpConfig& c = config_;
+    tok_embd_ = weights_.matrix("token_embd.weight", c.vocab, c.hidden);
+    output_ = weights_.has("output.weight") ? weights_.matrix("output.weight", c.vocab, c.hidden) : tok_embd_;
+    out_hc_ = HyperConnection::load(weights_, "output_hc", c.hidden, c.hc, c.hc_rank, c.eps, false);
+    layers_.reserve(size_t(c.n_layer));
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        Layer L{HyperConnection::load(weights_, p + "hc_attn", c.hidden, c.hc, c.hc_rank, c.eps, true),
+                HyperConnection::load(weights_, p + "hc_ffn", c.hidden, c.hc, c.hc_rank, c.eps, true),
+                std::nullopt, std::nullopt, std::nullopt, SparseMoe::load(weights_, int(il), c.moe), nullptr};
+        layers_.push_back(std::move(L));
+        Layer& l = layers_.back();
+        if (std::find(c.ple_layers.begin(), c.ple_layers.end(), il) != c.ple_layers.end())
+            l.ple = std::make_unique<PleLayer>(file_, path, il);
+        if (c.recurrent[size_t(il)]) {
+            l.gdn_weights = load_gdn_layer(file_, il, c.gdn_gate);
+            l.gdn.emplace(l.gdn_weights->shape, l.gdn_weights->weights, backend_);
+        } else {
+            const QsaShape shape = qsa_shape_from_gguf(file_, il);
+            l.qsa.emplace(shape, qsa_weights_from_gguf(file_, il, shape), backend_);
+        }
+    }
+}
+
+Qwen4ExpModel::~Qwen4ExpModel() = default;
+
+std::unique_ptr<Qwen4ExpWindow> Qwen4ExpModel::new_window(int64_t max_ctx) const {
+    return std::make_unique<Qwen4ExpWindow>(*this, max_ctx);
+}
+
+Qwen4ExpWindow::Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx) : model_(model), max_ctx_(max_ctx) {
+    if (max_ctx <= 0) throw Error("window: max_ctx must be positive");
+    reset();
+}
+
+void Qwen4ExpWindow::reset() {
+    n_past_ = 0;
+    gdn_.clear();
+    qsa_.clear();
+    ple_.clear();
+    for (const auto& l : model_.layers_) {
+        ple_.push_back(l.ple ? std::optional<PleState>(l.ple->new_state()) : std::nullopt);
+        gdn_.push_back(l.gdn ? std::optional<GdnState>(l.gdn->new_state()) : std::nullopt);
+        qsa_.push_back(l.qsa ? std::optional<QsaState>(l.qsa->new_state(max_ctx_)) : std::nullopt);
+    }
+}
+
+void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits) {
+    const Qwen4ExpConfig& c = model_.config_;
+    Backend& be = model_.backend_;
+    if (n <= 0) return;
+    for (int64_t i = 0; i < n; ++i)
+        if (tokens[i] < 0 || tokens[i] >= c.vocab)
+            throw Error("token id " + std::to_string(tokens[i]) + " is out of range [0, " + std::to_string(c.vocab) +
+                        ")");
+    if (n_past_ + n > max_ctx_)
+        throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
+                    " tokens exceed the window's " + std::to_string(max_ctx_));
+    const int64_t h = c.hidden, width = c.hc * h;
+
+    // streams: [n][hc][hidden], every stream starts as the token embedding
+    std::vector<float> streams(size_t(n * width)), emb(static_cast<size_t>(h));
+    const WeightView& te = model_.tok_embd_;
+    for (int64_t t = 0; t < n; ++t) {
+        dequantize_row(te.type, static_cast<const uint8_t*>(te.data) + tokens[t] * te.row_bytes, emb.data(), h);
+        for (int64_t s = 0; s < c.hc; ++s) std::copy(emb.begin(), emb.end(), streams.begin() + t * width + s * h);
+    }
+    std::vector<int64_t> positions(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = n_past_ + t;
+
+    std::vector<float> mixed(size_t(n * h)), out(size_t(n * h)), inject(size_t(n * c.hc));
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        const auto& l = model_.layers_[size_t(il)];
+        if (l.ple) {
+            std::vector<float> addend(streams.size());  // [n][hc * hidden]
+            l.ple->forward(tokens, streams.data(), n, *ple_[size_t(il)], addend.data());
+            for (size_t i = 0; i < streams.size(); ++i) streams[i] += addend[i];
+        }
+        l.attn_hc.read(be, streams.data(), n, mixed.data(), inject.data());
+        if (l.gdn)
+            l.gdn->forward(mixed.data(), n, *gdn_[size_t(il)], out.data());
+        else
+            l.qsa->forward(mixed.data(), positions.data(), n, *qsa_[size_t(il)], out.data());
+        l.attn_hc.write(out.data(), inject.data(), n, streams.data());
+        l.ffn_hc.read(be, streams.data(), n, mixed.data(), inject.data());
+        l.moe.forward(be, mixed.data(), n, out.data());
+        l.ffn_hc.write(out.data(), inject.data(), n, streams.data());
+    }
+    model_.out_hc_.read(be, streams.data(), n, mixed.data(), nullptr);
+    be.matmul(model_.output_, mixed.data(), n, logits);
+    n_past_ += n;
+}
+
+}  // namespace regolith

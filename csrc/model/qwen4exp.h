@@ -1,0 +1,96 @@
+// The qwen4_exp (Qwen3.8-Flash-Next) text model on the Backend op interface: embeddings, hc residual
+// streams, Gated DeltaNet / QSA mixers, PLE layers, sparse MoE, the final hyper-connection mixer and the LM
+// head. Weights are views into the GGUF mapping; all decoding state lives in a Qwen4ExpWindow.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/gguf.h"
+#include "core/ops.h"
+#include "model/gated_delta_net.h"
+#include "model/hyper_connection.h"
+#include "model/moe.h"
+#include "model/ple.h"
+#include "model/qsa_attention.h"
+#include "model/weights.h"
+
+namespace regolith {
+
+struct Qwen4ExpConfig {
+    int64_t n_layer = 0;
+    int64_t hidden = 0;
+    int64_t vocab = 0;
+    int64_t context_length = 0;
+    int64_t hc = 0;
+    int64_t hc_rank = 0;
+    float eps = 1e-6f;
+    std::vector<bool> recurrent;  // per layer: Gated DeltaNet (true) or QSA attention (false)
+    std::vector<int64_t> ple_layers;  // layers with a PLE n-gram addend (0-based)
+    MoeShape moe;
+    // The Gated DeltaNet output gate: llama.cpp's qwen4exp graph uses sigmoid; transformers uses the
+    // checkpoint's output_gate_type (or hidden_act). regolith's converter records it in
+    // qwen4exp.ssm.gate_activation; files without the key get llama.cpp's sigmoid.
+    GdnGateAct gdn_gate = GdnGateAct::Sigmoid;
+
+    static Qwen4ExpConfig from_gguf(const GgufFile& file);
+};
+
+class Qwen4ExpWindow;
+
+class Qwen4ExpModel {
+public:
+    // Maps and validates a qwen4exp GGUF. Throws GGUFError / ModelFormatError.
+    explicit Qwen4ExpModel(const std::string& path, Backend& backend = cpu_backend());
+    ~Qwen4ExpModel();
+
+    const Qwen4ExpConfig& config() const { return config_; }
+    const GgufFile& file() const { return file_; }
+    std::unique_ptr<Qwen4ExpWindow> new_window(int64_t max_ctx) const;
+
+private:
+    friend class Qwen4ExpWindow;
+    struct Layer {
+        HyperConnection attn_hc, ffn_hc;
+        std::optional<GdnLayer> gdn_weights;
+        std::optional<GatedDeltaNet> gdn;
+        std::optional<QsaAttention> qsa;
+        SparseMoe moe;
+        std::unique_ptr<PleLayer> ple;  // on PLE layers: the n-gram addend to the streams
+    };
+
+    GgufFile file_;
+    ModelWeights weights_;
+    Backend& backend_;
+    Qwen4ExpConfig config_;
+    WeightView tok_embd_;  // [vocab, hidden]
+    WeightView output_;    // [vocab, hidden] (token_embd when tied)
+    HyperConnection out_hc_;
+    std::vector<Layer> layers_;
+};
+
+// One inference context: tokens in, logits out, continuing from the state of earlier calls.
+class Qwen4ExpWindow {
+public:
+    Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx);
+
+    int64_t n_past() const { return n_past_; }
+    int64_t max_ctx() const { return max_ctx_; }
+    void reset();
+    // tokens: [n] ids < vocab; logits: [n][vocab]. Throws std::out_of_range-style regolith::Error on bad ids
+    // or when the context would overflow (the state is then unchanged).
+    void eval(const int32_t* tokens, int64_t n, float* logits);
+
+private:
+    const Qwen4ExpModel& model_;
+    int64_t max_ctx_;
+    int64_t n_past_ = 0;
+    std::vector<std::optional<GdnState>> gdn_;
+    std::vector<std::optional<QsaState>> qsa_;
+    std::vector<std::optional<PleState>> ple_;
+};
+
+}  // namespace regolith

@@ -1,0 +1,132 @@
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <string>
+
+#include "bindings.h"
+#include "model/qwen4exp.h"
+
+namespace {
+
+using regolith::Qwen4ExpModel;
+using regolith::Qwen4ExpWindow;
+using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Logits = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
+
+nb::dict config_dict(const Qwen4ExpModel& m) {
+    const auto& c = m.config();
+    nb::dict d;
+    d["architecture"] = "qwen4exp";
+    d["n_layer"] = c.n_layer;
+    d["hidden_size"] = c.hidden;
+    d["vocab_size"] = c.vocab;
+    d["context_length"] = c.context_length;
+    d["hc_count"] = c.hc;
+    d["hc_lowrank"] = c.hc_rank;
+    d["rms_norm_eps"] = c.eps;
+    nb::list types;
+    for (bool r : c.recurrent) types.append(r ? "linear_attention" : "full_attention");
+    d["layer_types"] = types;
+    d["num_experts"] = c.moe.n_expert;
+    d["num_experts_per_tok"] = c.moe.n_used;
+    d["moe_intermediate_size"] = c.moe.ff_expert;
+    d["shared_expert_intermediate_size"] = c.moe.ff_shared;
+    d["norm_topk_prob"] = c.moe.norm_topk_prob;
+    return d;
+}
+
+Logits eval(Qwen4ExpWindow& w, Tokens tokens, int64_t vocab) {
+    const int64_t n = int64_t(tokens.shape(0));
+    auto* out = new float[size_t(std::max<int64_t>(n, 1) * vocab)];
+    nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+    {
+        nb::gil_scoped_release release;
+        w.eval(tokens.data(), n, out);
+    }
+    return Logits(out, {size_t(n), size_t(vocab)}, owner);
+}
+
+using F32Rows = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using F32Out = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
+
+F32Out new_rows(int64_t rows, int64_t cols, float** data) {
+    *data = new float[size_t(std::max<int64_t>(rows * cols, 1))];
+    nb::capsule owner(*data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+    return F32Out(*data, {size_t(rows), size_t(cols)}, owner);
+}
+
+// Component handles over a GGUF, for tests against the reference layer by layer.
+struct HyperConnectionHandle {
+    std::unique_ptr<regolith::GgufFile> file;
+    regolith::HyperConnection hc;
+};
+
+struct MoeHandle {
+    std::unique_ptr<regolith::GgufFile> file;
+    regolith::SparseMoe moe;
+};
+
+}  // namespace
+
+void init_model(nb::module_& m) {
+    nb::class_<HyperConnectionHandle>(m, "HyperConnectionBlock")
+        .def("__init__",
+             [](HyperConnectionHandle* self, const std::string& path, const std::string& prefix, bool with_inject) {
+                 auto file = std::make_unique<regolith::GgufFile>(path);
+                 const auto cfg = regolith::Qwen4ExpConfig::from_gguf(*file);
+                 regolith::ModelWeights w(*file);
+                 auto hc = regolith::HyperConnection::load(w, prefix, cfg.hidden, cfg.hc, cfg.hc_rank, cfg.eps,
+                                                           with_inject);
+                 new (self) HyperConnectionHandle{std::move(file), hc};
+             },
+             nb::arg("path"), nb::arg("prefix"), nb::arg("with_inject"))
+        .def(
+            "read",
+            [](HyperConnectionHandle& h, F32Rows streams) {
+                const int64_t n = int64_t(streams.shape(0));
+                float *mixed, *inject;
+                F32Out m_out = new_rows(n, h.hc.hidden, &mixed);
+                F32Out i_out = new_rows(n, h.hc.hc, &inject);
+                h.hc.read(regolith::cpu_backend(), streams.data(), n, mixed, h.hc.inject.rows ? inject : nullptr);
+                return nb::make_tuple(m_out, i_out);
+            },
+            nb::arg("streams"), "streams [n, hc*hidden] -> (mixed [n, hidden], inject weights [n, hc])");
+    nb::class_<MoeHandle>(m, "MoeLayer")
+        .def("__init__",
+             [](MoeHandle* self, const std::string& path, int layer) {
+                 auto file = std::make_unique<regolith::GgufFile>(path);
+                 const auto cfg = regolith::Qwen4ExpConfig::from_gguf(*file);
+                 regolith::ModelWeights w(*file);
+                 auto moe = regolith::SparseMoe::load(w, layer, cfg.moe);
+                 new (self) MoeHandle{std::move(file), std::move(moe)};
+             },
+             nb::arg("path"), nb::arg("layer"))
+        .def(
+            "forward",
+            [](MoeHandle& h, F32Rows x) {
+                const int64_t n = int64_t(x.shape(0));
+                float* y;
+                F32Out out = new_rows(n, h.moe.shape().hidden, &y);
+                h.moe.forward(regolith::cpu_backend(), x.data(), n, y);
+                return out;
+            },
+            nb::arg("x"));
+
+    nb::class_<Qwen4ExpWindow>(m, "Qwen4ExpWindow")
+        .def_prop_ro("n_past", &Qwen4ExpWindow::n_past)
+        .def_prop_ro("max_ctx", &Qwen4ExpWindow::max_ctx)
+        .def("reset", &Qwen4ExpWindow::reset)
+        .def("eval", &eval, nb::arg("tokens"), nb::arg("vocab"));
+    nb::class_<Qwen4ExpModel>(m, "Qwen4ExpModel")
+        .def("__init__",
+             [](Qwen4ExpModel* self, const std::string& path) {
+                 nb::gil_scoped_release release;
+                 new (self) Qwen4ExpModel(path);
+             },
+             nb::arg("path"))
+        .def("config", &config_dict)
+        .def("new_window", &Qwen4ExpModel::new_window, nb::arg("max_ctx"), nb::keep_alive<0, 1>());
+}
