@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -105,6 +106,24 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace, console: Console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .convert import convert
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True, disable=args.quiet) as bar:
+        task = bar.add_task(f"converting to {args.outtype}", total=None)
+
+        def step(name: str, index: int, count: int) -> None:
+            bar.update(task, completed=index + 1, total=count, description=escape(name))
+
+        out = convert(args.hf_dir, args.out, args.outtype, tokenizer_pre=args.tokenizer_pre, progress=step)
+    if not args.quiet:
+        console.print(f"wrote {escape(str(out))} ({_human_bytes(os.path.getsize(out))}, {args.outtype})")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="regolith",
@@ -128,6 +147,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tensors", action="store_true", help="also list every tensor (name, type, shape, bytes)")
     p.set_defaults(func=_inspect)
+
+    from .convert.writer import OUTTYPES
+
+    c = sub.add_parser(
+        "convert",
+        help="convert a Hugging Face qwen4_exp checkpoint to GGUF (llama.cpp's qwen4exp layout)",
+        description="Convert a Hugging Face qwen4_exp checkpoint directory (config.json, *.safetensors, "
+        "tokenizer.json) to one GGUF file in llama.cpp's qwen4exp layout. The output appears only when "
+        "complete (written to a temporary file beside it, then renamed). MTP tensors are not converted.",
+    )
+    c.add_argument("hf_dir", help="the Hugging Face model directory")
+    c.add_argument("out", help="the GGUF file to write (replaced if it exists)")
+    c.add_argument(
+        "--outtype",
+        choices=list(OUTTYPES),
+        default="f16",
+        help="type of the weight matrices (norms, routers and conv kernels stay f32; default f16)",
+    )
+    c.add_argument("--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the regex is not recognised")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+    c.set_defaults(func=_convert)
     return parser
 
 
@@ -136,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.func(args, Console())
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     except (RegolithError, OSError) as e:
         msg = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.filename else str(e)
         print(f"error: {msg}", file=sys.stderr)

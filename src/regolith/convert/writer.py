@@ -1,0 +1,183 @@
+"""Writing a converted model: tensor types per llama.cpp's rules, quantization, an atomic GGUF file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from .. import quant
+from ..errors import ModelFormatError, RegolithError
+from . import qwen4exp
+from .checkpoint import Checkpoint
+from .tokenizer import gpt2_tokenizer_metadata
+
+__all__ = ["OUTTYPES", "convert", "tensor_type"]
+
+# --outtype -> (ggml type of the quantizable tensors, general.file_type). q4_k / q6_k / iq4_nl files are
+# "pure": every quantizable tensor gets the type (llama.cpp's Q4_K_M and friends mix in higher types).
+OUTTYPES: dict[str, tuple[str, gguf.LlamaFileType]] = {
+    "f32": ("F32", gguf.LlamaFileType.ALL_F32),
+    "f16": ("F16", gguf.LlamaFileType.MOSTLY_F16),
+    "bf16": ("BF16", gguf.LlamaFileType.MOSTLY_BF16),
+    "q8_0": ("Q8_0", gguf.LlamaFileType.MOSTLY_Q8_0),
+    "q4_0": ("Q4_0", gguf.LlamaFileType.MOSTLY_Q4_0),
+    "q4_k": ("Q4_K", gguf.LlamaFileType.MOSTLY_Q4_K_M),
+    "q6_k": ("Q6_K", gguf.LlamaFileType.MOSTLY_Q6_K),
+    "iq4_nl": ("IQ4_NL", gguf.LlamaFileType.MOSTLY_IQ4_NL),
+}
+# llama-quant.cpp tensor_type_fallback: a row length the block size does not divide demotes the type
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q2_0": "Q4_0"}
+# llama.cpp's converter keeps these in F32 whatever the outtype (routers, conv kernels)
+_ALWAYS_F32 = re.compile(r"^blk\.\d+\.(ffn_gate_inp|ffn_gate_inp_shexp|ssm_conv1d)\.weight$")
+
+
+def tensor_type(name: str, shape: Sequence[int], outtype: str) -> str:
+    """The ggml type a tensor gets for ``--outtype``: F32 for 1-D tensors, ``*_norm.weight``, routers,
+    conv kernels and non-``.weight`` tensors (llama.cpp's converter rules); otherwise the outtype's type,
+    demoted as llama.cpp's quantizer does when the row length is not a multiple of the block size (then
+    F16 if even that does not fit). ``shape`` is numpy order (the row is the last dim)."""
+    if len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+        return "F32"
+    if _ALWAYS_F32.match(name):
+        return "F32"
+    qtype = OUTTYPES[outtype][0]
+    row = int(shape[-1])
+    block = quant.type_size(qtype)[0]
+    if row % block:
+        qtype = _FALLBACK.get(qtype, qtype)
+        if row % quant.type_size(qtype)[0]:
+            qtype = "F16"
+    return qtype
+
+
+def _nbytes(shape: Sequence[int], qtype: str) -> int:
+    block, size = quant.type_size(qtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    return n // block * size
+
+
+def _encode(arr: np.ndarray, qtype: str) -> np.ndarray:
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.isfinite(arr).all():
+        raise ModelFormatError("checkpoint: a tensor holds inf or NaN values")
+    return arr if qtype == "F32" else quant.quantize(arr, qtype)
+
+
+def _add_kv(writer: gguf.GGUFWriter, items: Sequence[tuple[str, Any, gguf.GGUFValueType]]) -> None:
+    for key, value, vtype in items:
+        if isinstance(value, list):
+            writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=vtype)
+        else:
+            writer.add_key_value(key, value, vtype)
+
+
+def _write_chunked(writer: gguf.GGUFWriter, name: str, chunks: Any, qtype: str) -> None:
+    """write_tensor_data for a tensor that arrives in row blocks (the PLE table)."""
+    fout = writer.fout[0]
+    info = writer.tensors[0].pop(name)
+    writer.write_padding(fout, fout.tell())
+    written = 0
+    for chunk in chunks:
+        data = _encode(chunk, qtype)
+        data.tofile(fout)
+        written += data.nbytes
+    if written != info.nbytes:
+        raise RegolithError(f"{name}: wrote {written} bytes, expected {info.nbytes}")
+    writer.write_padding(fout, written)
+    writer.state = gguf.WriterState.WEIGHTS
+
+
+def convert(
+    hf_dir: str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    outtype: str = "f16",
+    *,
+    tokenizer_pre: str | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Path:
+    """Convert a qwen4_exp Hugging Face directory to a GGUF file in llama.cpp's qwen4exp layout.
+
+    Everything is validated (config, tensor names and shapes, tokenizer) before the output is created; the
+    file is written to a temporary file beside ``out_path``, fsynced and renamed, so an error or an
+    interrupt leaves no partial output. ``progress(name, index, count)`` is called after each tensor.
+    Raises ModelFormatError for an unsupported architecture or a malformed checkpoint.
+    """
+    if outtype not in OUTTYPES:
+        raise RegolithError(f"unknown outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
+    out_path = Path(out_path)
+    ckpt = Checkpoint(hf_dir)
+    cfg = qwen4exp.text_config(ckpt.config)
+    sources = qwen4exp.collect_sources(ckpt.tensors())
+    plan = qwen4exp.tensor_plan(ckpt.config, sources)
+    file_type = OUTTYPES[outtype][1]
+    arch_md = qwen4exp.gguf_metadata(
+        ckpt.config, file_type=int(file_type), ple_constants=qwen4exp.ple_constants_from(sources)
+    )
+    tok_md = gpt2_tokenizer_metadata(ckpt.path, cfg["vocab_size"], pre=tokenizer_pre)
+
+    writer = gguf.GGUFWriter(path=None, arch=qwen4exp.ARCH)
+    types = []
+    for name, shape, _ in plan:
+        qtype = tensor_type(name, shape, outtype)
+        types.append(qtype)
+        writer.add_tensor_info(
+            name,
+            shape,
+            np.dtype(np.float32),
+            _nbytes(shape, qtype),
+            raw_dtype=gguf.GGMLQuantizationType[qtype],
+        )
+    writer.add_type(gguf.GGUFType.MODEL)
+    total, shared, expert, n_expert = writer.get_total_parameter_count()
+    meta = gguf.Metadata.load(None, ckpt.path, None, total)
+    if meta.name is None:
+        meta.name = ckpt.path.name
+    if meta.size_label is None and total > 0:
+        meta.size_label = gguf.size_label(total, shared, expert, n_expert)
+    meta.set_gguf_meta_model(writer)
+    _add_kv(writer, arch_md)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if tok_md:
+        _add_kv(writer, tok_md)
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        writer.write_header_to_file(path=Path(tmp))
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for i, ((name, _shape, build), qtype) in enumerate(zip(plan, types, strict=True)):
+            data = build()
+            if isinstance(data, qwen4exp.PleTable):
+                _write_chunked(writer, name, data.chunks(), qtype)
+            else:
+                writer.write_tensor_data(_encode(data, qtype))
+            del data
+            if progress is not None:
+                progress(name, i, len(plan))
+        writer.flush()
+        os.fsync(writer.fout[0].fileno())
+        writer.close()
+        os.replace(tmp, out_path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            writer.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(out_path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return out_path
