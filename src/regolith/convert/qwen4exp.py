@@ -184,8 +184,9 @@ def _ple_layers(cfg: Mapping[str, Any]) -> list[int]:
 
 def _ple_eos(cfg: Mapping[str, Any]) -> int:
     eos = cfg["eos_token_id"]
-    # llama.cpp writes the *last* id of a list; transformers' PLE hash uses the first (see docs/qwen4exp.md)
-    return int(eos[-1]) if isinstance(eos, list) else int(eos)
+    # transformers' PLE hash resets on the *first* id of a list; llama.cpp's converter writes the last, which
+    # hashes differently from the reference (see docs/qwen4exp.md), so regolith writes the first
+    return int(eos[0]) if isinstance(eos, list) else int(eos)
 
 
 def _is_prime(v: int) -> bool:
@@ -306,6 +307,7 @@ def gguf_metadata(
         (p + "attention.indexer.top_k", cfg["indexer_budget"], u32),
         (p + "attention.compress_ratios", [ratio if t in _ATTENTION else 0 for t in cfg["layer_types"]], i32),
     ]
+    md += _regolith_extensions(cfg)
     ple = _ple_layers(cfg)
     if not ple:
         return md
@@ -326,6 +328,22 @@ def gguf_metadata(
         (p + "ple.head_vocab_sizes", [int(v) for v in consts["head_vocab_sizes"]], u64),
     ]
     return md
+
+
+# Keys regolith writes beyond llama.cpp's: facts of the checkpoint that llama.cpp's qwen4exp graph hard-codes
+# (it always uses a sigmoid GDN output gate and renormalises the top-k router weights) but transformers
+# reads from the config. Files without them (llama.cpp's) get llama.cpp's behaviour.
+REGOLITH_EXTENSION_KEYS = (f"{ARCH}.ssm.gate_activation", f"{ARCH}.expert_weights_norm")
+
+
+def _regolith_extensions(cfg: Mapping[str, Any]) -> Metadata:
+    gate = cfg.get("output_gate_type") or cfg.get("hidden_act", "silu")
+    if gate not in ("sigmoid", "silu"):
+        raise ModelFormatError(f"unsupported Gated DeltaNet output gate {gate!r} (expected sigmoid or silu)")
+    return [
+        (REGOLITH_EXTENSION_KEYS[0], gate, GGUFValueType.STRING),
+        (REGOLITH_EXTENSION_KEYS[1], bool(cfg.get("norm_topk_prob", True)), GGUFValueType.BOOL),
+    ]
 
 
 def _ple_row_dim(cfg: Mapping[str, Any]) -> int:
