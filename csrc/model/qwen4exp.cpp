@@ -109,7 +109,7 @@ void Qwen4ExpWindow::reset() {
     }
 }
 
-void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits) {
+void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
     const Qwen4ExpConfig& c = model_.config_;
     Backend& be = model_.backend_;
     if (n <= 0) return;
@@ -150,8 +150,10 @@ void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits) {
         l.moe.forward(be, mixed.data(), n, out.data());
         l.ffn_hc.write(out.data(), inject.data(), n, streams.data());
     }
-    model_.out_hc_.read(be, streams.data(), n, mixed.data(), nullptr);
-    be.matmul(model_.output_, mixed.data(), n, logits);
+    // The LM head runs on the rows whose logits are wanted: every token, or the last (prefill for generation).
+    const int64_t first = all_logits ? 0 : n - 1;
+    model_.out_hc_.read(be, streams.data() + first * width, n - first, mixed.data(), nullptr);
+    be.matmul(model_.output_, mixed.data(), n - first, logits);
     n_past_ += n;
 }
 

@@ -80,9 +80,9 @@ public:
     int64_t n_past() const { return n_past_; }
     int64_t max_ctx() const { return max_ctx_; }
     void reset();
-    // tokens: [n] ids < vocab; logits: [n][vocab]. Throws std::out_of_range-style regolith::Error on bad ids
-    // or when the context would overflow (the state is then unchanged).
-    void eval(const int32_t* tokens, int64_t n, float* logits);
+    // tokens: [n] ids < vocab; logits: [n][vocab], or [1][vocab] for the last token when !all_logits.
+    // Throws regolith::Error on bad ids or when the context would overflow (the state is then unchanged).
+    void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits = true);
 
 private:
     const Qwen4ExpModel& model_;

@@ -38,15 +38,16 @@ nb::dict config_dict(const Qwen4ExpModel& m) {
     return d;
 }
 
-Logits eval(Qwen4ExpWindow& w, Tokens tokens, int64_t vocab) {
+Logits eval(Qwen4ExpWindow& w, Tokens tokens, int64_t vocab, bool all_logits) {
     const int64_t n = int64_t(tokens.shape(0));
-    auto* out = new float[size_t(std::max<int64_t>(n, 1) * vocab)];
+    const int64_t rows = all_logits ? n : std::min<int64_t>(n, 1);
+    auto* out = new float[size_t(std::max<int64_t>(rows, 1) * vocab)];
     nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
     {
         nb::gil_scoped_release release;
-        w.eval(tokens.data(), n, out);
+        w.eval(tokens.data(), n, out, all_logits);
     }
-    return Logits(out, {size_t(n), size_t(vocab)}, owner);
+    return Logits(out, {size_t(rows), size_t(vocab)}, owner);
 }
 
 using F32Rows = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
@@ -119,7 +120,7 @@ void init_model(nb::module_& m) {
         .def_prop_ro("n_past", &Qwen4ExpWindow::n_past)
         .def_prop_ro("max_ctx", &Qwen4ExpWindow::max_ctx)
         .def("reset", &Qwen4ExpWindow::reset)
-        .def("eval", &eval, nb::arg("tokens"), nb::arg("vocab"));
+        .def("eval", &eval, nb::arg("tokens"), nb::arg("vocab"), nb::arg("all_logits") = true);
     nb::class_<Qwen4ExpModel>(m, "Qwen4ExpModel")
         .def("__init__",
              [](Qwen4ExpModel* self, const std::string& path) {

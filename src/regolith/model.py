@@ -42,8 +42,10 @@ class Window:
         """Forget every token: back to the state of a new window."""
         self._w.reset()
 
-    def eval(self, tokens) -> np.ndarray:
-        """Evaluate ``tokens`` after those already seen; returns float32 logits of shape (len(tokens), n_vocab).
+    def eval(self, tokens, *, all_logits: bool = True) -> np.ndarray:
+        """Evaluate ``tokens`` after those already seen; returns float32 logits of shape (len(tokens), n_vocab),
+        or (1, n_vocab) for the last token only when ``all_logits`` is False (what generation needs after a
+        prompt; it skips the LM head for the other rows).
 
         Raises ValueError for token ids outside the vocabulary and RegolithError when the window's
         context would overflow (the window is then unchanged).
@@ -57,7 +59,7 @@ class Window:
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
             bad = int(ids[(ids < 0) | (ids >= vocab)][0])
             raise ValueError(f"token id {bad} is out of range for a vocabulary of {vocab}")
-        return self._w.eval(np.ascontiguousarray(ids, dtype=np.int32), vocab)
+        return self._w.eval(np.ascontiguousarray(ids, dtype=np.int32), vocab, all_logits)
 
 
 class Model:

@@ -106,3 +106,10 @@ def test_unsupported_architecture_and_missing_tensor(tmp_path):
     other = write_sample(tmp_path / "llama.gguf", [], [("w", np.zeros((2, 32), np.float32), None)])
     with pytest.raises(ModelFormatError, match="not supported"):
         regolith.Model.load(other)
+
+
+def test_last_logits_only(case):
+    model, ids, ref = case
+    last = model.window(64).eval(ids, all_logits=False)
+    assert last.shape == (1, ref.shape[1])
+    _check(last, ref[-1:])
