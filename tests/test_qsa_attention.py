@@ -260,7 +260,9 @@ def test_qsa_missing_tensor_is_a_model_format_error(setup, tmp_path):
     _c, model, _x, _y, path = setup
     broken = tmp_path / "broken.gguf"
     _write_gguf(model, broken, drop="indexer.k_norm.weight")
-    with pytest.raises(ModelFormatError, match=rf"blk\.{LAYER}\.indexer\.k_norm\.weight is missing"):
+    with pytest.raises(
+        ModelFormatError, match=rf"QSA layer {LAYER}: missing tensor 'blk\.{LAYER}\.indexer\.k_norm\.weight'"
+    ):
         _core.QsaAttentionLayer(str(broken), LAYER)
     with pytest.raises(ModelFormatError, match="not a QSA"):
         _core.QsaAttentionLayer(str(path), 0)  # the GDN layer

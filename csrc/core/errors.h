@@ -26,4 +26,15 @@ struct ModelFormatError : Error {
     using Error::Error;
 };
 
+// Returns f(); a ModelFormatError it throws is rethrown with `context` (e.g. "PLE: ") before its message, so
+// the shared readers' messages ("missing tensor 'blk.3.attn_q.weight'") also say which loader failed.
+template <class F>
+decltype(auto) with_context(const std::string& context, F&& f) {
+    try {
+        return f();
+    } catch (const ModelFormatError& e) {
+        throw ModelFormatError(context + e.what());
+    }
+}
+
 }  // namespace regolith

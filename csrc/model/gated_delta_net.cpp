@@ -6,25 +6,17 @@
 
 #include "core/errors.h"
 #include "core/thread_pool.h"
+#include "model/nn.h"
 
 namespace regolith {
 
 namespace {
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
+using nn::dot;
+using nn::sigmoid;
+using nn::silu;
 
-// 8 partial sums, so the compiler can vectorise without reassociating (-ffp-contract=off, no fast-math).
-float dot(const float* a, const float* b, int64_t n) {
-    float p[8] = {};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; ++l) p[l] += a[i + l] * b[i + l];
-    float s = ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
-    for (; i < n; ++i) s += a[i] * b[i];
-    return s;
-}
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
 
 // y[j] += a * x[j]
 void axpy(float a, const float* x, float* y, int64_t n) {
@@ -215,7 +207,8 @@ void GatedDeltaNet::forward(const float* x, int64_t ntok, GdnState& state, float
         }
     });
 
-    // Gated RMSNorm per (token, head): rms_norm(o) * norm * act(z).
+    // Gated RMSNorm per (token, head): rms_norm(o) * norm * act(z). Not nn::rms_norm: FLA's order is
+    // norm * (o * inv) with the float32 sum of squares, kept as the layer was validated against it.
     for (int64_t r = 0; r < ntok * nv; ++r) {
         float* o = &core[r * dv];
         const float* zr = &z[r * dv];

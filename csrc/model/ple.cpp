@@ -7,13 +7,13 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <string_view>
-#include <variant>
 
 #include "core/dequant.h"
 #include "core/errors.h"
 #include "core/gguf.h"
-#include "core/types.h"
+#include "model/metadata.h"
+#include "model/nn.h"
+#include "model/weights.h"
 
 namespace regolith {
 
@@ -90,232 +90,99 @@ void PleTable::read_row(int64_t row, float* dst) {
 
 // ---- loading ---------------------------------------------------------------------------------------
 
-namespace {
-
-class Reader {
-  public:
-    Reader(const GgufFile& f, std::string arch) : f_(f), arch_(std::move(arch)) {}
-
-    const GgufValue& value(const std::string& suffix) const {
-        const std::string key = arch_ + "." + suffix;
-        const GgufValue* v = f_.find(key);
-        if (!v) throw ModelFormatError("PLE: metadata key '" + key + "' is missing");
-        return *v;
-    }
-
-    int64_t integer(const std::string& suffix) const {
-        const GgufValue& v = value(suffix);
-        return std::visit(
-            [&](const auto& x) -> int64_t {
-                using T = std::decay_t<decltype(x)>;
-                if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-                    if constexpr (std::is_same_v<T, uint64_t>)
-                        if (x > uint64_t(INT64_MAX)) bad(suffix, "does not fit int64");
-                    return int64_t(x);
-                } else {
-                    bad(suffix, "is not an integer");
-                    return 0;
-                }
-            },
-            static_cast<const GgufVariant&>(v));
-    }
-
-    double real(const std::string& suffix) const {
-        const GgufValue& v = value(suffix);
-        if (const auto* f = std::get_if<float>(&v)) return *f;
-        if (const auto* d = std::get_if<double>(&v)) return *d;
-        bad(suffix, "is not a float");
-        return 0;
-    }
-
-    // An integer array of any integer element type (the hash constants are written as uint64).
-    std::vector<int64_t> integers(const std::string& suffix) const {
-        const auto* a = std::get_if<GgufArray>(&value(suffix));
-        if (!a || !a->data) bad(suffix, "is not an integer array");
-        std::vector<int64_t> out(size_t(a->size));
-        for (uint64_t i = 0; i < a->size; ++i) {
-            const uint8_t* p = a->data;
-            switch (a->type) {
-                case GgufValueType::UINT8:
-                    out[i] = p[i];
-                    break;
-                case GgufValueType::INT8:
-                    out[i] = int8_t(p[i]);
-                    break;
-                case GgufValueType::UINT16:
-                    out[i] = load<uint16_t>(p, i);
-                    break;
-                case GgufValueType::INT16:
-                    out[i] = load<int16_t>(p, i);
-                    break;
-                case GgufValueType::UINT32:
-                    out[i] = load<uint32_t>(p, i);
-                    break;
-                case GgufValueType::INT32:
-                    out[i] = load<int32_t>(p, i);
-                    break;
-                case GgufValueType::INT64:
-                    out[i] = load<int64_t>(p, i);
-                    break;
-                case GgufValueType::UINT64: {
-                    const uint64_t x = load<uint64_t>(p, i);
-                    if (x > uint64_t(INT64_MAX)) bad(suffix, "has an element that does not fit int64");
-                    out[i] = int64_t(x);
-                    break;
-                }
-                default:
-                    bad(suffix, "is not an integer array");
-            }
-        }
-        return out;
-    }
-
-    const GgufTensor& tensor(const std::string& name) const {
-        const GgufTensor* t = f_.find_tensor(name);
-        if (!t) throw ModelFormatError("PLE: tensor '" + name + "' is missing");
-        return *t;
-    }
-
-    [[noreturn]] void bad(const std::string& suffix, const std::string& what) const {
-        throw ModelFormatError("PLE: metadata key '" + arch_ + "." + suffix + "' " + what);
-    }
-
-  private:
-    template <class T>
-    static T load(const uint8_t* p, uint64_t i) {
-        T v;
-        std::memcpy(&v, p + i * sizeof(T), sizeof(T));
-        return v;
-    }
-
-    const GgufFile& f_;
-    std::string arch_;
-};
-
-std::string dims(const GgufTensor& t) {
-    std::string s = "[";
-    for (uint32_t d = 0; d < t.n_dims; ++d) s += (d ? ", " : "") + std::to_string(t.ne[d]);
-    return s + "]";
-}
-
-void expect_shape(const GgufTensor& t, int64_t ne0, int64_t ne1) {
-    if (int64_t(t.ne[0]) != ne0 || int64_t(t.n_elements) != ne0 * ne1)
-        throw ModelFormatError("PLE: tensor '" + std::string(t.name) + "' has shape " + dims(t) +
-                               ", expected [" + std::to_string(ne0) + ", " + std::to_string(ne1) + "]");
-}
-
-WeightView matrix(const GgufTensor& t, int64_t cols, int64_t rows) {
-    expect_shape(t, cols, rows);
-    const TypeTraits* tt = type_traits(t.type);
-    if (!tt || !tt->supported || cols % tt->block_elems != 0)
-        throw ModelFormatError("PLE: tensor '" + std::string(t.name) +
-                               "' has a type regolith cannot multiply with");
-    return {t.type, nullptr, rows, cols, int64_t(t.row_bytes)};
-}
-
-}  // namespace
-
 PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer) {
-    const auto* arch = file.find("general.architecture");
-    const auto* arch_name = arch ? std::get_if<std::string_view>(arch) : nullptr;
-    if (!arch_name || *arch_name != "qwen4exp")
-        throw ModelFormatError("PLE: general.architecture must be 'qwen4exp'");
-    Reader r(file, "qwen4exp");
+    with_context("PLE: ", [&] {
+        const std::string arch = meta::get_string(file, "general.architecture").value_or("");
+        if (arch != "qwen4exp") throw ModelFormatError("general.architecture must be 'qwen4exp'");
+        auto key = [](const std::string& suffix) { return "qwen4exp." + suffix; };
+        auto bad = [&](const std::string& suffix, const std::string& what) {
+            throw ModelFormatError("metadata key '" + key(suffix) + "' " + what);
+        };
+        auto integers = [&](const std::string& suffix) {
+            auto v = meta::get_int_array(file, key(suffix));
+            if (!v) throw ModelFormatError("missing metadata key '" + key(suffix) + "'");
+            return *v;
+        };
 
-    const std::vector<int64_t> layers = r.integers("ple.layers");
-    if (std::find(layers.begin(), layers.end(), layer) == layers.end())
-        throw ModelFormatError("PLE: layer " + std::to_string(layer) + " has no PLE (qwen4exp.ple.layers)");
-    // The format holds one table and one set of hash constants, so one PLE layer (as llama.cpp requires).
-    if (layers.size() != 1)
-        throw ModelFormatError("PLE: qwen4exp.ple.layers lists " + std::to_string(layers.size()) +
-                               " layers; the GGUF format holds the hash constants of one");
+        const std::vector<int64_t> layers = integers("ple.layers");
+        if (std::find(layers.begin(), layers.end(), layer) == layers.end())
+            throw ModelFormatError("layer " + std::to_string(layer) + " has no PLE (qwen4exp.ple.layers)");
+        // The format holds one table and one set of hash constants, so one PLE layer (as llama.cpp requires).
+        if (layers.size() != 1)
+            throw ModelFormatError("qwen4exp.ple.layers lists " + std::to_string(layers.size()) +
+                                   " layers; the GGUF format holds the hash constants of one");
 
-    hash_.ngram_size = r.integer("ple.ngram_size");
-    hash_.heads_per_ngram = r.integer("ple.heads_per_ngram");
-    hash_.eos_token_id = r.integer("ple.eos_token_id");
-    if (hash_.ngram_size < 2 || hash_.ngram_size > 64) r.bad("ple.ngram_size", "must be in [2, 64]");
-    if (hash_.heads_per_ngram < 1 || hash_.heads_per_ngram > 4096)
-        r.bad("ple.heads_per_ngram", "must be in [1, 4096]");
-    const int64_t heads = hash_.n_heads();
-    hash_.multipliers = r.integers("ple.layer_multipliers");
-    hash_.head_offsets = r.integers("ple.head_offsets");
-    hash_.head_vocab_sizes = r.integers("ple.head_vocab_sizes");
-    if (int64_t(hash_.multipliers.size()) != hash_.ngram_size)
-        r.bad("ple.layer_multipliers",
-              "must have ngram_size = " + std::to_string(hash_.ngram_size) + " elements");
-    if (int64_t(hash_.head_offsets.size()) != heads)
-        r.bad("ple.head_offsets",
-              "must have (ngram_size-1)*heads_per_ngram = " + std::to_string(heads) + " elements");
-    if (int64_t(hash_.head_vocab_sizes.size()) != heads)
-        r.bad("ple.head_vocab_sizes", "must have " + std::to_string(heads) + " elements");
+        hash_.ngram_size = meta::require_int(file, key("ple.ngram_size"));
+        hash_.heads_per_ngram = meta::require_int(file, key("ple.heads_per_ngram"));
+        hash_.eos_token_id = meta::require_int(file, key("ple.eos_token_id"));
+        if (hash_.ngram_size < 2 || hash_.ngram_size > 64) bad("ple.ngram_size", "must be in [2, 64]");
+        if (hash_.heads_per_ngram < 1 || hash_.heads_per_ngram > 4096)
+            bad("ple.heads_per_ngram", "must be in [1, 4096]");
+        const int64_t heads = hash_.n_heads();
+        // The multipliers are written as uint64; every one is below 2^63, and a larger one is an error.
+        hash_.multipliers = integers("ple.layer_multipliers");
+        hash_.head_offsets = integers("ple.head_offsets");
+        hash_.head_vocab_sizes = integers("ple.head_vocab_sizes");
+        if (int64_t(hash_.multipliers.size()) != hash_.ngram_size)
+            bad("ple.layer_multipliers", "must have ngram_size = " + std::to_string(hash_.ngram_size) + " elements");
+        if (int64_t(hash_.head_offsets.size()) != heads)
+            bad("ple.head_offsets",
+                "must have (ngram_size-1)*heads_per_ngram = " + std::to_string(heads) + " elements");
+        if (int64_t(hash_.head_vocab_sizes.size()) != heads)
+            bad("ple.head_vocab_sizes", "must have " + std::to_string(heads) + " elements");
 
-    shape_.hidden = r.integer("embedding_length");
-    shape_.hc = r.integer("hyper_connection.count");
-    shape_.conv_kernel = r.integer("ple.conv_kernel");
-    shape_.eps = float(r.real("attention.layer_norm_rms_epsilon"));
-    if (shape_.hidden < 1 || shape_.hc < 1 || shape_.conv_kernel < 1)
-        throw ModelFormatError(
-            "PLE: embedding_length, hyper_connection.count and ple.conv_kernel must be positive");
+        shape_.hidden = meta::require_int(file, key("embedding_length"));
+        shape_.hc = meta::require_int(file, key("hyper_connection.count"));
+        shape_.conv_kernel = meta::require_int(file, key("ple.conv_kernel"));
+        shape_.eps = meta::require_float(file, key("attention.layer_norm_rms_epsilon"));
+        if (shape_.hidden < 1 || shape_.hc < 1 || shape_.conv_kernel < 1)
+            throw ModelFormatError("embedding_length, hyper_connection.count and ple.conv_kernel must be positive");
 
-    const GgufTensor& tab = r.tensor("per_layer_token_embd.weight");
-    shape_.head_dim = int64_t(tab.ne[0]);
-    const int64_t table_rows = int64_t(tab.n_elements) / std::max<int64_t>(shape_.head_dim, 1);
-    if (tab.n_dims != 2)
-        throw ModelFormatError("PLE: tensor 'per_layer_token_embd.weight' must be 2-D, is " + dims(tab));
-    if (file.find("qwen4exp.embedding_length_per_layer_input") &&
-        r.integer("embedding_length_per_layer_input") != shape_.head_dim)
-        throw ModelFormatError("PLE: embedding_length_per_layer_input disagrees with the table row length " +
-                               std::to_string(shape_.head_dim));
-    const TypeTraits* tt = type_traits(tab.type);
-    if (!tt || !tt->supported || shape_.head_dim % tt->block_elems != 0)
-        throw ModelFormatError("PLE: the table's type cannot be decoded row by row");
-    for (int64_t h = 0; h < heads; ++h) {
-        const int64_t off = hash_.head_offsets[size_t(h)], size = hash_.head_vocab_sizes[size_t(h)];
-        if (size < 1 || off < 0 || off > table_rows - size)
-            throw ModelFormatError("PLE: head " + std::to_string(h) + " rows [" + std::to_string(off) +
-                                   ", +" + std::to_string(size) + ") do not fit the table's " +
-                                   std::to_string(table_rows) + " rows");
-    }
-    shape_.ple_dim = heads * shape_.head_dim;
-    table_ = std::make_unique<PleTable>(path, tab.offset, tab.type, table_rows, shape_.head_dim,
-                                        int64_t(tab.row_bytes));
+        // The table is read row by row from `path`; any supported type decodes whole rows (the GGUF parser
+        // checks a row is a whole number of blocks).
+        const ModelWeights wt(file);
+        const std::string table_name = "per_layer_token_embd.weight";
+        const GgufTensor* t = file.find_tensor(table_name);
+        if (t && t->n_dims != 2)
+            throw ModelFormatError("tensor '" + table_name + "' must be 2-D, is " + std::to_string(t->n_dims) + "-D");
+        shape_.head_dim = t ? int64_t(t->ne[0]) : 0;
+        const int64_t table_rows = t ? int64_t(t->ne[1]) : 0;
+        const GgufTensor& tab = wt.tensor(table_name, {shape_.head_dim, table_rows});  // present, decodable
+        if (const auto per_layer = meta::get_int(file, key("embedding_length_per_layer_input"));
+            per_layer && *per_layer != shape_.head_dim)
+            throw ModelFormatError("embedding_length_per_layer_input disagrees with the table row length " +
+                                   std::to_string(shape_.head_dim));
+        for (int64_t h = 0; h < heads; ++h) {
+            const int64_t off = hash_.head_offsets[size_t(h)], size = hash_.head_vocab_sizes[size_t(h)];
+            if (size < 1 || off < 0 || off > table_rows - size)
+                throw ModelFormatError("head " + std::to_string(h) + " rows [" + std::to_string(off) + ", +" +
+                                       std::to_string(size) + ") do not fit the table's " +
+                                       std::to_string(table_rows) + " rows");
+        }
+        shape_.ple_dim = heads * shape_.head_dim;
+        table_ = std::make_unique<PleTable>(path, tab.offset, tab.type, table_rows, shape_.head_dim,
+                                            int64_t(tab.row_bytes));
 
-    const std::string blk = "blk." + std::to_string(layer) + ".";
-    const int64_t C = shape_.channels();
-    const GgufTensor& tk = r.tensor(blk + "ple_key.weight");
-    const GgufTensor& tv = r.tensor(blk + "ple_value.weight");
-    w_.key = matrix(tk, shape_.ple_dim, C);
-    w_.key.data = file.tensor_data(tk);
-    w_.value = matrix(tv, shape_.ple_dim, shape_.hidden);
-    w_.value.data = file.tensor_data(tv);
+        const std::string blk = "blk." + std::to_string(layer) + ".";
+        const int64_t C = shape_.channels(), K = shape_.conv_kernel;
+        w_.key = wt.matrix(blk + "ple_key.weight", C, shape_.ple_dim);
+        w_.value = wt.matrix(blk + "ple_value.weight", shape_.hidden, shape_.ple_dim);
 
-    // Small vectors become f32 copies whatever their file type.
-    const char* names[4] = {"ple_norm_key.weight", "ple_norm_query.weight", "ple_norm_conv.weight",
-                            "ple_conv1d.weight"};
-    // The conv tensor's shape bounds conv_kernel by the file size before anything is sized by it.
-    expect_shape(r.tensor(blk + names[3]), shape_.conv_kernel, C);
-    vectors_.resize(size_t(C * (3 + shape_.conv_kernel)));
-    float* dst = vectors_.data();
-    const float* ptr[4];
-    for (int i = 0; i < 4; ++i) {
-        const GgufTensor& t = r.tensor(blk + names[i]);
-        const int64_t ne0 = i < 3 ? C : shape_.conv_kernel;
-        if (i < 3 && int64_t(t.n_elements) != C)  // llama.cpp also accepts [hidden, hc]
-            throw ModelFormatError("PLE: tensor '" + std::string(t.name) + "' has shape " + dims(t) +
-                                   ", expected " + std::to_string(C) + " elements");
-        if (i == 3) expect_shape(t, ne0, C);
-        const TypeTraits* vt = type_traits(t.type);
-        if (!vt || !vt->supported || int64_t(t.n_elements) % vt->block_elems != 0)
-            throw ModelFormatError("PLE: tensor '" + std::string(t.name) +
-                                   "' has a type regolith cannot decode");
-        dequantize_row(t.type, file.tensor_data(t), dst, int64_t(t.n_elements));
-        ptr[i] = dst;
-        dst += t.n_elements;
-    }
-    w_.norm_key = ptr[0];
-    w_.norm_query = ptr[1];
-    w_.norm_conv = ptr[2];
-    w_.conv = ptr[3];
+        // Small vectors become f32 copies whatever their file type. The conv tensor's shape bounds
+        // conv_kernel by the file size before anything is sized by it; the norms may be [hc * hidden] or
+        // [hidden, hc] (llama.cpp accepts both).
+        wt.tensor(blk + "ple_conv1d.weight", {K, C});
+        vectors_.resize(size_t(C * (3 + K)));
+        float* v = vectors_.data();
+        wt.to_f32(blk + "ple_norm_key.weight", C, v);
+        wt.to_f32(blk + "ple_norm_query.weight", C, v + C);
+        wt.to_f32(blk + "ple_norm_conv.weight", C, v + 2 * C);
+        wt.to_f32(blk + "ple_conv1d.weight", K * C, v + 3 * C);
+        w_.norm_key = v;
+        w_.norm_query = v + C;
+        w_.norm_conv = v + 2 * C;
+        w_.conv = v + 3 * C;
+    });
 }
 
 PleState PleLayer::new_state() const {
@@ -327,16 +194,7 @@ PleState PleLayer::new_state() const {
 
 // ---- forward ---------------------------------------------------------------------------------------
 
-namespace {
-
-// 1 / rms(x[n]) with the mean accumulated in double.
-float inv_rms(const float* x, int64_t n, float eps) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
-    return float(1.0 / std::sqrt(double(float(ss / double(n))) + double(eps)));
-}
-
-}  // namespace
+using nn::inv_rms;
 
 void PleLayer::forward(const int32_t* token_ids, const float* hidden, int64_t ntok, PleState& state,
                        float* out) {
@@ -375,11 +233,9 @@ void PleLayer::forward(const int32_t* token_ids, const float* hidden, int64_t nt
             float g = float(dot) * inv_sqrt_d;
             const float sgn = g > 0.0f ? 1.0f : (g < 0.0f ? -1.0f : 0.0f);
             g = std::sqrt(std::max(std::fabs(g), 1e-6f)) * sgn;  // signed square root
-            const float sig = 1.0f / (1.0f + std::exp(-g));
+            const float sig = nn::sigmoid(g);
             for (int64_t d = 0; d < D; ++d) gated[s * D + d] = sig * value[size_t(t * D + d)];
-            const float ig = inv_rms(gated + s * D, D, shape_.eps);
-            float* x = xs.data() + (hist + t) * C + s * D;
-            for (int64_t d = 0; d < D; ++d) x[d] = (gated[s * D + d] * ig) * w_.norm_conv[s * D + d];
+            nn::rms_norm(gated + s * D, D, w_.norm_conv + s * D, shape_.eps, xs.data() + (hist + t) * C + s * D);
         }
     }
     // Depthwise causal conv, dilation = ngram_size: tap k reads (K-1-k)*dil tokens back.
@@ -388,7 +244,7 @@ void PleLayer::forward(const int32_t* token_ids, const float* hidden, int64_t nt
             float acc = 0.0f;
             for (int64_t k = 0; k < K; ++k)
                 acc += w_.conv[c * K + k] * xs[size_t((hist + t - (K - 1 - k) * dil) * C + c)];
-            out[t * C + c] += acc / (1.0f + std::exp(-acc));  // silu
+            out[t * C + c] += nn::silu(acc);
         }
     }
 

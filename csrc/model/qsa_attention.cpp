@@ -5,31 +5,19 @@
 #include <cstring>
 #include <numeric>
 #include <string>
-#include <type_traits>
-#include <variant>
 
 #include "core/errors.h"
 #include "core/gguf.h"
 #include "core/thread_pool.h"
-#include "core/types.h"
+#include "model/metadata.h"
+#include "model/nn.h"
+#include "model/weights.h"
 
 namespace regolith {
 
 namespace {
 
-// y = x / sqrt(mean(x^2) + eps) * gamma, over n elements (transformers' operation order).
-void rms_norm(const float* x, const float* gamma, int64_t n, float eps, float* y) {
-    float ss = 0.0f;
-    for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-    const float inv = 1.0f / std::sqrt(ss / float(n) + eps);
-    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * gamma[i];
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-    return s;
-}
+using nn::dot;
 
 bool same_shape(const QsaShape& a, const QsaShape& b) {
     return a.hidden == b.hidden && a.n_head == b.n_head && a.n_head_kv == b.n_head_kv && a.head_dim == b.head_dim &&
@@ -143,16 +131,16 @@ void QsaAttention::forward(const float* x, const int64_t* positions, int64_t nto
     for (int64_t t = 0; t < ntok; ++t) {
         const int64_t i = n0 + t, pos = positions[t];
         float* qt = &q[size_t(t * H * D)];
-        for (int64_t h = 0; h < H; ++h) rms_norm(&qg[size_t((t * H + h) * 2 * D)], w_.q_norm, D, s.eps, qt + h * D);
+        for (int64_t h = 0; h < H; ++h) nn::rms_norm(&qg[size_t((t * H + h) * 2 * D)], D, w_.q_norm, s.eps, qt + h * D);
         rope_(qt, H, D, pos);
         float* kt = &st.k_[size_t(i * KV * D)];
-        for (int64_t h = 0; h < KV; ++h) rms_norm(&kx[size_t((t * KV + h) * D)], w_.k_norm, D, s.eps, kt + h * D);
+        for (int64_t h = 0; h < KV; ++h) nn::rms_norm(&kx[size_t((t * KV + h) * D)], D, w_.k_norm, s.eps, kt + h * D);
         rope_(kt, KV, D, pos);
         std::memcpy(&st.v_[size_t(i * KV * D)], &vx[size_t(t * KV * D)], sizeof(float) * size_t(KV * D));
         std::memcpy(&st.index_k_[size_t(i * ID)], &ik[size_t(t * ID)], sizeof(float) * size_t(ID));
         st.pos_[size_t(i)] = pos;
         float* iqt = &iq[size_t(t * IH * ID)];
-        for (int64_t h = 0; h < IH; ++h) rms_norm(iqt + h * ID, w_.index_q_norm, ID, s.eps, iqt + h * ID);
+        for (int64_t h = 0; h < IH; ++h) nn::rms_norm(iqt + h * ID, ID, w_.index_q_norm, s.eps, iqt + h * ID);
         rope_(iqt, IH, ID, pos);
     }
 
@@ -164,7 +152,7 @@ void QsaAttention::forward(const float* x, const int64_t* positions, int64_t nto
             for (int64_t d = 0; d < ID; ++d) mean[d] += st.index_k_[size_t(j * ID + d)];
         for (int64_t d = 0; d < ID; ++d) mean[d] /= float(r);
         float* bk = &st.block_k_[size_t(b * ID)];
-        rms_norm(mean.data(), w_.index_k_norm, ID, s.eps, bk);
+        nn::rms_norm(mean.data(), ID, w_.index_k_norm, s.eps, bk);
         rope_(bk, 1, ID, st.pos_[size_t(b * r)]);
     }
 
@@ -220,22 +208,17 @@ void QsaAttention::forward(const float* x, const int64_t* positions, int64_t nto
 
             const float* qh = &q[size_t((t * H + h) * D)];
             w.resize(idx.size());
-            float m = -INFINITY;
-            for (size_t j = 0; j < idx.size(); ++j) {
-                w[j] = dot(qh, &st.k_[size_t((idx[j] * KV + kvh) * D)], D) * scale;
-                m = std::max(m, w[j]);
-            }
-            float denom = 0.0f;
-            for (float& e : w) denom += (e = std::exp(e - m));
+            for (size_t j = 0; j < idx.size(); ++j) w[j] = dot(qh, &st.k_[size_t((idx[j] * KV + kvh) * D)], D) * scale;
+            nn::softmax(w.data(), int64_t(w.size()));
             float* out = &attn[size_t((t * H + h) * D)];
             std::fill(out, out + D, 0.0f);
             for (size_t j = 0; j < idx.size(); ++j) {
                 const float* vj = &st.v_[size_t((idx[j] * KV + kvh) * D)];
-                const float pj = w[j] / denom;
+                const float pj = w[j];
                 for (int64_t d = 0; d < D; ++d) out[d] += pj * vj[d];
             }
             const float* gate = &qg[size_t((t * H + h) * 2 * D + D)];
-            for (int64_t d = 0; d < D; ++d) out[d] *= 1.0f / (1.0f + std::exp(-gate[d]));
+            for (int64_t d = 0; d < D; ++d) out[d] *= nn::sigmoid(gate[d]);
         }
     });
     st.n_ = n1;
@@ -247,148 +230,60 @@ void QsaAttention::forward(const float* x, const int64_t* positions, int64_t nto
 
 namespace {
 
-[[noreturn]] void format_error(int64_t layer, const std::string& what) {
-    throw ModelFormatError("qwen4exp QSA layer " + std::to_string(layer) + ": " + what);
-}
-
-bool is_integer(GgufValueType t) {
-    return t == GgufValueType::UINT8 || t == GgufValueType::INT8 || t == GgufValueType::UINT16 ||
-           t == GgufValueType::INT16 || t == GgufValueType::UINT32 || t == GgufValueType::INT32 ||
-           t == GgufValueType::UINT64 || t == GgufValueType::INT64;
-}
-
-// Element i of an integer array (is_integer(a.type)).
-int64_t int_at(const GgufArray& a, uint64_t i) {
-    const uint8_t* p = a.data;
-    auto load = [&](auto tag) {
-        decltype(tag) v;
-        std::memcpy(&v, p + i * sizeof(v), sizeof(v));
-        return int64_t(v);
-    };
-    switch (a.type) {
-        case GgufValueType::UINT8: return load(uint8_t());
-        case GgufValueType::INT8: return load(int8_t());
-        case GgufValueType::UINT16: return load(uint16_t());
-        case GgufValueType::INT16: return load(int16_t());
-        case GgufValueType::UINT32: return load(uint32_t());
-        case GgufValueType::INT32: return load(int32_t());
-        case GgufValueType::UINT64: return load(uint64_t());
-        case GgufValueType::INT64: return load(int64_t());
-        default: return -1;
-    }
-}
-
-struct Meta {
-    const GgufFile& f;
-    std::string prefix;
-    int64_t layer;
-
-    const GgufValue& get(const std::string& key) const {
-        const GgufValue* v = f.find(prefix + key);
-        if (!v) format_error(layer, "metadata key " + prefix + key + " is missing");
-        return *v;
-    }
-    // An integer key; for an array, element `index` (per-layer keys such as compress_ratios).
-    int64_t integer(const std::string& key, int64_t index = -1) const {
-        const GgufValue& v = get(key);
-        if (const auto* a = std::get_if<GgufArray>(&v)) {
-            if (!is_integer(a->type)) format_error(layer, prefix + key + " must hold integers");
-            if (index < 0 || uint64_t(index) >= a->size)
-                format_error(layer, prefix + key + " has no entry for this layer");
-            return int_at(*a, uint64_t(index));
-        }
-        return std::visit(
-            [&](const auto& x) -> int64_t {
-                using T = std::decay_t<decltype(x)>;
-                if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) return int64_t(x);
-                format_error(layer, prefix + key + " must be an integer");
-            },
-            static_cast<const GgufVariant&>(v));
-    }
-    int64_t integer_or(const std::string& key, int64_t fallback) const {
-        return f.find(prefix + key) ? integer(key) : fallback;
-    }
-    float real(const std::string& key) const {
-        return std::visit(
-            [&](const auto& x) -> float {
-                using T = std::decay_t<decltype(x)>;
-                if constexpr (std::is_floating_point_v<T>) return float(x);
-                format_error(layer, prefix + key + " must be a float");
-            },
-            static_cast<const GgufVariant&>(get(key)));
-    }
-};
+std::string context(int64_t layer) { return "qwen4exp QSA layer " + std::to_string(layer) + ": "; }
 
 }  // namespace
 
 QsaShape qsa_shape_from_gguf(const GgufFile& file, int64_t layer) {
-    const GgufValue* arch = file.find("general.architecture");
-    const auto* name = arch ? std::get_if<std::string_view>(arch) : nullptr;
-    if (!name || *name != "qwen4exp")
-        format_error(layer, "general.architecture must be \"qwen4exp\", got \"" +
-                                (name ? std::string(*name) : std::string("<missing>")) + "\"");
-    const Meta m{file, "qwen4exp.", layer};
-    const int64_t n_layer = m.integer("block_count");
-    if (layer < 0 || layer >= n_layer)
-        format_error(layer, "no such layer, the model has " + std::to_string(n_layer));
+    return with_context(context(layer), [&] {
+        const std::string arch = meta::get_string(file, "general.architecture").value_or("<missing>");
+        if (arch != "qwen4exp")
+            throw ModelFormatError("general.architecture must be \"qwen4exp\", got \"" + arch + "\"");
+        auto key = [](const char* suffix) { return std::string("qwen4exp.") + suffix; };
+        const int64_t n_layer = meta::require_int(file, key("block_count"));
+        if (layer < 0 || layer >= n_layer)
+            throw ModelFormatError("no such layer, the model has " + std::to_string(n_layer));
 
-    QsaShape s;
-    s.hidden = m.integer("embedding_length");
-    s.n_head = m.integer("attention.head_count");
-    s.n_head_kv = m.integer("attention.head_count_kv");
-    s.head_dim = m.integer("attention.key_length");
-    if (m.integer("attention.value_length") != s.head_dim)
-        format_error(layer, "attention.value_length must equal attention.key_length");
-    s.n_rot = m.integer_or("rope.dimension_count", s.head_dim);
-    s.rope_base = m.real("rope.freq_base");
-    s.eps = m.real("attention.layer_norm_rms_epsilon");
-    s.index_n_head = m.integer("attention.indexer.head_count");
-    s.index_head_dim = m.integer("attention.indexer.key_length");
-    s.index_budget = m.integer("attention.indexer.top_k");
-    s.compress_ratio = m.integer("attention.compress_ratios", layer);
-    if (s.compress_ratio <= 0)
-        format_error(layer, "attention.compress_ratios is " + std::to_string(s.compress_ratio) +
-                                " for this layer: it is not a QSA (full attention) layer");
-    return s;
+        QsaShape s;
+        s.hidden = meta::require_int(file, key("embedding_length"));
+        s.n_head = meta::require_int(file, key("attention.head_count"));
+        s.n_head_kv = meta::require_int(file, key("attention.head_count_kv"));
+        s.head_dim = meta::require_int(file, key("attention.key_length"));
+        if (meta::require_int(file, key("attention.value_length")) != s.head_dim)
+            throw ModelFormatError("attention.value_length must equal attention.key_length");
+        s.n_rot = meta::get_int(file, key("rope.dimension_count")).value_or(s.head_dim);
+        s.rope_base = meta::require_float(file, key("rope.freq_base"));
+        s.eps = meta::require_float(file, key("attention.layer_norm_rms_epsilon"));
+        s.index_n_head = meta::require_int(file, key("attention.indexer.head_count"));
+        s.index_head_dim = meta::require_int(file, key("attention.indexer.key_length"));
+        s.index_budget = meta::require_int(file, key("attention.indexer.top_k"));
+        const auto ratios = meta::get_int_array(file, key("attention.compress_ratios"), n_layer);
+        if (!ratios) throw ModelFormatError("missing metadata key '" + key("attention.compress_ratios") + "'");
+        s.compress_ratio = (*ratios)[size_t(layer)];
+        if (s.compress_ratio <= 0)
+            throw ModelFormatError("attention.compress_ratios is " + std::to_string(s.compress_ratio) +
+                                   " for this layer: it is not a QSA (full attention) layer");
+        return s;
+    });
 }
 
 QsaWeights qsa_weights_from_gguf(const GgufFile& file, int64_t layer, const QsaShape& s) {
-    const std::string blk = "blk." + std::to_string(layer) + ".";
-    auto tensor = [&](const std::string& name, int64_t ne0, int64_t ne1) -> const GgufTensor& {
-        const GgufTensor* t = file.find_tensor(blk + name);
-        if (!t) format_error(layer, "tensor " + blk + name + " is missing");
-        const uint32_t want_dims = ne1 > 0 ? 2 : 1;
-        if (t->n_dims != want_dims || int64_t(t->ne[0]) != ne0 || (ne1 > 0 && int64_t(t->ne[1]) != ne1))
-            format_error(layer, "tensor " + blk + name + " must have shape [" + std::to_string(ne0) +
-                                    (ne1 > 0 ? ", " + std::to_string(ne1) : std::string()) + "] (ggml order), got [" +
-                                    std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) + "]");
-        return *t;
-    };
-    auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
-        const GgufTensor& t = tensor(name, cols, rows);
-        const TypeTraits* tt = type_traits(t.type);
-        if (!tt || !tt->supported)
-            format_error(layer, "tensor " + blk + name + " has a type regolith cannot compute with (id " +
-                                    std::to_string(t.type) + ")");
-        return WeightView{t.type, file.tensor_data(t), rows, cols, int64_t(t.row_bytes)};
-    };
-    auto norm = [&](const std::string& name, int64_t n) {
-        const GgufTensor& t = tensor(name, n, 0);
-        if (t.type != 0) format_error(layer, "tensor " + blk + name + " must be F32");
-        return reinterpret_cast<const float*>(file.tensor_data(t));
-    };
-    QsaWeights w;
-    w.q = matrix("attn_q.weight", s.hidden, s.n_head * 2 * s.head_dim);
-    w.k = matrix("attn_k.weight", s.hidden, s.n_head_kv * s.head_dim);
-    w.v = matrix("attn_v.weight", s.hidden, s.n_head_kv * s.head_dim);
-    w.o = matrix("attn_output.weight", s.n_head * s.head_dim, s.hidden);
-    w.q_norm = norm("attn_q_norm.weight", s.head_dim);
-    w.k_norm = norm("attn_k_norm.weight", s.head_dim);
-    w.index_q = matrix("indexer.q_proj.weight", s.hidden, s.index_n_head * s.index_head_dim);
-    w.index_k = matrix("indexer.k_proj.weight", s.hidden, s.index_head_dim);
-    w.index_q_norm = norm("indexer.q_norm.weight", s.index_head_dim);
-    w.index_k_norm = norm("indexer.k_norm.weight", s.index_head_dim);
-    return w;
+    return with_context(context(layer), [&] {
+        const ModelWeights wt(file);
+        const std::string blk = "blk." + std::to_string(layer) + ".";
+        QsaWeights w;
+        w.q = wt.matrix(blk + "attn_q.weight", s.n_head * 2 * s.head_dim, s.hidden);
+        w.k = wt.matrix(blk + "attn_k.weight", s.n_head_kv * s.head_dim, s.hidden);
+        w.v = wt.matrix(blk + "attn_v.weight", s.n_head_kv * s.head_dim, s.hidden);
+        w.o = wt.matrix(blk + "attn_output.weight", s.hidden, s.n_head * s.head_dim);
+        w.q_norm = wt.f32_vector(blk + "attn_q_norm.weight", s.head_dim);
+        w.k_norm = wt.f32_vector(blk + "attn_k_norm.weight", s.head_dim);
+        w.index_q = wt.matrix(blk + "indexer.q_proj.weight", s.index_n_head * s.index_head_dim, s.hidden);
+        w.index_k = wt.matrix(blk + "indexer.k_proj.weight", s.index_head_dim, s.hidden);
+        w.index_q_norm = wt.f32_vector(blk + "indexer.q_norm.weight", s.index_head_dim);
+        w.index_k_norm = wt.f32_vector(blk + "indexer.k_norm.weight", s.index_head_dim);
+        return w;
+    });
 }
 
 }  // namespace regolith

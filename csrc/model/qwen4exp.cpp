@@ -30,7 +30,7 @@ Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
         throw ModelFormatError("qwen4exp: block_count, embedding_length, hyper_connection.* must be positive "
                                "(and hyper_connection.count > 1)");
     // Linear attention everywhere except every full_attention_interval-th layer, unless listed explicitly.
-    if (auto rec = meta::get_int_array(f, key("attention.recurrent_layers"), c.n_layer)) {
+    if (auto rec = meta::get_int_array(f, key("attention.recurrent_layers"), c.n_layer, /*allow_bool=*/true)) {
         for (int64_t v : *rec) c.recurrent.push_back(v != 0);
     } else {
         const int64_t interval = meta::get_int(f, key("full_attention_interval")).value_or(4);

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include "core/dequant.h"
 #include "core/errors.h"
 #include "core/types.h"
 
@@ -28,10 +29,23 @@ const GgufTensor& ModelWeights::get(const std::string& name) const {
     return *t;
 }
 
-WeightView ModelWeights::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+const GgufTensor& ModelWeights::tensor(const std::string& name, std::initializer_list<int64_t> ne) const {
     const GgufTensor& t = get(name);
-    if (t.n_dims > 2 || int64_t(t.ne[0]) != cols || int64_t(t.ne[1]) != rows)
-        bad_shape(name, t, "[" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
+    bool ok = t.n_dims <= ne.size();
+    size_t d = 0;
+    for (int64_t n : ne) ok = ok && int64_t(t.ne[d++]) == n;
+    for (; d < 4; ++d) ok = ok && t.ne[d] == 1;
+    if (!ok) {
+        std::string want = "[";
+        d = 0;
+        for (int64_t n : ne) want += (d++ ? ", " : "") + std::to_string(n);
+        bad_shape(name, t, want + "]");
+    }
+    return t;
+}
+
+WeightView ModelWeights::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+    const GgufTensor& t = tensor(name, {cols, rows});
     return {t.type, file_.tensor_data(t), rows, cols, int64_t(t.row_bytes)};
 }
 
@@ -48,6 +62,35 @@ const float* ModelWeights::f32(const std::string& name, int64_t n) const {
     if (t.type != RG_TYPE_F32) throw ModelFormatError("tensor '" + name + "' must be F32");
     if (int64_t(t.n_elements) != n) bad_shape(name, t, std::to_string(n) + " elements");
     return reinterpret_cast<const float*>(file_.tensor_data(t));
+}
+
+const float* ModelWeights::f32_vector(const std::string& name, int64_t n) const {
+    const GgufTensor& t = tensor(name, {n});
+    if (t.type != RG_TYPE_F32) throw ModelFormatError("tensor '" + name + "' must be F32");
+    return reinterpret_cast<const float*>(file_.tensor_data(t));
+}
+
+void ModelWeights::convert(const std::string& name, const GgufTensor& t, float* dst) const {
+    try {
+        dequantize_row(t.type, file_.tensor_data(t), dst, int64_t(t.n_elements));
+    } catch (const Error& e) {
+        throw ModelFormatError("tensor '" + name + "': " + e.what());
+    }
+}
+
+const float* ModelWeights::f32_or_convert(const std::string& name, std::initializer_list<int64_t> ne,
+                                          std::vector<std::vector<float>>& owned) const {
+    const GgufTensor& t = tensor(name, ne);
+    if (t.type == RG_TYPE_F32) return reinterpret_cast<const float*>(file_.tensor_data(t));
+    std::vector<float>& v = owned.emplace_back(size_t(t.n_elements));
+    convert(name, t, v.data());
+    return v.data();
+}
+
+void ModelWeights::to_f32(const std::string& name, int64_t n, float* dst) const {
+    const GgufTensor& t = get(name);
+    if (int64_t(t.n_elements) != n) bad_shape(name, t, std::to_string(n) + " elements");
+    convert(name, t, dst);
 }
 
 }  // namespace regolith

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "bindings.h"
+#include "numpy_out.h"
 #include "core/dequant.h"
 #include "core/types.h"
 
@@ -23,13 +24,13 @@ Floats dequantize(uint32_t type_id, Bytes data, int64_t n) {
         throw nb::value_error((std::string(t->name) + ": " + std::to_string(n) + " elements need " +
                                std::to_string(want) + " bytes, got " + std::to_string(data.shape(0)))
                                   .c_str());
-    float* out = new float[size_t(n > 0 ? n : 1)];
-    nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+    float* out;
+    Floats result = new_array({size_t(n)}, &out);
     {
         nb::gil_scoped_release release;
         regolith::dequantize_row(type_id, data.data(), out, n);  // may throw: owner frees out
     }
-    return Floats(out, {size_t(n)}, owner);
+    return result;
 }
 
 }  // namespace

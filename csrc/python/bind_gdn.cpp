@@ -6,6 +6,7 @@
 #include <string>
 
 #include "bindings.h"
+#include "numpy_out.h"
 #include "core/gguf.h"
 #include "core/ops.h"
 #include "model/gated_delta_net.h"
@@ -38,13 +39,13 @@ public:
         if (int64_t(x.shape(1)) != s.hidden)
             throw nb::value_error(("x must have shape (ntok, " + std::to_string(s.hidden) + ")").c_str());
         const int64_t ntok = int64_t(x.shape(0));
-        float* y = new float[size_t(std::max<int64_t>(ntok, 1) * s.hidden)];
-        nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+        float* y;
+        Out out = new_array({size_t(ntok), size_t(s.hidden)}, &y);
         {
             nb::gil_scoped_release release;
             net_.forward(x.data(), ntok, st.state, y);
         }
-        return Out(y, {size_t(ntok), size_t(s.hidden)}, owner);
+        return out;
     }
 
 private:

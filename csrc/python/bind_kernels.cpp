@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "numpy_out.h"
 #include "core/ops.h"
 #include "core/block_decode.h"
 #include "core/thread_pool.h"
@@ -28,14 +29,14 @@ Out matmul(uint32_t type, Weights w, int64_t cols, Acts x) {
     if (cols % t->block_elems != 0 || int64_t(w.shape(1)) != regolith::type_row_bytes(*t, cols))
         throw nb::value_error("weight rows must hold exactly cols elements of the type");
     const int64_t rows = int64_t(w.shape(0)), ntok = int64_t(x.shape(0));
-    float* y = new float[size_t(rows * ntok)];
-    nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+    float* y;
+    Out out = new_array({size_t(ntok), size_t(rows)}, &y);
     {
         nb::gil_scoped_release release;
         regolith::WeightView view{type, w.data(), rows, cols, int64_t(w.shape(1))};
         regolith::cpu_backend().matmul(view, x.data(), ntok, y);
     }
-    return Out(y, {size_t(ntok), size_t(rows)}, owner);
+    return out;
 }
 
 using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bindings.h"
+#include "numpy_out.h"
 #include "model/qwen4exp.h"
 
 namespace {
@@ -41,23 +42,19 @@ nb::dict config_dict(const Qwen4ExpModel& m) {
 Logits eval(Qwen4ExpWindow& w, Tokens tokens, int64_t vocab, bool all_logits) {
     const int64_t n = int64_t(tokens.shape(0));
     const int64_t rows = all_logits ? n : std::min<int64_t>(n, 1);
-    auto* out = new float[size_t(std::max<int64_t>(rows, 1) * vocab)];
-    nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+    float* out;
+    Logits logits = new_array({size_t(rows), size_t(vocab)}, &out);
     {
         nb::gil_scoped_release release;
         w.eval(tokens.data(), n, out, all_logits);
     }
-    return Logits(out, {size_t(rows), size_t(vocab)}, owner);
+    return logits;
 }
 
 using F32Rows = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using F32Out = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 
-F32Out new_rows(int64_t rows, int64_t cols, float** data) {
-    *data = new float[size_t(std::max<int64_t>(rows * cols, 1))];
-    nb::capsule owner(*data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
-    return F32Out(*data, {size_t(rows), size_t(cols)}, owner);
-}
+F32Out new_rows(int64_t rows, int64_t cols, float** data) { return new_array({size_t(rows), size_t(cols)}, data); }
 
 // Component handles over a GGUF, for tests against the reference layer by layer.
 struct HyperConnectionHandle {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "numpy_out.h"
 #include "core/gguf.h"
 #include "model/ple.h"
 
@@ -31,14 +32,6 @@ struct PyPleLayer {
     std::unique_ptr<GgufFile> file;
     std::unique_ptr<PleLayer> layer;
 };
-
-template <class T>
-nb::ndarray<nb::numpy, T, nb::ndim<2>> owned_2d(size_t n0, size_t n1, T** data) {
-    T* p = new T[n0 * n1 ? n0 * n1 : 1];
-    nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<T*>(q); });
-    *data = p;
-    return nb::ndarray<nb::numpy, T, nb::ndim<2>>(p, {n0, n1}, owner);
-}
 
 Rows ngram_rows(Tokens tokens, Context context, int64_t eos_token_id, std::vector<int64_t> multipliers,
                 std::vector<int64_t> head_offsets, std::vector<int64_t> head_vocab_sizes,
@@ -62,7 +55,7 @@ Rows ngram_rows(Tokens tokens, Context context, int64_t eos_token_id, std::vecto
         throw nb::value_error("context needs len(multipliers)-1 ids");
     const int64_t ntok = int64_t(tokens.shape(0));
     int64_t* rows = nullptr;
-    Rows out = owned_2d<int64_t>(size_t(ntok), size_t(heads), &rows);
+    Rows out = new_array({size_t(ntok), size_t(heads)}, &rows);
     regolith::ple_ngram_rows(p, context.data(), tokens.data(), ntok, rows);
     return out;
 }
@@ -74,7 +67,7 @@ Out forward(PyPleLayer& self, Tokens tokens, Hidden hidden, PleState& state) {
                                std::to_string(C) + ")")
                                   .c_str());
     float* out = nullptr;
-    Out result = owned_2d<float>(size_t(ntok), size_t(C), &out);
+    Out result = new_array({size_t(ntok), size_t(C)}, &out);
     {
         nb::gil_scoped_release release;
         self.layer->forward(tokens.data(), hidden.data(), ntok, state, out);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "bindings.h"
+#include "numpy_out.h"
 #include "core/gguf.h"
 #include "core/ops.h"
 #include "model/qsa_attention.h"
@@ -35,13 +36,13 @@ struct QsaAttentionLayer {
         if (int64_t(x.shape(1)) != hidden)
             throw nb::value_error(("x must have shape (ntok, " + std::to_string(hidden) + ")").c_str());
         if (int64_t(positions.shape(0)) != ntok) throw nb::value_error("positions must have shape (ntok,)");
-        float* y = new float[size_t(ntok * hidden)];
-        nb::capsule owner(y, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+        float* y;
+        Out out = new_array({size_t(ntok), size_t(hidden)}, &y);
         {
             nb::gil_scoped_release release;
             attn.forward(x.data(), positions.data(), ntok, state, y);
         }
-        return Out(y, {size_t(ntok), size_t(hidden)}, owner);
+        return out;
     }
 
     std::shared_ptr<regolith::GgufFile> file;

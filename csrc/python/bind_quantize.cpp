@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "bindings.h"
+#include "numpy_out.h"
 #include "core/errors.h"
 #include "core/quantize.h"
 
@@ -14,13 +15,13 @@ using ByteRow = nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>;
 ByteRow quantize(uint32_t type_id, FloatRow data) {
     const int64_t n = int64_t(data.shape(0));
     const size_t nbytes = regolith::quantized_row_bytes(type_id, n);  // validates type and length
-    uint8_t* out = new uint8_t[nbytes > 0 ? nbytes : 1];
-    nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+    uint8_t* out;
+    ByteRow row = new_array({nbytes}, &out);
     {
         nb::gil_scoped_release release;
         regolith::quantize_row(type_id, data.data(), out, n);
     }
-    return ByteRow(out, {nbytes}, owner);
+    return row;
 }
 
 }  // namespace

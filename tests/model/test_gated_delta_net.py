@@ -292,7 +292,11 @@ def test_gdn_q8_0_matches_dequantized_transformers(tmp_path):
         (("ssm_beta.weight",), None, r"missing tensor 'blk\.2\.ssm_beta\.weight'"),
         (("ssm_a",), None, r"missing tensor 'blk\.2\.ssm_a'"),
         ((), {"ssm.inner_size": None}, r"qwen4exp\.ssm\.inner_size"),
-        ((), {"ssm.state_size": 8}, r"'blk\.2\.attn_qkv\.weight' has shape \[64, 128\], expected \[64, 96\]"),
+        (
+            (),
+            {"ssm.state_size": 8},
+            r"layer 2: tensor 'blk\.2\.attn_qkv\.weight' has ggml shape \[64, 128\], expected \[64, 96\]",
+        ),
         ((), {"ssm.time_step_rank": 3}, r"multiple of ssm\.group_count"),
     ],
 )
