@@ -139,3 +139,23 @@ def test_matmul_rejects_bad_shapes():
         _core.matmul(TYPE_IDS["Q4_K"], wq, 256, np.zeros((1, 255), np.float32))
     with pytest.raises(ValueError):
         _core.matmul(999, wq, 256, np.zeros((1, 256), np.float32))
+
+
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_exact_activations_match_dequantize_float64(name, isa):
+    """Exact mode: rows dequantized to f32, float activations; only float rounding remains."""
+    qk, _ = type_size(name)
+    rng = np.random.default_rng([TYPE_IDS[name], 3])
+    rows, cols = 5, max(qk, 256)
+    wq = random_matrix(name, rows, cols, rng)
+    w = reference(wq, name).astype(np.float64)
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    before = _core.exact_activations()
+    _core.set_exact_activations(True)
+    try:
+        y = _core.matmul(TYPE_IDS[name], wq, cols, x)
+    finally:
+        _core.set_exact_activations(before)
+    ref = x.astype(np.float64) @ w.T
+    bound = (cols / 8 + 8) * EPS32 * (np.abs(x.astype(np.float64)) @ np.abs(w).T)
+    assert np.all(np.abs(y - ref) <= bound)

@@ -1,6 +1,8 @@
 // The CPU backend: validates op arguments, prepares activations and runs the active ISA's kernels over
 // row ranges on the default thread pool.
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,21 @@ const KernelTable& active_table() {
 
 }  // namespace
 
+namespace {
+
+std::atomic<bool>& exact_flag() {
+    static std::atomic<bool> flag{[] {
+        const char* env = std::getenv("REGOLITH_EXACT_ACTIVATIONS");
+        return env != nullptr && std::string(env) == "1";
+    }()};
+    return flag;
+}
+
+}  // namespace
+
+void set_exact_activations(bool on) { exact_flag().store(on); }
+bool exact_activations() { return exact_flag().load(); }
+
 int activation_block(uint32_t type) { return type < RG_TYPE_COUNT ? active_table().act_block[type] : 0; }
 
 namespace {
@@ -82,12 +99,13 @@ public:
                         " elements is not a whole number of " + std::to_string(t->block_elems) + "-element blocks");
         if (w.row_bytes < type_row_bytes(*t, w.cols)) throw Error("matmul: row_bytes smaller than one row");
         const KernelTable& table = active_table();
-        const RowsKernel kernel = table.by_type[w.type];
+        const bool exact = exact_activations();
+        const RowsKernel kernel = exact ? table.exact_by_type[w.type] : table.by_type[w.type];
         if (!kernel) throw Error("matmul: no kernel for type " + std::string(t->name));
 
         MatmulArgs args{static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, ntok, x,
                         nullptr, nullptr, nullptr, y};
-        const bool quantized = t->block_elems > 1;
+        const bool quantized = t->block_elems > 1 && !exact;
         thread_local std::vector<int8_t> xq_;
         thread_local std::vector<float> xd_, xs_;
         if (quantized) {

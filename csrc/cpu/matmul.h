@@ -49,7 +49,14 @@ using RowsKernel = void (*)(const MatmulArgs& args, int64_t r0, int64_t r1, cons
 struct KernelTable {
     RowsKernel by_type[RG_TYPE_COUNT];  // nullptr: type not supported
     int act_block[RG_TYPE_COUNT];       // activation quantization block the kernel expects: 32 or 256
+    RowsKernel exact_by_type[RG_TYPE_COUNT];  // float-activation kernels (set_exact_activations)
 };
+
+// Exact mode: quantized weights are dequantized and multiplied with float activations instead of int8
+// ones (slower; for verifying quantized models against a float reference). Off by default;
+// REGOLITH_EXACT_ACTIVATIONS=1 turns it on at start-up.
+void set_exact_activations(bool on);
+bool exact_activations();
 
 const KernelTable& kernels_scalar();
 #if defined(RG_HAVE_AVX2)

@@ -230,6 +230,27 @@ struct FusedKernel {
     }
 };
 
+// Exact mode for quantized weights: each row dequantized to f32 (scale * q + bias, as dequantize does) and
+// dotted with the float activations, so a quantized model computes what its dequantized twin does, up to
+// float rounding (for tests that compare quantized files against a float reference).
+template <class S, class D>
+struct ExactKernel {
+    static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
+        const int64_t nb = a.cols / D::QK;
+        for (int64_t r = r0; r < r1; ++r) {
+            const auto* blocks = reinterpret_cast<const typename D::Block*>(a.w + r * a.row_bytes);
+            for (int64_t b = 0; b < nb; ++b) {
+                D::decode(blocks[b], s.q, s.scale, s.bias);
+                for (int i = 0; i < D::QK; ++i) {
+                    const float v = s.scale[i / D::G] * float(s.q[i]);
+                    s.row[b * D::QK + i] = D::HAS_BIAS ? v + s.bias[i / D::G] : v;
+                }
+            }
+            for (int64_t t = 0; t < a.ntok; ++t) a.y[t * a.rows + r] = S::dot_f32(s.row, a.x + t * a.cols, a.cols);
+        }
+    }
+};
+
 // F32 / F16 / BF16 weights: rows converted to f32 once, then dotted with every token.
 template <class S, int TYPE>
 struct FloatKernel {
@@ -257,12 +278,14 @@ KernelTable make_kernel_table() {
     table.by_type[RG_TYPE_F32] = &FloatKernel<S, RG_TYPE_F32>::rows;
     table.by_type[RG_TYPE_F16] = &FloatKernel<S, RG_TYPE_F16>::rows;
     table.by_type[RG_TYPE_BF16] = &FloatKernel<S, RG_TYPE_BF16>::rows;
+    for (int t : {RG_TYPE_F32, RG_TYPE_F16, RG_TYPE_BF16}) table.exact_by_type[t] = table.by_type[t];
 #define RG_KERNEL_(T)                                                                                    \
     if constexpr (simd_has_codes<S, T>::value)                                                             \
         table.by_type[T] = &FusedKernel<S, BlockDecoder<T>>::rows;                                         \
     else                                                                                                   \
         table.by_type[T] = &QuantKernel<S, BlockDecoder<T>>::rows;                                         \
-    table.act_block[T] = QuantKernel<S, BlockDecoder<T>>::AB;
+    table.act_block[T] = QuantKernel<S, BlockDecoder<T>>::AB;                                            \
+    table.exact_by_type[T] = &ExactKernel<S, BlockDecoder<T>>::rows;
     RG_FOR_EACH_QUANT_TYPE(RG_KERNEL_)
 #undef RG_KERNEL_
     return table;

@@ -108,6 +108,9 @@ void init_kernels(nb::module_& m) {
         for (auto isa : regolith::cpu::available_isas()) out.emplace_back(regolith::cpu::isa_name(isa));
         return out;
     });
+    m.def("set_exact_activations", &regolith::cpu::set_exact_activations, nb::arg("on"),
+          "Multiply quantized weights with float activations (dequantize-then-float; slow, for verification).");
+    m.def("exact_activations", &regolith::cpu::exact_activations);
     m.def("set_threads", &regolith::set_default_threads, nb::arg("n"), "Threads for CPU kernels (0: all cores).");
     m.def("threads", &regolith::default_threads);
     m.def(
