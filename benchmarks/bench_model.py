@@ -79,6 +79,9 @@ def write_model(path: str, n_layers: int, rng: np.random.Generator) -> int:
             w.add_key_value(key, val, gguf.GGUFValueType.ARRAY, sub_type=vt)
         else:
             w.add_key_value(key, val, vt)
+    # no vocabulary: llama.cpp then sizes it from vocab_size (and needs no tokenizer to run token ids)
+    w.add_string("tokenizer.ggml.model", "none")
+    w.add_uint32("qwen4exp.vocab_size", V)
     per_token = 0
 
     def mat(name: str, rows: int, cols: int, qtype: str = "Q8_0", scale: float = 2**-8) -> None:
@@ -147,6 +150,48 @@ def write_model(path: str, n_layers: int, rng: np.random.Generator) -> int:
     return per_token
 
 
+def time_regolith(path: str, prompt: np.ndarray, n_decode: int) -> tuple[float, float]:
+    """(prefill seconds, decode seconds) for regolith on the GGUF at `path`."""
+    model = regolith.Model.load(path)
+    # warm-up on another window: fault the mapping in, so the timing is of compute and memory reads
+    model.window(len(prompt) + 8).eval(prompt, all_logits=False)
+    window = model.window(len(prompt) + n_decode + 8)
+    t = time.perf_counter()
+    tok = int(np.argmax(window.eval(prompt, all_logits=False)[0]))
+    prefill = time.perf_counter() - t
+    t = time.perf_counter()
+    for _ in range(n_decode):
+        tok = int(np.argmax(window.eval([tok])[0]))
+    return prefill, time.perf_counter() - t
+
+
+def time_llamacpp(path: str, prompt: np.ndarray, n_decode: int, threads: int) -> tuple[float, float] | None:
+    """The same for llama.cpp (llama-cpp-python), or None when it is not installed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    llm = llama_cpp.Llama(
+        model_path=path, n_ctx=len(prompt) + n_decode + 8, n_batch=len(prompt), n_ubatch=len(prompt),
+        n_threads=threads, n_threads_batch=threads, verbose=False,
+    )  # fmt: skip
+    llm.eval(prompt[:8].tolist())  # warm-up: fault the mapping in
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(prompt.tolist())
+    prefill = time.perf_counter() - t
+
+    def last_logits() -> np.ndarray:
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(V,))
+
+    tok = int(np.argmax(last_logits()))
+    t = time.perf_counter()
+    for _ in range(n_decode):
+        llm.eval([tok])
+        tok = int(np.argmax(last_logits()))
+    return prefill, time.perf_counter() - t
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=4)
@@ -169,31 +214,25 @@ def main(argv: list[str] | None = None) -> None:
         console.print(f"writing a {args.layers}-layer synthetic qwen4exp GGUF ...")
         per_token = write_model(path, args.layers, rng)
         size = os.path.getsize(path)
-        model = regolith.Model.load(path)
-        prompt = rng.integers(3, V, args.prompt)
-        # warm-up on another window: fault the mapping in, so the timing is of compute and memory reads
-        model.window(args.prompt + 8).eval(prompt, all_logits=False)
-        window = model.window(args.prompt + args.decode + 8)
-        t = time.perf_counter()
-        window.eval(prompt, all_logits=False)
-        prefill = time.perf_counter() - t
-        tok = int(prompt[-1])
-        t = time.perf_counter()
-        for _ in range(args.decode):
-            tok = int(np.argmax(window.eval([tok])[0]))
-        decode = time.perf_counter() - t
+        prompt = rng.integers(3, V, args.prompt).astype(np.int32)
+        ours = time_regolith(path, prompt, args.decode)
+        peer = time_llamacpp(path, prompt, args.decode, _core.threads())
 
     table = Table(title=f"qwen4exp, {args.layers} layers at Flash-Next shapes ({size / 2**30:.2f} GiB), "
                   f"{_core.threads()} threads, kernels: {_core.isa()}")  # fmt: skip
-    for col in ("phase", "tokens", "seconds", "tokens/s", "note"):
-        table.add_column(col, justify="left" if col in ("phase", "note") else "right")
-    table.add_row("prefill", str(args.prompt), f"{prefill:.2f}", f"{args.prompt / prefill:.1f}", "")
-    rate = args.decode / decode
-    table.add_row(
-        "decode", str(args.decode), f"{decode:.2f}", f"{rate:.2f}",
-        f"{per_token / 2**20:.0f} MiB of weights per token: {per_token * rate / 1e9:.1f} GB/s "
-        f"= {per_token * rate / bw:.0%} of {bw / 1e9:.1f} GB/s memory bandwidth",
-    )  # fmt: skip
+    for col in ("engine", "prefill tok/s", "decode tok/s", "decode weight GB/s", "note"):
+        table.add_column(col, justify="left" if col in ("engine", "note") else "right")
+    rows = [("regolith", ours)] + ([("llama.cpp", peer)] if peer else [])
+    for engine, (pre, dec) in rows:
+        rate = args.decode / dec
+        note = f"{per_token * rate / bw:.0%} of {bw / 1e9:.1f} GB/s memory bandwidth"
+        if engine == "regolith" and peer:
+            note += f"; vs llama.cpp: prefill {peer[0] / pre:.2f}x, decode {peer[1] / dec:.2f}x"
+        table.add_row(
+            engine, f"{args.prompt / pre:.1f}", f"{rate:.2f}", f"{per_token * rate / 1e9:.1f}", note
+        )
+    if not peer:
+        console.print("llama.cpp (llama-cpp-python) is not installed: no peer column")
     console.print(table)
 
 

@@ -19,6 +19,14 @@ struct WeightView {
     int64_t row_bytes = 0;
 };
 
+// One product of a batch: y = W x for ntok tokens (shapes as in Backend::matmul).
+struct MatmulJob {
+    WeightView w;
+    const float* x = nullptr;
+    int64_t ntok = 0;
+    float* y = nullptr;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -27,6 +35,10 @@ public:
     // y[t][r] = sum_c W[r][c] * x[t][c] for t < ntok.  x: [ntok][cols] f32, y: [ntok][rows] f32.
     // ntok 1..8 is the decode / speculative-verify path; larger ntok is prefill.
     virtual void matmul(const WeightView& w, const float* x, int64_t ntok, float* y) = 0;
+
+    // Many independent products (e.g. every routed expert of a layer with its tokens): one dispatch for
+    // the whole batch instead of one per product.
+    virtual void matmul_batch(const MatmulJob* jobs, int64_t n_jobs) = 0;
 };
 
 Backend& cpu_backend();

@@ -91,6 +91,34 @@ public:
     const char* name() const override { return "cpu"; }
 
     void matmul(const WeightView& w, const float* x, int64_t ntok, float* y) override {
+        const RowsKernel kernel = prepare(w, ntok);
+        const MatmulArgs args = activations(w, x, ntok, y, true);
+        const int64_t grain = ntok > kMaxTok ? kPanelRows : 4;
+        default_pool().parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1) {
+            thread_local ThreadScratch scratch;
+            kernel(args, r0, r1, scratch.get(w.cols));
+        });
+    }
+
+    void matmul_batch(const MatmulJob* jobs, int64_t n_jobs) override {
+        if (n_jobs == 1) return matmul(jobs[0].w, jobs[0].x, jobs[0].ntok, jobs[0].y);
+        std::vector<RowsKernel> kernels;
+        for (int64_t j = 0; j < n_jobs; ++j) kernels.push_back(prepare(jobs[j].w, jobs[j].ntok));
+        // Each thread takes whole jobs, the next unclaimed one at a time (jobs differ in size).
+        std::atomic<int64_t> next{0};
+        default_pool().parallel_for(default_threads(), 1, [&](int64_t, int64_t) {
+            thread_local ThreadScratch scratch;
+            for (int64_t j; (j = next.fetch_add(1)) < n_jobs;) {
+                const MatmulJob& job = jobs[j];
+                const MatmulArgs args = activations(job.w, job.x, job.ntok, job.y, false);
+                kernels[size_t(j)](args, 0, job.w.rows, scratch.get(job.w.cols));
+            }
+        });
+    }
+
+private:
+    // Validates a product and picks its kernel.
+    static RowsKernel prepare(const WeightView& w, int64_t ntok) {
         const TypeTraits* t = type_traits(w.type);
         if (!t || !t->supported) throw Error("matmul: unsupported weight type id " + std::to_string(w.type));
         if (w.rows <= 0 || w.cols <= 0 || ntok <= 0) throw Error("matmul: empty operand");
@@ -99,32 +127,40 @@ public:
                         " elements is not a whole number of " + std::to_string(t->block_elems) + "-element blocks");
         if (w.row_bytes < type_row_bytes(*t, w.cols)) throw Error("matmul: row_bytes smaller than one row");
         const KernelTable& table = active_table();
-        const bool exact = exact_activations();
-        const RowsKernel kernel = exact ? table.exact_by_type[w.type] : table.by_type[w.type];
+        const RowsKernel kernel = exact_activations() ? table.exact_by_type[w.type] : table.by_type[w.type];
         if (!kernel) throw Error("matmul: no kernel for type " + std::string(t->name));
+        return kernel;
+    }
 
+    // The kernel arguments, with the activations quantized (into this thread's buffers) where the weight
+    // type needs it; `threaded`: quantize a large batch of tokens on the pool.
+    static MatmulArgs activations(const WeightView& w, const float* x, int64_t ntok, float* y, bool threaded) {
         MatmulArgs args{static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, ntok, x,
                         nullptr, nullptr, nullptr, y};
-        const bool quantized = t->block_elems > 1 && !exact;
+        if (type_traits(w.type)->block_elems == 1 || exact_activations()) return args;
+        const KernelTable& table = active_table();
+        const int block = table.act_block[w.type];
         thread_local std::vector<int8_t> xq_;
         thread_local std::vector<float> xd_, xs_;
-        if (quantized) {
-            xq_.resize(size_t(ntok * w.cols));
-            const int block = table.act_block[w.type];
-            xd_.resize(size_t(ntok * w.cols / block));
-            xs_.resize(size_t(ntok * w.cols / 16));
-            for (int64_t i = 0; i < ntok; ++i)
-                quantize_activations(x + i * w.cols, w.cols, block, xq_.data() + i * w.cols,
-                                     xd_.data() + i * w.cols / block, xs_.data() + i * w.cols / 16);
-            args.xq = xq_.data();
-            args.xd = xd_.data();
-            args.xs = xs_.data();
-        }
-        const int64_t grain = ntok > kMaxTok ? kPanelRows : 4;
-        default_pool().parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1) {
-            thread_local ThreadScratch scratch;
-            kernel(args, r0, r1, scratch.get(w.cols));
-        });
+        xq_.resize(size_t(ntok * w.cols));
+        xd_.resize(size_t(ntok * w.cols / block));
+        xs_.resize(size_t(ntok * w.cols / 16));
+        // pointers, not the thread_local vectors: a worker naming xq_ would get its own instance
+        int8_t* xq = xq_.data();
+        float *xd = xd_.data(), *xs = xs_.data();
+        const auto quantize_rows = [&](int64_t t0, int64_t t1) {
+            for (int64_t i = t0; i < t1; ++i)
+                table.quantize(x + i * w.cols, w.cols, block, xq + i * w.cols, xd + i * w.cols / block,
+                               xs + i * w.cols / 16);
+        };
+        if (threaded && ntok >= 8)
+            default_pool().parallel_for(ntok, 1, quantize_rows);
+        else
+            quantize_rows(0, ntok);
+        args.xq = xq;
+        args.xd = xd;
+        args.xs = xs;
+        return args;
     }
 };
 

@@ -50,6 +50,8 @@ struct KernelTable {
     RowsKernel by_type[RG_TYPE_COUNT];  // nullptr: type not supported
     int act_block[RG_TYPE_COUNT];       // activation quantization block the kernel expects: 32 or 256
     RowsKernel exact_by_type[RG_TYPE_COUNT];  // float-activation kernels (set_exact_activations)
+    // Q8 activation quantization (see quantize_activations), the ISA's version; identical results.
+    void (*quantize)(const float* x, int64_t n, int block, int8_t* q, float* d, float* s);
 };
 
 // Exact mode: quantized weights are dequantized and multiplied with float activations instead of int8

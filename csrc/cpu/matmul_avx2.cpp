@@ -29,9 +29,14 @@ struct SimdAvx2 {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
         return {v, _mm256_sign_epi8(v, v)};
     }
+    using X = __m256i;
+    static X load_x(const int8_t* x) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)); }
     template <bool SPLIT>
     static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+        dot32x<SPLIT>(w, load_x(x), s_lo, s_hi, acc);
+    }
+    template <bool SPLIT>
+    static void dot32x(const W& w, const X& xv, float s_lo, float s_hi, Acc& acc) {
         // |w| (unsigned) * sign(w)*x (signed): pair sums stay within int16 since |x| <= 127.
         const __m256i p = _mm256_maddubs_epi16(w.abs, _mm256_sign_epi8(xv, w.w));
         const __m256i s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));  // lanes 0-3: elements 0-15
@@ -54,6 +59,41 @@ struct SimdAvx2 {
     }
     static void iflush(const IAcc& ia, float scale, Acc& acc) {
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(scale), acc);
+    }
+    // cpu::quantize_activations with AVX2: the same float operations (amax, amax / 127, 1 / scale, x * inv,
+    // round to nearest even), so the codes and scales are identical; the 16-element sums are added in a
+    // different order.
+    static void quantize_activations(const float* x, int64_t n, int block, int8_t* q, float* d, float* s) {
+        const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        for (int64_t b = 0; b < n; b += block) {
+            __m256 mx = _mm256_setzero_ps();
+            for (int i = 0; i < block; i += 8)
+                mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(x + b + i), abs_mask));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            const float amax = _mm_cvtss_f32(m4);
+            const float scale = amax / 127.0f;
+            const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+            const __m256 vinv = _mm256_set1_ps(inv);
+            for (int i = 0; i < block; i += 32) {
+                const float* p = x + b + i;
+                const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p), vinv));
+                const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + 8), vinv));
+                const __m256i e = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + 16), vinv));
+                const __m256i f = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + 24), vinv));
+                // packs interleave 128-bit lanes: restore element order with one cross-lane permute
+                const __m256i ac = _mm256_packs_epi32(a, c), ef = _mm256_packs_epi32(e, f);
+                const __m256i bytes = _mm256_packs_epi16(ac, ef);
+                const __m256i ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b + i), ordered);
+            }
+            d[b / block] = scale;
+        }
+        for (int64_t g = 0; g < n; g += 16) {
+            const __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + g), _mm256_loadu_ps(x + g + 8));
+            s[g / 16] = hsum(v);
+        }
     }
     static float dot_f32(const float* w, const float* x, int64_t n) {
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();

@@ -16,6 +16,7 @@
 //       // acc += s_lo * (w[0:16] . x[0:16]) + s_hi * (w[16:32] . x[16:32]) in int32 lanes
 //       static void idot32(const W& w, const int8_t* x, const IScale& s, IAcc& acc);
 //       static void iflush(const IAcc& ia, float scale, Acc& acc);   // acc += float(ia) * scale
+//       static void quantize_activations(...);  // as cpu::quantize_activations, bit for bit
 //       static float dot_f32(const float* w, const float* x, int64_t n);
 //       static void f16_to_f32(const uint16_t* src, float* dst, int64_t n);
 //       static void bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
@@ -105,16 +106,7 @@ struct QuantKernel {
         } else {
             dot_row_float<NT>(r, a, t0, acc);
         }
-        for (int t = 0; t < NT; ++t) {
-            float sum = S::hsum(acc[t]);
-            if constexpr (D::HAS_BIAS) {
-                const float* xs = a.xs + (t0 + t) * (cols / 16);
-                float b = 0.0f;
-                for (int64_t g = 0; g < cols / G; ++g) b += r.bias[g] * (G == 16 ? xs[g] : xs[2 * g] + xs[2 * g + 1]);
-                sum += b;
-            }
-            out[t] = sum;
-        }
+        for (int t = 0; t < NT; ++t) out[t] = S::hsum(acc[t]) + bias_dot(r, a, t0 + t);
     }
 
     // Tokens [t0, t1) (at most kMaxTok) against one decoded row, writing y[t][r].
@@ -134,6 +126,65 @@ struct QuantKernel {
         for (int t = 0; t < nt; ++t) a.y[(t0 + t) * a.rows + r] = out[t];
     }
 
+    // Prefill tile of the float-scale path: 2 rows x NT tokens, each activation chunk loaded once for both
+    // rows (2 * NT accumulators stay in registers).
+    template <int NT>
+    static void dot_rows2(const DecodedRow& ra, const DecodedRow& rb, const MatmulArgs& a, int64_t t0, float* oa,
+                          float* ob) {
+        const int64_t cols = a.cols;
+        typename S::Acc acc_a[NT], acc_b[NT];
+        for (int t = 0; t < NT; ++t) acc_a[t] = acc_b[t] = S::zero();
+        for (int64_t c = 0; c < cols; c += 32) {
+            const typename S::W wa = S::load_w(ra.q + c), wb = S::load_w(rb.q + c);
+            const int64_t g = c / G, g2 = G == 16 ? g + 1 : g;
+            for (int t = 0; t < NT; ++t) {
+                const typename S::X xv = S::load_x(a.xq + (t0 + t) * cols + c);
+                const float d = a.xd[(t0 + t) * (cols / 32) + c / 32];
+                S::template dot32x<G == 16>(wa, xv, ra.scale[g] * d, ra.scale[g2] * d, acc_a[t]);
+                S::template dot32x<G == 16>(wb, xv, rb.scale[g] * d, rb.scale[g2] * d, acc_b[t]);
+            }
+        }
+        for (int t = 0; t < NT; ++t) {
+            oa[t] = S::hsum(acc_a[t]) + bias_dot(ra, a, t0 + t);
+            ob[t] = S::hsum(acc_b[t]) + bias_dot(rb, a, t0 + t);
+        }
+    }
+
+    static float bias_dot(const DecodedRow& r, const MatmulArgs& a, int64_t t) {
+        if constexpr (!D::HAS_BIAS) {
+            return 0.0f;
+        } else {
+            const float* xs = a.xs + t * (a.cols / 16);
+            float b = 0.0f;
+            for (int64_t g = 0; g < a.cols / G; ++g) b += r.bias[g] * (G == 16 ? xs[g] : xs[2 * g] + xs[2 * g + 1]);
+            return b;
+        }
+    }
+
+    // Panel rows [p0, p1) decoded in scratch, every token: 2-row x 4-token tiles where they fit.
+    static void panel_tokens(const MatmulArgs& a, const Scratch& s, int64_t p0, int64_t p1) {
+        const int64_t ng = a.cols / G;
+        int64_t t0 = 0;
+        if constexpr (!INT) {
+            constexpr int NT = 4;
+            for (; t0 + NT <= a.ntok; t0 += NT) {
+                int64_t r = p0;
+                for (; r + 2 <= p1; r += 2) {
+                    float oa[NT], ob[NT];
+                    dot_rows2<NT>(row_at(s, r - p0, a.cols, ng), row_at(s, r + 1 - p0, a.cols, ng), a, t0, oa, ob);
+                    for (int t = 0; t < NT; ++t) {
+                        a.y[(t0 + t) * a.rows + r] = oa[t];
+                        a.y[(t0 + t) * a.rows + r + 1] = ob[t];
+                    }
+                }
+                for (; r < p1; ++r) dot_tokens(row_at(s, r - p0, a.cols, ng), a, r, t0, t0 + NT);
+            }
+        }
+        for (; t0 < a.ntok; t0 += kMaxTok)
+            for (int64_t r = p0; r < p1; ++r)
+                dot_tokens(row_at(s, r - p0, a.cols, ng), a, r, t0, std::min(a.ntok, t0 + kMaxTok));
+    }
+
     static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
         const int64_t nb = a.cols / QK, ng = a.cols / G;
         const int64_t panel = a.ntok > kMaxTok ? kPanelRows : 1;
@@ -143,9 +194,10 @@ struct QuantKernel {
                 const auto* blocks = reinterpret_cast<const typename D::Block*>(a.w + r * a.row_bytes);
                 decode_row(blocks, nb, row_at(s, r - p0, a.cols, ng));
             }
-            for (int64_t t0 = 0; t0 < a.ntok; t0 += kMaxTok)
-                for (int64_t r = p0; r < p1; ++r)
-                    dot_tokens(row_at(s, r - p0, a.cols, ng), a, r, t0, std::min(a.ntok, t0 + kMaxTok));
+            if (panel > 1)
+                panel_tokens(a, s, p0, p1);
+            else
+                dot_tokens(row_at(s, 0, a.cols, ng), a, p0, 0, a.ntok);
         }
     }
 
@@ -279,6 +331,7 @@ KernelTable make_kernel_table() {
     table.by_type[RG_TYPE_F16] = &FloatKernel<S, RG_TYPE_F16>::rows;
     table.by_type[RG_TYPE_BF16] = &FloatKernel<S, RG_TYPE_BF16>::rows;
     for (int t : {RG_TYPE_F32, RG_TYPE_F16, RG_TYPE_BF16}) table.exact_by_type[t] = table.by_type[t];
+    table.quantize = &S::quantize_activations;
 #define RG_KERNEL_(T)                                                                                    \
     if constexpr (simd_has_codes<S, T>::value)                                                             \
         table.by_type[T] = &FusedKernel<S, BlockDecoder<T>>::rows;                                         \

@@ -24,10 +24,16 @@ struct SimdNeon {
     }
     using W = int8x16x2_t;
     static W load_w(const int8_t* w) { return vld1q_s8_x2(w); }
+    using X = int8x16x2_t;
+    static X load_x(const int8_t* x) { return vld1q_s8_x2(x); }
     template <bool SPLIT>
     static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
-        const int32x4_t lo = dot16(w.val[0], vld1q_s8(x));
-        const int32x4_t hi = dot16(w.val[1], vld1q_s8(x + 16));
+        dot32x<SPLIT>(w, load_x(x), s_lo, s_hi, acc);
+    }
+    template <bool SPLIT>
+    static void dot32x(const W& w, const X& x, float s_lo, float s_hi, Acc& acc) {
+        const int32x4_t lo = dot16(w.val[0], x.val[0]);
+        const int32x4_t hi = dot16(w.val[1], x.val[1]);
         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(lo), s_lo);
         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(hi), s_hi);
     }
@@ -43,6 +49,9 @@ struct SimdNeon {
         acc = vmlaq_n_s32(acc, dot16(w.val[1], vld1q_s8(x + 16)), s.hi);
     }
     static void iflush(const IAcc& ia, float scale, Acc& acc) { acc = vfmaq_n_f32(acc, vcvtq_f32_s32(ia), scale); }
+    static void quantize_activations(const float* x, int64_t n, int block, int8_t* q, float* d, float* s) {
+        cpu::quantize_activations(x, n, block, q, d, s);
+    }
     static float dot_f32(const float* w, const float* x, int64_t n) {
         float32x4_t a0 = vdupq_n_f32(0.0f), a1 = vdupq_n_f32(0.0f);
         int64_t i = 0;

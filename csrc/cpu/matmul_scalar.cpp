@@ -13,6 +13,12 @@ struct SimdScalar {
     static float hsum(Acc a) { return a; }
     using W = const int8_t*;
     static W load_w(const int8_t* w) { return w; }
+    using X = const int8_t*;
+    static X load_x(const int8_t* x) { return x; }
+    template <bool SPLIT>
+    static void dot32x(W w, X x, float s_lo, float s_hi, Acc& acc) {
+        dot32<SPLIT>(w, x, s_lo, s_hi, acc);
+    }
     template <bool SPLIT>
     static void dot32(W w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
         int32_t lo = 0, hi = 0;
@@ -34,6 +40,9 @@ struct SimdScalar {
         acc += lo * s.lo + hi * s.hi;
     }
     static void iflush(IAcc ia, float scale, Acc& acc) { acc += float(ia) * scale; }
+    static void quantize_activations(const float* x, int64_t n, int block, int8_t* q, float* d, float* s) {
+        cpu::quantize_activations(x, n, block, q, d, s);
+    }
     static float dot_f32(const float* w, const float* x, int64_t n) {
         // 8 partial sums: same association as an 8-lane vector kernel, and faster than one serial chain.
         float s[8] = {};

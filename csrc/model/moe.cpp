@@ -71,20 +71,43 @@ void SparseMoe::forward(Backend& be, const float* x, int64_t ntok, float* y) con
     // Group the (token, slot) pairs by expert so each expert's weights are used once for all its tokens.
     std::vector<std::vector<int64_t>> by_expert(size_t(shape_.n_expert));
     for (int64_t i = 0; i < ntok * k; ++i) by_expert[size_t(r.experts[size_t(i)])].push_back(i);
-    std::vector<float> xs, ys;
+    std::vector<int64_t> active, offset;  // experts with tokens; their first row in the packed buffers
+    int64_t rows = 0;
     for (int64_t e = 0; e < shape_.n_expert; ++e) {
-        const auto& pairs = by_expert[size_t(e)];
-        if (pairs.empty()) continue;
-        const int64_t n = int64_t(pairs.size());
-        xs.resize(size_t(n * h));
-        ys.resize(size_t(n * h));
-        for (int64_t j = 0; j < n; ++j) std::copy_n(x + pairs[size_t(j)] / k * h, h, xs.data() + j * h);
-        swiglu_mlp(be, gate_[size_t(e)], up_[size_t(e)], down_[size_t(e)], xs.data(), n, ys.data());
-        for (int64_t j = 0; j < n; ++j) {
-            const int64_t i = pairs[size_t(j)];
-            const float wgt = r.weights[size_t(i)];
-            float* dst = y + i / k * h;
-            for (int64_t c = 0; c < h; ++c) dst[c] += wgt * ys[size_t(j * h + c)];
+        if (by_expert[size_t(e)].empty()) continue;
+        active.push_back(e);
+        offset.push_back(rows);
+        rows += int64_t(by_expert[size_t(e)].size());
+    }
+    const int64_t ff = shape_.ff_expert;
+    std::vector<float> xs(size_t(rows * h)), g(size_t(rows * ff)), u(size_t(rows * ff)), ys(size_t(rows * h));
+    for (size_t a = 0; a < active.size(); ++a) {
+        const auto& pairs = by_expert[size_t(active[a])];
+        for (size_t j = 0; j < pairs.size(); ++j)
+            std::copy_n(x + pairs[j] / k * h, h, xs.data() + (offset[a] + int64_t(j)) * h);
+    }
+    // Every active expert's gate and up products in one batch, then every down product.
+    std::vector<MatmulJob> jobs;
+    for (size_t a = 0; a < active.size(); ++a) {
+        const int64_t e = active[a], n = int64_t(by_expert[size_t(e)].size()), o = offset[a];
+        jobs.push_back({gate_[size_t(e)], xs.data() + o * h, n, g.data() + o * ff});
+        jobs.push_back({up_[size_t(e)], xs.data() + o * h, n, u.data() + o * ff});
+    }
+    be.matmul_batch(jobs.data(), int64_t(jobs.size()));
+    for (size_t i = 0; i < g.size(); ++i) g[i] = nn::silu(g[i]) * u[i];
+    jobs.clear();
+    for (size_t a = 0; a < active.size(); ++a) {
+        const int64_t e = active[a], n = int64_t(by_expert[size_t(e)].size()), o = offset[a];
+        jobs.push_back({down_[size_t(e)], g.data() + o * ff, n, ys.data() + o * h});
+    }
+    be.matmul_batch(jobs.data(), int64_t(jobs.size()));
+    for (size_t a = 0; a < active.size(); ++a) {
+        const auto& pairs = by_expert[size_t(active[a])];
+        for (size_t j = 0; j < pairs.size(); ++j) {
+            const float wgt = r.weights[size_t(pairs[j])];
+            const float* src = ys.data() + (offset[a] + int64_t(j)) * h;
+            float* dst = y + pairs[j] / k * h;
+            for (int64_t c = 0; c < h; ++c) dst[c] += wgt * src[c];
         }
     }
     if (shape_.ff_shared == 0) return;
