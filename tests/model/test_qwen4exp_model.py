@@ -115,28 +115,6 @@ def test_last_logits_only(case):
     _check(last, ref[-1:])
 
 
-def _dequantized_twin(src, dst, hf_dir) -> None:
-    """An f32 GGUF holding the dequantized weights of `src` (same metadata): the float reference."""
-    import json
-
-    from regolith.convert.qwen4exp import gguf_metadata
-
-    cfg = json.loads((hf_dir / "config.json").read_text())
-    w = gguf.GGUFWriter(str(dst), "qwen4exp")
-    for key, val, vt in gguf_metadata(cfg):
-        if isinstance(val, list):
-            w.add_key_value(key, val, gguf.GGUFValueType.ARRAY, sub_type=vt)
-        else:
-            w.add_key_value(key, val, vt)
-    with regolith.gguf.open(src) as f:
-        for name in f.tensors:
-            w.add_tensor(name, np.ascontiguousarray(f.tensor(name)))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_k", "iq4_nl"])
 def test_quantized_model_matches_dequantized_reference(tmp_path, outtype):
     """A quantized file computes exactly what its dequantized twin does, with float activations.
@@ -148,12 +126,13 @@ def test_quantized_model_matches_dequantized_reference(tmp_path, outtype):
     """
     from regolith import _core
     from regolith.convert import convert
+    from tests.model.twin import write_dequantized_twin
     from tests.qwen4exp_models import save_tiny_model
 
     widths = {"hidden_size": 256, "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256}
     hf = save_tiny_model(tmp_path / "hf", 7, **BASE, **widths)
     q = convert(hf, tmp_path / "q.gguf", outtype)
-    _dequantized_twin(q, tmp_path / "twin.gguf", hf)
+    write_dequantized_twin(q, tmp_path / "twin.gguf")
     ids = prompt(304, 2)
     before = _core.exact_activations()
     _core.set_exact_activations(True)
