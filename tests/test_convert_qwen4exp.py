@@ -274,6 +274,10 @@ def test_cli_convert(checkpoints: dict[str, Path], tmp_path: Path, capsys: pytes
     out = tmp_path / "m.gguf"
     assert main(["convert", str(checkpoints["qwen4exp-tiny-a"]), str(out), "--outtype", "q8_0"]) == 0
     assert "wrote" in capsys.readouterr().out
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # not the temporary file's 0600
+    assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]  # no temporary left behind
     with regolith.gguf.open(out) as f:
         assert f.architecture == "qwen4exp"
         assert f.tensors["blk.0.ffn_gate_exps.weight"].type_name == "Q8_0"

@@ -67,8 +67,9 @@ void ThreadPool::worker_loop(int index) {
         }
         if (stop_.load()) return;
         seen = generation_.load(std::memory_order_acquire);
-        if (size_t(index) >= chunks_.size()) continue;  // this round has fewer chunks than threads
-        run_chunk(index);
+        // Every worker reports every round, also when the round has fewer chunks than threads: the caller
+        // waits for all of them, so no worker can still be reading this round's chunks when the next begins.
+        if (size_t(index) < chunks_.size()) run_chunk(index);
         if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
             std::lock_guard<std::mutex> lock(mutex_);
             done_.notify_one();
@@ -91,7 +92,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
         chunks_.emplace_back(units * p / parts * grain, std::min(n, units * (p + 1) / parts * grain));
     job_ = &fn;
     error_ = nullptr;
-    pending_.store(int(parts) - 1, std::memory_order_relaxed);
+    pending_.store(int(workers_.size()), std::memory_order_relaxed);
     {
         std::lock_guard<std::mutex> lock(mutex_);  // no lost wake-up for a worker about to sleep
         generation_.fetch_add(1, std::memory_order_acq_rel);
@@ -122,24 +123,24 @@ int detect_threads() {
 }
 
 std::mutex g_pool_mutex;
-std::unique_ptr<ThreadPool> g_pool;
+std::shared_ptr<ThreadPool> g_pool;
 int g_threads = 0;
 
 }  // namespace
 
-ThreadPool& default_pool() {
+std::shared_ptr<ThreadPool> default_pool() {
     std::lock_guard<std::mutex> lock(g_pool_mutex);
     if (!g_pool) {
         g_threads = detect_threads();
-        g_pool = std::make_unique<ThreadPool>(g_threads);
+        g_pool = std::make_shared<ThreadPool>(g_threads);
     }
-    return *g_pool;
+    return g_pool;
 }
 
 void set_default_threads(int n_threads) {
     std::lock_guard<std::mutex> lock(g_pool_mutex);
     g_threads = n_threads > 0 ? n_threads : detect_threads();
-    g_pool = std::make_unique<ThreadPool>(g_threads);
+    g_pool = std::make_shared<ThreadPool>(g_threads);
 }
 
 int default_threads() {

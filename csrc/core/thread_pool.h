@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -49,8 +50,10 @@ private:
 };
 
 // The process-wide pool used by the CPU kernels. Threads default to the number of cores the process may
-// run on (REGOLITH_THREADS overrides); set_default_threads() replaces the pool.
-ThreadPool& default_pool();
+// run on (REGOLITH_THREADS overrides); set_default_threads() replaces the pool. Callers keep the returned
+// pointer for the duration of their call (`default_pool()->parallel_for(...)` does), so a replaced pool
+// lives until its last loop has finished.
+std::shared_ptr<ThreadPool> default_pool();
 void set_default_threads(int n_threads);
 int default_threads();
 

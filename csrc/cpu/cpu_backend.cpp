@@ -91,10 +91,11 @@ public:
     const char* name() const override { return "cpu"; }
 
     void matmul(const WeightView& w, const float* x, int64_t ntok, float* y) override {
-        const RowsKernel kernel = prepare(w, ntok);
-        const MatmulArgs args = activations(w, x, ntok, y, true);
+        const bool exact = exact_activations();  // read once: kernel and activations must agree
+        const RowsKernel kernel = prepare(w, ntok, exact);
+        const MatmulArgs args = activations(w, x, ntok, y, exact, true);
         const int64_t grain = ntok > kMaxTok ? kPanelRows : 4;
-        default_pool().parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1) {
+        default_pool()->parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1) {
             thread_local ThreadScratch scratch;
             kernel(args, r0, r1, scratch.get(w.cols));
         });
@@ -102,15 +103,16 @@ public:
 
     void matmul_batch(const MatmulJob* jobs, int64_t n_jobs) override {
         if (n_jobs == 1) return matmul(jobs[0].w, jobs[0].x, jobs[0].ntok, jobs[0].y);
+        const bool exact = exact_activations();
         std::vector<RowsKernel> kernels;
-        for (int64_t j = 0; j < n_jobs; ++j) kernels.push_back(prepare(jobs[j].w, jobs[j].ntok));
+        for (int64_t j = 0; j < n_jobs; ++j) kernels.push_back(prepare(jobs[j].w, jobs[j].ntok, exact));
         // Each thread takes whole jobs, the next unclaimed one at a time (jobs differ in size).
         std::atomic<int64_t> next{0};
-        default_pool().parallel_for(default_threads(), 1, [&](int64_t, int64_t) {
+        default_pool()->parallel_for(default_threads(), 1, [&](int64_t, int64_t) {
             thread_local ThreadScratch scratch;
             for (int64_t j; (j = next.fetch_add(1)) < n_jobs;) {
                 const MatmulJob& job = jobs[j];
-                const MatmulArgs args = activations(job.w, job.x, job.ntok, job.y, false);
+                const MatmulArgs args = activations(job.w, job.x, job.ntok, job.y, exact, false);
                 kernels[size_t(j)](args, 0, job.w.rows, scratch.get(job.w.cols));
             }
         });
@@ -118,7 +120,7 @@ public:
 
 private:
     // Validates a product and picks its kernel.
-    static RowsKernel prepare(const WeightView& w, int64_t ntok) {
+    static RowsKernel prepare(const WeightView& w, int64_t ntok, bool exact) {
         const TypeTraits* t = type_traits(w.type);
         if (!t || !t->supported) throw Error("matmul: unsupported weight type id " + std::to_string(w.type));
         if (w.rows <= 0 || w.cols <= 0 || ntok <= 0) throw Error("matmul: empty operand");
@@ -127,17 +129,18 @@ private:
                         " elements is not a whole number of " + std::to_string(t->block_elems) + "-element blocks");
         if (w.row_bytes < type_row_bytes(*t, w.cols)) throw Error("matmul: row_bytes smaller than one row");
         const KernelTable& table = active_table();
-        const RowsKernel kernel = exact_activations() ? table.exact_by_type[w.type] : table.by_type[w.type];
+        const RowsKernel kernel = exact ? table.exact_by_type[w.type] : table.by_type[w.type];
         if (!kernel) throw Error("matmul: no kernel for type " + std::string(t->name));
         return kernel;
     }
 
     // The kernel arguments, with the activations quantized (into this thread's buffers) where the weight
     // type needs it; `threaded`: quantize a large batch of tokens on the pool.
-    static MatmulArgs activations(const WeightView& w, const float* x, int64_t ntok, float* y, bool threaded) {
+    static MatmulArgs activations(const WeightView& w, const float* x, int64_t ntok, float* y, bool exact,
+                                  bool threaded) {
         MatmulArgs args{static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, ntok, x,
                         nullptr, nullptr, nullptr, y};
-        if (type_traits(w.type)->block_elems == 1 || exact_activations()) return args;
+        if (type_traits(w.type)->block_elems == 1 || exact) return args;
         const KernelTable& table = active_table();
         const int block = table.act_block[w.type];
         thread_local std::vector<int8_t> xq_;
@@ -154,7 +157,7 @@ private:
                                xs + i * w.cols / 16);
         };
         if (threaded && ntok >= 8)
-            default_pool().parallel_for(ntok, 1, quantize_rows);
+            default_pool()->parallel_for(ntok, 1, quantize_rows);
         else
             quantize_rows(0, ntok);
         args.xq = xq;

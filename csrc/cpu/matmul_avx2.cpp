@@ -25,6 +25,7 @@ struct SimdAvx2 {
     template <uint32_t TYPE>
     using Codes = Avx2Codes<TYPE>;
     static W make_w(__m256i v) { return {v, _mm256_sign_epi8(v, v)}; }
+    static void store_raw(int8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
     static W load_w(const int8_t* w) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
         return {v, _mm256_sign_epi8(v, v)};

@@ -33,6 +33,12 @@
 
 namespace regolith::cpu {
 
+// Does the ISA decode TYPE straight into registers (S::Codes<TYPE>, e.g. codes_avx2.h)?
+template <class S, uint32_t TYPE, class = void>
+struct simd_has_codes : std::false_type {};
+template <class S, uint32_t TYPE>
+struct simd_has_codes<S, TYPE, std::void_t<decltype(&S::template Codes<TYPE>::codes)>> : std::true_type {};
+
 template <class S, class D>
 struct QuantKernel {
     static constexpr int QK = D::QK, G = D::G, NG = QK / G;
@@ -55,8 +61,22 @@ struct QuantKernel {
 
     static void decode_row(const typename D::Block* blocks, int64_t nb, DecodedRow out) {
         for (int64_t b = 0; b < nb; ++b) {
-            D::decode(blocks[b], out.q + b * QK, out.scale + b * NG, out.bias + b * NG);
-            if constexpr (INT) out.dsuper[b] = IntScales<D::TYPE>::get(blocks[b], out.isc + b * NG);
+            if constexpr (simd_has_codes<S, D::TYPE>::value) {
+                // the ISA's register decoder (same codes), stored to the panel; its scales are integer
+                // sub-scales (INT types) or one float for the whole block
+                using P = typename S::template Codes<D::TYPE>;
+                typename S::Raw raw[QK / 32];
+                const float ds = P::scales(blocks[b], out.isc + b * NG, out.bias + b * NG);
+                P::codes(blocks[b], raw);
+                for (int k = 0; k < QK / 32; ++k) S::store_raw(out.q + b * QK + 32 * k, raw[k]);
+                if constexpr (INT)
+                    out.dsuper[b] = ds;
+                else
+                    for (int g = 0; g < NG; ++g) out.scale[b * NG + g] = ds;
+            } else {
+                D::decode(blocks[b], out.q + b * QK, out.scale + b * NG, out.bias + b * NG);
+                if constexpr (INT) out.dsuper[b] = IntScales<D::TYPE>::get(blocks[b], out.isc + b * NG);
+            }
         }
     }
 
@@ -205,12 +225,6 @@ struct QuantKernel {
         return {s.q + i * cols, s.scale + i * ng, s.bias + i * ng, s.isc + i * ng, s.dsuper + i * (cols / 256 + 1)};
     }
 };
-
-// Does the ISA decode TYPE straight into registers (S::Codes<TYPE>, e.g. codes_avx2.h)?
-template <class S, uint32_t TYPE, class = void>
-struct simd_has_codes : std::false_type {};
-template <class S, uint32_t TYPE>
-struct simd_has_codes<S, TYPE, std::void_t<decltype(&S::template Codes<TYPE>::codes)>> : std::true_type {};
 
 // Decode path (ntok <= kMaxTok) for types the ISA decodes into registers: no trip through scratch memory.
 // Prefill falls back to QuantKernel's decoded panels.

@@ -12,7 +12,7 @@ namespace regolith::cpu {
 uint64_t read_all(const uint8_t* data, size_t nbytes) {
     std::atomic<uint64_t> total{0};
     const int64_t n_words = int64_t(nbytes / 8);
-    default_pool().parallel_for(n_words, 4096, [&](int64_t w0, int64_t w1) {
+    default_pool()->parallel_for(n_words, 4096, [&](int64_t w0, int64_t w1) {
         // 8 independent XOR chains: the loop is bound by loads, not by a dependency chain.
         uint64_t acc[8] = {};
         int64_t w = w0;

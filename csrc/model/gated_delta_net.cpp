@@ -194,7 +194,7 @@ void GatedDeltaNet::forward(const float* x, int64_t ntok, GdnState& state, float
 
     // The recurrence per value head, heads spread over the pool; v head h reads k head h % n_k (tiled).
     std::vector<float> core(size_t(ntok * vd));  // [ntok][n_v][v_dim]
-    default_pool().parallel_for(nv, 1, [&](int64_t h0, int64_t h1) {
+    default_pool()->parallel_for(nv, 1, [&](int64_t h0, int64_t h1) {
         for (int64_t h = h0; h < h1; ++h) {
             const int64_t kh = h % nk;
             const HeadInputs in{&conv[kh * dk], &conv[kd + kh * dk], &conv[2 * kd + h * dv], cd,

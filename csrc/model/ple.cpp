@@ -59,8 +59,7 @@ PleTable::PleTable(const std::string& path, uint64_t offset, uint32_t type, int6
       type_(type),
       rows_(rows),
       head_dim_(head_dim),
-      row_bytes_(row_bytes),
-      buf_(size_t(row_bytes)) {
+      row_bytes_(row_bytes) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) throw Error("PLE table: cannot open " + path + ": " + std::strerror(errno));
 }
@@ -74,23 +73,26 @@ void PleTable::read_row(int64_t row, float* dst) {
         throw Error("PLE table: row " + std::to_string(row) + " out of range [0, " + std::to_string(rows_) +
                     ")");
     const uint64_t at = offset_ + uint64_t(row) * uint64_t(row_bytes_);
+    thread_local std::vector<uint8_t> buf;  // one raw row; per thread, so windows may read concurrently
+    buf.resize(size_t(row_bytes_));
     size_t done = 0;
-    while (done < buf_.size()) {
-        const ssize_t got = ::pread(fd_, buf_.data() + done, buf_.size() - done, off_t(at + done));
+    while (done < buf.size()) {
+        const ssize_t got = ::pread(fd_, buf.data() + done, buf.size() - done, off_t(at + done));
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0)
             throw Error("PLE table: reading row " + std::to_string(row) + " of " + path_ + ": " +
                         (got < 0 ? std::strerror(errno) : "unexpected end of file"));
         done += size_t(got);
     }
-    dequantize_row(type_, buf_.data(), dst, head_dim_);
-    rows_read_ += 1;
-    bytes_read_ += uint64_t(row_bytes_);
+    dequantize_row(type_, buf.data(), dst, head_dim_);
+    rows_read_.fetch_add(1, std::memory_order_relaxed);
+    bytes_read_.fetch_add(uint64_t(row_bytes_), std::memory_order_relaxed);
 }
 
 // ---- loading ---------------------------------------------------------------------------------------
 
-PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer) {
+PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer, Backend& backend)
+    : backend_(&backend) {
     with_context("PLE: ", [&] {
         const std::string arch = meta::get_string(file, "general.architecture").value_or("");
         if (arch != "qwen4exp") throw ModelFormatError("general.architecture must be 'qwen4exp'");
@@ -212,7 +214,7 @@ void PleLayer::forward(const int32_t* token_ids, const float* hidden, int64_t nt
     for (int64_t i = 0; i < ntok * H; ++i) table_->read_row(rows[size_t(i)], emb.data() + i * hd);
 
     std::vector<float> key(size_t(ntok * C)), value(size_t(ntok * D));  // [ntok][hc*D], [ntok][D]
-    Backend& be = cpu_backend();
+    Backend& be = *backend_;
     be.matmul(w_.key, emb.data(), ntok, key.data());
     be.matmul(w_.value, emb.data(), ntok, value.data());
 

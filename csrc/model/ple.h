@@ -13,6 +13,7 @@
 // The decoder layer adds `out` to the streams.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -54,13 +55,13 @@ class PleTable {
     PleTable(const PleTable&) = delete;
     PleTable& operator=(const PleTable&) = delete;
 
-    // dst[head_dim] = row `row` as f32. Thread-compatible, not thread-safe (counters).
+    // dst[head_dim] = row `row` as f32. Safe to call from several threads.
     void read_row(int64_t row, float* dst);
 
     int64_t rows() const { return rows_; }
     int64_t head_dim() const { return head_dim_; }
-    uint64_t rows_read() const { return rows_read_; }
-    uint64_t bytes_read() const { return bytes_read_; }
+    uint64_t rows_read() const { return rows_read_.load(); }
+    uint64_t bytes_read() const { return bytes_read_.load(); }
 
   private:
     int fd_ = -1;
@@ -68,8 +69,7 @@ class PleTable {
     uint64_t offset_;
     uint32_t type_;
     int64_t rows_, head_dim_, row_bytes_;
-    std::vector<uint8_t> buf_;  // one raw row
-    uint64_t rows_read_ = 0, bytes_read_ = 0;
+    std::atomic<uint64_t> rows_read_{0}, bytes_read_{0};
 };
 
 struct PleShape {
@@ -101,7 +101,7 @@ class PleLayer {
   public:
     // Loads layer `layer` of a qwen4exp GGUF. `file` must outlive the layer (weights point into its
     // mapping); the table is read through `path`. Throws ModelFormatError naming what is missing or wrong.
-    PleLayer(const GgufFile& file, const std::string& path, int64_t layer);
+    PleLayer(const GgufFile& file, const std::string& path, int64_t layer, Backend& backend = cpu_backend());
 
     PleState new_state() const;
 
@@ -123,6 +123,7 @@ class PleLayer {
     PleWeights w_{};
     std::vector<float> vectors_;  // owned f32 copies of the norm and conv weights
     std::unique_ptr<PleTable> table_;
+    Backend* backend_;
 };
 
 }  // namespace regolith

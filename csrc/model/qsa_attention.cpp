@@ -160,7 +160,7 @@ void QsaAttention::forward(const float* x, const int64_t* positions, int64_t nto
     std::vector<int32_t> sel(static_cast<size_t>(ntok * topk));  // [ntok][topk] selected block ids
     std::vector<int64_t> n_sel(static_cast<size_t>(ntok));       // [ntok]
     const float index_scale = 1.0f / std::sqrt(float(ID));
-    default_pool().parallel_for(ntok, 1, [&](int64_t t0, int64_t t1) {
+    default_pool()->parallel_for(ntok, 1, [&](int64_t t0, int64_t t1) {
         std::vector<float> score;   // [nb]
         std::vector<int32_t> order;  // [nb]
         for (int64_t t = t0; t < t1; ++t) {
@@ -194,7 +194,7 @@ void QsaAttention::forward(const float* x, const int64_t* positions, int64_t nto
     std::vector<float> attn(static_cast<size_t>(ntok * H * D));  // [ntok][H][D]
     const float scale = 1.0f / std::sqrt(float(D));
     const int64_t group = H / KV;
-    default_pool().parallel_for(ntok * H, 1, [&](int64_t p0, int64_t p1) {
+    default_pool()->parallel_for(ntok * H, 1, [&](int64_t p0, int64_t p1) {
         std::vector<int64_t> idx;  // [n_keys] cache indices attended
         std::vector<float> w;      // [n_keys]
         for (int64_t p = p0; p < p1; ++p) {

@@ -26,6 +26,10 @@ Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
     c.hc = meta::require_int(f, key("hyper_connection.count"));
     c.hc_rank = meta::require_int(f, key("hyper_connection.low_rank"));
     c.eps = meta::require_float(f, key("attention.layer_norm_rms_epsilon"));
+    // Every layer has tensors, so a count beyond the file's tensors is a lie (and must not size anything).
+    if (c.n_layer > int64_t(f.tensors().size()))
+        throw ModelFormatError("qwen4exp.block_count " + std::to_string(c.n_layer) + " exceeds the file's " +
+                               std::to_string(f.tensors().size()) + " tensors");
     if (c.n_layer <= 0 || c.hidden <= 0 || c.hc <= 1 || c.hc_rank <= 0)
         throw ModelFormatError("qwen4exp: block_count, embedding_length, hyper_connection.* must be positive "
                                "(and hyper_connection.count > 1)");
@@ -75,7 +79,7 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, Backend& backend)
         layers_.push_back(std::move(L));
         Layer& l = layers_.back();
         if (std::find(c.ple_layers.begin(), c.ple_layers.end(), il) != c.ple_layers.end())
-            l.ple = std::make_unique<PleLayer>(file_, path, il);
+            l.ple = std::make_unique<PleLayer>(file_, path, il, backend_);
         if (c.recurrent[size_t(il)]) {
             l.gdn_weights = load_gdn_layer(file_, il, c.gdn_gate);
             l.gdn.emplace(l.gdn_weights->shape, l.gdn_weights->weights, backend_);
@@ -97,7 +101,14 @@ Qwen4ExpWindow::Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx) : mo
     reset();
 }
 
+int64_t Qwen4ExpWindow::vocab() const { return model_.config_.vocab; }
+
 void Qwen4ExpWindow::reset() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    reset_locked();
+}
+
+void Qwen4ExpWindow::reset_locked() {
     n_past_ = 0;
     gdn_.clear();
     qsa_.clear();
@@ -110,8 +121,8 @@ void Qwen4ExpWindow::reset() {
 }
 
 void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
+    std::lock_guard<std::mutex> lock(mutex_);
     const Qwen4ExpConfig& c = model_.config_;
-    Backend& be = model_.backend_;
     if (n <= 0) return;
     for (int64_t i = 0; i < n; ++i)
         if (tokens[i] < 0 || tokens[i] >= c.vocab)
@@ -120,6 +131,19 @@ void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool 
     if (n_past_ + n > max_ctx_)
         throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
                     " tokens exceed the window's " + std::to_string(max_ctx_));
+    try {
+        eval_locked(tokens, n, logits, all_logits);
+    } catch (...) {
+        // Layers before the failure have advanced their state: forget everything rather than continue
+        // from a state that matches no token sequence.
+        reset_locked();
+        throw;
+    }
+}
+
+void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
+    const Qwen4ExpConfig& c = model_.config_;
+    Backend& be = model_.backend_;
     const int64_t h = c.hidden, width = c.hc * h;
 
     // streams: [n][hc][hidden], every stream starts as the token embedding

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,12 +80,19 @@ public:
 
     int64_t n_past() const { return n_past_; }
     int64_t max_ctx() const { return max_ctx_; }
+    int64_t vocab() const;
     void reset();
     // tokens: [n] ids < vocab; logits: [n][vocab], or [1][vocab] for the last token when !all_logits.
-    // Throws regolith::Error on bad ids or when the context would overflow (the state is then unchanged).
+    // Throws regolith::Error on bad ids or when the context would overflow (the state is then unchanged);
+    // if evaluation itself fails (an I/O error reading PLE rows, memory), the window is reset.
+    // Calls on one window are serialised; different windows of a model may run concurrently.
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits = true);
 
 private:
+    void eval_locked(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
+    void reset_locked();
+
+    std::mutex mutex_;
     const Qwen4ExpModel& model_;
     int64_t max_ctx_;
     int64_t n_past_ = 0;

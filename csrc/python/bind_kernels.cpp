@@ -71,7 +71,8 @@ nb::tuple decode_blocks(uint32_t type, Bytes data, int64_t n) {
 // in C++ so that Python call overhead is not measured. Returns seconds.
 double time_matmul(uint32_t type, Weights pool, int64_t rows, int64_t cols, Acts x, int64_t iters) {
     const regolith::TypeTraits* t = regolith::type_traits(type);
-    if (!t || cols % t->block_elems != 0) throw nb::value_error("bad type or cols");
+    if (!t || cols <= 0 || cols % t->block_elems != 0) throw nb::value_error("bad type or cols");
+    if (rows <= 0 || iters <= 0) throw nb::value_error("rows and iters must be positive");
     const int64_t row_bytes = int64_t(pool.shape(1));
     if (row_bytes != regolith::type_row_bytes(*t, cols) || int64_t(x.shape(1)) != cols)
         throw nb::value_error("shape mismatch");

@@ -39,8 +39,8 @@ nb::dict config_dict(const Qwen4ExpModel& m) {
     return d;
 }
 
-Logits eval(Qwen4ExpWindow& w, Tokens tokens, int64_t vocab, bool all_logits) {
-    const int64_t n = int64_t(tokens.shape(0));
+Logits eval(Qwen4ExpWindow& w, Tokens tokens, bool all_logits) {
+    const int64_t n = int64_t(tokens.shape(0)), vocab = w.vocab();
     const int64_t rows = all_logits ? n : std::min<int64_t>(n, 1);
     float* out;
     Logits logits = new_array({size_t(rows), size_t(vocab)}, &out);
@@ -84,6 +84,7 @@ void init_model(nb::module_& m) {
         .def(
             "read",
             [](HyperConnectionHandle& h, F32Rows streams) {
+                if (int64_t(streams.shape(1)) != h.hc.hc * h.hc.hidden) throw nb::value_error("streams must be [n, hc*hidden]");
                 const int64_t n = int64_t(streams.shape(0));
                 float *mixed, *inject;
                 F32Out m_out = new_rows(n, h.hc.hidden, &mixed);
@@ -105,6 +106,7 @@ void init_model(nb::module_& m) {
         .def(
             "forward",
             [](MoeHandle& h, F32Rows x) {
+                if (int64_t(x.shape(1)) != h.moe.shape().hidden) throw nb::value_error("x must be [n, hidden]");
                 const int64_t n = int64_t(x.shape(0));
                 float* y;
                 F32Out out = new_rows(n, h.moe.shape().hidden, &y);
@@ -117,7 +119,7 @@ void init_model(nb::module_& m) {
         .def_prop_ro("n_past", &Qwen4ExpWindow::n_past)
         .def_prop_ro("max_ctx", &Qwen4ExpWindow::max_ctx)
         .def("reset", &Qwen4ExpWindow::reset)
-        .def("eval", &eval, nb::arg("tokens"), nb::arg("vocab"), nb::arg("all_logits") = true);
+        .def("eval", &eval, nb::arg("tokens"), nb::arg("all_logits") = true);
     nb::class_<Qwen4ExpModel>(m, "Qwen4ExpModel")
         .def("__init__",
              [](Qwen4ExpModel* self, const std::string& path) {

@@ -93,15 +93,19 @@ void init_ple(nb::module_& m) {
         .def(
             "__init__",
             [](PyPleLayer* self, const std::string& path, int64_t layer) {
-                new (self) PyPleLayer();
+                // Build everything first: nanobind does not destroy an object whose __init__ throws.
+                std::unique_ptr<GgufFile> file;
                 try {
-                    self->file = std::make_unique<GgufFile>(path);
+                    file = std::make_unique<GgufFile>(path);
                 } catch (const std::system_error& e) {
                     errno = e.code().value();
                     PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
                     throw nb::python_error();
                 }
-                self->layer = std::make_unique<PleLayer>(*self->file, path, layer);
+                auto ple = std::make_unique<PleLayer>(*file, path, layer);
+                new (self) PyPleLayer();
+                self->file = std::move(file);
+                self->layer = std::move(ple);
             },
             nb::arg("gguf_path"), nb::arg("layer"),
             "Load the PLE of decoder layer `layer`; raises ModelFormatError when the file lacks or "

@@ -59,7 +59,7 @@ class Window:
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
             bad = int(ids[(ids < 0) | (ids >= vocab)][0])
             raise ValueError(f"token id {bad} is out of range for a vocabulary of {vocab}")
-        return self._w.eval(np.ascontiguousarray(ids, dtype=np.int32), vocab, all_logits)
+        return self._w.eval(np.ascontiguousarray(ids, dtype=np.int32), all_logits)
 
 
 class Model:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import importlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._atomic import atomic_path
 from .errors import RegolithError
 
 __all__ = ["DEFAULT_MODEL", "KNOWN_MODELS", "KnownModel", "resolve_model"]
@@ -55,17 +55,10 @@ def _assemble(model: KnownModel) -> Path:
     target = _cache_dir() / pkg.MODEL_NAME
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     # Assemble (and checksum) into a temporary file, then rename: an interrupted first run never leaves
     # a truncated model behind.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".assemble-", suffix=".gguf")
-    os.close(fd)
-    try:
+    with atomic_path(target) as tmp:
         pkg.assemble(tmp, overwrite=True)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return target
 
 

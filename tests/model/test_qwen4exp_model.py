@@ -92,20 +92,48 @@ def test_reset_and_errors(case):
     w.eval(ids[:5])
     w.reset()
     assert w.n_past == 0
-    _check(w.eval(ids), ref)
+    # overflow on a partly filled window is refused and leaves its state as it was
+    _check(w.eval(ids[:30]), ref[:30])
+    with pytest.raises(RegolithError, match="context overflow"):
+        w.eval(np.full(SEQ - 30 + 1, 3))
+    assert w.n_past == 30
+    _check(w.eval(ids[30:]), ref[30:])
     with pytest.raises(RegolithError, match="context overflow"):
         w.eval(ids[:1])
-    assert w.n_past == SEQ
     with pytest.raises(ValueError, match="out of range"):
         model.window(8).eval([model.config["vocab_size"]])
 
 
-def test_unsupported_architecture_and_missing_tensor(tmp_path):
+def test_unsupported_architecture(tmp_path):
     from tests.gguf_samples import write_gguf as write_sample
 
     other = write_sample(tmp_path / "llama.gguf", [], [("w", np.zeros((2, 32), np.float32), None)])
     with pytest.raises(ModelFormatError, match="not supported"):
         regolith.Model.load(other)
+
+
+def test_missing_tensor_and_lying_block_count(tmp_path):
+    from regolith.convert import convert
+    from tests.model.twin import write_dequantized_twin
+    from tests.qwen4exp_models import save_tiny_model
+
+    good = convert(save_tiny_model(tmp_path / "hf", 7, **BASE), tmp_path / "good.gguf", "f32")
+    missing = write_dequantized_twin(good, tmp_path / "missing.gguf", drop="blk.2.ffn_up_exps.weight")
+    with pytest.raises(ModelFormatError, match=r"blk\.2\.ffn_up_exps\.weight"):
+        regolith.Model.load(missing)
+    # a block count far beyond the file is refused before it sizes anything
+    w = gguf.GGUFWriter(str(tmp_path / "lying.gguf"), "qwen4exp")
+    w.add_uint64("qwen4exp.block_count", 10**13)
+    for key in ("embedding_length", "hyper_connection.count", "hyper_connection.low_rank"):
+        w.add_uint32(f"qwen4exp.{key}", 4)
+    w.add_float32("qwen4exp.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFormatError, match="block_count"):
+        regolith.Model.load(tmp_path / "lying.gguf")
 
 
 def test_last_logits_only(case):

@@ -15,7 +15,8 @@ import numpy as np
 import regolith
 
 
-def write_dequantized_twin(src: str | Path, dst: str | Path) -> Path:
+def write_dequantized_twin(src: str | Path, dst: str | Path, drop: str | None = None) -> Path:
+    """Write the twin of ``src`` to ``dst`` (without tensor ``drop``, to make a broken file)."""
     reader = gguf.GGUFReader(str(src))
     arch = reader.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(str(dst), arch)
@@ -29,6 +30,8 @@ def write_dequantized_twin(src: str | Path, dst: str | Path) -> Path:
             w.add_key_value(key, field.contents(), vtype)
     with regolith.gguf.open(src) as f:
         for name in f.tensors:
+            if name == drop:
+                continue
             w.add_tensor(name, np.ascontiguousarray(f.tensor(name)))
     w.write_header_to_file()
     w.write_kv_data_to_file()

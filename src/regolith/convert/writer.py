@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,7 @@ import gguf
 import numpy as np
 
 from .. import quant
+from .._atomic import atomic_path
 from ..errors import ModelFormatError, RegolithError
 from . import qwen4exp
 from .checkpoint import Checkpoint
@@ -148,36 +147,20 @@ def convert(
     if tok_md:
         _add_kv(writer, tok_md)
 
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        writer.write_header_to_file(path=Path(tmp))
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for i, ((name, _shape, build), qtype) in enumerate(zip(plan, types, strict=True)):
-            data = build()
-            if isinstance(data, qwen4exp.PleTable):
-                _write_chunked(writer, name, data.chunks(), qtype)
-            else:
-                writer.write_tensor_data(_encode(data, qtype))
-            del data
-            if progress is not None:
-                progress(name, i, len(plan))
-        writer.flush()
-        os.fsync(writer.fout[0].fileno())
-        writer.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            writer.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(out_path.parent, os.O_RDONLY)
+    with atomic_path(out_path) as tmp:
         try:
-            os.fsync(dir_fd)
+            writer.write_header_to_file(path=tmp)
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            for i, ((name, _shape, build), qtype) in enumerate(zip(plan, types, strict=True)):
+                data = build()
+                if isinstance(data, qwen4exp.PleTable):
+                    _write_chunked(writer, name, data.chunks(), qtype)
+                else:
+                    writer.write_tensor_data(_encode(data, qtype))
+                del data
+                if progress is not None:
+                    progress(name, i, len(plan))
         finally:
-            os.close(dir_fd)
+            writer.close()
     return out_path
