@@ -109,6 +109,13 @@ std::optional<std::string> get_string(const GgufFile& f, const std::string& key)
     wrong(key, "a string");
 }
 
+std::string require_arch(const GgufFile& f, const std::string& arch) {
+    const std::string got = get_string(f, "general.architecture").value_or("<missing>");
+    if (got != arch)
+        throw ModelFormatError("architecture '" + got + "' is not supported by the " + arch + " loader");
+    return arch + ".";
+}
+
 std::string require_string(const GgufFile& f, const std::string& key) {
     const auto v = get_string(f, key);
     if (!v) throw ModelFormatError("missing metadata key '" + key + "'");

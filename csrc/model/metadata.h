@@ -22,6 +22,9 @@ std::optional<float> get_float(const GgufFile& f, const std::string& key);
 std::optional<bool> get_bool(const GgufFile& f, const std::string& key);
 std::string require_string(const GgufFile& f, const std::string& key);
 std::optional<std::string> get_string(const GgufFile& f, const std::string& key);
+// Checks general.architecture == arch (ModelFormatError "architecture 'x' is not supported by the <arch>
+// loader" otherwise) and returns the key prefix "<arch>.".
+std::string require_arch(const GgufFile& f, const std::string& arch);
 // An integer array, or a scalar integer broadcast to `n` elements when n > 0 (llama.cpp's "key or array").
 // With n > 0 an array must have exactly n elements. BOOL elements read as 0 / 1 only when allow_bool.
 std::optional<std::vector<int64_t>> get_int_array(const GgufFile& f, const std::string& key, int64_t n = 0,

@@ -94,9 +94,8 @@ void PleTable::read_row(int64_t row, float* dst) {
 PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer, Backend& backend)
     : backend_(&backend) {
     with_context("PLE: ", [&] {
-        const std::string arch = meta::get_string(file, "general.architecture").value_or("");
-        if (arch != "qwen4exp") throw ModelFormatError("general.architecture must be 'qwen4exp'");
-        auto key = [](const std::string& suffix) { return "qwen4exp." + suffix; };
+        const std::string prefix = meta::require_arch(file, "qwen4exp");
+        auto key = [&](const std::string& suffix) { return prefix + suffix; };
         auto bad = [&](const std::string& suffix, const std::string& what) {
             throw ModelFormatError("metadata key '" + key(suffix) + "' " + what);
         };

@@ -236,10 +236,8 @@ std::string context(int64_t layer) { return "qwen4exp QSA layer " + std::to_stri
 
 QsaShape qsa_shape_from_gguf(const GgufFile& file, int64_t layer) {
     return with_context(context(layer), [&] {
-        const std::string arch = meta::get_string(file, "general.architecture").value_or("<missing>");
-        if (arch != "qwen4exp")
-            throw ModelFormatError("general.architecture must be \"qwen4exp\", got \"" + arch + "\"");
-        auto key = [](const char* suffix) { return std::string("qwen4exp.") + suffix; };
+        const std::string prefix = meta::require_arch(file, "qwen4exp");
+        auto key = [&](const char* suffix) { return prefix + suffix; };
         const int64_t n_layer = meta::require_int(file, key("block_count"));
         if (layer < 0 || layer >= n_layer)
             throw ModelFormatError("no such layer, the model has " + std::to_string(n_layer));

@@ -7,18 +7,9 @@
 #include "model/metadata.h"
 
 namespace regolith {
-namespace {
-
-constexpr const char* kArch = "qwen4exp";
-
-std::string key(const char* suffix) { return std::string(kArch) + "." + suffix; }
-
-}  // namespace
-
 Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
-    const std::string arch = meta::require_string(f, "general.architecture");
-    if (arch != kArch)
-        throw ModelFormatError("architecture '" + arch + "' is not supported by the qwen4exp loader");
+    const std::string prefix = meta::require_arch(f, "qwen4exp");
+    const auto key = [&](const char* suffix) { return prefix + suffix; };
     Qwen4ExpConfig c;
     c.n_layer = meta::require_int(f, key("block_count"));
     c.hidden = meta::require_int(f, key("embedding_length"));
