@@ -218,6 +218,7 @@ def test_missing_expert(checkpoints: dict[str, Path], tmp_path: Path) -> None:
     _rewrite_weights(d, lambda t: t.pop("model.layers.0.mlp.experts.3.up_proj.weight"))
     with pytest.raises(regolith.ModelFormatError, match="layer 0 has 47 of 48 expert tensors"):
         convert(d, tmp_path / "o.gguf")
+    _assert_no_output(tmp_path / "o.gguf")
 
 
 def test_wrong_shape(checkpoints: dict[str, Path], tmp_path: Path) -> None:
