@@ -83,7 +83,7 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, Backend& backend)
 
 Qwen4ExpModel::~Qwen4ExpModel() = default;
 
-std::unique_ptr<Qwen4ExpWindow> Qwen4ExpModel::new_window(int64_t max_ctx) const {
+std::unique_ptr<ModelWindow> Qwen4ExpModel::new_window(int64_t max_ctx) const {
     return std::make_unique<Qwen4ExpWindow>(*this, max_ctx);
 }
 
@@ -93,6 +93,13 @@ Qwen4ExpWindow::Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx) : mo
 }
 
 int64_t Qwen4ExpWindow::vocab() const { return model_.config_.vocab; }
+
+bool Qwen4ExpWindow::truncate(int64_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (n < 0 || n > n_past_) throw Error("window: cannot truncate to " + std::to_string(n) + " of " +
+                                          std::to_string(n_past_) + " tokens");
+    return n == n_past_;
+}
 
 void Qwen4ExpWindow::reset() {
     std::lock_guard<std::mutex> lock(mutex_);

