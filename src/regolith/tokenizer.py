@@ -79,11 +79,10 @@ _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 # metadata key suffix (tokenizer.ggml.<key>) -> role; later keys overwrite earlier ones, as in llama.cpp
 _ID_KEYS = (
     ("bos_token_id", "bos"), ("eos_token_id", "eos"), ("eot_token_id", "eot"), ("eom_token_id", "eom"),
-    ("unknown_token_id", "unk"), ("seperator_token_id", "sep"), ("padding_token_id", "pad"),
-    ("mask_token_id", "mask"), ("fim_pre_token_id", "fim_pre"), ("fim_suf_token_id", "fim_suf"),
-    ("fim_mid_token_id", "fim_mid"), ("fim_pad_token_id", "fim_pad"), ("fim_rep_token_id", "fim_rep"),
-    ("fim_sep_token_id", "fim_sep"), ("prefix_token_id", "fim_pre"), ("suffix_token_id", "fim_suf"),
-    ("middle_token_id", "fim_mid"),
+    ("unknown_token_id", "unk"), ("padding_token_id", "pad"), ("fim_pre_token_id", "fim_pre"),
+    ("fim_suf_token_id", "fim_suf"), ("fim_mid_token_id", "fim_mid"), ("fim_pad_token_id", "fim_pad"),
+    ("fim_rep_token_id", "fim_rep"), ("fim_sep_token_id", "fim_sep"), ("prefix_token_id", "fim_pre"),
+    ("suffix_token_id", "fim_suf"), ("middle_token_id", "fim_mid"),
 )  # fmt: skip
 
 # Pre-tokenizer regexes, as llama.cpp writes them (llm_tokenizer_bpe; case-insensitive contractions
@@ -156,8 +155,6 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 _BYTE_LEVEL = _byte_level_alphabet()
-# odd, so invertible mod 2^64; the next is tried if two tokens share a hash under one
-_HASH_BASES = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9)
 _BYTE_LEVEL_DECODE = str.maketrans({c: chr(b) for c, b in _BYTE_LEVEL.items()})
 _BYTE_LEVEL_DELETE = str.maketrans(dict.fromkeys(_BYTE_LEVEL))
 
@@ -182,13 +179,18 @@ def _byte_level_piece(text: str) -> bytes:
     return bytes(out)
 
 
+# Bases of the substring hash in _spm_merges: odd, so invertible mod 2^64; the next is tried if two tokens
+# share a hash under one.
+_HASH_BASES = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9)
+
+
 def _spm_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
     """Every split of every token into two tokens, best-scoring result first.
 
     llama.cpp's SPM tokenizer merges any adjacent pair of symbols whose concatenation is a token, the
     highest-scoring token first. The splits are found in numpy: a polynomial hash (mod 2^64) of every
-    proper prefix and suffix of every token is looked up among the hashes of the tokens, and each match is
-    then confirmed on the strings, so a hash collision can cost time but never a wrong merge.
+    proper prefix and suffix of every token is looked up among the hashes of the tokens (one to one on the
+    tokens, so no split is missed), and each match is confirmed on the strings (so none is wrong).
     """
     n = len(tokens)
     lens = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
@@ -213,7 +215,7 @@ def _spm_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
         if not np.any(known[1:] == known[:-1]):  # hash -> token is one to one
             break
     else:
-        raise ModelFormatError("tokenizer.ggml.tokens: no collision-free hash of the vocabulary was found")
+        raise ModelFormatError("tokenizer.ggml.tokens: no hash base separates all tokens; report this file")
 
     mid = starts[owner] + cut
     left_hash = (prefix[mid] - prefix[starts[owner]]) * inverse[starts[owner]]
@@ -225,12 +227,13 @@ def _spm_merges(tokens: list[str], scores: np.ndarray) -> list[tuple[str, str]]:
     owner, cut, left_hash, right_hash = owner[hit], cut[hit], left_hash[hit], right_hash[hit]
     left = by_hash[np.minimum(np.searchsorted(known, left_hash), n - 1)]
     right = by_hash[np.minimum(np.searchsorted(known, right_hash), n - 1)]
-    hit = (token_hash[left] == left_hash) & (token_hash[right] == right_hash) & (lens[left] == cut)
-    owner, left, right = owner[hit], left[hit], right[hit]
-    order = np.argsort(-scores[owner], kind="stable")  # ties: token id, then split position
-    lefts = list(map(tokens.__getitem__, left[order].tolist()))
-    rights = list(map(tokens.__getitem__, right[order].tolist()))
-    exact = map(operator.eq, map(operator.add, lefts, rights), map(tokens.__getitem__, owner[order].tolist()))
+    hit = (token_hash[left] == left_hash) & (token_hash[right] == right_hash)
+    hit &= (lens[left] == cut) & (lens[right] == lens[owner] - cut)
+    order = np.argsort(-scores[owner[hit]], kind="stable")  # ties: token id, then split position
+    owners = list(map(tokens.__getitem__, owner[hit][order].tolist()))
+    lefts = list(map(tokens.__getitem__, left[hit][order].tolist()))
+    rights = list(map(tokens.__getitem__, right[hit][order].tolist()))
+    exact = map(operator.and_, map(str.startswith, owners, lefts), map(str.endswith, owners, rights))
     return list(compress(zip(lefts, rights, strict=True), exact))
 
 
