@@ -143,6 +143,7 @@ _CLEAN_PASSES = (
 # A clean-up pattern can span a position only if the byte before it is one of these, so text up to the
 # last other byte is final (StreamDecoder).
 _CLEAN_OPEN = b" 'rv"
+_SURROGATE = re.compile("[\ud800-\udfff]")  # str can hold them; UTF-8 cannot
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -669,9 +670,6 @@ class Tokenizer:
     def stream_decoder(self, *, skip_special: bool = False) -> StreamDecoder:
         """A decoder that takes ids one at a time; its outputs concatenate to ``decode(ids, skip_special=...)``."""
         return StreamDecoder(self, skip_special=skip_special)
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class StreamDecoder:
