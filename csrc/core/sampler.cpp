@@ -55,6 +55,20 @@ float max_of(const float* x, int64_t n) {
     return *std::max_element(lane, lane + 8);
 }
 
+// f(i) for each i < n with x[i] >= floor, in order. Such tokens are usually a small part of the vocabulary:
+// a vectorised test skips runs of 16 without any.
+template <class F>
+void for_each_at_least(const float* x, int64_t n, float floor, F f) {
+    for (int64_t lo = 0; lo < n; lo += 16) {
+        const int64_t hi = std::min(n, lo + 16);
+        int any = 0;
+        for (int64_t i = lo; i < hi; ++i) any |= x[i] >= floor;
+        if (!any) continue;
+        for (int64_t i = lo; i < hi; ++i)
+            if (x[i] >= floor) f(i);
+    }
+}
+
 // Token order for top_k and top_p: larger logit first, ties -> lower id.
 inline bool better(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
@@ -246,18 +260,10 @@ void Sampler::top_p() {
     constexpr int kBuckets = (0x3f800000 >> 19) + 1;  // weights are in (0, 1]
     bucket_mass_.assign(kBuckets, 0.0);
     candidates_.clear();
-    // Candidates are a few percent of the vocabulary: a vectorised test skips runs of 16 without any.
-    for (int64_t lo = 0; lo < n_vocab_; lo += 16) {
-        const int64_t hi = std::min(n_vocab_, lo + 16);
-        int any = 0;
-        for (int64_t i = lo; i < hi; ++i) any |= e[i] >= floor;
-        if (!any) continue;
-        for (int64_t i = lo; i < hi; ++i) {
-            if (!(e[i] >= floor)) continue;
-            candidates_.push_back(int32_t(i));
-            bucket_mass_[size_t(bucket(e[i]))] += e[i];
-        }
-    }
+    for_each_at_least(e, n_vocab_, floor, [&](int64_t i) {
+        candidates_.push_back(int32_t(i));
+        bucket_mass_[size_t(bucket(e[i]))] += e[i];
+    });
     // The crossing bucket; should rounding leave the sum short, every bucket is taken whole.
     double cum = 0;
     int cross = kBuckets - 1;
@@ -285,8 +291,8 @@ void Sampler::min_p() {
     const float floor = float(p_.min_p);
     if (dense_) {
         kept_.clear();
-        for (int64_t i = 0; i < n_vocab_; ++i)
-            if (e_[size_t(i)] >= floor) kept_.emplace_back(e_[size_t(i)], int32_t(i));
+        for_each_at_least(e_.data(), n_vocab_, floor,
+                          [&](int64_t i) { kept_.emplace_back(e_[size_t(i)], int32_t(i)); });
         dense_ = false;
         return;
     }
