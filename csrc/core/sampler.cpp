@@ -185,8 +185,9 @@ int32_t Sampler::prepare(const float* logits, int64_t n_vocab, const int32_t* ba
     return -1;
 }
 
-// Weights e = exp((w - max) / T) of every token, and their sums per block of kBlock tokens (8 interleaved
-// partial sums each, combined in a fixed order), so the draw can skip whole blocks.
+// Weights e = exp((w - max) * (1/T)) of every token (1/T rounded to float once), and their sums per block
+// of kBlock tokens (8 interleaved partial sums each, combined in a fixed order), so the draw can skip whole
+// blocks.
 void Sampler::dense_softmax(float max_logit, float inv_t) {
     const int64_t n = n_vocab_, n_blocks = (n + kBlock - 1) / kBlock;
     e_.resize(size_t(n));

@@ -1,6 +1,6 @@
 """regolith: run huge sparse Mixture-of-Experts language models on machines far smaller than the model."""
 
-from . import gguf, models, quant, sampling
+from . import antislop, gguf, models, quant, sampling
 from .errors import GGUFError, ModelFormatError, RegolithError, SamplingError
 from .model import Model, Window
 
@@ -14,6 +14,7 @@ __all__ = [
     "SamplingError",
     "Window",
     "__version__",
+    "antislop",
     "gguf",
     "models",
     "quant",

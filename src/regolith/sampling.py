@@ -131,6 +131,8 @@ class Sampler:
     """
 
     def __init__(self, params: SamplingParams, n_vocab: int):
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         if not _is_int(n_vocab) or not 1 <= n_vocab < 2**31:
             raise ValueError(f"n_vocab must be an integer in [1, 2**31), got {n_vocab!r}")
         for token in params.logit_bias:
