@@ -219,6 +219,8 @@ def test_bad_lists(tmp_path):
         SlopList([])
     with pytest.raises(TypeError):
         SlopList([1])
+    with pytest.raises(TypeError, match="not one string"):
+        SlopMatcher("tapestry")
 
 
 def _brute_force(phrases: list[str], text: str, ranges, start: int) -> tuple[int, int] | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 from collections import Counter
 from dataclasses import dataclass
 
@@ -319,6 +320,7 @@ def test_same_seed_same_tokens_and_reseed():
     a.reseed(42)
     assert first == [a.sample(logits) for _ in range(300)]
     assert len(set(first)) > 5
+    assert pickle.loads(pickle.dumps(params)) == params
     unseeded = Sampler(SamplingParams(), 10)
     assert 0 <= unseeded.seed < 2**64
 

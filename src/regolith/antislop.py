@@ -72,6 +72,8 @@ class SlopList:
     """
 
     def __init__(self, phrases: Iterable[str]):
+        if isinstance(phrases, str):
+            raise TypeError("phrases must be an iterable of strings, not one string")
         normalized: set[str] = set()
         for raw in phrases:
             if not isinstance(raw, str):

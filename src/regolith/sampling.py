@@ -22,7 +22,6 @@ import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 import numpy as np
 
@@ -56,7 +55,8 @@ class SamplingParams:
         presence_penalty: subtracted once from the logit of every token in the recent history.
         frequency_penalty: subtracted per occurrence in the recent history.
         penalty_last_n: how many of the latest history tokens the penalties look at; -1 = all, 0 = none.
-        logit_bias: token id -> value added to its logit; ``-math.inf`` bans the token.
+        logit_bias: token id -> value added to its logit; ``-math.inf`` bans the token (kept as a copy; treat
+            it as read-only).
         seed: seed of the random generator; None draws one from the operating system.
     """
 
@@ -105,7 +105,7 @@ class SamplingParams:
             if -math.inf < value and abs(value) > _F32_MAX:
                 raise ValueError(f"logit_bias[{token}] = {value} is outside the float32 range")
             bias[int(token)] = float(value)
-        object.__setattr__(self, "logit_bias", MappingProxyType(bias))
+        object.__setattr__(self, "logit_bias", bias)
 
 
 def _ids(values: Sequence[int] | np.ndarray, n_vocab: int, what: str) -> np.ndarray:
