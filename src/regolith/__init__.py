@@ -1,7 +1,7 @@
 """regolith: run huge sparse Mixture-of-Experts language models on machines far smaller than the model."""
 
-from . import gguf, models, quant
-from .errors import GGUFError, ModelFormatError, RegolithError
+from . import antislop, gguf, models, quant, sampling
+from .errors import GGUFError, ModelFormatError, RegolithError, SamplingError
 from .model import Model, Window
 
 __version__ = "0.1.0"
@@ -11,9 +11,12 @@ __all__ = [
     "Model",
     "ModelFormatError",
     "RegolithError",
+    "SamplingError",
     "Window",
     "__version__",
+    "antislop",
     "gguf",
     "models",
     "quant",
+    "sampling",
 ]

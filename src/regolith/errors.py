@@ -14,3 +14,7 @@ class GGUFError(RegolithError, ValueError):
 
 class ModelFormatError(RegolithError, ValueError):
     """A model file is well-formed but does not describe a model regolith can run as stated."""
+
+
+class SamplingError(RegolithError, ValueError):
+    """Logits the sampler cannot draw from: NaN or +inf values, or no token left (all banned or -inf)."""
