@@ -82,8 +82,6 @@ class SlopList:
             if not _WORD.search(phrase):
                 raise ValueError(f"phrase {raw!r} has no letter, digit or underscore to match on")
             normalized.add(phrase)
-        if not normalized:
-            raise ValueError("a slop list needs at least one phrase")
         self.phrases: tuple[str, ...] = tuple(sorted(normalized))
         self._set = frozenset(normalized)
 
@@ -383,7 +381,7 @@ class SlopMatcher:
         self.phrases = phrases
         self.prose = prose if prose is not None else ProseFilter()
         self._sorted = phrases.phrases
-        self._max_len = max(len(p) for p in self._sorted)
+        self._max_len = max((len(p) for p in self._sorted), default=0)
         self._trie: dict = {}
         for phrase in self._sorted:
             node = self._trie
@@ -496,4 +494,4 @@ def _trie_regex(trie: dict) -> re.Pattern[str]:
     other = [piece(c) + below(child, c) for c, child in sorted(trie.items()) if not _is_word(c)]
     # One lookbehind for all word-initial phrases: a lookbehind per branch makes the search ~6x slower.
     parts = ([r"(?<!\w)(?:" + "|".join(word) + ")"] if word else []) + other
-    return re.compile("|".join(parts), re.IGNORECASE)
+    return re.compile("|".join(parts) if parts else "(?!)", re.IGNORECASE)  # (?!) never matches

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -16,6 +16,10 @@ from . import __version__
 from . import gguf as _gguf
 from .errors import RegolithError
 from .models import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
+
+if TYPE_CHECKING:
+    from .generation import Generation
+    from .model import Model
 
 __all__ = ["main"]
 
@@ -124,6 +128,181 @@ def _convert(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _load(args: argparse.Namespace, console: Console) -> Model:
+    from .model import Model
+
+    with console.status("loading the model", spinner="dots"):
+        model = Model.load(args.model, n_ctx=args.ctx)
+        model.tokenizer  # noqa: B018 - built here so its cost shows under the spinner, not in the first reply
+    return model
+
+
+def _generation_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temp,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repeat_penalty": args.repeat_penalty,
+        "seed": args.seed,
+        "stop": args.stop or None,
+        "antislop": _antislop_option(args),
+    }
+    return options
+
+
+def _antislop_option(args: argparse.Namespace) -> bool | Any:
+    if args.slop_list:
+        from .antislop import SlopList
+
+        return SlopList.load(args.slop_list)
+    return args.antislop
+
+
+def _stream(gen: Generation, out: Any) -> None:
+    for piece in gen:
+        out.write(piece)
+        out.flush()
+
+
+def _report(gen: Generation, console: Console) -> None:
+    st = gen.stats
+    console.print(
+        f"[dim]prompt {st.prompt_tokens} tokens ({st.cached_tokens} cached), "
+        f"{st.prefill_tokens_per_second:.1f} tok/s | generated {st.generated_tokens} tokens, "
+        f"{st.decode_tokens_per_second:.1f} tok/s | {gen.finish_reason}[/dim]",
+        highlight=False,
+    )
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    err = Console(stderr=True)
+    model = _load(args, err)
+    options = _generation_options(args)
+    if args.chat:
+        gen = model.chat([{"role": "user", "content": prompt}], stream=True, **options)
+    else:
+        gen = model.generate(prompt, stream=True, **options)
+    try:
+        _stream(gen, sys.stdout)
+    finally:
+        gen.close()
+    sys.stdout.write("\n")
+    if not args.quiet:
+        _report(gen, err)
+    return 0
+
+
+_CHAT_HELP = """commands: /reset (forget the conversation), /save PATH (write it as JSON), /exit (or Ctrl-D)
+multi-line input: end a line with \\ to continue it, or wrap a block in triple quotes (\"\"\")"""
+
+
+def _read_message(console: Console) -> str | None:
+    """One user message from the terminal (None at end of input)."""
+    try:
+        line = input(">>> ")
+    except EOFError:
+        return None
+    if line.strip() == '"""':
+        lines = []
+        while True:
+            try:
+                more = input("... ")
+            except EOFError:
+                break
+            if more.strip() == '"""':
+                break
+            lines.append(more)
+        return "\n".join(lines)
+    lines = []
+    while line.endswith("\\"):
+        lines.append(line[:-1])
+        try:
+            line = input("... ")
+        except EOFError:
+            break
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def _chat(args: argparse.Namespace, console: Console) -> int:
+    from .session import Session
+
+    model = _load(args, console)
+    session = Session(model, system=args.system, **_generation_options(args))
+    if not args.quiet:
+        console.print(
+            f"[dim]{escape(os.path.basename(model.path))} - {escape(_CHAT_HELP)}[/dim]", highlight=False
+        )
+    while True:
+        text = _read_message(console)
+        if text is None:
+            break
+        command = text.strip()
+        if command in ("/exit", "/quit"):
+            break
+        if command == "/reset":
+            session.reset()
+            console.print("[dim]conversation cleared[/dim]")
+            continue
+        if command.startswith("/save"):
+            path = command[len("/save") :].strip()
+            if not path:
+                console.print("[red]usage: /save PATH[/red]")
+                continue
+            session.save_transcript(path)
+            console.print(f"[dim]saved {len(session.messages)} messages to {escape(path)}[/dim]")
+            continue
+        if command in ("/help", "/?"):
+            console.print(escape(_CHAT_HELP), highlight=False)
+            continue
+        if not command:
+            continue
+        gen = session.send(text, stream=True)
+        try:
+            _stream(gen, sys.stdout)
+        except KeyboardInterrupt:
+            console.print("\n[dim]stopped[/dim]")
+        finally:
+            gen.close()
+        sys.stdout.write("\n")
+        if not args.quiet:
+            _report(gen, console)
+    return 0
+
+
+def _add_generation_arguments(p: argparse.ArgumentParser, *, antislop_default: bool) -> None:
+    known = ", ".join(f"{k} ({m.description})" for k, m in KNOWN_MODELS.items())
+    p.add_argument(
+        "model",
+        nargs="?",
+        help=f"a .gguf file or a known model name (default: {DEFAULT_MODEL}); known: {known}",
+    )
+    p.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default 0.8)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95; 1 = off)")
+    p.add_argument(
+        "--top-k", type=int, default=40, help="keep the k most likely tokens (default 40; 0 = off)"
+    )
+    p.add_argument(
+        "--min-p", type=float, default=0.05, help="drop tokens below min-p x the best (default 0.05)"
+    )
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty (default 1 = off)")
+    p.add_argument("--seed", type=int, help="random seed (default: a fresh one each run)")
+    p.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
+    p.add_argument("--ctx", type=int, help="context size in tokens (default: the model's, at most 8192)")
+    p.add_argument(
+        "--antislop",
+        action=argparse.BooleanOptionalAction,
+        default=antislop_default,
+        help=f"ban overused phrases in prose (default {'on' if antislop_default else 'off'})",
+    )
+    p.add_argument("--slop-list", metavar="FILE", help="phrases to ban, one per line (implies --antislop)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no speed report")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="regolith",
@@ -168,6 +347,29 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the regex is not recognised")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     c.set_defaults(func=_convert)
+
+    r = sub.add_parser(
+        "run",
+        help="generate text from a prompt",
+        description="Continue a prompt (or, with --chat, answer it as a chat message) and stream the text; "
+        "the speed is reported on stderr.",
+    )
+    _add_generation_arguments(r, antislop_default=False)
+    r.add_argument("-p", "--prompt", help="the prompt (default: read standard input)")
+    r.add_argument(
+        "--chat", action="store_true", help="send the prompt as a user message through the chat template"
+    )
+    r.set_defaults(func=_run)
+
+    ch = sub.add_parser(
+        "chat",
+        help="chat with a model in the terminal",
+        description="An interactive conversation, streamed; only each turn's new tokens are evaluated. "
+        + _CHAT_HELP,
+    )
+    _add_generation_arguments(ch, antislop_default=True)
+    ch.add_argument("--system", help="a system prompt")
+    ch.set_defaults(func=_chat)
     return parser
 
 

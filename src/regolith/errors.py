@@ -18,3 +18,7 @@ class ModelFormatError(RegolithError, ValueError):
 
 class SamplingError(RegolithError, ValueError):
     """Logits the sampler cannot draw from: NaN or +inf values, or no token left (all banned or -inf)."""
+
+
+class ContextOverflowError(RegolithError, ValueError):
+    """A prompt (or a prompt plus its reply) does not fit in the context window."""

@@ -572,10 +572,10 @@ class Tokenizer:
         """Whether the token is a control token (after llama.cpp's adjustments: end markers are control)."""
         return bool(self._attrs[self._check(token_id)] & _CONTROL)
 
-    def token_bytes(self, token_id: int) -> bytes:
-        """The bytes the token contributes to detokenized text, special tokens rendered
-        (llama.cpp's ``token_to_piece(id, special=True)``)."""
-        return self._piece(self._check(token_id))
+    def token_bytes(self, token_id: int, *, special: bool = True) -> bytes:
+        """The bytes the token contributes to detokenized text (llama.cpp's ``token_to_piece(id, special)``):
+        with ``special=False`` control tokens contribute nothing, as in generated text."""
+        return self._visible_piece(self._check(token_id), special)
 
     def _piece(self, i: int) -> bytes:
         piece = self._pieces[i]
