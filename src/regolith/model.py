@@ -14,7 +14,11 @@ from .models import resolve_model
 
 __all__ = ["Model", "Window"]
 
-_ARCHITECTURES = {"qwen4exp": _core.Qwen4ExpModel}
+_ARCHITECTURES = {
+    "gemma3": _core.DenseModel,
+    "qwen2": _core.DenseModel,
+    "qwen4exp": _core.Qwen4ExpModel,
+}
 
 
 class Window:
