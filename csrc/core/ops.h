@@ -33,7 +33,9 @@ public:
     virtual const char* name() const = 0;
 
     // y[t][r] = sum_c W[r][c] * x[t][c] for t < ntok.  x: [ntok][cols] f32, y: [ntok][rows] f32.
-    // ntok 1..8 is the decode / speculative-verify path; larger ntok is prefill.
+    // ntok 1..8 is the decode / speculative-verify path; larger ntok is prefill. y[t][r] depends on W row r
+    // and x[t] only (bit for bit, whatever ntok). For F32 / F16 / BF16 weights the sum over c is periodic in
+    // at most 16 lanes: appending zero columns in multiples of 16 leaves it unchanged bit for bit.
     virtual void matmul(const WeightView& w, const float* x, int64_t ntok, float* y) = 0;
 
     // Many independent products (e.g. every routed expert of a layer with its tokens): one dispatch for

@@ -8,10 +8,12 @@
 
 #include "bindings.h"
 #include "numpy_out.h"
+#include "model/dense_lm.h"
 #include "model/qwen4exp.h"
 
 namespace {
 
+using regolith::DenseModel;
 using regolith::Qwen4ExpModel;
 using regolith::ModelWindow;
 using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
@@ -37,6 +39,39 @@ nb::dict config_dict(const Qwen4ExpModel& m) {
     d["shared_expert_intermediate_size"] = c.moe.ff_shared;
     d["norm_topk_prob"] = c.moe.norm_topk_prob;
     return d;
+}
+
+nb::dict dense_config_dict(const DenseModel& m) {
+    const auto& c = m.config();
+    nb::dict d;
+    d["architecture"] = c.arch;
+    d["n_layer"] = c.n_layer;
+    d["hidden_size"] = c.hidden;
+    d["vocab_size"] = c.vocab;
+    d["context_length"] = c.context_length;
+    d["rms_norm_eps"] = c.eps;
+    d["num_attention_heads"] = c.n_head;
+    d["num_key_value_heads"] = c.n_head_kv;
+    d["head_dim"] = c.head_dim;
+    d["intermediate_size"] = c.n_ff;
+    d["rope_dimension_count"] = c.n_rot;
+    d["rope_theta"] = c.rope_base;
+    d["rope_scaling_factor"] = 1.0f / c.rope_scale;
+    d["rope_local_base_freq"] = c.rope_base_swa;
+    d["sliding_window"] = c.sliding_window;
+    nb::list types;
+    for (bool swa : c.swa) types.append(swa ? "sliding_attention" : "full_attention");
+    d["layer_types"] = types;
+    d["attention_scale"] = c.attn_scale;
+    d["hidden_activation"] = c.act == regolith::FfnActivation::GeluTanh ? "gelu_pytorch_tanh" : "silu";
+    d["final_logit_softcapping"] = c.final_softcap;
+    return d;
+}
+
+regolith::KvType kv_type(const std::string& name) {
+    if (name == "f16") return regolith::KvType::F16;
+    if (name == "f32") return regolith::KvType::F32;
+    throw nb::value_error(("kv_type must be 'f16' or 'f32', not '" + name + "'").c_str());
 }
 
 Logits eval(ModelWindow& w, Tokens tokens, bool all_logits) {
@@ -132,4 +167,19 @@ void init_model(nb::module_& m) {
              nb::arg("path"))
         .def("config", &config_dict)
         .def("new_window", &Qwen4ExpModel::new_window, nb::arg("max_ctx"), nb::keep_alive<0, 1>());
+    nb::class_<DenseModel>(m, "DenseModel", "A gemma3 or qwen2 model (dense decoder-only transformer).")
+        .def("__init__",
+             [](DenseModel* self, const std::string& path) {
+                 nb::gil_scoped_release release;
+                 new (self) DenseModel(path);
+             },
+             nb::arg("path"))
+        .def("config", &dense_config_dict)
+        .def(
+            "new_window",
+            [](const DenseModel& m, int64_t max_ctx, const std::string& kv) {
+                return m.new_window(max_ctx, kv_type(kv));
+            },
+            nb::arg("max_ctx"), nb::arg("kv_type") = "f16", nb::keep_alive<0, 1>(),
+            "A window of up to max_ctx tokens; kv_type 'f16' (llama.cpp's default cache) or 'f32'.");
 }

@@ -26,7 +26,11 @@ DEFAULT_MAX_TOKENS = 256
 # llama.cpp's defaults, which users of its tools know.
 SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
 
-_ARCHITECTURES = {"qwen4exp": _core.Qwen4ExpModel}
+_ARCHITECTURES = {
+    "gemma3": _core.DenseModel,
+    "qwen2": _core.DenseModel,
+    "qwen4exp": _core.Qwen4ExpModel,
+}
 
 
 class Window:

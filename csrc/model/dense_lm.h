@@ -1,0 +1,114 @@
+// Dense decoder-only transformers (llama.cpp's gemma3 and qwen2 graphs) on the Backend op interface:
+// token embedding, per layer RMSNorm -> GQA attention with RoPE -> residual -> RMSNorm -> gated FFN ->
+// residual, final RMSNorm and the LM head. What differs between architectures is data in DenseConfig, so
+// llama-like architectures are a new from_gguf case. Weights are views into the GGUF mapping; the KV caches
+// live in a DenseWindow.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/gguf.h"
+#include "core/ops.h"
+#include "model/causal_attention.h"
+#include "model/language_model.h"
+#include "model/weights.h"
+
+namespace regolith {
+
+enum class FfnActivation { Silu, GeluTanh };  // act(gate) * up
+
+struct DenseConfig {
+    std::string arch;  // general.architecture
+    int64_t n_layer = 0;
+    int64_t hidden = 0;
+    int64_t n_head = 0;
+    int64_t n_head_kv = 0;
+    int64_t head_dim = 0;  // attention.key_length == attention.value_length
+    int64_t n_ff = 0;
+    int64_t vocab = 0;
+    int64_t context_length = 0;
+    int64_t n_rot = 0;           // rope.dimension_count: leading dims rotated, NEOX pairs (i, i + n_rot/2)
+    float eps = 1e-6f;           // attention.layer_norm_rms_epsilon
+    float rope_base = 10000.0f;  // rope.freq_base (global layers)
+    float rope_scale = 1.0f;     // linear RoPE scaling on global layers: positions times 1 / rope.scaling.factor
+    float rope_base_swa = 10000.0f;  // rope.freq_base_swa (sliding-window layers, never scaled)
+    int64_t sliding_window = 0;      // attention.sliding_window; 0: none
+    std::vector<bool> swa;           // per layer: sliding-window attention
+    float attn_scale = 1.0f;
+    bool scale_query = false;  // attn_scale multiplies q before q·k (gemma3), else q·k (qwen2), as llama.cpp
+    float embed_scale = 1.0f;  // token embeddings are multiplied by it (gemma3: sqrt(hidden))
+    bool qk_norm = false;      // per-head RMSNorm of q and k before RoPE (attn_q_norm / attn_k_norm)
+    bool post_norms = false;   // RMSNorm of the attention and FFN outputs before their residual adds
+    FfnActivation act = FfnActivation::Silu;
+    float final_softcap = 0.0f;  // logits = c * tanh(logits / c) when > 0
+
+    static DenseConfig from_gguf(const GgufFile& file);
+};
+
+class DenseWindow;
+
+class DenseModel {
+public:
+    // Maps and validates a gemma3 or qwen2 GGUF. Throws GGUFError / ModelFormatError naming the key or tensor.
+    explicit DenseModel(const std::string& path, Backend& backend = cpu_backend());
+
+    const DenseConfig& config() const { return config_; }
+    std::unique_ptr<ModelWindow> new_window(int64_t max_ctx, KvType kv_type = KvType::F16) const;
+
+private:
+    friend class DenseWindow;
+    // Norm gammas as stored (llama.cpp's gemma converter already adds Gemma's +1); biases may be null.
+    struct Layer {
+        const float* attn_norm = nullptr;  // [hidden]
+        WeightView q, k, v;                // [n_head * D][hidden], [n_head_kv * D][hidden] twice
+        WeightView o;                      // [hidden][n_head * D]
+        const float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
+        const float *q_norm = nullptr, *k_norm = nullptr;  // [D]
+        const float* post_attn_norm = nullptr;             // [hidden]
+        const float* ffn_norm = nullptr;                   // [hidden]
+        WeightView gate, up, down;                         // [n_ff][hidden] twice, [hidden][n_ff]
+        const float* post_ffn_norm = nullptr;              // [hidden]
+    };
+
+    GgufFile file_;
+    ModelWeights weights_;
+    Backend& backend_;
+    DenseConfig config_;
+    std::vector<std::vector<float>> owned_;  // f32 copies of norms / biases stored in other types
+    WeightView tok_embd_;                    // [vocab][hidden]
+    WeightView output_;                      // [vocab][hidden] (token_embd when absent)
+    const float* output_bias_ = nullptr;     // [vocab]
+    const float* output_norm_ = nullptr;     // [hidden]
+    std::vector<Layer> layers_;
+};
+
+// One inference context: tokens in, logits out, continuing from the KV caches of earlier calls.
+class DenseWindow final : public ModelWindow {
+public:
+    DenseWindow(const DenseModel& model, int64_t max_ctx, KvType kv_type);
+
+    int64_t n_past() const override { return n_past_; }
+    int64_t max_ctx() const override { return max_ctx_; }
+    int64_t vocab() const override { return model_.config_.vocab; }
+    void reset() override;
+    void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
+    // Always succeeds: the caches keep every position.
+    bool truncate(int64_t n) override;
+
+private:
+    void eval_chunk(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
+    void reset_locked();
+
+    std::mutex mutex_;
+    const DenseModel& model_;
+    int64_t max_ctx_;
+    KvType kv_type_;
+    int64_t n_past_ = 0;
+    std::vector<KvCache> kv_;  // per layer
+};
+
+}  // namespace regolith
