@@ -33,10 +33,6 @@ def qwen():
 PROSE = "The old lighthouse keeper looked out over the sea and"
 
 
-def _words(text: str) -> list[tuple[int, str]]:
-    return [(m.start(), m.group()) for m in re.finditer(r"[A-Za-z]+", text)]
-
-
 def test_antislop_with_an_empty_list_changes_nothing(gemma):
     plain = gemma.generate(PROSE, 40, stream=True, **GREEDY)
     text = "".join(plain)
@@ -46,12 +42,10 @@ def test_antislop_with_an_empty_list_changes_nothing(gemma):
 
 def test_antislop_removes_a_phrase_greedy_decoding_produces(gemma):
     text = gemma.generate(PROSE, 40, **GREEDY)
-    words = _words(text)
-    assert len(words) >= 6, text
     # A two-word phrase from the middle of the greedy reply.
-    (start, w1), (_, w2) = words[3], words[4]
-    phrase = f"{w1} {w2}"
-    assert text[start : start + len(phrase)] == phrase
+    m = re.compile(r"(?<![A-Za-z])[A-Za-z]+ [A-Za-z]+(?![A-Za-z])").search(text, 15)
+    assert m is not None, text
+    start, phrase = m.start(), m.group()
     gen = gemma.generate(PROSE, 40, stream=True, antislop=[phrase], **GREEDY)
     banned = "".join(gen)
     assert gen.stats.backtracks >= 1
@@ -63,9 +57,9 @@ def test_antislop_removes_a_phrase_greedy_decoding_produces(gemma):
 def test_antislop_leaves_code_alone(qwen):
     prompt = "Complete the function.\n```python\ndef fibonacci(n):\n"
     code = qwen.generate(prompt, 32, **GREEDY)
-    assert "return" in code, code
+    assert "Fibonacci" in code, code
     # The reply continues inside the open code fence, so a ban on a word in it must not fire.
-    gen = qwen.generate(prompt, 32, stream=True, antislop=["return"], **GREEDY)
+    gen = qwen.generate(prompt, 32, stream=True, antislop=["Fibonacci"], **GREEDY)
     assert "".join(gen) == code and gen.stats.backtracks == 0
 
 

@@ -173,6 +173,7 @@ def _report(gen: Generation, console: Console) -> None:
         f"{st.prefill_tokens_per_second:.1f} tok/s | generated {st.generated_tokens} tokens, "
         f"{st.decode_tokens_per_second:.1f} tok/s | {gen.finish_reason}[/dim]",
         highlight=False,
+        soft_wrap=True,
     )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import codecs
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -162,6 +162,7 @@ class Generation(Iterator[str]):
         self._sampling = sampling
         self._stop = list(stop)
         self._slop = slop
+        self._lead = ""  # the prompt's unfinished code block or tool call, which the reply continues
         self._on_finish = on_finish
         self._steps = self._run()
 
@@ -197,6 +198,8 @@ class Generation(Iterator[str]):
         self.stats.prefill_seconds = t1 - t0
 
         eog = tok.eog_ids
+        if self._slop is not None:
+            self._lead = self._open_construct(tok.decode(self.prompt))
         sampler = Sampler(self._sampling, logits.shape[-1])
         sampler.set_history(self.prompt)
         out = _Text()
@@ -247,7 +250,7 @@ class Generation(Iterator[str]):
 
                 safe = len(text) - self._held_for_stop(text)
                 if self._slop is not None:
-                    safe = min(safe, self._slop.pending_prefix(text))
+                    safe = min(safe, self._slop.pending_prefix(self._lead + text) - len(self._lead))
                 if safe > emitted:
                     piece, emitted = text[emitted:safe], safe
                     self.text += piece
@@ -263,13 +266,26 @@ class Generation(Iterator[str]):
             self.stats.generated_tokens = len(self.tokens)
             self.stats.decode_seconds = time.perf_counter() - t1
 
+    def _open_construct(self, prompt_text: str) -> str:
+        """The tail of the prompt that is not prose at its end (an open code fence or tool call), or ''."""
+        assert self._slop is not None
+        scan = self._slop.prose.scan(prompt_text)
+        prose_end = scan.ranges[-1][1] if scan.ranges else 0
+        return prompt_text[prose_end:] if prose_end < len(prompt_text) else ""
+
     def _violation(self, text: str, emitted: int, slop_from: int, *, partial: bool) -> Violation | None:
-        """The first banned phrase in unreleased prose, if anti-slop is on."""
+        """The first banned phrase in unreleased prose, if anti-slop is on, in ``text``'s coordinates.
+
+        The reply is scanned after the prompt's open construct, so a reply that continues a code block the
+        prompt opened is known to be code."""
         if self._slop is None:
             return None
-        v = self._slop.find_violation(text, max(emitted, slop_from), partial=partial)
+        lead, start = len(self._lead), max(emitted, slop_from)
+        v = self._slop.find_violation(self._lead + text, lead + start, partial=partial)
         # A phrase reaching back into released text cannot be retracted (holding back prevents this).
-        return v if v is not None and v.start_char >= max(emitted, slop_from) else None
+        if v is None or v.start_char < lead + start:
+            return None
+        return replace(v, start_char=v.start_char - lead, end_char=v.end_char - lead)
 
     def _backtrack(
         self, out: _Text, sampler: Sampler, bans: dict[int, set[int]], v: Violation
