@@ -4,6 +4,7 @@ leaves code alone; chat through a real template; the CLI's run command.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -79,3 +80,26 @@ def test_cli_run_streams_text_and_reports_speed(gemma, capsys):
     out, err = capsys.readouterr()
     assert out.strip() == gemma.generate(PROSE, 12, **GREEDY).strip()
     assert "tok/s" in err
+
+
+def test_cli_chat_session_commands(gemma, tmp_path, monkeypatch, capsys):
+    from regolith.cli import main
+
+    saved = tmp_path / "chat.json"
+    script = iter(
+        ["Tell me a story \\", "about a cat.", "/save " + str(saved), "/reset", '"""', "Hi", "there", '"""']
+    )
+
+    def fake_input(prompt: str = "") -> str:
+        try:
+            return next(script)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    assert main(["chat", gemma.path, "-n", "6", "--temp", "0", "-q"]) == 0
+    messages = json.loads(saved.read_text())["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    assert messages[0]["content"] == "Tell me a story \nabout a cat."
+    out = capsys.readouterr().out
+    assert "saved 2 messages" in out and "conversation cleared" in out
