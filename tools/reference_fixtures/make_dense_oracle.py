@@ -40,8 +40,13 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     for arch, name in MODELS.items():
         path = resolve_model(name)
-        ids = json.loads((ROOT / "tests" / "fixtures" / "llamacpp" / f"dense-{arch}.json").read_text())["text"]["ids"]
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        text = json.loads((ROOT / "tests" / "fixtures" / "llamacpp" / f"dense-{arch}.json").read_text())[
+            "text"
+        ]
+        ids = text["ids"]
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
         model = model.double().eval()
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0].numpy()
