@@ -26,6 +26,17 @@ struct ModelFormatError : Error {
     using Error::Error;
 };
 
+// A saved window state that cannot be restored: not a state file, another version or model, truncated or
+// corrupt, or not fitting the window (-> regolith.SessionError).
+struct StateError : Error {
+    using Error::Error;
+};
+
+// A failed read or write of a file the caller named, with the system's reason (-> OSError).
+struct IoError : Error {
+    using Error::Error;
+};
+
 // Returns f(); a ModelFormatError it throws is rethrown with `context` (e.g. "PLE: ") before its message, so
 // the shared readers' messages ("missing tensor 'blk.3.attn_q.weight'") also say which loader failed.
 template <class F>

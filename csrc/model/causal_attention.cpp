@@ -96,6 +96,27 @@ void KvCache::append(const float* k, const float* v, int64_t ntok) {
     n_ += ntok;
 }
 
+void KvCache::state_spans(int64_t from, int64_t to, std::vector<StateSpan>& out) {
+    if (from < 0 || from > to || to > n_)
+        throw Error("KV cache: positions [" + std::to_string(from) + ", " + std::to_string(to) + ") of " +
+                    std::to_string(n_));
+    const int64_t D = head_dim_, rows = to - from;
+    if (rows == 0) return;
+    for (int64_t h = 0; h < n_head_kv_; ++h)
+        out.push_back({&k_[size_t((h * cap_ + from) * D * elt_)], size_t(rows * D * elt_)});
+    for (int64_t h = 0; h < n_head_kv_; ++h)
+        for (int64_t d = 0; d < D; ++d)
+            out.push_back({&vt_[size_t(((h * D + d) * cap_ + from) * elt_)], size_t(rows * elt_)});
+}
+
+void KvCache::grow(int64_t n) {
+    if (n < n_ || n > max_ctx_)
+        throw Error("KV cache: cannot grow from " + std::to_string(n_) + " to " + std::to_string(n) +
+                    " positions (max " + std::to_string(max_ctx_) + ")");
+    reserve(n);
+    n_ = n;
+}
+
 WeightView KvCache::keys(int64_t head, int64_t lo, int64_t hi) const {
     const uint32_t type = type_ == KvType::F16 ? RG_TYPE_F16 : RG_TYPE_F32;
     return {type, k_.data() + (head * cap_ + lo) * head_dim_ * elt_, hi - lo, head_dim_, head_dim_ * elt_};

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "model/window_state.h"
 
 namespace regolith {
 
@@ -40,6 +41,12 @@ public:
     WeightView keys(int64_t head, int64_t lo, int64_t hi) const;
     // Values of kv head `head` at positions [lo, hi), transposed: a [head_dim][hi - lo] matrix.
     WeightView values_t(int64_t head, int64_t lo, int64_t hi) const;
+
+    // Saving and restoring: positions [from, to) as spans in the cache's element type, keys
+    // [n_head_kv][to - from][head_dim] then values [n_head_kv][head_dim][to - from].
+    void state_spans(int64_t from, int64_t to, std::vector<StateSpan>& out);
+    // Holds n >= size() positions, the new ones to be filled through state_spans (Error beyond max_ctx).
+    void grow(int64_t n);
 
 private:
     void reserve(int64_t n);

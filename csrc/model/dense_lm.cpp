@@ -229,6 +229,40 @@ bool DenseWindow::truncate(int64_t n) {
     return true;
 }
 
+std::vector<StatePart> DenseWindow::state_parts(int64_t from, int64_t to) {
+    std::vector<StatePart> parts;
+    const StateDtype dtype = kv_type_ == KvType::F16 ? StateDtype::F16 : StateDtype::F32;
+    for (size_t il = 0; il < kv_.size(); ++il) {
+        parts.push_back({StateKind::Kv, uint32_t(il), dtype, {}});
+        kv_[il].state_spans(from, to, parts.back().spans);
+    }
+    return parts;
+}
+
+void DenseWindow::export_state(int64_t from, const StateFn& fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (from < 0 || from > n_past_)
+        throw Error("window: cannot save from token " + std::to_string(from) + " of " +
+                    std::to_string(n_past_));
+    std::vector<StatePart> parts = state_parts(from, n_past_);
+    fn(parts);
+}
+
+void DenseWindow::import_state(int64_t from, int64_t n, bool /*whole: the caches are all positional*/,
+                               const StateFn& fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_state_import(from, n, n_past_, max_ctx_);
+    try {
+        for (KvCache& kv : kv_) kv.grow(n);
+        std::vector<StatePart> parts = state_parts(from, n);
+        fn(parts);
+        n_past_ = n;
+    } catch (...) {
+        reset_locked();
+        throw;
+    }
+}
+
 void DenseWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
     std::lock_guard<std::mutex> lock(mutex_);
     const int64_t vocab = model_.config_.vocab;

@@ -98,10 +98,13 @@ public:
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
     // Always succeeds: the caches keep every position.
     bool truncate(int64_t n) override;
+    void export_state(int64_t from, const StateFn& fn) override;
+    void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
 
 private:
     void eval_chunk(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
     void reset_locked();
+    std::vector<StatePart> state_parts(int64_t from, int64_t to);
 
     std::mutex mutex_;
     const DenseModel& model_;

@@ -3,6 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "model/window_state.h"
 
 namespace regolith {
 
@@ -24,6 +28,17 @@ public:
     // the architecture's state cannot be cut back (recurrent layers keep no history); callers then reset
     // and evaluate the kept tokens again.
     virtual bool truncate(int64_t n) = 0;
+
+    using StateFn = std::function<void(std::vector<StatePart>&)>;
+    // Saving (model/state_file.h): runs fn with the window locked and its state as parts, positional parts
+    // holding the rows of tokens [from, n_past()). fn reads the spans; it must not call the window.
+    virtual void export_state(int64_t from, const StateFn& fn) = 0;
+    // Restoring a state of n tokens onto a window holding exactly its first `from` (StateError otherwise, or
+    // when n exceeds max_ctx; the window is then unchanged): grows the storage to n tokens and runs fn with
+    // the parts, whose spans fn fills; the window then holds n tokens. `whole`: list the whole-state parts
+    // (recurrent states) too; without them the window is only a base for restoring a later delta on top.
+    // If fn throws, the window is reset and the exception propagates.
+    virtual void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) = 0;
 };
 
 }  // namespace regolith

@@ -51,6 +51,31 @@ void QsaState::truncate(int64_t n) {
     n_ = n;  // complete blocks below n are unchanged; the storage is kept for reuse
 }
 
+void QsaState::state_spans(int64_t from, int64_t to, std::vector<StateSpan>& out) {
+    if (from < 0 || from > to || to > n_)
+        throw Error("QSA state: tokens [" + std::to_string(from) + ", " + std::to_string(to) + ") of " +
+                    std::to_string(n_));
+    const QsaShape& s = shape_;
+    const auto rows = [&](auto& v, int64_t width, int64_t lo, int64_t hi) {
+        if (hi > lo)
+            out.push_back({reinterpret_cast<uint8_t*>(&v[size_t(lo * width)]),
+                           size_t((hi - lo) * width) * sizeof(v[0])});
+    };
+    rows(k_, s.n_head_kv * s.head_dim, from, to);
+    rows(v_, s.n_head_kv * s.head_dim, from, to);
+    rows(index_k_, s.index_head_dim, from, to);
+    rows(pos_, 1, from, to);
+    rows(block_k_, s.index_head_dim, from / s.compress_ratio, to / s.compress_ratio);
+}
+
+void QsaState::grow(int64_t n) {
+    if (n < n_ || n > max_ctx_)
+        throw Error("QSA state: cannot grow from " + std::to_string(n_) + " to " + std::to_string(n) +
+                    " tokens (max " + std::to_string(max_ctx_) + ")");
+    reserve_(n);
+    n_ = n;
+}
+
 // ---- layer ------------------------------------------------------------------------------------------------
 
 QsaAttention::QsaAttention(const QsaShape& shape, const QsaWeights& weights, Backend& backend)

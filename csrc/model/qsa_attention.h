@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "model/window_state.h"
 
 namespace regolith {
 
@@ -62,6 +63,13 @@ public:
 
     // Keeps the first n tokens (speculative rollback). n must be <= size().
     void truncate(int64_t n);
+
+    // Saving and restoring: tokens [from, to) as f32 / int64 spans: keys [to-from][n_head_kv][head_dim],
+    // values (same shape), raw indexer keys [to-from][index_head_dim], positions [to-from] (int64), then the
+    // pooled keys of blocks [from/ratio, to/ratio) [.][index_head_dim].
+    void state_spans(int64_t from, int64_t to, std::vector<StateSpan>& out);
+    // Holds n >= size() tokens, the new ones to be filled through state_spans (throws Error beyond max_ctx).
+    void grow(int64_t n);
 
 private:
     friend class QsaAttention;

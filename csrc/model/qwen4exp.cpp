@@ -118,6 +118,59 @@ void Qwen4ExpWindow::reset_locked() {
     }
 }
 
+namespace {
+
+template <class T>
+StateSpan span_of(std::vector<T>& v) {
+    return {reinterpret_cast<uint8_t*>(v.data()), v.size() * sizeof(T)};
+}
+
+}  // namespace
+
+std::vector<StatePart> Qwen4ExpWindow::state_parts(int64_t from, int64_t to, bool whole) {
+    std::vector<StatePart> parts;
+    for (size_t il = 0; il < model_.layers_.size(); ++il) {
+        const uint32_t layer = uint32_t(il);
+        if (ple_[il] && whole) {
+            PleState& p = *ple_[il];
+            parts.push_back({StateKind::Ple, layer, StateDtype::Mixed, {span_of(p.context), span_of(p.conv)}});
+        }
+        if (gdn_[il] && whole) {
+            GdnState& g = *gdn_[il];
+            parts.push_back({StateKind::Gdn, layer, StateDtype::F32, {span_of(g.conv), span_of(g.recurrent)}});
+        }
+        if (qsa_[il]) {
+            parts.push_back({StateKind::Qsa, layer, StateDtype::Mixed, {}});
+            qsa_[il]->state_spans(from, to, parts.back().spans);
+        }
+    }
+    return parts;
+}
+
+void Qwen4ExpWindow::export_state(int64_t from, const StateFn& fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (from < 0 || from > n_past_)
+        throw Error("window: cannot save from token " + std::to_string(from) + " of " +
+                    std::to_string(n_past_));
+    std::vector<StatePart> parts = state_parts(from, n_past_, true);
+    fn(parts);
+}
+
+void Qwen4ExpWindow::import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_state_import(from, n, n_past_, max_ctx_);
+    try {
+        for (auto& q : qsa_)
+            if (q) q->grow(n);
+        std::vector<StatePart> parts = state_parts(from, n, whole);
+        fn(parts);
+        n_past_ = n;
+    } catch (...) {
+        reset_locked();
+        throw;
+    }
+}
+
 void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
     std::lock_guard<std::mutex> lock(mutex_);
     const Qwen4ExpConfig& c = model_.config_;

@@ -86,10 +86,14 @@ public:
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
     // Gated DeltaNet and PLE states keep no history: only truncate(n_past) succeeds.
     bool truncate(int64_t n) override;
+    // Per layer in order: the PLE part (if any), then the Gated DeltaNet or QSA part.
+    void export_state(int64_t from, const StateFn& fn) override;
+    void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
 
 private:
     void eval_locked(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
     void reset_locked();
+    std::vector<StatePart> state_parts(int64_t from, int64_t to, bool whole);
 
     std::mutex mutex_;
     const Qwen4ExpModel& model_;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "bind_state.h"
 #include "bindings.h"
 #include "numpy_out.h"
 #include "model/dense_lm.h"
@@ -157,7 +158,15 @@ void init_model(nb::module_& m) {
         .def("reset", &ModelWindow::reset)
         .def("truncate", &ModelWindow::truncate, nb::arg("n"),
              "Keep the first n tokens; False (nothing changed) when the state cannot be cut back.")
-        .def("eval", &eval, nb::arg("tokens"), nb::arg("all_logits") = true);
+        .def("eval", &eval, nb::arg("tokens"), nb::arg("all_logits") = true)
+        .def("save_state", &save_window_state, nb::arg("path"), nb::arg("fingerprint"),
+             nb::arg("architecture"), nb::arg("tokens"), nb::arg("start"), nb::arg("meta"),
+             nb::arg("logits").none(), nb::arg("threads") = 4, nb::arg("direct") = true,
+             "Write the state (positional rows from token `start` on) to path; returns I/O statistics.")
+        .def("load_state", &load_window_state, nb::arg("path"), nb::arg("header"), nb::arg("whole") = true,
+             nb::arg("threads") = 4, nb::arg("direct") = true,
+             "Restore a state file onto a window holding its first header.start tokens; returns (stats, "
+             "logits or None).");
     nb::class_<Qwen4ExpModel>(m, "Qwen4ExpModel")
         .def("__init__",
              [](Qwen4ExpModel* self, const std::string& path) {

@@ -13,5 +13,6 @@ void init_kernels(nb::module_& m);
 void init_qsa(nb::module_& m);
 void init_gdn(nb::module_& m);
 void init_ple(nb::module_& m);
+void init_state(nb::module_& m);
 void init_model(nb::module_& m);
 void init_sampler(nb::module_& m);

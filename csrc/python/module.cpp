@@ -21,6 +21,10 @@ NB_MODULE(_core, m) {
             raise_as("GGUFError", e.what());
         } catch (const regolith::ModelFormatError& e) {
             raise_as("ModelFormatError", e.what());
+        } catch (const regolith::StateError& e) {
+            raise_as("SessionError", e.what());
+        } catch (const regolith::IoError& e) {
+            PyErr_SetString(PyExc_OSError, e.what());
         } catch (const regolith::SamplingError& e) {
             raise_as("SamplingError", e.what());
         } catch (const regolith::Error& e) {
@@ -35,6 +39,7 @@ NB_MODULE(_core, m) {
     init_qsa(m);
     init_gdn(m);
     init_ple(m);
+    init_state(m);
     init_model(m);
     init_sampler(m);
 }

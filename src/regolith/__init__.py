@@ -1,10 +1,18 @@
 """regolith: run huge sparse Mixture-of-Experts language models on machines far smaller than the model."""
 
-from . import antislop, gguf, models, quant, sampling
+from . import antislop, gguf, models, prompt_cache, quant, sampling, state
 from .chat import ChatTemplate, ChatTemplateError
-from .errors import ContextOverflowError, GGUFError, ModelFormatError, RegolithError, SamplingError
+from .errors import (
+    ContextOverflowError,
+    GGUFError,
+    ModelFormatError,
+    RegolithError,
+    SamplingError,
+    SessionError,
+)
 from .generation import Generation, GenerationStats
 from .model import Model, Window
+from .prompt_cache import PromptCache
 from .sampling import SamplingParams
 from .session import Session
 from .tokenizer import Tokenizer
@@ -20,16 +28,20 @@ __all__ = [
     "GenerationStats",
     "Model",
     "ModelFormatError",
+    "PromptCache",
     "RegolithError",
     "SamplingError",
     "SamplingParams",
     "Session",
+    "SessionError",
     "Tokenizer",
     "Window",
     "__version__",
     "antislop",
     "gguf",
     "models",
+    "prompt_cache",
     "quant",
     "sampling",
+    "state",
 ]

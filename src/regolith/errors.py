@@ -22,3 +22,8 @@ class SamplingError(RegolithError, ValueError):
 
 class ContextOverflowError(RegolithError, ValueError):
     """A prompt (or a prompt plus its reply) does not fit in the context window."""
+
+
+class SessionError(RegolithError, ValueError):
+    """A saved window or session state cannot be restored: not a state file, another format version or model,
+    truncated or corrupt (checksums), or not fitting the window it is restored into."""

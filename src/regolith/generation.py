@@ -27,6 +27,7 @@ from .sampling import Sampler, SamplingParams
 if TYPE_CHECKING:
     from .antislop import SlopMatcher, Violation
     from .model import Window
+    from .prompt_cache import PromptCache
     from .tokenizer import Tokenizer
 
 __all__ = ["Generation", "GenerationStats", "prefill"]
@@ -42,7 +43,9 @@ class GenerationStats:
     """Token counts and timings of one generation (seconds; rates in tokens per second)."""
 
     prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens the window already held (prefix reuse)
+    cached_tokens: int = (
+        0  # prompt tokens not evaluated: held by the window or restored from the prompt cache
+    )
     generated_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
@@ -66,11 +69,15 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def prefill(window: Window, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+def prefill(
+    window: Window, prompt: Sequence[int], cache: PromptCache | None = None, boundaries: Sequence[int] = ()
+) -> tuple[np.ndarray, int]:
     """Bring ``window`` to exactly ``prompt`` and return (logits after its last token, tokens reused).
 
-    Keeps the longest prefix the window already holds and evaluates only the rest (at least the last token,
-    whose logits are needed), in chunks of :data:`PREFILL_CHUNK`.
+    Keeps the longest prefix the window already holds, or restores a longer one from ``cache``, and evaluates
+    only the rest (at least the last token, whose logits are needed, unless the cache held the whole prompt
+    and its logits), in chunks of :data:`PREFILL_CHUNK`. With a cache, the state is stored at each of
+    ``boundaries`` (token offsets) passed on the way and at the end of the prompt.
     """
     if not prompt:
         raise ValueError("the prompt is empty: generation needs at least one token")
@@ -78,11 +85,22 @@ def prefill(window: Window, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
         raise ContextOverflowError(
             f"the prompt has {len(prompt)} tokens; the context holds {window.max_ctx} (with room for one reply token)"
         )
+    if cache is not None:
+        hit = cache.restore(window, prompt)
+        if hit is not None and hit.logits is not None:
+            return hit.logits, len(prompt)
     keep = min(_common_prefix(window.tokens, prompt), len(prompt) - 1)
     window.truncate(keep)
     logits = None
-    for start in range(keep, len(prompt), PREFILL_CHUNK):
-        logits = window.eval(prompt[start : start + PREFILL_CHUNK], all_logits=False)
+    done = keep
+    stops = sorted({b for b in boundaries if keep < b < len(prompt)} if cache is not None else set())
+    for end in [*stops, len(prompt)]:
+        for start in range(done, end, PREFILL_CHUNK):
+            logits = window.eval(prompt[start : min(start + PREFILL_CHUNK, end)], all_logits=False)
+        done = end
+        if cache is not None:
+            assert logits is not None
+            cache.store(window, logits=logits[0] if end == len(prompt) else None)
     assert logits is not None
     return logits[0], keep
 
@@ -143,6 +161,8 @@ class Generation(Iterator[str]):
         stop: Sequence[str] = (),
         slop: SlopMatcher | None = None,
         on_finish: Callable[[Generation], None] | None = None,
+        cache: PromptCache | None = None,
+        boundaries: Sequence[int] = (),
     ):
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -164,6 +184,8 @@ class Generation(Iterator[str]):
         self._slop = slop
         self._lead = ""  # the prompt's unfinished code block or tool call, which the reply continues
         self._on_finish = on_finish
+        self._cache = cache
+        self._boundaries = list(boundaries)
         self._steps = self._run()
 
     def __next__(self) -> str:
@@ -193,7 +215,7 @@ class Generation(Iterator[str]):
     def _run(self) -> Iterator[str]:
         window, tok = self._window, self._tokenizer
         t0 = time.perf_counter()
-        logits, self.stats.cached_tokens = prefill(window, self.prompt)
+        logits, self.stats.cached_tokens = prefill(window, self.prompt, self._cache, self._boundaries)
         t1 = time.perf_counter()
         self.stats.prefill_seconds = t1 - t0
 
@@ -261,6 +283,8 @@ class Generation(Iterator[str]):
             if len(final) > emitted:
                 self.text += final[emitted:]
                 yield final[emitted:]
+            if self._cache is not None:
+                self._cache.store(window)  # the reply's end: where the conversation's next prompt continues
             self._finished(finish)
         finally:
             self.stats.generated_tokens = len(self.tokens)

@@ -11,11 +11,13 @@ import numpy as np
 
 from . import _core
 from . import gguf as _gguf
+from . import state as _state
 from .antislop import SlopList, SlopMatcher
 from .chat import ChatTemplate, Message, fallback_template
 from .errors import ContextOverflowError, ModelFormatError
 from .generation import Generation
 from .models import resolve_model
+from .prompt_cache import PromptCache, chat_boundaries
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -115,6 +117,30 @@ class Window:
         self.n_evaluated += int(ids.size)
         return logits
 
+    def save(self, path: str | os.PathLike[str]) -> _state.IoStats:
+        """Write the window's whole state (every layer's state and the token ids) to ``path``, atomically.
+
+        The file (docs/formats.md) is tied to the model by a fingerprint; :meth:`load` restores it exactly, so
+        evaluating after a load gives the logits evaluation would have given without saving, bit for bit.
+        Returns the bytes written and the time taken (fsync included).
+        """
+        return _state.save_window(self, path)
+
+    def load(self, path: str | os.PathLike[str]) -> _state.IoStats:
+        """Replace the window's state with the one :meth:`save` wrote to ``path``; returns the bytes read and
+        the time taken.
+
+        Raises :class:`regolith.SessionError` for a file that is not a state file, of another format version
+        or model, too long for this window (the window is then unchanged), truncated or corrupt (the window is
+        then reset).
+        """
+        head = _state.read_header(path)
+        _state.check_model(self, head, path)
+        if head.start == 0:
+            self.reset()
+        stats, _ = _state.load_window(self, path, header=head)
+        return stats
+
 
 class Model:
     """A model's weights (memory-mapped from a GGUF file), its tokenizer and chat template. Use :meth:`load`.
@@ -135,6 +161,9 @@ class Model:
         self._lock = threading.Lock()
         self._window: Window | None = None
         self._active: Generation | None = None
+        self._fingerprint: bytes | None = None
+        self.prompt_cache: PromptCache | None = None
+        """A :class:`regolith.PromptCache` that generation restores prompt prefixes from and stores them in."""
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, *, n_ctx: int | None = None) -> Model:
@@ -155,6 +184,13 @@ class Model:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
         return cls(_ARCHITECTURES[arch](resolved), resolved, metadata, n_ctx)
+
+    @property
+    def fingerprint(self) -> bytes:
+        """32 bytes identifying the model file (:func:`regolith.state.model_fingerprint`); saved states carry it."""
+        if self._fingerprint is None:
+            self._fingerprint = _state.model_fingerprint(self.path)
+        return self._fingerprint
 
     def window(self, max_ctx: int | None = None) -> Window:
         """A new inference context holding up to ``max_ctx`` tokens (default: :attr:`n_ctx`)."""
@@ -231,9 +267,14 @@ class Model:
         stop: str | Sequence[str] | None = None,
         antislop: bool | SlopList | Sequence[str] = False,
         on_finish: Callable[[Generation], None] | None = None,
+        boundaries: Sequence[int] = (),
         **sampling: Any,
     ) -> Generation:
         """A :class:`Generation` continuing token ids ``prompt`` on ``window`` (default: the model's window).
+
+        With a :attr:`prompt_cache`, the prompt's longest cached prefix is restored before prefilling, and the
+        state is stored at ``boundaries`` (token offsets into ``prompt``, such as
+        :func:`regolith.prompt_cache.chat_boundaries` gives), at the end of the prompt and after the reply.
 
         ``sampling`` are :class:`regolith.SamplingParams` fields (temperature, top_p, top_k, min_p,
         repeat_penalty, presence_penalty, frequency_penalty, logit_bias, seed). ``antislop``: True for the
@@ -257,6 +298,8 @@ class Model:
                     stop=stops,
                     slop=slop,
                     on_finish=on_finish,
+                    cache=self.prompt_cache,
+                    boundaries=boundaries,
                 )
                 self._active = gen
                 return gen
@@ -269,6 +312,8 @@ class Model:
             stop=stops,
             slop=slop,
             on_finish=on_finish,
+            cache=self.prompt_cache,
+            boundaries=boundaries,
         )
 
     def generate(
@@ -324,6 +369,8 @@ class Model:
         ``stream=True``.
         """
         ids = self.chat_prompt(messages, tools=tools, reasoning_effort=reasoning_effort)
+        if self.prompt_cache is not None:
+            kwargs["boundaries"] = chat_boundaries(self, messages, ids, tools=tools)
         gen = self.start(ids, max_tokens=max_tokens, **kwargs)
         return gen if stream else "".join(gen)
 

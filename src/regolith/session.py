@@ -7,8 +7,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import state as _state
 from ._atomic import atomic_path
 from .chat import Message
+from .errors import SessionError
+from .prompt_cache import chat_boundaries
 
 if TYPE_CHECKING:
     from .generation import Generation
@@ -79,8 +82,60 @@ class Session:
             end = [gen.end_token] if gen.end_token is not None else []
             self._transcript = [*gen.prompt, *gen.tokens, *end] if exact else []
 
-        gen = self.model.start(prompt, window=self.window, on_finish=record, **options)
+        gen = self.model.start(
+            prompt, window=self.window, on_finish=record, boundaries=self._boundaries(prompt), **options
+        )
         return gen if stream else "".join(gen)
+
+    def _boundaries(self, prompt: list[int]) -> list[int]:
+        """Where a prompt cache should snapshot this turn's prompt: the end of the system prompt and of the
+        previous turn."""
+        if self.model.prompt_cache is None:
+            return []
+        marks = (
+            chat_boundaries(self.model, self.messages[:1], prompt, tools=self.tools) if self._system else []
+        )
+        n = len(self._transcript)
+        if n and prompt[:n] == self._transcript:
+            marks.append(n)
+        return marks
+
+    def save(self, path: str | os.PathLike[str]) -> _state.IoStats:
+        """Write the conversation (system prompt, tools, messages, exact tokens) and the window's state to one
+        file, atomically; :meth:`load` continues it where it stopped. Returns the bytes written and the time."""
+        meta = {
+            "regolith_session": 1,
+            "system": self._system,
+            "tools": self.tools,
+            "messages": self.messages,
+            "transcript": self._transcript,
+        }
+        return _state.save_window(self.window, path, meta=json.dumps(meta, ensure_ascii=False).encode())
+
+    @classmethod
+    def load(
+        cls, model: Model, path: str | os.PathLike[str], *, max_ctx: int | None = None, **defaults: Any
+    ) -> Session:
+        """A session continuing the one :meth:`save` wrote to ``path``, on ``model`` (the same model file).
+        ``max_ctx`` and ``defaults`` are as for :class:`Session`.
+
+        Raises :class:`regolith.SessionError` for a file that is not a saved session of this model, or is
+        truncated or corrupt."""
+        head = _state.read_header(path)
+        try:
+            meta = json.loads(head.meta.decode("utf-8"))
+            if not isinstance(meta, dict) or meta.get("regolith_session") != 1:
+                raise ValueError("no session record")
+            system, tools, messages = meta["system"], meta["tools"], meta["messages"]
+            transcript = [int(t) for t in meta["transcript"]]
+        except (ValueError, KeyError, TypeError) as err:
+            raise SessionError(f"{os.fspath(path)} is a window state, not a saved session ({err})") from None
+        session = cls(model, system=system, tools=tools, max_ctx=max_ctx, **defaults)
+        _state.check_model(session.window, head, path)
+        _state.load_window(session.window, path, header=head)
+        session.messages = messages
+        session._transcript = transcript
+        return session
 
     def save_transcript(self, path: str | os.PathLike[str]) -> None:
         """Write the conversation as JSON (``{"messages": [...]}``), atomically."""

@@ -1,0 +1,147 @@
+// Bindings of window state files (regolith.state wraps them): the header reader, CRC32C, and the
+// ModelWindow methods that save and restore (added to the class in bind_model.cpp through these helpers).
+#include "bind_state.h"
+
+#include <nanobind/stl/string.h>
+
+#include <cstring>
+
+#include "core/crc32c.h"
+#include "core/errors.h"
+#include "numpy_out.h"
+
+namespace {
+
+using regolith::StateHeader;
+
+const char* kind_name(regolith::StateKind k) {
+    switch (k) {
+        case regolith::StateKind::Kv:
+            return "kv";
+        case regolith::StateKind::Qsa:
+            return "qsa";
+        case regolith::StateKind::Gdn:
+            return "gdn";
+        case regolith::StateKind::Ple:
+            return "ple";
+        case regolith::StateKind::Logits:
+            return "logits";
+    }
+    return "?";
+}
+
+nb::dict stats_dict(const regolith::StateIoStats& s) {
+    nb::dict d;
+    d["bytes"] = s.bytes;
+    d["seconds"] = s.seconds;
+    d["direct"] = s.direct;
+    d["threads"] = s.threads;
+    return d;
+}
+
+const regolith::StatePartEntry* logits_entry(const StateHeader& h) {
+    for (const auto& e : h.parts)
+        if (e.kind == regolith::StateKind::Logits) return &e;
+    return nullptr;
+}
+
+}  // namespace
+
+nb::dict save_window_state(regolith::ModelWindow& w, const std::string& path, nb::bytes fingerprint,
+                           const std::string& arch, StateTokens tokens, int64_t from, nb::bytes meta,
+                           std::optional<StateLogits> logits, int threads, bool direct) {
+    StateHeader head;
+    if (fingerprint.size() != head.fingerprint.size()) throw nb::value_error("fingerprint must be 32 bytes");
+    std::memcpy(head.fingerprint.data(), fingerprint.c_str(), head.fingerprint.size());
+    head.arch = arch;
+    head.from = from;
+    head.tokens.assign(tokens.data(), tokens.data() + tokens.shape(0));
+    head.meta.assign(meta.c_str(), meta.size());
+    if (logits && int64_t(logits->shape(0)) != w.vocab())
+        throw nb::value_error("logits must hold one value per vocabulary entry");
+    if (head.n() != w.n_past()) throw nb::value_error("tokens must hold the window's n_past ids");
+    const regolith::StateIo io{threads, direct};
+    regolith::StateIoStats stats;
+    {
+        nb::gil_scoped_release release;
+        w.export_state(from, [&](std::vector<regolith::StatePart>& parts) {
+            if (logits)
+                parts.push_back({regolith::StateKind::Logits,
+                                 0,
+                                 regolith::StateDtype::F32,
+                                 {{reinterpret_cast<uint8_t*>(const_cast<float*>(logits->data())),
+                                   size_t(logits->shape(0)) * sizeof(float)}}});
+            stats = regolith::write_state_file(path, head, parts, io);
+        });
+    }
+    return stats_dict(stats);
+}
+
+nb::tuple load_window_state(regolith::ModelWindow& w, const std::string& path, const StateHeader& head,
+                            bool whole, int threads, bool direct) {
+    const regolith::StateIo io{threads, direct};
+    const regolith::StatePartEntry* le = whole ? logits_entry(head) : nullptr;
+    if (le && le->bytes != uint64_t(w.vocab()) * sizeof(float))
+        throw regolith::StateError(path + ": its logits are not of this model's vocabulary");
+    float* out = nullptr;
+    nb::object logits = nb::none();
+    if (le) logits = nb::cast(new_array({size_t(w.vocab())}, &out));
+    regolith::StateIoStats stats;
+    {
+        nb::gil_scoped_release release;
+        w.import_state(head.from, head.n(), whole, [&](std::vector<regolith::StatePart>& parts) {
+            if (le)
+                parts.push_back({regolith::StateKind::Logits,
+                                 0,
+                                 regolith::StateDtype::F32,
+                                 {{reinterpret_cast<uint8_t*>(out), size_t(w.vocab()) * sizeof(float)}}});
+            stats = regolith::read_state_parts(path, head, parts, io);
+        });
+    }
+    return nb::make_tuple(stats_dict(stats), logits);
+}
+
+void init_state(nb::module_& m) {
+    m.def(
+        "crc32c",
+        [](nb::bytes data, uint32_t crc) { return regolith::crc32c(crc, data.c_str(), data.size()); },
+        nb::arg("data"), nb::arg("crc") = 0, "CRC32C of data, continuing crc (0 to start).");
+    nb::class_<StateHeader>(m, "StateHeader", "The checked header of a window state file.")
+        .def_ro("version", &StateHeader::version)
+        .def_prop_ro("fingerprint",
+                     [](const StateHeader& h) {
+                         return nb::bytes(reinterpret_cast<const char*>(h.fingerprint.data()),
+                                          h.fingerprint.size());
+                     })
+        .def_ro("architecture", &StateHeader::arch)
+        .def_ro("start", &StateHeader::from, "Positional parts hold the rows of tokens [start, n).")
+        .def_prop_ro("n", &StateHeader::n)
+        .def_prop_ro(
+            "tokens",
+            [](const StateHeader& h) {
+                int32_t* p;
+                auto a = new_array({h.tokens.size()}, &p);
+                if (!h.tokens.empty()) std::memcpy(p, h.tokens.data(), h.tokens.size() * sizeof(int32_t));
+                return a;
+            },
+            nb::rv_policy::move, "The token ids the state has seen (int32, a new array).")
+        .def_prop_ro("meta", [](const StateHeader& h) { return nb::bytes(h.meta.data(), h.meta.size()); })
+        .def_ro("file_bytes", &StateHeader::file_bytes)
+        .def_prop_ro("has_logits", [](const StateHeader& h) { return logits_entry(h) != nullptr; })
+        .def_prop_ro(
+            "parts",
+            [](const StateHeader& h) {
+                nb::list out;
+                for (const auto& e : h.parts)
+                    out.append(nb::make_tuple(kind_name(e.kind), e.layer, e.offset, e.bytes, e.crc));
+                return out;
+            },
+            "(kind, layer, offset, bytes, crc32c) of each part, in file order.");
+    m.def(
+        "read_state_header",
+        [](const std::string& path) {
+            nb::gil_scoped_release release;
+            return regolith::read_state_header(path);
+        },
+        nb::arg("path"));
+}

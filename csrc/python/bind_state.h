@@ -1,0 +1,24 @@
+// Saving and restoring a ModelWindow (bind_state.cpp), used by the window's bindings in bind_model.cpp.
+#pragma once
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+
+#include <optional>
+#include <string>
+
+#include "bindings.h"
+#include "model/language_model.h"
+#include "model/state_file.h"
+
+using StateTokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using StateLogits = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Writes the window's state (positional rows from token `from` on) with `tokens` (its n_past ids) and
+// `meta`; returns {bytes, seconds, direct, threads}.
+nb::dict save_window_state(regolith::ModelWindow& w, const std::string& path, nb::bytes fingerprint,
+                           const std::string& arch, StateTokens tokens, int64_t from, nb::bytes meta,
+                           std::optional<StateLogits> logits, int threads, bool direct);
+// Restores the file whose checked header is `head`; returns (stats, logits or None).
+nb::tuple load_window_state(regolith::ModelWindow& w, const std::string& path,
+                            const regolith::StateHeader& head, bool whole, int threads, bool direct);

@@ -1,0 +1,174 @@
+"""Window state files: a window's whole decoding state on disk, restored bit for bit.
+
+A file holds the model's fingerprint, the token ids the state has seen and one part per layer (attention
+keys and values, recurrent states, PLE history), each with a CRC32C; the format is in docs/formats.md.
+:meth:`regolith.Window.save` / :meth:`regolith.Window.load` and :meth:`regolith.Session.save` /
+:meth:`regolith.Session.load` are built on :func:`save_window` and :func:`load_window`; the prompt cache
+(:mod:`regolith.prompt_cache`) stores deltas with ``start > 0``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import _core
+from . import gguf as _gguf
+from ._atomic import atomic_path
+from .errors import SessionError
+
+if TYPE_CHECKING:
+    from .model import Window
+
+__all__ = [
+    "FORMAT_VERSION",
+    "IoStats",
+    "StateHeader",
+    "check_model",
+    "load_window",
+    "model_fingerprint",
+    "read_header",
+    "save_window",
+]
+
+FORMAT_VERSION = 1
+StateHeader = _core.StateHeader
+# Bytes read from the middle of every tensor for the fingerprint.
+_SAMPLE = 64
+_IO_THREADS = 4
+
+
+@dataclass(frozen=True)
+class IoStats:
+    """What one save or restore moved: file bytes, wall seconds (open to close, fsync included when saving),
+    whether it used O_DIRECT, and the I/O threads."""
+
+    bytes: int
+    seconds: float
+    direct: bool
+    threads: int
+
+    @property
+    def gb_per_second(self) -> float:
+        """Throughput in GB/s (10^9 bytes)."""
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+def model_fingerprint(path: str | os.PathLike[str]) -> bytes:
+    """A 32-byte BLAKE2b digest identifying a GGUF file's model, cheap to compute (milliseconds).
+
+    It covers the file's length, its whole header byte for byte (every metadata key and value, every tensor's
+    name, type, shape and offset) and 64 bytes from the middle of every tensor's data, so files that differ
+    in architecture, shapes, quantization or trained weights get different fingerprints. The weights are
+    not hashed whole: two files equal in all of that but different elsewhere in their data would collide.
+    """
+    digest = hashlib.blake2b(digest_size=32, person=b"regolith-model")
+    with _gguf.open(path) as f:
+        tensors = sorted(f.tensors.values(), key=lambda t: t.offset)
+        digest.update(f.file_size.to_bytes(8, "little"))
+        data_start = tensors[0].offset if tensors else f.file_size
+        with open(path, "rb") as raw:
+            digest.update(raw.read(data_start))
+        for t in tensors:
+            data = f.tensor_bytes(t.name).reshape(-1)
+            mid = max(0, data.size // 2 - _SAMPLE // 2)
+            digest.update(data[mid : mid + _SAMPLE].tobytes())
+    return digest.digest()
+
+
+def read_header(path: str | os.PathLike[str]) -> StateHeader:
+    """The checked header of a state file (version, fingerprint, architecture, tokens, start, meta, parts).
+
+    Raises :class:`regolith.SessionError` for a file that is not a state file, of another version, truncated
+    or with a corrupt header; OSError when it cannot be read.
+    """
+    return _core.read_state_header(os.fspath(path))
+
+
+def _stats(d: dict) -> IoStats:
+    return IoStats(int(d["bytes"]), float(d["seconds"]), bool(d["direct"]), int(d["threads"]))
+
+
+def save_window(
+    window: Window,
+    path: str | os.PathLike[str],
+    *,
+    start: int = 0,
+    meta: bytes = b"",
+    logits: np.ndarray | None = None,
+    direct: bool = True,
+) -> IoStats:
+    """Write ``window``'s state to ``path`` atomically (a temporary file beside it, fsynced, renamed over it).
+
+    ``start > 0`` stores the attention rows of tokens ``start..n`` only (a delta on the state of the first
+    ``start`` tokens, for :mod:`regolith.prompt_cache`); recurrent states are always stored whole. ``meta``
+    is kept opaque in the header; ``logits`` (the logits after the last token) are stored when given.
+    ``direct=False`` disables O_DIRECT (for measuring what it gains).
+    """
+    model = window._model
+    tokens = np.asarray(window._tokens, dtype=np.int32)
+    if logits is not None:
+        logits = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
+    with atomic_path(path) as tmp:
+        stats = window._w.save_state(
+            str(tmp),
+            model.fingerprint,
+            model.config["architecture"],
+            tokens,
+            start,
+            meta,
+            logits,
+            _IO_THREADS,
+            direct,
+        )
+    return _stats(stats)
+
+
+def check_model(window: Window, head: StateHeader, path: str | os.PathLike[str]) -> None:
+    """Raise :class:`regolith.SessionError` unless ``head`` is a state of ``window``'s model that fits in it."""
+    model = window._model
+    if head.fingerprint != model.fingerprint:
+        raise SessionError(
+            f"{os.fspath(path)} holds a state of another model ({head.architecture}, fingerprint "
+            f"{head.fingerprint.hex()[:16]}); this is {model.config['architecture']} {model.fingerprint.hex()[:16]}"
+        )
+    if head.n > window.max_ctx:
+        raise SessionError(
+            f"{os.fspath(path)} holds {head.n} tokens; the window holds at most {window.max_ctx}"
+        )
+
+
+def load_window(
+    window: Window,
+    path: str | os.PathLike[str],
+    *,
+    header: StateHeader | None = None,
+    whole: bool = True,
+    direct: bool = True,
+) -> tuple[IoStats, np.ndarray | None]:
+    """Restore the state in ``path`` onto ``window``, which must hold exactly the first ``header.start`` of its
+    tokens (none for a file written with ``start=0``). Returns the I/O statistics and the stored logits (or
+    None).
+
+    ``whole=False`` skips the recurrent states and the logits: the window is then only a base for restoring
+    a delta saved on top of this state (:mod:`regolith.prompt_cache` restores chains this way).
+    Raises :class:`regolith.SessionError` when the file is not a state of this model continuing the window's
+    tokens (the window is then unchanged), or is truncated or corrupt (the window is then reset).
+    """
+    head = read_header(path) if header is None else header
+    check_model(window, head, path)
+    if head.start != len(window._tokens) or head.tokens[: head.start].tolist() != window._tokens:
+        raise SessionError(
+            f"{os.fspath(path)} continues a state of its first {head.start} tokens, which the window does not hold"
+        )
+    try:
+        stats, logits = window._w.load_state(os.fspath(path), head, whole, _IO_THREADS, direct)
+    except BaseException:
+        del window._tokens[window._w.n_past :]  # a failed restore leaves the window unchanged or reset
+        raise
+    window._tokens = head.tokens.tolist()
+    return _stats(stats), logits
