@@ -209,6 +209,8 @@ def test_other_versions_and_non_state_files_are_rejected(tiny, saved, tmp_path):
     path.write_bytes(data[:8] + struct.pack("<I", 2) + data[12:])
     _load_fails(tiny, path, "version 2 state file; this regolith reads version 1")
     _load_fails(tiny, Path(tiny.path), "not a regolith window state file")
+    with pytest.raises(FileNotFoundError):
+        tiny.window().load(tmp_path / "missing.rgs")
 
 
 def test_another_models_state_is_rejected_and_the_window_kept(tiny, other, gemma, saved):

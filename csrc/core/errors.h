@@ -32,9 +32,14 @@ struct StateError : Error {
     using Error::Error;
 };
 
-// A failed read or write of a file the caller named, with the system's reason (-> OSError).
+// A failed system call on a file the caller named (-> OSError, whose subclass errno picks, e.g.
+// FileNotFoundError).
 struct IoError : Error {
-    using Error::Error;
+    // reason: what failed and why, e.g. "cannot open: No such file or directory".
+    IoError(int err, const std::string& path, const std::string& reason)
+        : Error(path + ": " + reason), err(err), path(path), reason(reason) {}
+    int err;
+    std::string path, reason;
 };
 
 // Returns f(); a ModelFormatError it throws is rethrown with `context` (e.g. "PLE: ") before its message, so

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -102,7 +101,8 @@ class File {
 
   private:
     [[noreturn]] void fail(const char* what) const {
-        throw IoError(std::string(what) + " " + path_ + ": " + errno_text());
+        const int err = errno;
+        throw IoError(err, path_, std::string(what) + ": " + errno_text());
     }
 
     std::string path_;
@@ -229,15 +229,10 @@ const char* dtype_name(StateDtype d) {
     return "unknown";
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
 StateIoStats write_state_file(const std::string& path, const StateHeader& head,
                               const std::vector<StatePart>& parts, const StateIo& io) {
-    const auto t0 = std::chrono::steady_clock::now();
     const uint64_t n = uint64_t(head.n());
     if (head.arch.size() > 15)
         throw Error("state file: architecture name '" + head.arch + "' is over 15 bytes");
@@ -295,7 +290,6 @@ StateIoStats write_state_file(const std::string& path, const StateHeader& head,
     stats.direct = f.direct();
     f.close();
     stats.bytes = end;
-    stats.seconds = seconds_since(t0);
     return stats;
 }
 
@@ -369,7 +363,6 @@ StateHeader read_state_header(const std::string& path) {
 
 StateIoStats read_state_parts(const std::string& path, const StateHeader& head,
                               const std::vector<StatePart>& parts, const StateIo& io) {
-    const auto t0 = std::chrono::steady_clock::now();
     std::map<std::pair<uint32_t, uint32_t>, const StatePartEntry*> by_key;
     for (const StatePartEntry& e : head.parts) by_key[{uint32_t(e.kind), e.layer}] = &e;
     std::vector<const StatePartEntry*> entries;
@@ -394,7 +387,6 @@ StateIoStats read_state_parts(const std::string& path, const StateHeader& head,
     });
     stats.direct = f.direct();
     stats.bytes = bytes;
-    stats.seconds = seconds_since(t0);
     return stats;
 }
 

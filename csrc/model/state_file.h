@@ -45,7 +45,6 @@ struct StateIo {
 
 struct StateIoStats {
     uint64_t bytes = 0;  // file bytes written or read
-    double seconds = 0;  // wall time, open to close (fsync included when writing)
     bool direct = false;
     int threads = 0;
 };

@@ -33,7 +33,6 @@ const char* kind_name(regolith::StateKind k) {
 nb::dict stats_dict(const regolith::StateIoStats& s) {
     nb::dict d;
     d["bytes"] = s.bytes;
-    d["seconds"] = s.seconds;
     d["direct"] = s.direct;
     d["threads"] = s.threads;
     return d;

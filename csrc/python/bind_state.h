@@ -15,7 +15,7 @@ using StateTokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::de
 using StateLogits = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // Writes the window's state (positional rows from token `from` on) with `tokens` (its n_past ids) and
-// `meta`; returns {bytes, seconds, direct, threads}.
+// `meta`; returns {bytes, direct, threads}.
 nb::dict save_window_state(regolith::ModelWindow& w, const std::string& path, nb::bytes fingerprint,
                            const std::string& arch, StateTokens tokens, int64_t from, nb::bytes meta,
                            std::optional<StateLogits> logits, int threads, bool direct);

@@ -24,7 +24,12 @@ NB_MODULE(_core, m) {
         } catch (const regolith::StateError& e) {
             raise_as("SessionError", e.what());
         } catch (const regolith::IoError& e) {
-            PyErr_SetString(PyExc_OSError, e.what());
+            // OSError(errno, message, filename) becomes the errno's subclass (FileNotFoundError, ...).
+            PyObject* err = PyObject_CallFunction(PyExc_OSError, "iss", e.err, e.reason.c_str(), e.path.c_str());
+            if (err) {
+                PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err)), err);
+                Py_DECREF(err);
+            }
         } catch (const regolith::SamplingError& e) {
             raise_as("SamplingError", e.what());
         } catch (const regolith::Error& e) {

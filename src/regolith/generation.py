@@ -43,9 +43,7 @@ class GenerationStats:
     """Token counts and timings of one generation (seconds; rates in tokens per second)."""
 
     prompt_tokens: int = 0
-    cached_tokens: int = (
-        0  # prompt tokens not evaluated: held by the window or restored from the prompt cache
-    )
+    cached_tokens: int = 0  # prompt tokens not evaluated: held by the window or restored from a prompt cache
     generated_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0

@@ -128,7 +128,7 @@ def _recurrent(model: Model) -> bool:
 
 
 def _unlink(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(OSError):  # gone already, or not ours to delete: the index forgets it anyway
         path.unlink()
 
 
@@ -299,6 +299,8 @@ class PromptCache:
         for i, e in enumerate(chain):
             if _common_prefix(held, e.tokens) == e.n and (e.n == held.size or not recurrent):
                 first = i + 1
+        if first == len(chain):
+            first = 0  # the window is there already but its logits are wanted: read it all again
         if first:
             window.truncate(chain[first - 1].n)
         else:

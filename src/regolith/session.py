@@ -131,7 +131,6 @@ class Session:
         except (ValueError, KeyError, TypeError) as err:
             raise SessionError(f"{os.fspath(path)} is a window state, not a saved session ({err})") from None
         session = cls(model, system=system, tools=tools, max_ctx=max_ctx, **defaults)
-        _state.check_model(session.window, head, path)
         _state.load_window(session.window, path, header=head)
         session.messages = messages
         session._transcript = transcript

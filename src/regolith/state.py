@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,8 +45,9 @@ _IO_THREADS = 4
 
 @dataclass(frozen=True)
 class IoStats:
-    """What one save or restore moved: file bytes, wall seconds (open to close, fsync included when saving),
-    whether it used O_DIRECT, and the I/O threads."""
+    """What one save or restore moved: file bytes, wall seconds (a save's temporary file, writes, fsync,
+    rename and directory fsync; a restore's header and parts), whether it used O_DIRECT, and the I/O
+    threads."""
 
     bytes: int
     seconds: float
@@ -89,8 +91,8 @@ def read_header(path: str | os.PathLike[str]) -> StateHeader:
     return _core.read_state_header(os.fspath(path))
 
 
-def _stats(d: dict) -> IoStats:
-    return IoStats(int(d["bytes"]), float(d["seconds"]), bool(d["direct"]), int(d["threads"]))
+def _stats(d: dict, seconds: float) -> IoStats:
+    return IoStats(int(d["bytes"]), seconds, bool(d["direct"]), int(d["threads"]))
 
 
 def save_window(
@@ -113,8 +115,9 @@ def save_window(
     tokens = np.asarray(window._tokens, dtype=np.int32)
     if logits is not None:
         logits = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
+    t0 = time.perf_counter()
     with atomic_path(path) as tmp:
-        stats = window._w.save_state(
+        written = window._w.save_state(
             str(tmp),
             model.fingerprint,
             model.config["architecture"],
@@ -125,7 +128,7 @@ def save_window(
             _IO_THREADS,
             direct,
         )
-    return _stats(stats)
+    return _stats(written, time.perf_counter() - t0)
 
 
 def check_model(window: Window, head: StateHeader, path: str | os.PathLike[str]) -> None:
@@ -159,6 +162,7 @@ def load_window(
     Raises :class:`regolith.SessionError` when the file is not a state of this model continuing the window's
     tokens (the window is then unchanged), or is truncated or corrupt (the window is then reset).
     """
+    t0 = time.perf_counter()
     head = read_header(path) if header is None else header
     check_model(window, head, path)
     if head.start != len(window._tokens) or head.tokens[: head.start].tolist() != window._tokens:
@@ -166,9 +170,9 @@ def load_window(
             f"{os.fspath(path)} continues a state of its first {head.start} tokens, which the window does not hold"
         )
     try:
-        stats, logits = window._w.load_state(os.fspath(path), head, whole, _IO_THREADS, direct)
+        read, logits = window._w.load_state(os.fspath(path), head, whole, _IO_THREADS, direct)
     except BaseException:
         del window._tokens[window._w.n_past :]  # a failed restore leaves the window unchanged or reset
         raise
     window._tokens = head.tokens.tolist()
-    return _stats(stats), logits
+    return _stats(read, time.perf_counter() - t0), logits
