@@ -7,7 +7,7 @@ bandwidth, and time to first token for a long prompt cold versus cached.
    concurrent sequential streams, as the state writer issues them.
 2. A window holding --tokens random tokens is saved (Window.save: temporary file, O_DIRECT writes on 4
    threads, fsync, rename; and again without O_DIRECT) and restored (Window.load into a new window),
-   three times each; the best run is reported, with the restored window checked bit for bit.
+   five times each; the best run is reported, with the restored window checked bit for bit.
 3. Time to first token of a --ttft-tokens prompt (wall time of a one-token generation): without a cache;
    cold with a cache (the prompt is evaluated and its state stored); after a restart (a new Model and
    PromptCache on the same directory) with the whole prompt cached; and with 32 new tokens after it.
@@ -74,7 +74,7 @@ def _disk_run(directory: str, size: int, threads: int) -> tuple[float, float]:
     return write, read
 
 
-def best(fn, runs: int = 3) -> rstate.IoStats:
+def best(fn, runs: int = 5) -> rstate.IoStats:
     return min((fn() for _ in range(runs)), key=lambda s: s.seconds)
 
 

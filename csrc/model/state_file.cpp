@@ -85,11 +85,14 @@ class File {
         }
         return done;
     }
-    // Allocates the file's blocks up front, so concurrent writes fill allocated space instead of each
-    // extending the file.
+    // Allocates the file's blocks up front where the file system can (Linux fallocate; no emulation by
+    // writing zeros), so concurrent writes fill allocated space instead of each extending the file.
     void preallocate(uint64_t n) const {
-        if (n > 0) ::posix_fallocate(fd_, 0, off_t(n));
+#ifdef __linux__
+        if (n > 0) (void)::fallocate(fd_, 0, 0, off_t(n));
+#endif
     }
+    const std::string& path() const { return path_; }
     void sync() const {
         if (::fsync(fd_) != 0) fail("syncing");
     }
@@ -201,8 +204,7 @@ void read_part(const File& f, const StatePart& part, const StatePartEntry& e, Al
                 const size_t want = size_t(std::min<uint64_t>(buf.size, align_up(left)));
                 const size_t got = f.read_at(b, want, offset);
                 if (got < std::min<uint64_t>(want, left))
-                    throw StateError("state file truncated while reading " +
-                                     state_part_name(e.kind, e.layer));
+                    throw StateError(f.path() + " is truncated in part " + state_part_name(e.kind, e.layer));
                 avail = size_t(std::min<uint64_t>(want, left)), used = 0;
                 offset += want, left -= avail;
             }
@@ -213,7 +215,7 @@ void read_part(const File& f, const StatePart& part, const StatePartEntry& e, Al
         }
     }
     if (crc != e.crc)
-        throw StateError("state file part " + state_part_name(e.kind, e.layer) +
+        throw StateError(f.path() + ": part " + state_part_name(e.kind, e.layer) +
                          " is corrupt (CRC32C mismatch)");
 }
 
