@@ -54,6 +54,24 @@ struct Avx2Codes<RG_TYPE_Q8_0> {
     static float scales(const block_q8_0& b, int16_t*, float*) { return fp16_to_fp32(b.d); }
 };
 
+// Q5_0: code j = (nibble j | high bit j << 4) - 16. Over a clear high bit, 0xF0 | nibble is nibble - 16 as
+// int8; a set high bit leaves the nibble itself (16 + nibble - 16).
+template <>
+struct Avx2Codes<RG_TYPE_Q5_0> {
+    static void codes(const block_q5_0& b, __m256i* q) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+        // byte j <- qh byte j / 8 (each 128-bit lane holds all four), then test its bit j % 8
+        const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(load_u32(b.qh))), spread);
+        const __m256i mask = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+        const __m256i high = _mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask);
+        q[0] = _mm256_or_si256(nib, _mm256_andnot_si256(high, _mm256_set1_epi8(char(0xf0))));
+    }
+    static float scales(const block_q5_0& b, int16_t*, float*) { return fp16_to_fp32(b.d); }
+};
+
 template <>
 struct Avx2Codes<RG_TYPE_IQ4_NL> {
     static void codes(const block_iq4_nl& b, __m256i* q) { q[0] = nibble_lookup16(b.qs, iq4nl_table()); }
