@@ -18,6 +18,8 @@
 //       static void iflush(const IAcc& ia, float scale, Acc& acc);   // acc += float(ia) * scale
 //       static void quantize_activations(...);  // as cpu::quantize_activations, bit for bit
 //       static float dot_f32(const float* w, const float* x, int64_t n);
+//       // out[t] = dot_f32(w, x + t * stride, n) for t < 4, bit for bit
+//       static void dot_f32x4(const float* w, const float* x, int64_t stride, int64_t n, float* out);
 //       static void f16_to_f32(const uint16_t* src, float* dst, int64_t n);
 //       static void bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
 //   };
@@ -340,7 +342,13 @@ struct FloatKernel {
                 S::bf16_to_f32(reinterpret_cast<const uint16_t*>(src), s.row, a.cols);
                 wr = s.row;
             }
-            for (int64_t t = 0; t < a.ntok; ++t) a.y[t * a.rows + r] = S::dot_f32(wr, a.x + t * a.cols, a.cols);
+            int64_t t = 0;
+            for (; t + 4 <= a.ntok; t += 4) {
+                float out[4];
+                S::dot_f32x4(wr, a.x + t * a.cols, a.cols, a.cols, out);
+                for (int k = 0; k < 4; ++k) a.y[(t + k) * a.rows + r] = out[k];
+            }
+            for (; t < a.ntok; ++t) a.y[t * a.rows + r] = S::dot_f32(wr, a.x + t * a.cols, a.cols);
         }
     }
 };
