@@ -24,8 +24,8 @@ _ARCHITECTURES = {
 class Window:
     """One inference context: tokens in, logits out, continuing from the tokens already evaluated.
 
-    Holds all decoding state (attention KV and indexer keys, Gated DeltaNet recurrent and conv states,
-    PLE history). Create it with :meth:`Model.window`.
+    Holds all decoding state (attention KV caches and indexer keys, Gated DeltaNet recurrent and conv
+    states, PLE history). Create it with :meth:`Model.window`.
     """
 
     def __init__(self, model: Model, max_ctx: int):
