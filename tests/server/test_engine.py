@@ -4,6 +4,7 @@ cancellation of running and queued jobs, the queue limit, timeouts and failures 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -152,3 +153,22 @@ def test_queue_limit_timeout_and_failures():
         assert _run(main()) == "p0p1"  # the worker survived the failure
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            503,
+            {"error": {"message": "busy", "type": "server_error", "param": None, "code": None}},
+        ),
+        ("/v1/messages", 529, {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}),
+    ],
+)
+def test_a_full_queue_in_each_api_schema(path, status, body):
+    pytest.importorskip("fastapi")
+    from regolith.server.app import error_response
+
+    response = error_response(APIError(503, "busy", kind="overloaded"), path)
+    assert response.status_code == status and json.loads(response.body) == body

@@ -420,14 +420,15 @@ def test_eight_concurrent_clients(server):
     requests = [[{"role": "user", "content": f"Repeat this word once: {w}"}] for w in words]
     # The oracle: the library's greedy reply to each conversation, each on a fresh window.
     expected = []
+    window = model.window(128)  # one window: the conversations share the system prompt's tokens
     for messages in requests:
-        gen = model.start(model.chat_prompt(messages), window=model.window(128), max_tokens=5, temperature=0)
+        gen = model.start(model.chat_prompt(messages), window=window, max_tokens=4, temperature=0)
         expected.append("".join(gen).lstrip())
 
     def client(messages: list[dict[str, str]]) -> str:
         with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as http:
             r = http.post(
-                CHAT, json={"model": MODEL, "messages": messages, "max_tokens": 5, "temperature": 0}
+                CHAT, json={"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0}
             )
             r.raise_for_status()
             return r.json()["choices"][0]["message"]["content"]

@@ -96,7 +96,7 @@ def test_tool_call_round_trip(client, server):
     }
     messages += [choice.message.model_dump(exclude_none=True), result]
     r2 = client.chat.completions.create(
-        model=MODEL, messages=messages, tools=[WEATHER_TOOL], max_tokens=24, **GREEDY
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], max_tokens=8, **GREEDY
     )
     # The second turn's prompt is the template's rendering of the call and its result.
     template_messages = [

@@ -47,7 +47,7 @@ values = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     value=st.lists(values, max_size=3) | st.dictionaries(st.text(max_size=4), values, max_size=3),
     indent=st.sampled_from([None, 0, 2]),
@@ -65,7 +65,7 @@ def test_every_prefix_of_a_document_is_accepted(value, indent, ascii_):
 ALPHABET = '{}[],:"\\ \n0123456789-+.eEtrufalsn abc\u00e9\x01'
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(text=st.text(alphabet=ALPHABET, max_size=16))
 def test_verdicts_match_the_json_module(text):
     verdict = _complete(text)

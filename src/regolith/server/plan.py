@@ -35,24 +35,32 @@ __all__ = [
 
 
 @dataclass
-class Plan:
-    """A chat request ready to run: ``prompt`` ids, :meth:`regolith.Model.start` ``options`` (max_tokens
-    included), the ``guide``, and what :meth:`parser` needs to read the reply."""
+class ChatPrompt:
+    """A rendered conversation: its token ids and how the reply will begin."""
 
-    prompt: list[int]
+    ids: list[int]
+    tool_names: list[str] | None  # the tools the template was given, whose calls are parsed; None: none
+    think_tags: tuple[str, str] | None
+    thinking_open: bool  # the prompt ends inside a thinking block
+    reply_prefix: str  # the forced start of a tool call, already in the prompt
+
+
+@dataclass
+class Plan:
+    """A chat request ready to run: the rendered ``chat``, :meth:`regolith.Model.start` ``options``
+    (max_tokens included), the ``guide``, and what the reply is checked against."""
+
+    chat: ChatPrompt
     options: dict[str, Any]
     guide: TokenGuide | None = None
-    think_tags: tuple[str, str] | None = None
-    thinking_open: bool = False
-    tool_names: list[str] | None = None
-    reply_prefix: str = ""
     json_schema: Mapping[str, Any] | None = None
     json_mode: bool = False
     parallel_tool_calls: bool = True
 
     @property
-    def max_tokens(self) -> int:
-        return int(self.options["max_tokens"])
+    def prompt(self) -> list[int]:
+        """The prompt token ids."""
+        return self.chat.ids
 
     def json_problem(self, text: str, gen: Generation | None) -> APIError | None:
         """The error for a reply that ended at the model's end token and is not the JSON asked for, or None
@@ -77,11 +85,13 @@ class Plan:
         )
 
     def parser(self) -> ReplyParser:
+        """A parser for the reply: thinking, text and tool calls."""
+        chat = self.chat
         return ReplyParser(
-            think_tags=None if self.reply_prefix else self.think_tags,
-            thinking=self.thinking_open,
-            tool_names=self.tool_names,
-            prefix=self.reply_prefix,
+            think_tags=None if chat.reply_prefix else chat.think_tags,
+            thinking=chat.thinking_open,
+            tool_names=chat.tool_names,
+            prefix=chat.reply_prefix,
         )
 
 
@@ -138,19 +148,6 @@ def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[st
     return [{"role": "system", "content": text}, *messages]
 
 
-@dataclass
-class ChatPrompt:
-    """A rendered conversation: its token ids and how the reply will begin."""
-
-    ids: list[int]
-    tools: list[dict[str, Any]] | None  # the tools the template was given
-    tool_names: list[str] | None  # the names tool calls are parsed for; None: none are
-    tool_choice: str
-    think_tags: tuple[str, str] | None
-    thinking_open: bool  # the prompt ends inside a thinking block
-    reply_prefix: str  # the forced start of a tool call, already in the prompt
-
-
 def chat_prompt(
     model: Model,
     messages: list[dict[str, Any]],
@@ -200,9 +197,7 @@ def chat_prompt(
     names = None if tools is None else [t["function"]["name"] for t in tools]
     return ChatPrompt(
         ids=model.tokenize_chat(text),
-        tools=tools,
         tool_names=names,
-        tool_choice=choice,
         think_tags=tags,
         thinking_open=tags is not None and not reply_prefix and text.rstrip().endswith(tags[0]),
         reply_prefix=reply_prefix,
@@ -243,19 +238,15 @@ def plan_chat(
         guide = ThinkingBudget(
             model.tokenizer, thinking_budget, max_tokens=n_max, tags=tags, open_at_start=prompt.thinking_open
         )
-    elif json_mode and prompt.tools is None and tags is None:
+    elif json_mode and prompt.tool_names is None and tags is None:
         tok = model.tokenizer
         end = tok.eos_id if tok.eos_id in tok.eog_ids else min(tok.eog_ids)
         top = b"{[" if json_schema is not None and json_schema.get("type") == "array" else b"{"
         guide = JsonGuide(tok, end, top=top)
     return Plan(
-        prompt=prompt.ids,
+        chat=prompt,
         options={"max_tokens": n_max, "stop": list(stop), "antislop": antislop, **sampling},
         guide=guide,
-        think_tags=tags,
-        thinking_open=prompt.thinking_open,
-        tool_names=prompt.tool_names,
-        reply_prefix=prompt.reply_prefix,
         json_schema=json_schema,
         json_mode=json_mode,
         parallel_tool_calls=parallel_tool_calls,
