@@ -22,4 +22,7 @@ def serve(
     """Serve ``model`` on ``host``:``port`` until interrupted."""
     import uvicorn
 
-    uvicorn.run(create_app(model, config), host=host, port=port, log_level=log_level)
+    # On Ctrl-C, streams still open after 5 s are cancelled (which cancels their generations).
+    uvicorn.run(
+        create_app(model, config), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5
+    )
