@@ -200,6 +200,17 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error messages
+    return parse
+
+
 def _serve(args: argparse.Namespace, console: Console) -> int:
     from .server import ServerConfig, serve
 
@@ -448,21 +459,24 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument(
         "-n",
         "--max-tokens",
-        type=int,
+        type=_positive(int),
         help="reply length for requests that do not set one (default: the rest of the context)",
     )
     sv.add_argument(
-        "--max-queue", type=int, default=64, help="requests that may wait (default 64); more get 503"
+        "--max-queue",
+        type=_positive(int),
+        default=64,
+        help="requests that may wait (default 64); more get 503",
     )
     sv.add_argument(
         "--timeout",
-        type=float,
+        type=_positive(float),
         default=600.0,
         help="seconds a request may take, queued or running (default 600)",
     )
     sv.add_argument(
         "--max-body",
-        type=int,
+        type=_positive(int),
         default=16 * 1024 * 1024,
         help="largest request body in bytes (default 16 MiB)",
     )

@@ -47,8 +47,10 @@ class APIError(Exception):
 
 
 def openai_body(e: APIError) -> dict[str, Any]:
+    """``e`` in OpenAI's error schema."""
     return {"error": {"message": e.message, "type": _TYPES[e.kind][0], "param": e.param, "code": e.code}}
 
 
 def anthropic_body(e: APIError) -> dict[str, Any]:
+    """``e`` in Anthropic's error schema."""
     return {"type": "error", "error": {"type": _TYPES[e.kind][1], "message": e.message}}

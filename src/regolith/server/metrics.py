@@ -35,10 +35,12 @@ class Metrics:
         self.last_decode_tps = 0.0
 
     def record_request(self, path: str, status: int) -> None:
+        """Count an answered HTTP request."""
         with self._lock:
             self.requests[(path, status)] += 1
 
     def record_generation(self, gen: Generation) -> None:
+        """Add a finished (or cancelled) generation's tokens and timings."""
         st = gen.stats
         with self._lock:
             self.generations[gen.finish_reason or "cancelled"] += 1

@@ -43,6 +43,7 @@ class ToolCall:
 
     @property
     def arguments_json(self) -> str:
+        """The arguments as JSON text (OpenAI's ``function.arguments``)."""
         return json.dumps(self.arguments, ensure_ascii=False)
 
 
@@ -235,6 +236,7 @@ class ReplyParser:
         self.calls: list[ToolCall] = []
 
     def feed(self, piece: str) -> list[tuple[str, str]]:
+        """Read the next piece of the reply; returns what can be released now."""
         out: list[tuple[str, str]] = []
         if self._phase != "answer":
             piece = self._feed_thinking(piece, out)
@@ -243,6 +245,7 @@ class ReplyParser:
         return out
 
     def finish(self) -> list[tuple[str, str]]:
+        """The reply has ended: release the rest and parse the tool calls."""
         out: list[tuple[str, str]] = []
         if self._phase != "answer":
             rest = self._think_buf

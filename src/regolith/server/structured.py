@@ -156,6 +156,7 @@ class JsonPrefix:
         return state
 
     def feed(self, data: bytes) -> bool:
+        """Read ``data``; False (and no change) when it cannot continue the text."""
         nxt = self.advance(self.state, data)
         if nxt is None:
             return False
@@ -164,6 +165,7 @@ class JsonPrefix:
 
     @property
     def complete(self) -> bool:
+        """Whether the text read so far is one whole value."""
         return self.state[0] == "done"
 
 
