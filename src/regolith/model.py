@@ -36,8 +36,9 @@ _ARCHITECTURES = {
 class Window:
     """One inference context: tokens in, logits out, continuing from the tokens already evaluated.
 
-    Holds all decoding state (attention KV, recurrent states, PLE history) and the ids of the tokens it has
-    seen. Create it with :meth:`Model.window`. A window is not safe to share between threads.
+    Holds all decoding state (attention KV caches and indexer keys, Gated DeltaNet recurrent and conv
+    states, PLE history) and the ids of the tokens it has seen. Create it with :meth:`Model.window`. A window
+    is not safe to share between threads.
     """
 
     def __init__(self, model: Model, max_ctx: int):
