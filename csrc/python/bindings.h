@@ -14,3 +14,4 @@ void init_qsa(nb::module_& m);
 void init_gdn(nb::module_& m);
 void init_ple(nb::module_& m);
 void init_model(nb::module_& m);
+void init_sampler(nb::module_& m);

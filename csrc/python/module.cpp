@@ -1,5 +1,6 @@
 #include "bindings.h"
 #include "core/errors.h"
+#include "core/sampler.h"
 
 namespace {
 
@@ -20,6 +21,8 @@ NB_MODULE(_core, m) {
             raise_as("GGUFError", e.what());
         } catch (const regolith::ModelFormatError& e) {
             raise_as("ModelFormatError", e.what());
+        } catch (const regolith::SamplingError& e) {
+            raise_as("SamplingError", e.what());
         } catch (const regolith::Error& e) {
             raise_as("RegolithError", e.what());
         }
@@ -33,4 +36,5 @@ NB_MODULE(_core, m) {
     init_gdn(m);
     init_ple(m);
     init_model(m);
+    init_sampler(m);
 }

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -16,6 +16,10 @@ from . import __version__
 from . import gguf as _gguf
 from .errors import RegolithError
 from .models import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
+
+if TYPE_CHECKING:
+    from .generation import Generation
+    from .model import Model
 
 __all__ = ["main"]
 
@@ -124,6 +128,237 @@ def _convert(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _load(args: argparse.Namespace, console: Console) -> Model:
+    from .model import Model
+
+    template = None
+    if args.chat_template_file:
+        with open(args.chat_template_file, encoding="utf-8") as f:
+            template = f.read()
+    with console.status("loading the model", spinner="dots"):
+        model = Model.load(args.model, n_ctx=args.ctx, chat_template=template)
+        model.tokenizer  # noqa: B018 - built here so its cost shows under the spinner, not in the first reply
+    return model
+
+
+def _generation_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temp,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repeat_penalty": args.repeat_penalty,
+        "seed": args.seed,
+        "stop": args.stop or None,
+        "antislop": _antislop_option(args),
+    }
+    return options
+
+
+def _antislop_option(args: argparse.Namespace) -> bool | Any:
+    if args.slop_list:
+        from .antislop import SlopList
+
+        return SlopList.load(args.slop_list)
+    return args.antislop
+
+
+def _stream(gen: Generation, out: Any) -> None:
+    for piece in gen:
+        out.write(piece)
+        out.flush()
+
+
+def _report(gen: Generation, console: Console) -> None:
+    st = gen.stats
+    console.print(
+        f"[dim]prompt {st.prompt_tokens} tokens ({st.cached_tokens} cached), "
+        f"{st.prefill_tokens_per_second:.1f} tok/s | generated {st.generated_tokens} tokens, "
+        f"{st.decode_tokens_per_second:.1f} tok/s | {gen.finish_reason}[/dim]",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    err = Console(stderr=True)
+    model = _load(args, err)
+    options = _generation_options(args)
+    if args.chat:
+        gen = model.chat([{"role": "user", "content": prompt}], stream=True, **options)
+    else:
+        gen = model.generate(prompt, stream=True, **options)
+    try:
+        _stream(gen, sys.stdout)
+    finally:
+        gen.close()
+    sys.stdout.write("\n")
+    if not args.quiet:
+        _report(gen, err)
+    return 0
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error messages
+    return parse
+
+
+def _serve(args: argparse.Namespace, console: Console) -> int:
+    from .server import ServerConfig, serve
+
+    err = Console(stderr=True)
+    model = _load(args, err)
+    if args.model_name:
+        name = args.model_name
+    elif args.model is None or args.model in KNOWN_MODELS:
+        name = args.model or DEFAULT_MODEL
+    else:
+        name = os.path.basename(model.path).removesuffix(".gguf")
+    config = ServerConfig(
+        model_name=name,
+        aliases=tuple(args.alias),
+        api_key=args.api_key or os.environ.get("REGOLITH_API_KEY") or None,
+        max_queue=args.max_queue,
+        timeout=args.timeout,
+        max_body=args.max_body,
+        default_max_tokens=args.max_tokens,
+        antislop=args.antislop,
+    )
+    if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"[yellow]warning: serving on {escape(args.host)} without an API key (--api-key)[/yellow]")
+    err.print(
+        f"[dim]serving {escape(name)} (context {model.n_ctx}) on http://{escape(args.host)}:{args.port}[/dim]",
+        highlight=False,
+    )
+    serve(model, config, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+_CHAT_HELP = """commands: /reset (forget the conversation), /save PATH (write it as JSON), /exit (or Ctrl-D)
+multi-line input: end a line with \\ to continue it, or wrap a block in triple quotes (\"\"\")"""
+
+
+def _read_message(console: Console) -> str | None:
+    """One user message from the terminal (None at end of input)."""
+    try:
+        line = input(">>> ")
+    except EOFError:
+        return None
+    if line.strip() == '"""':
+        lines = []
+        while True:
+            try:
+                more = input("... ")
+            except EOFError:
+                break
+            if more.strip() == '"""':
+                break
+            lines.append(more)
+        return "\n".join(lines)
+    lines = []
+    while line.endswith("\\"):
+        lines.append(line[:-1])
+        try:
+            line = input("... ")
+        except EOFError:
+            break
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def _chat(args: argparse.Namespace, console: Console) -> int:
+    from .session import Session
+
+    model = _load(args, console)
+    session = Session(model, system=args.system, **_generation_options(args))
+    if not args.quiet:
+        console.print(
+            f"[dim]{escape(os.path.basename(model.path))} - {escape(_CHAT_HELP)}[/dim]", highlight=False
+        )
+    while True:
+        text = _read_message(console)
+        if text is None:
+            break
+        command = text.strip()
+        if command in ("/exit", "/quit"):
+            break
+        if command == "/reset":
+            session.reset()
+            console.print("[dim]conversation cleared[/dim]")
+            continue
+        if command.startswith("/save"):
+            path = command[len("/save") :].strip()
+            if not path:
+                console.print("[red]usage: /save PATH[/red]")
+                continue
+            session.save_transcript(path)
+            console.print(f"[dim]saved {len(session.messages)} messages to {escape(path)}[/dim]")
+            continue
+        if command in ("/help", "/?"):
+            console.print(escape(_CHAT_HELP), highlight=False)
+            continue
+        if not command:
+            continue
+        gen = session.send(text, stream=True)
+        try:
+            _stream(gen, sys.stdout)
+        except KeyboardInterrupt:
+            console.print("\n[dim]stopped[/dim]")
+        finally:
+            gen.close()
+        sys.stdout.write("\n")
+        if not args.quiet:
+            _report(gen, console)
+    return 0
+
+
+def _add_generation_arguments(p: argparse.ArgumentParser, *, antislop_default: bool) -> None:
+    known = ", ".join(f"{k} ({m.description})" for k, m in KNOWN_MODELS.items())
+    p.add_argument(
+        "model",
+        nargs="?",
+        help=f"a .gguf file or a known model name (default: {DEFAULT_MODEL}); known: {known}",
+    )
+    p.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default 0.8)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95; 1 = off)")
+    p.add_argument(
+        "--top-k", type=int, default=40, help="keep the k most likely tokens (default 40; 0 = off)"
+    )
+    p.add_argument(
+        "--min-p", type=float, default=0.05, help="drop tokens below min-p x the best (default 0.05)"
+    )
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty (default 1 = off)")
+    p.add_argument("--seed", type=int, help="random seed (default: a fresh one each run)")
+    p.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
+    p.add_argument("--ctx", type=int, help="context size in tokens (default: the model's, at most 8192)")
+    _add_template_argument(p)
+    p.add_argument(
+        "--antislop",
+        action=argparse.BooleanOptionalAction,
+        default=antislop_default,
+        help=f"ban overused phrases in prose (default {'on' if antislop_default else 'off'})",
+    )
+    p.add_argument("--slop-list", metavar="FILE", help="phrases to ban, one per line (implies --antislop)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no speed report")
+
+
+def _add_template_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--chat-template-file",
+        metavar="FILE",
+        help="a jinja2 chat template to use instead of the model's own",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="regolith",
@@ -168,6 +403,91 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the regex is not recognised")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     c.set_defaults(func=_convert)
+
+    r = sub.add_parser(
+        "run",
+        help="generate text from a prompt",
+        description="Continue a prompt (or, with --chat, answer it as a chat message) and stream the text; "
+        "the speed is reported on stderr.",
+    )
+    _add_generation_arguments(r, antislop_default=False)
+    r.add_argument("-p", "--prompt", help="the prompt (default: read standard input)")
+    r.add_argument(
+        "--chat", action="store_true", help="send the prompt as a user message through the chat template"
+    )
+    r.set_defaults(func=_run)
+
+    ch = sub.add_parser(
+        "chat",
+        help="chat with a model in the terminal",
+        description="An interactive conversation, streamed; only each turn's new tokens are evaluated. "
+        + _CHAT_HELP,
+    )
+    _add_generation_arguments(ch, antislop_default=True)
+    ch.add_argument("--system", help="a system prompt")
+    ch.set_defaults(func=_chat)
+
+    sv = sub.add_parser(
+        "serve",
+        help="serve a model over OpenAI- and Anthropic-compatible HTTP APIs",
+        description="Serve one model over HTTP: POST /v1/chat/completions, /v1/completions, /v1/messages, "
+        "/v1/messages/count_tokens; GET /v1/models, /health, /metrics. Requests are queued and run one at a "
+        "time. See docs/server.md.",
+    )
+    known = ", ".join(KNOWN_MODELS)
+    sv.add_argument(
+        "model", nargs="?", help=f"a .gguf file or a known model name ({known}; default {DEFAULT_MODEL})"
+    )
+    sv.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    sv.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    sv.add_argument(
+        "--api-key",
+        help="require this key (Authorization: Bearer KEY or x-api-key: KEY); default: $REGOLITH_API_KEY, else none",
+    )
+    sv.add_argument("--ctx", type=int, help="context size in tokens (default: the model's, at most 8192)")
+    _add_template_argument(sv)
+    sv.add_argument("--model-name", help="the model id clients use (default: the file name without .gguf)")
+    sv.add_argument(
+        "--alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another model id to accept (repeatable), e.g. the name a client insists on",
+    )
+    sv.add_argument(
+        "-n",
+        "--max-tokens",
+        type=_positive(int),
+        help="reply length for requests that do not set one (default: the rest of the context)",
+    )
+    sv.add_argument(
+        "--max-queue",
+        type=_positive(int),
+        default=64,
+        help="requests that may wait (default 64); more get 503",
+    )
+    sv.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=600.0,
+        help="seconds a request may take, queued or running (default 600)",
+    )
+    sv.add_argument(
+        "--max-body",
+        type=_positive(int),
+        default=16 * 1024 * 1024,
+        help="largest request body in bytes (default 16 MiB)",
+    )
+    sv.add_argument("--antislop", action="store_true", help="ban overused phrases in prose (default off)")
+    sv.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (default info)",
+    )
+    sv.set_defaults(func=_serve)
     return parser
 
 

@@ -14,3 +14,11 @@ class GGUFError(RegolithError, ValueError):
 
 class ModelFormatError(RegolithError, ValueError):
     """A model file is well-formed but does not describe a model regolith can run as stated."""
+
+
+class SamplingError(RegolithError, ValueError):
+    """Logits the sampler cannot draw from: NaN or +inf values, or no token left (all banned or -inf)."""
+
+
+class ContextOverflowError(RegolithError, ValueError):
+    """A prompt (or a prompt plus its reply) does not fit in the context window."""

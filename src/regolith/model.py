@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import _core
 from . import gguf as _gguf
-from .errors import ModelFormatError
+from .antislop import SlopList, SlopMatcher
+from .chat import ChatTemplate, Message, fallback_template
+from .errors import ContextOverflowError, ModelFormatError
+from .generation import Generation, TokenGuide
 from .models import resolve_model
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
 
 __all__ = ["Model", "Window"]
+
+DEFAULT_CTX = 8192
+DEFAULT_MAX_TOKENS = 256
+# llama.cpp's defaults, which users of its tools know.
+SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
 
 _ARCHITECTURES = {
     "gemma3": _core.DenseModel,
@@ -25,16 +37,20 @@ class Window:
     """One inference context: tokens in, logits out, continuing from the tokens already evaluated.
 
     Holds all decoding state (attention KV caches and indexer keys, Gated DeltaNet recurrent and conv
-    states, PLE history). Create it with :meth:`Model.window`.
+    states, PLE history) and the ids of the tokens it has seen. Create it with :meth:`Model.window`. A window
+    is not safe to share between threads.
     """
 
     def __init__(self, model: Model, max_ctx: int):
         self._model = model
         self._w = model._core.new_window(max_ctx)
+        self._tokens: list[int] = []
+        self.n_evaluated = 0
+        """Tokens evaluated over the window's life (prefix reuse shows as this growing by less than a prompt)."""
 
     @property
     def n_past(self) -> int:
-        """Tokens evaluated so far."""
+        """Tokens the window holds."""
         return self._w.n_past
 
     @property
@@ -42,17 +58,41 @@ class Window:
         """The most tokens this window can hold."""
         return self._w.max_ctx
 
+    @property
+    def tokens(self) -> list[int]:
+        """A copy of the ids of the tokens the window holds, oldest first."""
+        return list(self._tokens)
+
     def reset(self) -> None:
         """Forget every token: back to the state of a new window."""
         self._w.reset()
+        self._tokens.clear()
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens and forget the rest.
+
+        Attention-only models cut their KV cache; models with recurrent state (qwen4exp's Gated DeltaNet)
+        keep no history, so the window is reset and the kept tokens evaluated again.
+        """
+        if not 0 <= n <= len(self._tokens):
+            raise ValueError(f"cannot truncate a window of {len(self._tokens)} tokens to {n}")
+        if n == len(self._tokens):
+            return
+        if self._w.truncate(n):
+            del self._tokens[n:]
+            return
+        kept = self._tokens[:n]
+        self.reset()
+        for start in range(0, n, 512):
+            self.eval(kept[start : start + 512], all_logits=False)
 
     def eval(self, tokens, *, all_logits: bool = True) -> np.ndarray:
         """Evaluate ``tokens`` after those already seen; returns float32 logits of shape (len(tokens), n_vocab),
         or (1, n_vocab) for the last token only when ``all_logits`` is False (what generation needs after a
         prompt; it skips the LM head for the other rows).
 
-        Raises ValueError for token ids outside the vocabulary and RegolithError when the window's
-        context would overflow (the window is then unchanged).
+        Raises ValueError for token ids outside the vocabulary and :class:`regolith.ContextOverflowError` when
+        the window's context would overflow (the window is then unchanged).
         """
         ids = np.asarray(tokens)
         if ids.ndim != 1:
@@ -63,36 +103,257 @@ class Window:
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
             bad = int(ids[(ids < 0) | (ids >= vocab)][0])
             raise ValueError(f"token id {bad} is out of range for a vocabulary of {vocab}")
-        return self._w.eval(np.ascontiguousarray(ids, dtype=np.int32), all_logits)
+        if len(self._tokens) + ids.size > self.max_ctx:
+            raise ContextOverflowError(
+                f"context overflow: {ids.size} more tokens do not fit; the window holds {len(self._tokens)} of {self.max_ctx}"
+            )
+        try:
+            logits = self._w.eval(np.ascontiguousarray(ids, dtype=np.int32), all_logits)
+        except BaseException:
+            del self._tokens[self._w.n_past :]  # a failed evaluation leaves the window unchanged or reset
+            raise
+        self._tokens.extend(int(t) for t in ids)
+        self.n_evaluated += int(ids.size)
+        return logits
 
 
 class Model:
-    """A model's weights, memory-mapped from a GGUF file. Use :meth:`load`."""
+    """A model's weights (memory-mapped from a GGUF file), its tokenizer and chat template. Use :meth:`load`.
 
-    def __init__(self, core: Any, path: str):
+    :meth:`generate` and :meth:`chat` run on one window the model keeps, reusing the longest prefix of the
+    previous prompt; starting a new generation there ends an unfinished streamed one. For independent
+    conversations use :class:`regolith.Session` or :meth:`window`.
+    """
+
+    def __init__(
+        self,
+        core: Any,
+        path: str,
+        metadata: dict[str, Any],
+        n_ctx: int | None = None,
+        chat_template: str | None = None,
+    ):
         self._core = core
         self.path = path
         self.config: dict[str, Any] = core.config()
+        self._metadata = metadata
+        self.n_ctx = int(n_ctx or min(self.config.get("context_length") or DEFAULT_CTX, DEFAULT_CTX))
+        self._tokenizer: Tokenizer | None = None
+        self._template: ChatTemplate | None = None
+        self._template_source = chat_template
+        self._lock = threading.Lock()
+        self._window: Window | None = None
+        self._active: Generation | None = None
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None) -> Model:
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        n_ctx: int | None = None,
+        chat_template: str | None = None,
+    ) -> Model:
         """Load a GGUF file (or a known model name; default: the default model).
 
+        ``n_ctx`` is the context of the windows :meth:`generate`, :meth:`chat` and sessions use (default: the
+        model's context length, at most 8192). ``chat_template`` (jinja2 source) replaces the file's chat
+        template.
         Raises :class:`regolith.GGUFError` for a malformed file and :class:`regolith.ModelFormatError` for
         an architecture regolith does not run or missing / mis-shaped tensors.
         """
+        if n_ctx is not None and n_ctx <= 0:
+            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         resolved = str(resolve_model(path))
         with _gguf.open(resolved) as f:
             arch = f.architecture
+            metadata = f.metadata
         if arch not in _ARCHITECTURES:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
-        return cls(_ARCHITECTURES[arch](resolved), resolved)
+        return cls(_ARCHITECTURES[arch](resolved), resolved, metadata, n_ctx, chat_template)
 
     def window(self, max_ctx: int | None = None) -> Window:
-        """A new inference context holding up to ``max_ctx`` tokens (default: the model's context length)."""
+        """A new inference context holding up to ``max_ctx`` tokens (default: :attr:`n_ctx`)."""
         if max_ctx is None:
-            max_ctx = self.config.get("context_length") or 4096
+            max_ctx = self.n_ctx
         if max_ctx <= 0:
             raise ValueError("max_ctx must be positive")
         return Window(self, int(max_ctx))
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer, built from its GGUF metadata on first use."""
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer.from_gguf(self._metadata)
+        return self._tokenizer
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The model's chat template (the one given to :meth:`load`, else ``tokenizer.chat_template``, else a
+        fallback chosen from its special tokens)."""
+        if self._template is None:
+            tok = self.tokenizer
+            special = {
+                "bos_token": tok.id_to_token(tok.bos_id) if tok.bos_id is not None else "",
+                "eos_token": tok.id_to_token(tok.eos_id) if tok.eos_id is not None else "",
+            }
+            source = self._metadata.get("tokenizer.chat_template")
+            if self._template_source is not None:
+                self._template = ChatTemplate(self._template_source, special=special, name="given")
+            elif isinstance(source, str) and source.strip():
+                self._template = ChatTemplate(source, special=special)
+            else:
+                name, source = fallback_template(lambda t: tok.token_to_id(t) is not None)
+                self._template = ChatTemplate(source, special=special, name=f"fallback {name}")
+        return self._template
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special`` adds BOS/EOS as the model asks, ``parse_special`` reads
+        special-token text such as ``<|im_start|>`` as the special token."""
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        """The text of token ``ids``."""
+        return self.tokenizer.decode(ids, skip_special=skip_special)
+
+    def chat_prompt(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """The prompt tokens of a conversation, rendered with :attr:`chat_template`."""
+        text = self.chat_template.render(
+            messages,
+            tools=tools,
+            reasoning_effort=reasoning_effort,
+            add_generation_prompt=add_generation_prompt,
+        )
+        return self.tokenize_chat(text)
+
+    def tokenize_chat(self, text: str) -> list[int]:
+        """Token ids of a rendered chat: special-token text parsed, BOS added once."""
+        ids = self.tokenize(text)
+        bos = self.tokenizer.bos_id
+        if len(ids) >= 2 and ids[0] == ids[1] == bos:
+            del ids[0]  # the template wrote BOS and the tokenizer added one
+        return ids
+
+    def start(
+        self,
+        prompt: Sequence[int],
+        *,
+        window: Window | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        stop: str | Sequence[str] | None = None,
+        antislop: bool | SlopList | Sequence[str] = False,
+        on_finish: Callable[[Generation], None] | None = None,
+        guide: TokenGuide | None = None,
+        **sampling: Any,
+    ) -> Generation:
+        """A :class:`Generation` continuing token ids ``prompt`` on ``window`` (default: the model's window).
+
+        ``sampling`` are :class:`regolith.SamplingParams` fields (temperature, top_p, top_k, min_p,
+        repeat_penalty, presence_penalty, frequency_penalty, logit_bias, seed). ``antislop``: True for the
+        shipped phrase list, or a list of phrases / a :class:`regolith.antislop.SlopList`. ``guide`` may force
+        and refuse tokens (:class:`regolith.generation.TokenGuide`).
+        """
+        params = SamplingParams(**{**SAMPLING_DEFAULTS, **sampling})
+        slop = _slop_matcher(antislop)
+        stops = [stop] if isinstance(stop, str) else list(stop or ())
+        if window is None:
+            with self._lock:
+                if self._active is not None:
+                    self._active.close()
+                if self._window is None:
+                    self._window = self.window()
+                gen = Generation(
+                    self._window,
+                    self.tokenizer,
+                    prompt,
+                    max_tokens=max_tokens,
+                    sampling=params,
+                    stop=stops,
+                    slop=slop,
+                    on_finish=on_finish,
+                    guide=guide,
+                )
+                self._active = gen
+                return gen
+        return Generation(
+            window,
+            self.tokenizer,
+            prompt,
+            max_tokens=max_tokens,
+            sampling=params,
+            stop=stops,
+            slop=slop,
+            on_finish=on_finish,
+            guide=guide,
+        )
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        *,
+        temperature: float = SAMPLING_DEFAULTS["temperature"],
+        top_p: float = SAMPLING_DEFAULTS["top_p"],
+        top_k: int = SAMPLING_DEFAULTS["top_k"],
+        min_p: float = SAMPLING_DEFAULTS["min_p"],
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        stream: bool = False,
+        antislop: bool | SlopList | Sequence[str] = False,
+        **sampling: Any,
+    ) -> str | Generation:
+        """Continue ``prompt`` (text, tokenized with BOS as the model asks, or token ids).
+
+        Returns the generated text, or with ``stream=True`` a :class:`Generation` yielding text pieces as they
+        are decided. ``temperature=0`` is greedy; ``seed`` makes sampling reproducible; ``stop`` strings end the
+        text before them; more :class:`regolith.SamplingParams` fields (repeat_penalty, presence_penalty,
+        frequency_penalty, logit_bias) may be given as keywords.
+        """
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        gen = self.start(
+            ids,
+            max_tokens=max_tokens,
+            stop=stop,
+            antislop=antislop,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            seed=seed,
+            **sampling,
+        )
+        return gen if stream else "".join(gen)
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
+        stream: bool = False,
+        **kwargs: Any,
+    ) -> str | Generation:
+        """Reply to a conversation (``[{'role': 'user', 'content': ...}, ...]``) through the chat template.
+
+        Takes the keywords of :meth:`generate`; returns the reply text, or a :class:`Generation` when
+        ``stream=True``.
+        """
+        ids = self.chat_prompt(messages, tools=tools, reasoning_effort=reasoning_effort)
+        gen = self.start(ids, max_tokens=max_tokens, **kwargs)
+        return gen if stream else "".join(gen)
+
+
+def _slop_matcher(antislop: bool | SlopList | Sequence[str] | None) -> SlopMatcher | None:
+    if antislop is False or antislop is None:
+        return None
+    if antislop is True:
+        return SlopMatcher(SlopList.default())
+    return SlopMatcher(antislop)

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 import regolith
-from regolith import ModelFormatError, RegolithError
+from regolith import ContextOverflowError, ModelFormatError
 
 torch.set_num_threads(1)
 
@@ -94,11 +94,11 @@ def test_reset_and_errors(case):
     assert w.n_past == 0
     # overflow on a partly filled window is refused and leaves its state as it was
     _check(w.eval(ids[:30]), ref[:30])
-    with pytest.raises(RegolithError, match="context overflow"):
+    with pytest.raises(ContextOverflowError, match="context overflow"):
         w.eval(np.full(SEQ - 30 + 1, 3))
     assert w.n_past == 30
     _check(w.eval(ids[30:]), ref[30:])
-    with pytest.raises(RegolithError, match="context overflow"):
+    with pytest.raises(ContextOverflowError, match="context overflow"):
         w.eval(ids[:1])
     with pytest.raises(ValueError, match="out of range"):
         model.window(8).eval([model.config["vocab_size"]])

@@ -1,0 +1,343 @@
+"""The decoding loop: prompt prefill with prefix reuse, sampling, stop conditions, streamed text, anti-slop.
+
+:class:`Generation` is an iterator of text pieces. It prefills only the part of the prompt the window has not
+already evaluated, samples one token at a time, and ends at an end-of-generation token, a stop string,
+``max_tokens`` or a full context. Text is released only once it can no longer change: bytes of an unfinished
+UTF-8 character, a tail that may still become a stop string, and (with anti-slop on) a tail that may still
+become a banned phrase are held back.
+
+Anti-slop (the antislop approach, arXiv 2510.15061): when the prose of the generated text comes to contain a
+banned phrase, generation backtracks to the token where the phrase began, bans that token at that position and
+samples again. End-of-generation tokens are never banned, and text inside code or tool calls is never checked.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from .errors import ContextOverflowError
+from .sampling import Sampler, SamplingParams
+
+if TYPE_CHECKING:
+    from .antislop import SlopMatcher, Violation
+    from .model import Window
+    from .tokenizer import Tokenizer
+
+__all__ = ["Generation", "GenerationStats", "TokenGuide", "prefill"]
+
+# Prompt tokens evaluated per call: bounds activation memory and lets a cancelled request stop between chunks.
+PREFILL_CHUNK = 512
+# Bans at one position before anti-slop gives up and lets the phrase stand (every candidate may be slop).
+MAX_BANS_PER_POSITION = 16
+
+
+class TokenGuide(Protocol):
+    """Steers a generation token by token (a thinking budget, an output format). Both methods see the tokens
+    generated so far, which anti-slop backtracking may shorten, so a guide must not assume they only grow."""
+
+    def forced(self, tokens: Sequence[int]) -> int | None:
+        """The token that must follow ``tokens`` (it is not sampled), or None to sample."""
+        ...
+
+    def allows(self, tokens: Sequence[int], token: int) -> bool:
+        """Whether the sampled ``token`` may follow ``tokens``; a refused token is banned at this position and
+        the position sampled again."""
+        ...
+
+
+@dataclass
+class GenerationStats:
+    """Token counts and timings of one generation (seconds; rates in tokens per second)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the window already held (prefix reuse)
+    generated_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    backtracks: int = 0  # anti-slop rollbacks
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        n = self.prompt_tokens - self.cached_tokens
+        return n / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def prefill(window: Window, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+    """Bring ``window`` to exactly ``prompt`` and return (logits after its last token, tokens reused).
+
+    Keeps the longest prefix the window already holds and evaluates only the rest (at least the last token,
+    whose logits are needed), in chunks of :data:`PREFILL_CHUNK`.
+    """
+    if not prompt:
+        raise ValueError("the prompt is empty: generation needs at least one token")
+    if len(prompt) >= window.max_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {len(prompt)} tokens; the context holds {window.max_ctx} (with room for one reply token)"
+        )
+    keep = min(_common_prefix(window.tokens, prompt), len(prompt) - 1)
+    window.truncate(keep)
+    logits = None
+    for start in range(keep, len(prompt), PREFILL_CHUNK):
+        logits = window.eval(prompt[start : start + PREFILL_CHUNK], all_logits=False)
+    assert logits is not None
+    return logits[0], keep
+
+
+@dataclass
+class _Text:
+    """Generated tokens and their text, with where each token's text ends (for mapping text back to tokens)."""
+
+    token_bytes: list[bytes] = field(default_factory=list)
+    char_end: list[int] = field(default_factory=list)
+    text: str = ""
+    decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
+    )
+
+    def push(self, piece: bytes) -> None:
+        self.token_bytes.append(piece)
+        self.text += self.decoder.decode(piece)
+        self.char_end.append(len(self.text))
+
+    def finish(self) -> None:
+        self.text += self.decoder.decode(b"", final=True)
+
+    def token_at(self, char: int) -> int:
+        """Index of the token whose bytes begin the character at ``char``."""
+        i = next(k for k, end in enumerate(self.char_end) if end > char)
+        # A character completed by token i may have begun in earlier tokens (multi-byte UTF-8 split across them).
+        while i > 0 and self.token_bytes[i] and (self.token_bytes[i][0] & 0xC0) == 0x80:
+            i -= 1
+        return i
+
+    def truncate(self, n: int) -> None:
+        kept = self.token_bytes[:n]
+        self.token_bytes, self.char_end, self.text = [], [], ""
+        self.decoder.reset()
+        for piece in kept:
+            self.push(piece)
+
+
+class Generation(Iterator[str]):
+    """One generation, iterated as text pieces; afterwards :attr:`text`, :attr:`tokens`, :attr:`finish_reason`
+    ('stop' at an end-of-generation token or stop string, 'length' at ``max_tokens`` or a full context,
+    'cancelled' when closed early) and :attr:`stats`. ``on_finish(generation)`` is called once it has ended,
+    whichever way. A ``guide`` (:class:`TokenGuide`) may force tokens and refuse sampled ones.
+
+    Created by :meth:`regolith.Model.generate` and friends; :meth:`close` cancels it (a server does this when
+    the client disconnects). Iteration runs the model; the window must not be used by anyone else meanwhile.
+    """
+
+    def __init__(
+        self,
+        window: Window,
+        tokenizer: Tokenizer,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str] = (),
+        slop: SlopMatcher | None = None,
+        on_finish: Callable[[Generation], None] | None = None,
+        guide: TokenGuide | None = None,
+    ):
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        if isinstance(stop, str):
+            stop = [stop]
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError("stop strings must be non-empty strings")
+        self.prompt = list(prompt)
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.end_token: int | None = None  # the end-of-generation token that ended the reply, if one did
+        self.stats = GenerationStats(prompt_tokens=len(self.prompt))
+        self._window = window
+        self._tokenizer = tokenizer
+        self._max_tokens = max_tokens
+        self._sampling = sampling
+        self._stop = list(stop)
+        self._slop = slop
+        self._lead = ""  # the prompt's unfinished code block or tool call, which the reply continues
+        self._on_finish = on_finish
+        self._guide = guide
+        self._steps = self._run()
+
+    def __next__(self) -> str:
+        return next(self._steps)
+
+    def close(self) -> None:
+        """Stop generating (finish_reason 'cancelled' unless it had already finished)."""
+        self._steps.close()
+        if self.finish_reason is None:
+            self._finished("cancelled")
+
+    def _finished(self, reason: str) -> None:
+        self.finish_reason = reason
+        if self._on_finish is not None:
+            self._on_finish(self)
+
+    def _held_for_stop(self, text: str) -> int:
+        """Length of the longest tail of ``text`` that is the start of a stop string."""
+        best = 0
+        for s in self._stop:
+            for k in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+    def _run(self) -> Iterator[str]:
+        window, tok = self._window, self._tokenizer
+        t0 = time.perf_counter()
+        logits, self.stats.cached_tokens = prefill(window, self.prompt)
+        t1 = time.perf_counter()
+        self.stats.prefill_seconds = t1 - t0
+
+        eog = tok.eog_ids
+        if self._slop is not None:
+            self._lead = self._open_construct(tok.decode(self.prompt))
+        sampler = Sampler(self._sampling, logits.shape[-1])
+        sampler.set_history(self.prompt)
+        out = _Text()
+        bans: dict[int, set[int]] = {}
+        emitted = 0  # characters of out.text already yielded
+        slop_from = 0  # anti-slop ignores phrases starting before this (allowed after MAX_BANS_PER_POSITION)
+        finish = "length"
+        final: str | None = None  # the reply's text when a stop string cut it
+        try:
+            while True:
+                token = None
+                if len(out.token_bytes) < self._max_tokens:
+                    token = self._next_token(sampler, logits, bans.get(len(out.token_bytes), set()))
+                if token is None or token in eog:
+                    # The reply is complete (max_tokens or an end-of-generation token): phrases that waited for
+                    # their last word to end are checked now, and may still send generation back.
+                    v = self._violation(out.text, emitted, slop_from, partial=False)
+                    rolled = self._backtrack(out, sampler, bans, v) if v is not None else None
+                    if rolled is not None:
+                        logits = rolled
+                        continue
+                    finish = "length" if token is None else "stop"
+                    self.end_token = token
+                    break
+                self.tokens.append(token)
+                sampler.accept(token)
+                out.push(tok.token_bytes(token, special=False))
+                text = out.text
+
+                # Held-back text starts at `emitted`, so a stop string cannot begin before it.
+                hits = [i for s in self._stop if (i := text.find(s, emitted)) >= 0]
+                if hits:
+                    final, finish = text[: min(hits)], "stop"
+                    break
+
+                v = self._violation(text, emitted, slop_from, partial=True)
+                if v is not None:
+                    rolled = self._backtrack(out, sampler, bans, v)
+                    if rolled is not None:
+                        logits = rolled
+                        continue
+                    slop_from = v.end_char + 1  # banned too often at this position: the phrase stands
+
+                if len(self.prompt) + len(self.tokens) >= window.max_ctx:
+                    break  # no room to evaluate the token just sampled: the reply ends with it
+                if len(self.tokens) < self._max_tokens:  # the last token's logits would go unused
+                    logits = window.eval([token], all_logits=False)[0]
+
+                safe = len(text) - self._held_for_stop(text)
+                if self._slop is not None:
+                    safe = min(safe, self._slop.pending_prefix(self._lead + text) - len(self._lead))
+                if safe > emitted:
+                    piece, emitted = text[emitted:safe], safe
+                    self.text += piece
+                    yield piece
+            if final is None:
+                out.finish()
+                final = out.text
+            if len(final) > emitted:
+                self.text += final[emitted:]
+                yield final[emitted:]
+            self._finished(finish)
+        finally:
+            self.stats.generated_tokens = len(self.tokens)
+            self.stats.decode_seconds = time.perf_counter() - t1
+
+    def _next_token(self, sampler: Sampler, logits: np.ndarray, banned: set[int]) -> int:
+        """The next token: the guide's forced one, else a sample the guide allows (refused ones are banned)."""
+        if self._guide is None:
+            return sampler.sample(logits, sorted(banned))
+        forced = self._guide.forced(self.tokens)
+        if forced is not None:
+            return forced
+        refused = set(banned)
+        while True:
+            token = sampler.sample(logits, sorted(refused))
+            if self._guide.allows(self.tokens, token):
+                return token
+            refused.add(token)
+
+    def _open_construct(self, prompt_text: str) -> str:
+        """The tail of the prompt that is not prose at its end (an open code fence or tool call), or ''."""
+        assert self._slop is not None
+        scan = self._slop.prose.scan(prompt_text)
+        prose_end = scan.ranges[-1][1] if scan.ranges else 0
+        return prompt_text[prose_end:] if prose_end < len(prompt_text) else ""
+
+    def _violation(self, text: str, emitted: int, slop_from: int, *, partial: bool) -> Violation | None:
+        """The first banned phrase in unreleased prose, if anti-slop is on, in ``text``'s coordinates.
+
+        The reply is scanned after the prompt's open construct, so a reply that continues a code block the
+        prompt opened is known to be code."""
+        if self._slop is None:
+            return None
+        lead, start = len(self._lead), max(emitted, slop_from)
+        v = self._slop.find_violation(self._lead + text, lead + start, partial=partial)
+        # A phrase reaching back into released text cannot be retracted (holding back prevents this).
+        if v is None or v.start_char < lead + start:
+            return None
+        return replace(v, start_char=v.start_char - lead, end_char=v.end_char - lead)
+
+    def _backtrack(
+        self, out: _Text, sampler: Sampler, bans: dict[int, set[int]], v: Violation
+    ) -> np.ndarray | None:
+        """Ban the token that began phrase ``v`` at its position and roll back to it; returns the logits to
+        sample that position again, or None when it has been banned too often (the phrase then stands)."""
+        start = out.token_at(v.start_char)
+        banned = bans.setdefault(start, set())
+        if len(banned) >= MAX_BANS_PER_POSITION:
+            return None
+        banned.add(self.tokens[start])
+        for p in [p for p in bans if p > start]:
+            del bans[p]
+        self.stats.backtracks += 1
+        return self._rollback(out, sampler, start)
+
+    def _rollback(self, out: _Text, sampler: Sampler, start: int) -> np.ndarray:
+        """Forget generated tokens from ``start`` on; returns the logits for sampling position ``start`` again."""
+        del self.tokens[start:]
+        out.truncate(start)
+        history = self.prompt + self.tokens
+        sampler.set_history(history)
+        # The window holds the prompt and the evaluated generated tokens; re-evaluate the token before ``start``.
+        self._window.truncate(len(history) - 1)
+        return self._window.eval(history[-1:], all_logits=False)[0]
