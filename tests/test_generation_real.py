@@ -103,3 +103,38 @@ def test_cli_chat_session_commands(gemma, tmp_path, monkeypatch, capsys):
     assert messages[0]["content"] == "Tell me a story \nabout a cat."
     out = capsys.readouterr().out
     assert "saved 2 messages" in out and "conversation cleared" in out
+
+
+class _Guide:
+    """Forces ``force`` at positions given by index, refuses the ids in ``refuse`` everywhere."""
+
+    def __init__(self, force: dict[int, int], refuse: set[int]):
+        self.force, self.refuse, self.asked = force, refuse, []
+
+    def forced(self, tokens):
+        return self.force.get(len(tokens))
+
+    def allows(self, tokens, token):
+        self.asked.append(token)
+        return token not in self.refuse
+
+
+def test_token_guide_forces_and_refuses(qwen):
+    prompt = qwen.tokenize("def add(a, b):\n")
+    plain = qwen.generate(prompt, 10, stream=True, **GREEDY)
+    "".join(plain)
+    # Refusing the greedy choices is banning them: the same as a -inf logit bias (the oracle).
+    refuse = set(plain.tokens[:3])
+    guided = qwen.start(prompt, max_tokens=10, guide=_Guide({}, refuse), **GREEDY)
+    guided_text = "".join(guided)  # each start ends the previous generation on the model's window: run it now
+    banned = qwen.start(prompt, max_tokens=10, logit_bias={t: -float("inf") for t in refuse}, **GREEDY)
+    assert guided_text == "".join(banned) and guided.tokens == banned.tokens
+    assert not refuse & set(guided.tokens)
+    # A forced token is taken as is; the rest is greedy decoding after it (the oracle: the longer prompt).
+    x = qwen.tokenize("    x", add_special=False)[0]
+    forced = qwen.start(prompt, window=qwen.window(64), max_tokens=6, guide=_Guide({2: x}, set()), **GREEDY)
+    text = "".join(forced)
+    assert forced.tokens[:3] == [*plain.tokens[:2], x]
+    after = qwen.start(prompt + forced.tokens[:3], max_tokens=3, **GREEDY)
+    assert "".join(after) and forced.tokens[3:] == after.tokens
+    assert text == qwen.detokenize(forced.tokens)

@@ -101,6 +101,30 @@ def test_float_matmul_matches_float64(name, ntok, isa):
     assert np.all(np.abs(y - ref) <= bound)
 
 
+@pytest.mark.parametrize("name", QUANT_TYPES + list(FLOAT_TYPES))
+def test_rows_do_not_depend_on_ntok(name, isa):
+    """Backend::matmul's contract: y[t] is bit for bit the same in decode (ntok <= 8) and prefill tiles."""
+    rng = np.random.default_rng([len(name), 3])
+    cols = 512
+    if name in FLOAT_TYPES:
+        w = rng.standard_normal((21, cols)).astype(np.float32)
+        raw = (
+            np.ascontiguousarray(w.astype(np.float16) if name == "F16" else w).view(np.uint8).reshape(21, -1)
+        )
+        if name == "BF16":
+            raw = (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(21, -1)
+        type_id = FLOAT_TYPES[name][0]
+    else:
+        raw, type_id = random_matrix(name, 21, cols, rng), TYPE_IDS[name]
+    x = rng.standard_normal((37, cols)).astype(np.float32)
+    whole = _core.matmul(type_id, raw, cols, x)
+    for n in (1, 3, 8):
+        parts = [
+            _core.matmul(type_id, raw, cols, np.ascontiguousarray(x[i : i + n])) for i in range(0, 37, n)
+        ]
+        np.testing.assert_array_equal(np.concatenate(parts), whole, err_msg=f"{name}, {n} tokens per call")
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     name=st.sampled_from(["Q4_K", "IQ2_XS", "Q8_0", "Q6_K", "IQ4_NL", "Q2_0"]),

@@ -238,7 +238,7 @@ def test_kill_9_while_storing_leaves_a_valid_cache(tiny_path, tmp_path):
     assert leftovers
     model = _model(tiny_path)
     cache = PromptCache(tmp_path, 1 << 30)
-    assert cache.stats.discarded == 0 and cache.stats.entries >= 2
+    assert cache.stats.discarded == 0 and cache.stats.entries >= 1
     assert all(p.exists() for p in leftovers)  # too young to be known dead: a writer may still own them
     for k, path in enumerate(sorted(tmp_path.glob("*/*.rgs"))):
         ids = rstate.read_header(path).tokens.tolist()

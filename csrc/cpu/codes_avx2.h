@@ -24,6 +24,8 @@ template <uint32_t TYPE>
 struct Avx2Codes;
 
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+// An f16 block scale in one F16C instruction (the same value as fp16_to_fp32 for every finite input).
+inline float half_scale(uint16_t h) { return _cvtsh_ss(h); }
 using decode_detail::load_u16;
 using decode_detail::load_u32;
 using decode_detail::load_u64;
@@ -51,13 +53,31 @@ inline __m256i iq4nl_table() {
 template <>
 struct Avx2Codes<RG_TYPE_Q8_0> {
     static void codes(const block_q8_0& b, __m256i* q) { q[0] = load256(b.qs); }
-    static float scales(const block_q8_0& b, int16_t*, float*) { return fp16_to_fp32(b.d); }
+    static float scales(const block_q8_0& b, int16_t*, float*) { return half_scale(b.d); }
+};
+
+// Q5_0: code j = (nibble j | high bit j << 4) - 16. Over a clear high bit, 0xF0 | nibble is nibble - 16 as
+// int8; a set high bit leaves the nibble itself (16 + nibble - 16).
+template <>
+struct Avx2Codes<RG_TYPE_Q5_0> {
+    static void codes(const block_q5_0& b, __m256i* q) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+        // byte j <- qh byte j / 8 (each 128-bit lane holds all four), then test its bit j % 8
+        const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(load_u32(b.qh))), spread);
+        const __m256i mask = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+        const __m256i high = _mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask);
+        q[0] = _mm256_or_si256(nib, _mm256_andnot_si256(high, _mm256_set1_epi8(char(0xf0))));
+    }
+    static float scales(const block_q5_0& b, int16_t*, float*) { return half_scale(b.d); }
 };
 
 template <>
 struct Avx2Codes<RG_TYPE_IQ4_NL> {
     static void codes(const block_iq4_nl& b, __m256i* q) { q[0] = nibble_lookup16(b.qs, iq4nl_table()); }
-    static float scales(const block_iq4_nl& b, int16_t*, float*) { return fp16_to_fp32(b.d); }
+    static float scales(const block_iq4_nl& b, int16_t*, float*) { return half_scale(b.d); }
 };
 
 template <>
@@ -79,10 +99,20 @@ struct Avx2Codes<RG_TYPE_Q4_K> {
             q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
         }
     }
+    // k_int_scales and the biases -(dmin * m) of k_scales_biases: the 6-bit scales and minima of
+    // k_scale_min unpacked four at a time in 32-bit words (s = scales[0..11] as words u0, u1, u2):
+    // sc[0..3] = u0 & 63, m[0..3] = u1 & 63, sc[4..7] = low nibbles of u2 | top 2 bits of u0 << 4,
+    // m[4..7] = high nibbles of u2 | top 2 bits of u1 << 4.
     static float scales(const block_q4_K& b, int16_t* isc, float* bias) {
-        float scale[8];  // the float form is not needed here, only the biases
-        k_scales_biases(b, scale, bias);
-        return k_int_scales(b, isc);
+        const uint32_t u0 = load_u32(b.scales), u1 = load_u32(b.scales + 4), u2 = load_u32(b.scales + 8);
+        const uint32_t low6 = 0x3f3f3f3fu, nib = 0x0f0f0f0fu, top2 = 0x03030303u;
+        const uint64_t sc = (u0 & low6) | uint64_t((u2 & nib) | (((u0 >> 6) & top2) << 4)) << 32;
+        const uint64_t m = (u1 & low6) | uint64_t(((u2 >> 4) & nib) | (((u1 >> 6) & top2) << 4)) << 32;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(isc), _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
+        const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(m))));
+        const __m256 prod = _mm256_mul_ps(_mm256_set1_ps(half_scale(b.dmin)), mf);
+        _mm256_storeu_ps(bias, _mm256_xor_ps(prod, _mm256_set1_ps(-0.0f)));
+        return half_scale(b.d);
     }
 };
 
@@ -101,7 +131,10 @@ struct Avx2Codes<RG_TYPE_Q6_K> {
             }
         }
     }
-    static float scales(const block_q6_K& b, int16_t* isc, float*) { return IntScales<RG_TYPE_Q6_K>::get(b, isc); }
+    static float scales(const block_q6_K& b, int16_t* isc, float*) {
+        for (int g = 0; g < 16; ++g) isc[g] = b.scales[g];  // IntScales<Q6_K>
+        return half_scale(b.d);
+    }
 };
 
 template <>
@@ -200,7 +233,7 @@ struct Avx2Codes<RG_TYPE_Q2_0> {
             q[k] = _mm256_sub_epi8(_mm256_or_si256(lo, hi), one);
         }
     }
-    static float scales(const block_q2_0& b, int16_t*, float*) { return fp16_to_fp32(b.d); }
+    static float scales(const block_q2_0& b, int16_t*, float*) { return half_scale(b.d); }
 };
 
 }  // namespace

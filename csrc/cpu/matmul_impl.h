@@ -18,6 +18,8 @@
 //       static void iflush(const IAcc& ia, float scale, Acc& acc);   // acc += float(ia) * scale
 //       static void quantize_activations(...);  // as cpu::quantize_activations, bit for bit
 //       static float dot_f32(const float* w, const float* x, int64_t n);
+//       // out[t] = dot_f32(w, x + t * stride, n) for t < 4, bit for bit
+//       static void dot_f32x4(const float* w, const float* x, int64_t stride, int64_t n, float* out);
 //       static void f16_to_f32(const uint16_t* src, float* dst, int64_t n);
 //       static void bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
 //   };
@@ -61,12 +63,13 @@ struct QuantKernel {
 
     static void decode_row(const typename D::Block* blocks, int64_t nb, DecodedRow out) {
         for (int64_t b = 0; b < nb; ++b) {
+            float bias[NG];
             if constexpr (simd_has_codes<S, D::TYPE>::value) {
                 // the ISA's register decoder (same codes), stored to the panel; its scales are integer
                 // sub-scales (INT types) or one float for the whole block
                 using P = typename S::template Codes<D::TYPE>;
                 typename S::Raw raw[QK / 32];
-                const float ds = P::scales(blocks[b], out.isc + b * NG, out.bias + b * NG);
+                const float ds = P::scales(blocks[b], out.isc + b * NG, bias);
                 P::codes(blocks[b], raw);
                 for (int k = 0; k < QK / 32; ++k) S::store_raw(out.q + b * QK + 32 * k, raw[k]);
                 if constexpr (INT)
@@ -74,10 +77,22 @@ struct QuantKernel {
                 else
                     for (int g = 0; g < NG; ++g) out.scale[b * NG + g] = ds;
             } else {
-                D::decode(blocks[b], out.q + b * QK, out.scale + b * NG, out.bias + b * NG);
+                D::decode(blocks[b], out.q + b * QK, out.scale + b * NG, bias);
                 if constexpr (INT) out.dsuper[b] = IntScales<D::TYPE>::get(blocks[b], out.isc + b * NG);
             }
+            if constexpr (D::HAS_BIAS) spread_bias(bias, out.bias + b * (QK / 16));
         }
+    }
+
+    // Block biases per scale group -> one per 16 elements (the granularity of the activation sums xs).
+    static void spread_bias(const float* bias, float* bias16) {
+        for (int i = 0; i < QK / 16; ++i) bias16[i] = bias[i * 16 / G];
+    }
+
+    // sum_c bias(c) * x[t][c] over the row: the per-16 biases dotted with the activation sums. Every path
+    // (decode, prefill, fused) computes it by this one call, so they agree bit for bit.
+    static float bias_dot(const float* bias16, const MatmulArgs& a, int64_t t) {
+        return S::dot_f32(bias16, a.xs + t * (a.cols / 16), a.cols / 16);
     }
 
     // Integer-scale form of dot_row: per block and token, int32 lanes accumulate isc * (q . x) over the
@@ -126,7 +141,7 @@ struct QuantKernel {
         } else {
             dot_row_float<NT>(r, a, t0, acc);
         }
-        for (int t = 0; t < NT; ++t) out[t] = S::hsum(acc[t]) + bias_dot(r, a, t0 + t);
+        for (int t = 0; t < NT; ++t) out[t] = S::hsum(acc[t]) + row_bias(r, a, t0 + t);
     }
 
     // Tokens [t0, t1) (at most kMaxTok) against one decoded row, writing y[t][r].
@@ -165,20 +180,16 @@ struct QuantKernel {
             }
         }
         for (int t = 0; t < NT; ++t) {
-            oa[t] = S::hsum(acc_a[t]) + bias_dot(ra, a, t0 + t);
-            ob[t] = S::hsum(acc_b[t]) + bias_dot(rb, a, t0 + t);
+            oa[t] = S::hsum(acc_a[t]) + row_bias(ra, a, t0 + t);
+            ob[t] = S::hsum(acc_b[t]) + row_bias(rb, a, t0 + t);
         }
     }
 
-    static float bias_dot(const DecodedRow& r, const MatmulArgs& a, int64_t t) {
-        if constexpr (!D::HAS_BIAS) {
+    static float row_bias(const DecodedRow& r, const MatmulArgs& a, int64_t t) {
+        if constexpr (D::HAS_BIAS)
+            return bias_dot(r.bias, a, t);
+        else
             return 0.0f;
-        } else {
-            const float* xs = a.xs + t * (a.cols / 16);
-            float b = 0.0f;
-            for (int64_t g = 0; g < a.cols / G; ++g) b += r.bias[g] * (G == 16 ? xs[g] : xs[2 * g] + xs[2 * g + 1]);
-            return b;
-        }
     }
 
     // Panel rows [p0, p1) decoded in scratch, every token: 2-row x 4-token tiles where they fit.
@@ -222,7 +233,8 @@ struct QuantKernel {
     }
 
     static DecodedRow row_at(const Scratch& s, int64_t i, int64_t cols, int64_t ng) {
-        return {s.q + i * cols, s.scale + i * ng, s.bias + i * ng, s.isc + i * ng, s.dsuper + i * (cols / 256 + 1)};
+        return {s.q + i * cols, s.scale + i * ng, s.bias + i * (cols / 16), s.isc + i * ng,
+                s.dsuper + i * (cols / 256 + 1)};
     }
 };
 
@@ -235,11 +247,10 @@ struct FusedKernel {
     static constexpr int QK = D::QK, G = D::G, NG = QK / G, NCH = QK / 32;
 
     template <int NT>
-    static void dot_row(const MatmulArgs& a, int64_t r, int64_t t0, float* out) {
+    static void dot_row(const MatmulArgs& a, int64_t r, int64_t t0, float* bias16, float* out) {
         const int64_t cols = a.cols, nb = cols / QK;
         const auto* blocks = reinterpret_cast<const typename D::Block*>(a.w + r * a.row_bytes);
         typename S::Acc acc[NT];
-        float bsum[NT] = {};
         for (int t = 0; t < NT; ++t) acc[t] = S::zero();
         for (int64_t b = 0; b < nb; ++b) {
             typename S::Raw raw[NCH];
@@ -267,14 +278,12 @@ struct FusedKernel {
                     }
                 }
             }
-            if constexpr (D::HAS_BIAS) {
-                for (int t = 0; t < NT; ++t) {
-                    const float* xs = a.xs + (t0 + t) * (cols / 16) + b * (QK / 16);
-                    for (int g = 0; g < NG; ++g) bsum[t] += bias[g] * (G == 16 ? xs[g] : xs[2 * g] + xs[2 * g + 1]);
-                }
-            }
+            if constexpr (D::HAS_BIAS) Q::spread_bias(bias, bias16 + b * (QK / 16));
         }
-        for (int t = 0; t < NT; ++t) out[t] = S::hsum(acc[t]) + bsum[t];
+        for (int t = 0; t < NT; ++t) {
+            out[t] = S::hsum(acc[t]);
+            if constexpr (D::HAS_BIAS) out[t] += Q::bias_dot(bias16, a, t0 + t);
+        }
     }
 
     static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
@@ -282,14 +291,14 @@ struct FusedKernel {
         float out[kMaxTok];
         for (int64_t r = r0; r < r1; ++r) {
             switch (a.ntok) {
-                case 1: dot_row<1>(a, r, 0, out); break;
-                case 2: dot_row<2>(a, r, 0, out); break;
-                case 3: dot_row<3>(a, r, 0, out); break;
-                case 4: dot_row<4>(a, r, 0, out); break;
-                case 5: dot_row<5>(a, r, 0, out); break;
-                case 6: dot_row<6>(a, r, 0, out); break;
-                case 7: dot_row<7>(a, r, 0, out); break;
-                default: dot_row<8>(a, r, 0, out); break;
+                case 1: dot_row<1>(a, r, 0, s.bias, out); break;
+                case 2: dot_row<2>(a, r, 0, s.bias, out); break;
+                case 3: dot_row<3>(a, r, 0, s.bias, out); break;
+                case 4: dot_row<4>(a, r, 0, s.bias, out); break;
+                case 5: dot_row<5>(a, r, 0, s.bias, out); break;
+                case 6: dot_row<6>(a, r, 0, s.bias, out); break;
+                case 7: dot_row<7>(a, r, 0, s.bias, out); break;
+                default: dot_row<8>(a, r, 0, s.bias, out); break;
             }
             for (int64_t t = 0; t < a.ntok; ++t) a.y[t * a.rows + r] = out[t];
         }
@@ -333,7 +342,13 @@ struct FloatKernel {
                 S::bf16_to_f32(reinterpret_cast<const uint16_t*>(src), s.row, a.cols);
                 wr = s.row;
             }
-            for (int64_t t = 0; t < a.ntok; ++t) a.y[t * a.rows + r] = S::dot_f32(wr, a.x + t * a.cols, a.cols);
+            int64_t t = 0;
+            for (; t + 4 <= a.ntok; t += 4) {
+                float out[4];
+                S::dot_f32x4(wr, a.x + t * a.cols, a.cols, a.cols, out);
+                for (int k = 0; k < 4; ++k) a.y[(t + k) * a.rows + r] = out[k];
+            }
+            for (; t < a.ntok; ++t) a.y[t * a.rows + r] = S::dot_f32(wr, a.x + t * a.cols, a.cols);
         }
     }
 };

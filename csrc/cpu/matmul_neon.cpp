@@ -63,6 +63,9 @@ struct SimdNeon {
         for (; i < n; ++i) s += w[i] * x[i];
         return s;
     }
+    static void dot_f32x4(const float* w, const float* x, int64_t stride, int64_t n, float* out) {
+        for (int t = 0; t < 4; ++t) out[t] = dot_f32(w, x + t * stride, n);
+    }
     static void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
         int64_t i = 0;
         for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(src + i))));

@@ -52,6 +52,9 @@ struct SimdScalar {
         for (; i < n; ++i) s[0] += w[i] * x[i];
         return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
     }
+    static void dot_f32x4(const float* w, const float* x, int64_t stride, int64_t n, float* out) {
+        for (int t = 0; t < 4; ++t) out[t] = dot_f32(w, x + t * stride, n);
+    }
     static void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
         for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
     }

@@ -27,7 +27,17 @@ constexpr int64_t kKeyAlign = 16;
 
 int64_t align_up(int64_t n) { return (n + kKeyAlign - 1) / kKeyAlign * kKeyAlign; }
 
-float round_f16(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
+// fp16_to_fp32(fp32_to_fp16(x)) with few branches (equal for every float, checked exhaustively): overflow
+// to inf, f16 subnormals rounded to a multiple of 2^-24 by adding and removing 0.75 (whose float ulp that
+// is), normal values by rounding away the 13 low mantissa bits to nearest even.
+float round_f16(float x) {
+    uint32_t u = f32_bits(x);
+    const uint32_t ax = u & 0x7fffffffu;
+    if (ax >= 0x477ff000u) return ax > 0x7f800000u ? x : std::copysign(INFINITY, x);  // NaN stays NaN
+    if (ax < 0x38800000u) return std::copysign((std::fabs(x) + 0.75f) - 0.75f, x);
+    u = (u + 0x0fffu + ((u >> 13) & 1u)) & 0xffffe000u;
+    return f32_from_bits(u);
+}
 
 }  // namespace
 
@@ -160,15 +170,21 @@ void causal_attention(Backend& backend, const AttentionShape& s, const KvCache& 
                     const int64_t a = (s.window > 0 ? std::max(lo, pos - s.window + 1) : lo) - lo, b = pos - lo;
                     float* row = &p[size_t(r * nk)];
                     float mx = -INFINITY;
-                    for (int64_t j = a; j <= b; ++j) mx = std::fmax(mx, row[j] * s.scale);
+                    for (int64_t j = a; j <= b; ++j) {
+                        row[j] *= s.scale;
+                        mx = row[j] > mx ? row[j] : mx;
+                    }
                     double sum = 0.0;
                     for (int64_t j = a; j <= b; ++j) {
-                        row[j] = std::exp(row[j] * s.scale - mx);
+                        row[j] = std::exp(row[j] - mx);
                         sum += row[j];
                     }
                     const float inv = float(1.0 / sum);
                     std::fill(row, row + a, 0.0f);
-                    for (int64_t j = a; j <= b; ++j) row[j] = f16 ? round_f16(row[j] * inv) : row[j] * inv;
+                    if (f16)
+                        for (int64_t j = a; j <= b; ++j) row[j] = round_f16(row[j] * inv);
+                    else
+                        for (int64_t j = a; j <= b; ++j) row[j] *= inv;
                     std::fill(row + b + 1, row + nk, 0.0f);
                 }
             };

@@ -131,8 +131,12 @@ def _convert(args: argparse.Namespace, console: Console) -> int:
 def _load(args: argparse.Namespace, console: Console) -> Model:
     from .model import Model
 
+    template = None
+    if args.chat_template_file:
+        with open(args.chat_template_file, encoding="utf-8") as f:
+            template = f.read()
     with console.status("loading the model", spinner="dots"):
-        model = Model.load(args.model, n_ctx=args.ctx)
+        model = Model.load(args.model, n_ctx=args.ctx, chat_template=template)
         model.tokenizer  # noqa: B018 - built here so its cost shows under the spinner, not in the first reply
     return model
 
@@ -193,6 +197,48 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     sys.stdout.write("\n")
     if not args.quiet:
         _report(gen, err)
+    return 0
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error messages
+    return parse
+
+
+def _serve(args: argparse.Namespace, console: Console) -> int:
+    from .server import ServerConfig, serve
+
+    err = Console(stderr=True)
+    model = _load(args, err)
+    if args.model_name:
+        name = args.model_name
+    elif args.model is None or args.model in KNOWN_MODELS:
+        name = args.model or DEFAULT_MODEL
+    else:
+        name = os.path.basename(model.path).removesuffix(".gguf")
+    config = ServerConfig(
+        model_name=name,
+        aliases=tuple(args.alias),
+        api_key=args.api_key or os.environ.get("REGOLITH_API_KEY") or None,
+        max_queue=args.max_queue,
+        timeout=args.timeout,
+        max_body=args.max_body,
+        default_max_tokens=args.max_tokens,
+        antislop=args.antislop,
+    )
+    if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"[yellow]warning: serving on {escape(args.host)} without an API key (--api-key)[/yellow]")
+    err.print(
+        f"[dim]serving {escape(name)} (context {model.n_ctx}) on http://{escape(args.host)}:{args.port}[/dim]",
+        highlight=False,
+    )
+    serve(model, config, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -294,6 +340,7 @@ def _add_generation_arguments(p: argparse.ArgumentParser, *, antislop_default: b
     p.add_argument("--seed", type=int, help="random seed (default: a fresh one each run)")
     p.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
     p.add_argument("--ctx", type=int, help="context size in tokens (default: the model's, at most 8192)")
+    _add_template_argument(p)
     p.add_argument(
         "--antislop",
         action=argparse.BooleanOptionalAction,
@@ -302,6 +349,14 @@ def _add_generation_arguments(p: argparse.ArgumentParser, *, antislop_default: b
     )
     p.add_argument("--slop-list", metavar="FILE", help="phrases to ban, one per line (implies --antislop)")
     p.add_argument("-q", "--quiet", action="store_true", help="no speed report")
+
+
+def _add_template_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--chat-template-file",
+        metavar="FILE",
+        help="a jinja2 chat template to use instead of the model's own",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -371,6 +426,68 @@ def _parser() -> argparse.ArgumentParser:
     _add_generation_arguments(ch, antislop_default=True)
     ch.add_argument("--system", help="a system prompt")
     ch.set_defaults(func=_chat)
+
+    sv = sub.add_parser(
+        "serve",
+        help="serve a model over OpenAI- and Anthropic-compatible HTTP APIs",
+        description="Serve one model over HTTP: POST /v1/chat/completions, /v1/completions, /v1/messages, "
+        "/v1/messages/count_tokens; GET /v1/models, /health, /metrics. Requests are queued and run one at a "
+        "time. See docs/server.md.",
+    )
+    known = ", ".join(KNOWN_MODELS)
+    sv.add_argument(
+        "model", nargs="?", help=f"a .gguf file or a known model name ({known}; default {DEFAULT_MODEL})"
+    )
+    sv.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    sv.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    sv.add_argument(
+        "--api-key",
+        help="require this key (Authorization: Bearer KEY or x-api-key: KEY); default: $REGOLITH_API_KEY, else none",
+    )
+    sv.add_argument("--ctx", type=int, help="context size in tokens (default: the model's, at most 8192)")
+    _add_template_argument(sv)
+    sv.add_argument("--model-name", help="the model id clients use (default: the file name without .gguf)")
+    sv.add_argument(
+        "--alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another model id to accept (repeatable), e.g. the name a client insists on",
+    )
+    sv.add_argument(
+        "-n",
+        "--max-tokens",
+        type=_positive(int),
+        help="reply length for requests that do not set one (default: the rest of the context)",
+    )
+    sv.add_argument(
+        "--max-queue",
+        type=_positive(int),
+        default=64,
+        help="requests that may wait (default 64); more get 503",
+    )
+    sv.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=600.0,
+        help="seconds a request may take, queued or running (default 600)",
+    )
+    sv.add_argument(
+        "--max-body",
+        type=_positive(int),
+        default=16 * 1024 * 1024,
+        help="largest request body in bytes (default 16 MiB)",
+    )
+    sv.add_argument("--antislop", action="store_true", help="ban overused phrases in prose (default off)")
+    sv.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (default info)",
+    )
+    sv.set_defaults(func=_serve)
     return parser
 
 

@@ -17,7 +17,7 @@ import codecs
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -30,12 +30,26 @@ if TYPE_CHECKING:
     from .prompt_cache import PromptCache
     from .tokenizer import Tokenizer
 
-__all__ = ["Generation", "GenerationStats", "prefill"]
+__all__ = ["Generation", "GenerationStats", "TokenGuide", "prefill"]
 
 # Prompt tokens evaluated per call: bounds activation memory and lets a cancelled request stop between chunks.
 PREFILL_CHUNK = 512
 # Bans at one position before anti-slop gives up and lets the phrase stand (every candidate may be slop).
 MAX_BANS_PER_POSITION = 16
+
+
+class TokenGuide(Protocol):
+    """Steers a generation token by token (a thinking budget, an output format). Both methods see the tokens
+    generated so far, which anti-slop backtracking may shorten, so a guide must not assume they only grow."""
+
+    def forced(self, tokens: Sequence[int]) -> int | None:
+        """The token that must follow ``tokens`` (it is not sampled), or None to sample."""
+        ...
+
+    def allows(self, tokens: Sequence[int], token: int) -> bool:
+        """Whether the sampled ``token`` may follow ``tokens``; a refused token is banned at this position and
+        the position sampled again."""
+        ...
 
 
 @dataclass
@@ -142,7 +156,7 @@ class Generation(Iterator[str]):
     """One generation, iterated as text pieces; afterwards :attr:`text`, :attr:`tokens`, :attr:`finish_reason`
     ('stop' at an end-of-generation token or stop string, 'length' at ``max_tokens`` or a full context,
     'cancelled' when closed early) and :attr:`stats`. ``on_finish(generation)`` is called once it has ended,
-    whichever way.
+    whichever way. A ``guide`` (:class:`TokenGuide`) may force tokens and refuse sampled ones.
 
     Created by :meth:`regolith.Model.generate` and friends; :meth:`close` cancels it (a server does this when
     the client disconnects). Iteration runs the model; the window must not be used by anyone else meanwhile.
@@ -159,6 +173,7 @@ class Generation(Iterator[str]):
         stop: Sequence[str] = (),
         slop: SlopMatcher | None = None,
         on_finish: Callable[[Generation], None] | None = None,
+        guide: TokenGuide | None = None,
         cache: PromptCache | None = None,
         boundaries: Sequence[int] = (),
     ):
@@ -182,6 +197,7 @@ class Generation(Iterator[str]):
         self._slop = slop
         self._lead = ""  # the prompt's unfinished code block or tool call, which the reply continues
         self._on_finish = on_finish
+        self._guide = guide
         self._cache = cache
         self._boundaries = list(boundaries)
         self._steps = self._run()
@@ -232,7 +248,7 @@ class Generation(Iterator[str]):
             while True:
                 token = None
                 if len(out.token_bytes) < self._max_tokens:
-                    token = sampler.sample(logits, sorted(bans.get(len(out.token_bytes), ())))
+                    token = self._next_token(sampler, logits, bans.get(len(out.token_bytes), set()))
                 if token is None or token in eog:
                     # The reply is complete (max_tokens or an end-of-generation token): phrases that waited for
                     # their last word to end are checked now, and may still send generation back.
@@ -287,6 +303,20 @@ class Generation(Iterator[str]):
         finally:
             self.stats.generated_tokens = len(self.tokens)
             self.stats.decode_seconds = time.perf_counter() - t1
+
+    def _next_token(self, sampler: Sampler, logits: np.ndarray, banned: set[int]) -> int:
+        """The next token: the guide's forced one, else a sample the guide allows (refused ones are banned)."""
+        if self._guide is None:
+            return sampler.sample(logits, sorted(banned))
+        forced = self._guide.forced(self.tokens)
+        if forced is not None:
+            return forced
+        refused = set(banned)
+        while True:
+            token = sampler.sample(logits, sorted(refused))
+            if self._guide.allows(self.tokens, token):
+                return token
+            refused.add(token)
 
     def _open_construct(self, prompt_text: str) -> str:
         """The tail of the prompt that is not prose at its end (an open code fence or tool call), or ''."""

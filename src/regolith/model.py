@@ -15,7 +15,7 @@ from . import state as _state
 from .antislop import SlopList, SlopMatcher
 from .chat import ChatTemplate, Message, fallback_template
 from .errors import ContextOverflowError, ModelFormatError
-from .generation import Generation
+from .generation import Generation, TokenGuide
 from .models import resolve_model
 from .prompt_cache import PromptCache, chat_boundaries
 from .sampling import SamplingParams
@@ -38,8 +38,9 @@ _ARCHITECTURES = {
 class Window:
     """One inference context: tokens in, logits out, continuing from the tokens already evaluated.
 
-    Holds all decoding state (attention KV, recurrent states, PLE history) and the ids of the tokens it has
-    seen. Create it with :meth:`Model.window`. A window is not safe to share between threads.
+    Holds all decoding state (attention KV caches and indexer keys, Gated DeltaNet recurrent and conv
+    states, PLE history) and the ids of the tokens it has seen. Create it with :meth:`Model.window`. A window
+    is not safe to share between threads.
     """
 
     def __init__(self, model: Model, max_ctx: int):
@@ -150,7 +151,14 @@ class Model:
     conversations use :class:`regolith.Session` or :meth:`window`.
     """
 
-    def __init__(self, core: Any, path: str, metadata: dict[str, Any], n_ctx: int | None = None):
+    def __init__(
+        self,
+        core: Any,
+        path: str,
+        metadata: dict[str, Any],
+        n_ctx: int | None = None,
+        chat_template: str | None = None,
+    ):
         self._core = core
         self.path = path
         self.config: dict[str, Any] = core.config()
@@ -158,6 +166,7 @@ class Model:
         self.n_ctx = int(n_ctx or min(self.config.get("context_length") or DEFAULT_CTX, DEFAULT_CTX))
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
+        self._template_source = chat_template
         self._lock = threading.Lock()
         self._window: Window | None = None
         self._active: Generation | None = None
@@ -166,11 +175,18 @@ class Model:
         """A :class:`regolith.PromptCache` that generation restores prompt prefixes from and stores them in."""
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None, *, n_ctx: int | None = None) -> Model:
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        n_ctx: int | None = None,
+        chat_template: str | None = None,
+    ) -> Model:
         """Load a GGUF file (or a known model name; default: the default model).
 
         ``n_ctx`` is the context of the windows :meth:`generate`, :meth:`chat` and sessions use (default: the
-        model's context length, at most 8192).
+        model's context length, at most 8192). ``chat_template`` (jinja2 source) replaces the file's chat
+        template.
         Raises :class:`regolith.GGUFError` for a malformed file and :class:`regolith.ModelFormatError` for
         an architecture regolith does not run or missing / mis-shaped tensors.
         """
@@ -183,7 +199,7 @@ class Model:
         if arch not in _ARCHITECTURES:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
-        return cls(_ARCHITECTURES[arch](resolved), resolved, metadata, n_ctx)
+        return cls(_ARCHITECTURES[arch](resolved), resolved, metadata, n_ctx, chat_template)
 
     @property
     def fingerprint(self) -> bytes:
@@ -209,7 +225,8 @@ class Model:
 
     @property
     def chat_template(self) -> ChatTemplate:
-        """The model's chat template (``tokenizer.chat_template``, or a fallback chosen from its special tokens)."""
+        """The model's chat template (the one given to :meth:`load`, else ``tokenizer.chat_template``, else a
+        fallback chosen from its special tokens)."""
         if self._template is None:
             tok = self.tokenizer
             special = {
@@ -217,7 +234,9 @@ class Model:
                 "eos_token": tok.id_to_token(tok.eos_id) if tok.eos_id is not None else "",
             }
             source = self._metadata.get("tokenizer.chat_template")
-            if isinstance(source, str) and source.strip():
+            if self._template_source is not None:
+                self._template = ChatTemplate(self._template_source, special=special, name="given")
+            elif isinstance(source, str) and source.strip():
                 self._template = ChatTemplate(source, special=special)
             else:
                 name, source = fallback_template(lambda t: tok.token_to_id(t) is not None)
@@ -267,6 +286,7 @@ class Model:
         stop: str | Sequence[str] | None = None,
         antislop: bool | SlopList | Sequence[str] = False,
         on_finish: Callable[[Generation], None] | None = None,
+        guide: TokenGuide | None = None,
         boundaries: Sequence[int] = (),
         **sampling: Any,
     ) -> Generation:
@@ -278,7 +298,8 @@ class Model:
 
         ``sampling`` are :class:`regolith.SamplingParams` fields (temperature, top_p, top_k, min_p,
         repeat_penalty, presence_penalty, frequency_penalty, logit_bias, seed). ``antislop``: True for the
-        shipped phrase list, or a list of phrases / a :class:`regolith.antislop.SlopList`.
+        shipped phrase list, or a list of phrases / a :class:`regolith.antislop.SlopList`. ``guide`` may force
+        and refuse tokens (:class:`regolith.generation.TokenGuide`).
         """
         params = SamplingParams(**{**SAMPLING_DEFAULTS, **sampling})
         slop = _slop_matcher(antislop)
@@ -298,6 +319,7 @@ class Model:
                     stop=stops,
                     slop=slop,
                     on_finish=on_finish,
+                    guide=guide,
                     cache=self.prompt_cache,
                     boundaries=boundaries,
                 )
@@ -312,6 +334,7 @@ class Model:
             stop=stops,
             slop=slop,
             on_finish=on_finish,
+            guide=guide,
             cache=self.prompt_cache,
             boundaries=boundaries,
         )

@@ -1,0 +1,518 @@
+"""The OpenAI-compatible endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from .api_error import APIError, openai_body
+from .app import ServerState, collect, event_stream, read_body, sse
+from .engine import Job
+from .plan import Plan, chat_prompt, check_sampling, fit_max_tokens, plan_chat
+from .reply import ToolCall
+
+if TYPE_CHECKING:
+    from ..generation import Generation
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+class _Body(BaseModel):
+    # Strict types (no "1" for 1); unknown fields are ignored, as clients send many optional ones.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+Content = str | list[ContentPart]
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: str | dict[str, Any]
+
+
+class ToolCallIn(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Content | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDef(_Body):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Body):
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool | None = None
+
+
+Probability = Annotated[float, Field(gt=0, le=1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+
+
+class _Sampling(_Body):
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repeat_penalty: Annotated[float, Field(gt=0)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
+    stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+
+    def sampling(self) -> dict[str, Any]:
+        """:class:`regolith.SamplingParams` fields the request sets (the server's defaults fill the rest)."""
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "temperature",
+                "top_p",
+                "top_k",
+                "min_p",
+                "repeat_penalty",
+                "presence_penalty",
+                "frequency_penalty",
+                "seed",
+            )
+            if getattr(self, k) is not None
+        }
+        if self.logit_bias:
+            bias = {}
+            for key, value in self.logit_bias.items():
+                if not key.isdigit():
+                    raise APIError(422, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+                bias[int(key)] = value
+            out["logit_bias"] = bias
+        return out
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def check_supported(self) -> None:
+        if self.n is not None and self.n > 1:
+            raise APIError(400, "n > 1 is not supported: this server makes one choice per request", param="n")
+
+
+class ChatRequest(_Sampling):
+    model: str
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    reasoning_effort: str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+
+
+class CompletionRequest(_Sampling):
+    model: str
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | list[int]
+        | Annotated[list[list[int]], Field(min_length=1)]
+    )
+    max_tokens: Annotated[int, Field(ge=0)] | None = 16
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+def _unsupported(what: str, param: str) -> APIError:
+    return APIError(400, f"{what} is not supported by this server", param=param)
+
+
+def _text(content: Content | None, where: str) -> str:
+    """The text of a message's content (text parts joined); other part types are not supported."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for i, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise _unsupported(
+                f"content of type {part.type!r} (this server runs text-only models)", f"{where}[{i}]"
+            )
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def _arguments(call: ToolCallIn, where: str) -> dict[str, Any]:
+    args = call.function.arguments
+    if isinstance(args, dict):
+        return args
+    try:
+        parsed = json.loads(args) if args.strip() else {}
+    except json.JSONDecodeError:
+        raise APIError(422, "tool call arguments must be a JSON object", param=where) from None
+    if not isinstance(parsed, dict):
+        raise APIError(422, "tool call arguments must be a JSON object", param=where)
+    return parsed
+
+
+def _messages(req: ChatRequest) -> list[dict[str, Any]]:
+    """The request's messages in the chat template's form."""
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}  # tool call id -> function name
+    for i, m in enumerate(req.messages):
+        where = f"messages[{i}]"
+        content = _text(m.content, f"{where}.content")
+        if m.role == "function":
+            raise _unsupported("the 'function' role (deprecated; use 'tool')", f"{where}.role")
+        if m.role in ("system", "developer"):
+            out.append({"role": "system", "content": content})
+        elif m.role == "user":
+            out.append({"role": "user", "content": content})
+        elif m.role == "assistant":
+            msg: dict[str, Any] = {"role": "assistant", "content": content}
+            if m.tool_calls:
+                msg["tool_calls"] = []
+                for j, call in enumerate(m.tool_calls):
+                    call_id = call.id or f"call_{i}_{j}"
+                    names[call_id] = call.function.name
+                    args = _arguments(call, f"{where}.tool_calls[{j}].function.arguments")
+                    msg["tool_calls"].append(
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": call.function.name, "arguments": args},
+                        }
+                    )
+            if m.reasoning_content:
+                msg["reasoning_content"] = m.reasoning_content
+            out.append(msg)
+        else:
+            if m.tool_call_id is None:
+                raise APIError(
+                    422, "a tool message needs the tool_call_id it answers", param=f"{where}.tool_call_id"
+                )
+            msg = {"role": "tool", "tool_call_id": m.tool_call_id, "content": content}
+            name = m.name or names.get(m.tool_call_id)
+            if name is not None:
+                msg["name"] = name
+            out.append(msg)
+    return out
+
+
+def _usage(n_prompt: int, gen: Generation | None) -> dict[str, Any]:
+    completion = len(gen.tokens) if gen is not None else 0
+    cached = gen.stats.cached_tokens if gen is not None else 0
+    return {
+        "prompt_tokens": n_prompt,
+        "completion_tokens": completion,
+        "total_tokens": n_prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _finish(gen: Generation | None) -> str:
+    return "length" if gen is not None and gen.finish_reason == "length" else "stop"
+
+
+def _tool_calls(calls: list[ToolCall], *, streamed: bool) -> list[dict[str, Any]]:
+    out = []
+    for i, c in enumerate(calls):
+        call: dict[str, Any] = {
+            "id": "call_" + c.id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments_json},
+        }
+        out.append({"index": i, **call} if streamed else call)
+    return out
+
+
+def _response_format(req: ChatRequest) -> tuple[str | None, dict[str, Any] | None]:
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None, None
+    if fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise APIError(
+                422, "response_format json_schema needs json_schema.schema", param="response_format"
+            )
+        return "json_schema", fmt.json_schema.schema_
+    return "json_object", None
+
+
+def _check_chat_supported(req: ChatRequest) -> None:
+    req.check_supported()
+    if req.logprobs or req.top_logprobs is not None:
+        raise _unsupported("logprobs", "logprobs")
+    for name in ("audio", "prediction", "web_search_options"):
+        if getattr(req, name) is not None:
+            raise _unsupported(name, name)
+    if req.modalities is not None and any(m != "text" for m in req.modalities):
+        raise _unsupported("output modalities other than text", "modalities")
+    if req.functions is not None or req.function_call is not None:
+        raise _unsupported("functions / function_call (deprecated; use tools / tool_choice)", "functions")
+
+
+def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> str:
+    return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Any:
+    state: ServerState = request.app.state.server
+    state.authorize(request)
+    req = await read_body(request, ChatRequest, state.config.max_body)
+    state.check_model(req.model)
+    _check_chat_supported(req)
+    fmt, schema = _response_format(req)
+    choice = (
+        req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
+    )
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    prompt = await asyncio.to_thread(
+        chat_prompt,
+        state.model,
+        _messages(req),
+        tools=tools,
+        tool_choice=choice,
+        json_schema=schema,
+        json_mode=fmt is not None,
+        reasoning_effort=req.reasoning_effort,
+    )
+    plan = plan_chat(
+        state.model,
+        prompt,
+        response_format=fmt,
+        json_schema=schema,
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
+        default_max_tokens=state.config.default_max_tokens,
+        stop=req.stops(),
+        sampling=req.sampling(),
+        antislop=state.config.antislop,
+    )
+    job = state.submit(plan.prompt, plan.options, plan.guide)
+    base = {
+        "id": "chatcmpl-" + secrets.token_hex(12),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "system_fingerprint": "regolith",
+    }
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return event_stream(_stream_chat(job, plan, base, include_usage))
+
+    parser = plan.parser()
+    for piece in await collect(job, request):
+        parser.feed(piece)
+    parser.finish()
+    gen = job.generation
+    calls = parser.calls if plan.parallel_tool_calls else parser.calls[:1]
+    finish = "tool_calls" if calls else _finish(gen)
+    problem = None if calls else plan.json_problem(parser.text, gen)
+    if problem is not None:
+        raise problem
+    message: dict[str, Any] = {"role": "assistant", "content": parser.text or (None if calls else "")}
+    if parser.thinking:
+        message["reasoning_content"] = parser.thinking
+    if calls:
+        message["tool_calls"] = _tool_calls(calls, streamed=False)
+    return {
+        **base,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": _usage(len(plan.prompt), gen),
+    }
+
+
+async def _stream_chat(job: Job, plan: Plan, base: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
+    base = {**base, "object": "chat.completion.chunk"}
+    parser = plan.parser()
+    keys = {"thinking": "reasoning_content", "text": "content"}
+    try:
+        yield _chunk(base, {"role": "assistant", "content": ""})
+        async for piece in job.pieces():
+            for kind, text in parser.feed(piece):
+                yield _chunk(base, {keys[kind]: text})
+        for kind, text in parser.finish():
+            yield _chunk(base, {keys[kind]: text})
+        gen = job.generation
+        calls = parser.calls if plan.parallel_tool_calls else parser.calls[:1]
+        if calls:
+            yield _chunk(base, {"tool_calls": _tool_calls(calls, streamed=True)})
+        finish = "tool_calls" if calls else _finish(gen)
+        problem = None if calls else plan.json_problem(parser.text, gen)
+        if problem is not None:
+            yield sse(openai_body(problem))
+        else:
+            yield _chunk(base, {}, finish)
+            if include_usage:
+                yield sse({**base, "choices": [], "usage": _usage(len(plan.prompt), gen)})
+    except APIError as e:
+        yield sse(openai_body(e))
+    finally:
+        job.cancel()
+    yield "data: [DONE]\n\n"
+
+
+def _completion_prompt(state: ServerState, req: CompletionRequest) -> list[int]:
+    p = req.prompt
+    if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+        if len(p) > 1:
+            raise _unsupported("more than one prompt per request", "prompt")
+        p = p[0]
+    ids = state.model.tokenize(p) if isinstance(p, str) else list(p)
+    vocab = state.model.config["vocab_size"]
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise APIError(422, f"prompt token {bad[0]} is outside the vocabulary of {vocab}", param="prompt")
+    if not ids:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    return ids
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Any:
+    state: ServerState = request.app.state.server
+    state.authorize(request)
+    req = await read_body(request, CompletionRequest, state.config.max_body)
+    state.check_model(req.model)
+    req.check_supported()
+    if req.logprobs is not None:
+        raise _unsupported("logprobs", "logprobs")
+    if req.suffix:
+        raise _unsupported("suffix (fill-in-the-middle)", "suffix")
+    if req.best_of is not None and req.best_of > 1:
+        raise _unsupported("best_of > 1", "best_of")
+    prompt = await asyncio.to_thread(_completion_prompt, state, req)
+    sampling = req.sampling()
+    check_sampling(state.model, sampling)
+    n_max = fit_max_tokens(state.model, len(prompt), req.max_tokens, state.config.default_max_tokens)
+    options = {"max_tokens": n_max, "stop": req.stops(), "antislop": state.config.antislop, **sampling}
+    job = state.submit(prompt, options)
+    base = {
+        "id": "cmpl-" + secrets.token_hex(12),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "system_fingerprint": "regolith",
+    }
+    echo = state.model.detokenize(prompt, skip_special=True) if req.echo else ""
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return event_stream(_stream_completion(job, base, len(prompt), echo, include_usage))
+    text = "".join(await collect(job, request))
+    gen = job.generation
+    return {
+        **base,
+        "choices": [{"text": echo + text, "index": 0, "logprobs": None, "finish_reason": _finish(gen)}],
+        "usage": _usage(len(prompt), gen),
+    }
+
+
+async def _stream_completion(
+    job: Job, base: dict[str, Any], n_prompt: int, echo: str, include_usage: bool
+) -> AsyncIterator[str]:
+    def chunk(text: str, finish: str | None = None) -> str:
+        return sse(
+            {**base, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+        )
+
+    try:
+        if echo:
+            yield chunk(echo)
+        async for piece in job.pieces():
+            yield chunk(piece)
+        yield chunk("", _finish(job.generation))
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": _usage(n_prompt, job.generation)})
+    except APIError as e:
+        yield sse(openai_body(e))
+    finally:
+        job.cancel()
+    yield "data: [DONE]\n\n"
+
+
+def _model_card(state: ServerState, name: str, anthropic: bool) -> dict[str, Any]:
+    if anthropic:
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.started))
+        return {"type": "model", "id": name, "display_name": name, "created_at": created}
+    return {"id": name, "object": "model", "created": state.started, "owned_by": "regolith"}
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> Any:
+    """The served model (in Anthropic's list format when the request has an ``anthropic-version`` header)."""
+    state: ServerState = request.app.state.server
+    state.authorize(request)
+    names = [state.config.model_name, *state.config.aliases]
+    if "anthropic-version" in request.headers:
+        data = [_model_card(state, n, True) for n in names]
+        return {"data": data, "has_more": False, "first_id": names[0], "last_id": names[-1]}
+    return {"object": "list", "data": [_model_card(state, n, False) for n in names]}
+
+
+@router.get("/v1/models/{name:path}")
+async def model(name: str, request: Request) -> Any:
+    state: ServerState = request.app.state.server
+    state.authorize(request)
+    state.check_model(name)
+    return _model_card(state, name, "anthropic-version" in request.headers)

@@ -1,0 +1,263 @@
+"""From an API request to what the engine runs: the prompt tokens, the generation options, the token guide
+(thinking budget or JSON) and how to read the reply. Shared by the OpenAI and Anthropic endpoints, which
+first bring their requests to the chat template's form: messages as ``{"role", "content", "tool_calls",
+"tool_call_id", "reasoning_content"}`` dicts and tools as OpenAI function definitions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..chat import ChatTemplateError
+from ..model import SAMPLING_DEFAULTS
+from ..sampling import SamplingParams
+from .api_error import APIError
+from .reply import ReplyParser
+from .structured import JsonGuide, json_instruction, parse_json_reply, schema_errors
+from .thinking import ThinkingBudget, think_tags
+
+if TYPE_CHECKING:
+    from ..generation import Generation, TokenGuide
+    from ..model import Model
+
+__all__ = [
+    "ChatPrompt",
+    "Plan",
+    "chat_prompt",
+    "check_sampling",
+    "fit_max_tokens",
+    "plan_chat",
+    "stop_sequence",
+]
+
+
+@dataclass
+class ChatPrompt:
+    """A rendered conversation: its token ids and how the reply will begin."""
+
+    ids: list[int]
+    tool_names: list[str] | None  # the tools the template was given, whose calls are parsed; None: none
+    think_tags: tuple[str, str] | None
+    thinking_open: bool  # the prompt ends inside a thinking block
+    reply_prefix: str  # the forced start of a tool call, already in the prompt
+
+
+@dataclass
+class Plan:
+    """A chat request ready to run: the rendered ``chat``, :meth:`regolith.Model.start` ``options``
+    (max_tokens included), the ``guide``, and what the reply is checked against."""
+
+    chat: ChatPrompt
+    options: dict[str, Any]
+    guide: TokenGuide | None = None
+    json_schema: Mapping[str, Any] | None = None
+    json_mode: bool = False
+    parallel_tool_calls: bool = True
+
+    @property
+    def prompt(self) -> list[int]:
+        """The prompt token ids."""
+        return self.chat.ids
+
+    def json_problem(self, text: str, gen: Generation | None) -> APIError | None:
+        """The error for a reply that ended at the model's end token and is not the JSON asked for, or None
+        (replies cut short by max_tokens or a stop string are returned as they are)."""
+        if not self.json_mode or gen is None or gen.end_token is None:
+            return None
+        try:
+            value = parse_json_reply(text)
+        except ValueError as e:
+            problem = str(e)
+        else:
+            errors = schema_errors(value, self.json_schema) if self.json_schema is not None else []
+            if not errors:
+                return None
+            problem = "the reply does not match the schema: " + "; ".join(errors)
+        return APIError(
+            500,
+            f"the model's reply is not the JSON asked for ({problem}); the reply was: {text[:300]!r}",
+            kind="server",
+            param="response_format",
+            code="invalid_model_output",
+        )
+
+    def parser(self) -> ReplyParser:
+        """A parser for the reply: thinking, text and tool calls."""
+        chat = self.chat
+        return ReplyParser(
+            think_tags=None if chat.reply_prefix else chat.think_tags,
+            thinking=chat.thinking_open,
+            tool_names=chat.tool_names,
+            prefix=chat.reply_prefix,
+        )
+
+
+def check_sampling(model: Model, sampling: Mapping[str, Any]) -> None:
+    """Raise :class:`APIError` (422) for sampling values :class:`regolith.SamplingParams` rejects."""
+    try:
+        params = SamplingParams(**{**SAMPLING_DEFAULTS, **sampling})
+    except (ValueError, TypeError) as e:
+        raise APIError(422, str(e)) from None
+    vocab = model.config["vocab_size"]
+    bad = [t for t in params.logit_bias if t >= vocab]
+    if bad:
+        raise APIError(
+            422, f"logit_bias names token {bad[0]}, outside the vocabulary of {vocab}", param="logit_bias"
+        )
+
+
+def fit_max_tokens(model: Model, n_prompt: int, requested: int | None, default: int | None) -> int:
+    """``requested`` (else ``default``, else the rest of the context) clamped to the room the context leaves
+    after the prompt. Raises :class:`APIError` (400) when the prompt leaves no room."""
+    room = model.n_ctx - n_prompt
+    if room < 1:
+        raise APIError(
+            400,
+            f"the prompt has {n_prompt} tokens; the context holds {model.n_ctx} (start the server with a "
+            "larger --ctx, or shorten the conversation)",
+            code="context_length_exceeded",
+        )
+    want = requested if requested is not None else default if default is not None else room
+    return max(0, min(want, room))
+
+
+def tool_call_prefix(template_source: str, name: str | None) -> str:
+    """The start of a tool call in the model's format, to force one: the whole head of a call to ``name``,
+    or (None) the call's opening up to the function name."""
+    if "<tool_call>" in template_source:
+        opener, key = "<tool_call>\n", "arguments"
+    elif "[TOOL_CALLS]" in template_source:
+        if "[ARGS]" in template_source:
+            return "[TOOL_CALLS]" + (f"{name}[ARGS]" if name is not None else "")
+        opener, key = "[TOOL_CALLS][", "arguments"
+    else:
+        opener, key = "", "parameters" if '"parameters"' in template_source else "arguments"
+    if name is None:
+        return opener + '{"name": "'
+    return opener + '{"name": ' + json.dumps(name) + ', "' + key + '": {'
+
+
+def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    if messages and messages[0]["role"] == "system":
+        first = dict(messages[0])
+        first["content"] = (first.get("content") or "") + "\n\n" + text
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def chat_prompt(
+    model: Model,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | None = None,
+    json_schema: Mapping[str, Any] | None = None,
+    json_mode: bool = False,
+    thinking: bool | None = None,
+    reasoning_effort: str | None = None,
+    prefill: str = "",
+) -> ChatPrompt:
+    """Render and tokenize a conversation.
+
+    ``tool_choice``: 'auto' (default), 'none', 'required', or a tool's name; 'required' and a name force the
+    reply to begin a tool call in the model's format. ``json_mode`` asks for JSON (matching ``json_schema``)
+    in the system prompt. ``thinking``: ask the template to think or not (None: its default). ``prefill`` is
+    the start of the reply (Anthropic's trailing assistant message). Raises :class:`APIError`.
+    """
+    template = model.chat_template
+    choice = tool_choice or "auto"
+    offered = [t["function"]["name"] for t in tools or []]
+    if choice not in ("auto", "none", "required") and choice not in offered:
+        raise APIError(
+            400, f"tool_choice names the tool {choice!r}, which is not among the tools", param="tool_choice"
+        )
+    if choice == "none" or not tools:
+        tools = None
+    elif choice not in ("auto", "required"):
+        tools = [t for t in tools if t["function"]["name"] == choice]
+    if json_mode:
+        messages = _with_system_text(messages, json_instruction(json_schema))
+    variables: dict[str, Any] = {}
+    if thinking is not None and "enable_thinking" in template.source:
+        variables["enable_thinking"] = thinking
+    try:
+        text = template.render(messages, tools=tools, reasoning_effort=reasoning_effort, **variables)
+    except ChatTemplateError as e:
+        raise APIError(
+            400, f"the conversation does not fit the model's chat template: {e}", param="messages"
+        ) from None
+    tags = think_tags(template)
+    reply_prefix = ""
+    if tools is not None and choice != "auto":
+        reply_prefix = tool_call_prefix(template.source, None if choice == "required" else choice)
+    text += prefill + reply_prefix
+    names = None if tools is None else [t["function"]["name"] for t in tools]
+    return ChatPrompt(
+        ids=model.tokenize_chat(text),
+        tool_names=names,
+        think_tags=tags,
+        thinking_open=tags is not None and not reply_prefix and text.rstrip().endswith(tags[0]),
+        reply_prefix=reply_prefix,
+    )
+
+
+def plan_chat(
+    model: Model,
+    prompt: ChatPrompt,
+    *,
+    response_format: str | None = None,
+    json_schema: Mapping[str, Any] | None = None,
+    thinking_budget: int | None = None,
+    parallel_tool_calls: bool = True,
+    max_tokens: int | None = None,
+    default_max_tokens: int | None = None,
+    stop: Sequence[str] = (),
+    sampling: Mapping[str, Any] | None = None,
+    antislop: bool = False,
+) -> Plan:
+    """Plan the reply to ``prompt``.
+
+    ``response_format``: None, 'json_object' or 'json_schema' (with ``json_schema``); JSON syntax is enforced
+    token by token when the model neither thinks nor may call tools. ``thinking_budget`` caps the thinking
+    block. ``sampling`` are :class:`regolith.SamplingParams` fields. Raises :class:`APIError`.
+    """
+    sampling = dict(sampling or {})
+    check_sampling(model, sampling)
+    if thinking_budget is not None and prompt.reply_prefix:
+        raise APIError(
+            400, "thinking cannot be combined with a tool_choice that forces a tool call", param="tool_choice"
+        )
+    n_max = fit_max_tokens(model, len(prompt.ids), max_tokens, default_max_tokens)
+    json_mode = response_format in ("json_object", "json_schema")
+    tags = prompt.think_tags
+    guide: TokenGuide | None = None
+    if thinking_budget is not None and tags is not None:
+        guide = ThinkingBudget(
+            model.tokenizer, thinking_budget, max_tokens=n_max, tags=tags, open_at_start=prompt.thinking_open
+        )
+    elif json_mode and prompt.tool_names is None and tags is None:
+        tok = model.tokenizer
+        end = tok.eos_id if tok.eos_id in tok.eog_ids else min(tok.eog_ids)
+        top = b"{[" if json_schema is not None and json_schema.get("type") == "array" else b"{"
+        guide = JsonGuide(tok, end, top=top)
+    return Plan(
+        chat=prompt,
+        options={"max_tokens": n_max, "stop": list(stop), "antislop": antislop, **sampling},
+        guide=guide,
+        json_schema=json_schema,
+        json_mode=json_mode,
+        parallel_tool_calls=parallel_tool_calls,
+    )
+
+
+def stop_sequence(model: Model, gen: Generation, stops: Sequence[str]) -> str | None:
+    """The stop string that ended ``gen``, or None if none did."""
+    if gen.finish_reason != "stop" or gen.end_token is not None or not stops:
+        return None
+    tok = model.tokenizer
+    raw = b"".join(tok.token_bytes(t, special=False) for t in gen.tokens).decode("utf-8", "replace")
+    rest = raw[len(gen.text) :]
+    return next((s for s in stops if rest.startswith(s)), None)

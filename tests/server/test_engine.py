@@ -1,0 +1,174 @@
+"""The engine on a scripted stand-in model (no weights): first come first served, one generation at a time,
+cancellation of running and queued jobs, the queue limit, timeouts and failures that leave the worker alive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+
+from regolith.server.api_error import APIError
+from regolith.server.engine import Engine
+from regolith.server.metrics import Metrics
+
+
+class _Stats:
+    def __init__(self, n_prompt: int):
+        self.prompt_tokens, self.cached_tokens, self.generated_tokens = n_prompt, 0, 0
+        self.prefill_seconds = self.decode_seconds = 0.001
+        self.prefill_tokens_per_second = self.decode_tokens_per_second = 1.0
+
+
+class FakeGeneration:
+    """Yields ``max_tokens`` pieces 'p0', 'p1'..., sleeping ``delay`` seconds per piece; ``close`` cancels."""
+
+    def __init__(self, model, prompt, max_tokens, delay):
+        self.model, self.prompt, self.tokens = model, prompt, []
+        self.finish_reason = None
+        self.stats = _Stats(len(prompt))
+        self._steps = self._run(max_tokens, delay)
+
+    def _run(self, max_tokens, delay):
+        with self.model.lock:
+            assert not self.model.running, "two generations ran at once"
+            self.model.running = True
+        try:
+            for i in range(max_tokens):
+                time.sleep(delay)
+                if self.model.fail_at == i:
+                    raise RuntimeError("the model broke")
+                self.tokens.append(i)
+                self.stats.generated_tokens += 1
+                yield f"p{i}"
+            self.finish_reason = "length"
+        finally:
+            self.model.running = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._steps)
+
+    def close(self):
+        self._steps.close()
+        if self.finish_reason is None:
+            self.finish_reason = "cancelled"
+
+
+class FakeModel:
+    def __init__(self, delay=0.0):
+        self.delay, self.fail_at, self.running = delay, None, False
+        self.lock = threading.Lock()
+        self.started: list[list[int]] = []
+
+    def start(self, prompt, *, guide=None, max_tokens, **options):
+        self.started.append(list(prompt))
+        return FakeGeneration(self, prompt, max_tokens, self.delay)
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+async def _text(job):
+    return "".join([p async for p in job.pieces()])
+
+
+def test_jobs_run_one_at_a_time_in_arrival_order():
+    model = FakeModel(delay=0.002)
+    engine = Engine(model, Metrics())
+    engine.start()
+
+    async def main():
+        jobs = [engine.submit([i], {"max_tokens": 3}, timeout=10) for i in range(8)]
+        assert engine.queue_depth >= 6
+        return await asyncio.gather(*(_text(j) for j in jobs)), jobs
+
+    try:
+        texts, jobs = _run(main())
+    finally:
+        engine.stop()
+    assert texts == ["p0p1p2"] * 8
+    assert model.started == [[i] for i in range(8)]
+    assert all(j.generation.finish_reason == "length" for j in jobs)
+    assert engine.metrics.generations["length"] == 8 and engine.metrics.generated_tokens == 24
+
+
+def test_cancel_stops_the_running_job_and_skips_a_queued_one():
+    model = FakeModel(delay=0.01)
+    engine = Engine(model, Metrics())
+    engine.start()
+
+    async def main():
+        running = engine.submit([1], {"max_tokens": 1000}, timeout=10)
+        queued = engine.submit([2], {"max_tokens": 5}, timeout=10)
+        after = engine.submit([3], {"max_tokens": 2}, timeout=10)
+        queued.cancel()
+        pieces = running.pieces()
+        assert await pieces.__anext__() == "p0"
+        t0 = time.monotonic()
+        running.cancel()
+        rest = [p async for p in pieces]
+        assert await _text(after) == "p0p1"
+        return rest, time.monotonic() - t0, running
+
+    try:
+        rest, elapsed, running = _run(main())
+    finally:
+        engine.stop()
+    assert len(rest) <= 2 and elapsed < 1.0  # stopped at the next piece, not after 1000
+    assert running.generation.finish_reason == "cancelled"
+    assert model.started == [[1], [3]]  # the cancelled queued job never ran
+
+
+def test_queue_limit_timeout_and_failures():
+    model = FakeModel(delay=0.02)
+    engine = Engine(model, Metrics(), max_queue=2)
+    engine.start()
+
+    async def main():
+        slow = engine.submit([1], {"max_tokens": 100}, timeout=0.2)  # runs: the worker takes it at once
+        await asyncio.sleep(0.05)
+        waiting = [engine.submit([i], {"max_tokens": 1}, timeout=10) for i in (2, 3)]
+        with pytest.raises(APIError) as full:
+            engine.submit([4], {"max_tokens": 1}, timeout=10)
+        assert full.value.status == 503 and full.value.kind == "overloaded"
+        with pytest.raises(APIError) as late:
+            await _text(slow)
+        assert late.value.status == 504
+        assert [await _text(j) for j in waiting] == ["p0", "p0"]
+        model.fail_at = 1
+        broken = engine.submit([5], {"max_tokens": 3}, timeout=10)
+        with pytest.raises(APIError, match="RuntimeError: the model broke") as failed:
+            await _text(broken)
+        assert failed.value.status == 500
+        model.fail_at = None
+        return await _text(engine.submit([6], {"max_tokens": 2}, timeout=10))
+
+    try:
+        assert _run(main()) == "p0p1"  # the worker survived the failure
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            503,
+            {"error": {"message": "busy", "type": "server_error", "param": None, "code": None}},
+        ),
+        ("/v1/messages", 529, {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}),
+    ],
+)
+def test_a_full_queue_in_each_api_schema(path, status, body):
+    pytest.importorskip("fastapi")
+    from regolith.server.app import error_response
+
+    response = error_response(APIError(503, "busy", kind="overloaded"), path)
+    assert response.status_code == status and json.loads(response.body) == body
