@@ -222,6 +222,10 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         name = args.model or DEFAULT_MODEL
     else:
         name = os.path.basename(model.path).removesuffix(".gguf")
+    if args.cache_dir:
+        from .prompt_cache import PromptCache
+
+        model.prompt_cache = PromptCache(args.cache_dir, int(args.cache_size_gb * 2**30))
     config = ServerConfig(
         model_name=name,
         aliases=tuple(args.alias),
@@ -481,6 +485,18 @@ def _parser() -> argparse.ArgumentParser:
         help="largest request body in bytes (default 16 MiB)",
     )
     sv.add_argument("--antislop", action="store_true", help="ban overused phrases in prose (default off)")
+    sv.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="keep a prompt cache here: prompts that start like an earlier one (even before a restart) "
+        "evaluate only the rest",
+    )
+    sv.add_argument(
+        "--cache-size-gb",
+        type=_positive(float),
+        default=4.0,
+        help="the prompt cache's size cap in GiB; least recently used states go first (default 4)",
+    )
     sv.add_argument(
         "--log-level",
         default="info",

@@ -304,7 +304,11 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
     async def prometheus(request: Request) -> Response:
         state.authorize(request)
         return PlainTextResponse(
-            metrics.render(queue_depth=engine.queue_depth, busy=engine.busy),
+            metrics.render(
+                queue_depth=engine.queue_depth,
+                busy=engine.busy,
+                cache=model.prompt_cache.stats if model.prompt_cache is not None else None,
+            ),
             media_type="text/plain; version=0.0.4",
         )
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..generation import Generation
+    from ..prompt_cache import CacheStats
 
 __all__ = ["Metrics"]
 
@@ -54,8 +55,8 @@ class Metrics:
             if st.generated_tokens and st.decode_seconds > 0:
                 self.last_decode_tps = st.decode_tokens_per_second
 
-    def render(self, *, queue_depth: int, busy: bool) -> str:
-        """The metrics as Prometheus text."""
+    def render(self, *, queue_depth: int, busy: bool, cache: CacheStats | None = None) -> str:
+        """The metrics as Prometheus text (``cache``: the prompt cache's counters, when there is one)."""
         out: list[str] = []
 
         def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
@@ -113,6 +114,31 @@ class Metrics:
                 "gauge",
                 "Generation speed of the latest generation.",
                 [("", self.last_decode_tps)],
+            )
+        if cache is not None:
+            metric(
+                "prompt_cache_hits_total",
+                "counter",
+                "Prompts that restored state from the prompt cache.",
+                [("", cache.hits)],
+            )
+            metric(
+                "prompt_cache_misses_total",
+                "counter",
+                "Prompts the prompt cache had nothing for.",
+                [("", cache.misses)],
+            )
+            metric(
+                "prompt_cache_tokens_saved_total",
+                "counter",
+                "Prompt tokens restored from the prompt cache instead of evaluated.",
+                [("", cache.tokens_saved)],
+            )
+            metric(
+                "prompt_cache_entries", "gauge", "States stored in the prompt cache.", [("", cache.entries)]
+            )
+            metric(
+                "prompt_cache_bytes", "gauge", "Bytes the prompt cache holds on disk.", [("", cache.bytes)]
             )
         metric("queue_depth", "gauge", "Requests waiting for the model.", [("", queue_depth)])
         metric("busy", "gauge", "1 while a generation runs.", [("", int(busy))])
