@@ -302,42 +302,32 @@ class Model:
         and refuse tokens (:class:`regolith.generation.TokenGuide`).
         """
         params = SamplingParams(**{**SAMPLING_DEFAULTS, **sampling})
-        slop = _slop_matcher(antislop)
         stops = [stop] if isinstance(stop, str) else list(stop or ())
-        if window is None:
-            with self._lock:
-                if self._active is not None:
-                    self._active.close()
-                if self._window is None:
-                    self._window = self.window()
-                gen = Generation(
-                    self._window,
-                    self.tokenizer,
-                    prompt,
-                    max_tokens=max_tokens,
-                    sampling=params,
-                    stop=stops,
-                    slop=slop,
-                    on_finish=on_finish,
-                    guide=guide,
-                    cache=self.prompt_cache,
-                    boundaries=boundaries,
-                )
-                self._active = gen
-                return gen
-        return Generation(
-            window,
-            self.tokenizer,
-            prompt,
-            max_tokens=max_tokens,
-            sampling=params,
-            stop=stops,
-            slop=slop,
-            on_finish=on_finish,
-            guide=guide,
-            cache=self.prompt_cache,
-            boundaries=boundaries,
-        )
+
+        def make(target: Window) -> Generation:
+            return Generation(
+                target,
+                self.tokenizer,
+                prompt,
+                max_tokens=max_tokens,
+                sampling=params,
+                stop=stops,
+                slop=_slop_matcher(antislop),
+                on_finish=on_finish,
+                guide=guide,
+                cache=self.prompt_cache,
+                boundaries=boundaries,
+            )
+
+        if window is not None:
+            return make(window)
+        with self._lock:
+            if self._active is not None:
+                self._active.close()
+            if self._window is None:
+                self._window = self.window()
+            self._active = make(self._window)
+            return self._active
 
     def generate(
         self,
