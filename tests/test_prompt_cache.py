@@ -222,14 +222,14 @@ for i in itertools.count():
 
 def test_kill_9_while_storing_leaves_a_valid_cache(tiny_path, tmp_path):
     # Kill at different moments until one kill has landed mid-save (a temporary file is left).
-    for attempt in range(12):
+    for attempt in range(40):
         proc = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(_STORER), tiny_path, str(tmp_path), str(attempt)],
             stdout=subprocess.PIPE,
             cwd=ROOT,
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-        time.sleep(0.15 + 0.007 * attempt)
+        time.sleep(0.15 + 0.007 * (attempt % 12))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         leftovers = list(tmp_path.glob("*/.*.tmp"))
