@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from .api_error import APIError, anthropic_body
-from .app import ServerState, collect, event_stream, read_body, sse
+from .app import ServerState, StrictBody, collect, event_stream, read_request, sse
 from .engine import Job
 from .plan import ChatPrompt, Plan, chat_prompt, plan_chat, stop_sequence
 from .reply import ToolCall
@@ -25,23 +25,19 @@ __all__ = ["router"]
 router = APIRouter()
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-
-class TextBlock(_Body):
+class TextBlock(StrictBody):
     type: Literal["text"]
     text: str
 
 
-class ToolUseBlock(_Body):
+class ToolUseBlock(StrictBody):
     type: Literal["tool_use"]
     id: str
     name: str
     input: dict[str, Any]
 
 
-class UnsupportedBlock(_Body):
+class UnsupportedBlock(StrictBody):
     type: Literal[
         "image",
         "document",
@@ -56,20 +52,20 @@ class UnsupportedBlock(_Body):
     ]
 
 
-class ToolResultBlock(_Body):
+class ToolResultBlock(StrictBody):
     type: Literal["tool_result"]
     tool_use_id: str
     content: str | list[Annotated[TextBlock | UnsupportedBlock, Field(discriminator="type")]] | None = None
     is_error: bool | None = None
 
 
-class ThinkingBlock(_Body):
+class ThinkingBlock(StrictBody):
     type: Literal["thinking"]
     thinking: str
     signature: str | None = None
 
 
-class RedactedThinkingBlock(_Body):
+class RedactedThinkingBlock(StrictBody):
     type: Literal["redacted_thinking"]
     data: str
 
@@ -80,41 +76,41 @@ Block = Annotated[
 ]
 
 
-class Message(_Body):
+class Message(StrictBody):
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
 
-class Tool(_Body):
+class Tool(StrictBody):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
     description: str | None = None
     input_schema: dict[str, Any]
     type: str | None = None
 
 
-class ToolChoice(_Body):
+class ToolChoice(StrictBody):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
 
 
-class Thinking(_Body):
+class Thinking(StrictBody):
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: Annotated[int, Field(ge=1)] | None = None
     display: Literal["summarized", "omitted"] | None = None
 
 
-class OutputFormat(_Body):
+class OutputFormat(StrictBody):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfig(_Body):
+class OutputConfig(StrictBody):
     effort: str | None = None
     format: OutputFormat | None = None
 
 
-class CountTokensRequest(_Body):
+class CountTokensRequest(StrictBody):
     model: str
     messages: Annotated[list[Message], Field(min_length=1)]
     system: str | list[TextBlock] | None = None
@@ -256,10 +252,7 @@ def _prompt(state: ServerState, req: CountTokensRequest) -> ChatPrompt:
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request) -> Any:
-    state: ServerState = request.app.state.server
-    state.authorize(request)
-    req = await read_body(request, CountTokensRequest, state.config.max_body)
-    state.check_model(req.model)
+    state, req = await read_request(request, CountTokensRequest)
     prompt = await asyncio.to_thread(_prompt, state, req)
     return {"input_tokens": len(prompt.ids)}
 
@@ -288,10 +281,7 @@ def _usage(plan: Plan, job: Job) -> dict[str, int]:
 
 @router.post("/v1/messages")
 async def messages(request: Request) -> Any:
-    state: ServerState = request.app.state.server
-    state.authorize(request)
-    req = await read_body(request, MessagesRequest, state.config.max_body)
-    state.check_model(req.model)
+    state, req = await read_request(request, MessagesRequest)
     budget = None
     if req.thinking is not None and req.thinking.type == "enabled":
         if req.thinking.budget_tokens is None:

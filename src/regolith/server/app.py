@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .api_error import APIError, anthropic_body, openai_body
@@ -35,6 +35,14 @@ __all__ = ["ServerConfig", "ServerState", "collect", "create_app", "event_stream
 log = logging.getLogger("regolith.server")
 
 B = TypeVar("B", bound=BaseModel)
+
+
+class StrictBody(BaseModel):
+    """A request body part: strict types (no "1" for 1); unknown fields are ignored, as clients send many
+    optional ones."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
 
 # Paths counted under their own name in the metrics (anything else is "other").
 _PATHS = (
@@ -149,6 +157,16 @@ def _validation_error(e: ValidationError) -> APIError:
     if len(grouped) > 1:
         message += f" (and {len(grouped) - 1} more problem{'s' if len(grouped) > 2 else ''})"
     return APIError(422, message, param=path or None)
+
+
+async def read_request(request: Request, model: type[B]) -> tuple[ServerState, B]:
+    """The server state and the request's body (a ``model`` with a ``model`` field), once the key is checked
+    (401), the body read and validated (:func:`read_body`) and the model it names is this server's (404)."""
+    state: ServerState = request.app.state.server
+    state.authorize(request)
+    body = await read_body(request, model, state.config.max_body)
+    state.check_model(body.model)
+    return state, body
 
 
 async def read_body(request: Request, model: type[B], limit: int) -> B:

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from .api_error import APIError, openai_body
-from .app import ServerState, collect, event_stream, read_body, sse
+from .app import ServerState, StrictBody, collect, event_stream, read_request, sse
 from .engine import Job
 from .plan import Plan, chat_prompt, check_sampling, fit_max_tokens, plan_chat
 from .reply import ToolCall
@@ -26,12 +26,7 @@ __all__ = ["router"]
 router = APIRouter()
 
 
-class _Body(BaseModel):
-    # Strict types (no "1" for 1); unknown fields are ignored, as clients send many optional ones.
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-
-class ContentPart(_Body):
+class ContentPart(StrictBody):
     type: str
     text: str | None = None
 
@@ -39,18 +34,18 @@ class ContentPart(_Body):
 Content = str | list[ContentPart]
 
 
-class FunctionCall(_Body):
+class FunctionCall(StrictBody):
     name: str
     arguments: str | dict[str, Any]
 
 
-class ToolCallIn(_Body):
+class ToolCallIn(StrictBody):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Body):
+class ChatMessage(StrictBody):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Content | None = None
     name: str | None = None
@@ -59,39 +54,39 @@ class ChatMessage(_Body):
     reasoning_content: str | None = None
 
 
-class FunctionDef(_Body):
+class FunctionDef(StrictBody):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ToolDef(_Body):
+class ToolDef(StrictBody):
     type: Literal["function"]
     function: FunctionDef
 
 
-class NamedFunction(_Body):
+class NamedFunction(StrictBody):
     name: str
 
 
-class NamedToolChoice(_Body):
+class NamedToolChoice(StrictBody):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JsonSchemaFormat(_Body):
+class JsonSchemaFormat(StrictBody):
     name: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Body):
+class ResponseFormat(StrictBody):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StreamOptions(_Body):
+class StreamOptions(StrictBody):
     include_usage: bool | None = None
 
 
@@ -99,7 +94,7 @@ Probability = Annotated[float, Field(gt=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 
-class _Sampling(_Body):
+class _Sampling(StrictBody):
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Probability | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
@@ -317,10 +312,7 @@ def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = Non
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Any:
-    state: ServerState = request.app.state.server
-    state.authorize(request)
-    req = await read_body(request, ChatRequest, state.config.max_body)
-    state.check_model(req.model)
+    state, req = await read_request(request, ChatRequest)
     _check_chat_supported(req)
     fmt, schema = _response_format(req)
     choice = (
@@ -431,10 +423,7 @@ def _completion_prompt(state: ServerState, req: CompletionRequest) -> list[int]:
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Any:
-    state: ServerState = request.app.state.server
-    state.authorize(request)
-    req = await read_body(request, CompletionRequest, state.config.max_body)
-    state.check_model(req.model)
+    state, req = await read_request(request, CompletionRequest)
     req.check_supported()
     if req.logprobs is not None:
         raise _unsupported("logprobs", "logprobs")
