@@ -324,13 +324,17 @@ def _chat(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _add_generation_arguments(p: argparse.ArgumentParser, *, antislop_default: bool) -> None:
+def _add_model_argument(p: argparse.ArgumentParser) -> None:
     known = ", ".join(f"{k} ({m.description})" for k, m in KNOWN_MODELS.items())
     p.add_argument(
         "model",
         nargs="?",
-        help=f"a .gguf file or a known model name (default: {DEFAULT_MODEL}); known: {known}",
+        help=f"a .gguf file or a known model name (default: {DEFAULT_MODEL}); known models: {known}",
     )
+
+
+def _add_generation_arguments(p: argparse.ArgumentParser, *, antislop_default: bool) -> None:
+    _add_model_argument(p)
     p.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default 0.8)")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95; 1 = off)")
@@ -378,12 +382,7 @@ def _parser() -> argparse.ArgumentParser:
         help="show a GGUF file's architecture, hyper-parameters and tensor types",
         description="Show a GGUF file's architecture, hyper-parameters, tensor-type histogram and size.",
     )
-    known = ", ".join(f"{k} ({m.description})" for k, m in KNOWN_MODELS.items())
-    p.add_argument(
-        "model",
-        nargs="?",
-        help=f"a .gguf file or a known model name (default: {DEFAULT_MODEL}); known models: {known}",
-    )
+    _add_model_argument(p)
     p.add_argument("--tensors", action="store_true", help="also list every tensor (name, type, shape, bytes)")
     p.set_defaults(func=_inspect)
 
@@ -438,10 +437,7 @@ def _parser() -> argparse.ArgumentParser:
         "/v1/messages/count_tokens; GET /v1/models, /health, /metrics. Requests are queued and run one at a "
         "time. See docs/server.md.",
     )
-    known = ", ".join(KNOWN_MODELS)
-    sv.add_argument(
-        "model", nargs="?", help=f"a .gguf file or a known model name ({known}; default {DEFAULT_MODEL})"
-    )
+    _add_model_argument(sv)
     sv.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
