@@ -143,13 +143,16 @@ GatedDeltaNet::GatedDeltaNet(const GdnShape& shape, const GdnWeights& weights, B
         for (int64_t i = 0; i < K; ++i) conv_t_[i * cd + c] = weights.conv1d[c * K + i];
 }
 
-void GatedDeltaNet::forward(const float* x, int64_t ntok, GdnState& state, float* y) const {
+void GatedDeltaNet::forward(const float* x, int64_t ntok, GdnState& state, float* y, GdnState* after) const {
     const GdnShape& s = shape_;
     const int64_t K = s.conv_kernel, cd = s.conv_dim(), kd = s.key_dim(), vd = s.value_dim();
     const int64_t nk = s.n_k_heads, nv = s.n_v_heads, dk = s.k_dim, dv = s.v_dim;
     if (ntok <= 0) return;
     if (state.conv.size() != size_t((K - 1) * cd) || state.recurrent.size() != size_t(nv * dk * dv))
         throw Error("GatedDeltaNet::forward: state was made for another layer shape");
+    for (int64_t t = 0; after && t < ntok; ++t)
+        if (after[t].conv.size() != state.conv.size() || after[t].recurrent.size() != state.recurrent.size())
+            throw Error("GatedDeltaNet::forward: a per-token state was made for another layer shape");
 
     std::vector<float> ext(size_t((K - 1 + ntok) * cd));  // [kernel-1 + ntok][conv_dim]: conv history + qkv
     std::vector<float> z(size_t(ntok * vd));              // [ntok][value_dim]
@@ -174,6 +177,10 @@ void GatedDeltaNet::forward(const float* x, int64_t ntok, GdnState& state, float
         for (int64_t c = 0; c < cd; ++c) o[c] = silu(o[c]);
     }
     std::copy(ext.end() - (K - 1) * cd, ext.end(), state.conv.begin());
+    if (after)  // conv history after token t: ext rows t+1 .. t+K-1
+        for (int64_t t = 0; t < ntok; ++t) {
+            std::copy(ext.begin() + (t + 1) * cd, ext.begin() + (t + K) * cd, after[t].conv.begin());
+        }
 
     // L2-normalise q and k per head (FLA's eps 1e-6 inside the sqrt); q also by k_dim^-1/2.
     const float q_scale = 1.0f / std::sqrt(float(dk));
@@ -200,7 +207,13 @@ void GatedDeltaNet::forward(const float* x, int64_t ntok, GdnState& state, float
             const HeadInputs in{&conv[kh * dk], &conv[kd + kh * dk], &conv[2 * kd + h * dv], cd,
                                 &g[h], &beta[h], nv};
             float* S = &state.recurrent[size_t(h * dk * dv)];
-            if (ntok == 1)
+            if (after) {
+                for (int64_t t = 0; t < ntok; ++t) {
+                    const HeadInputs it{in.q + t * cd, in.k + t * cd, in.v + t * cd, cd, in.g + t * nv, in.beta + t * nv, nv};
+                    recurrent_scan(it, 1, dk, dv, S, &core[t * vd + h * dv], vd);
+                    std::copy(S, S + dk * dv, &after[t].recurrent[size_t(h * dk * dv)]);
+                }
+            } else if (ntok == 1)
                 recurrent_scan(in, ntok, dk, dv, S, &core[h * dv], vd);
             else
                 chunked_scan(in, ntok, dk, dv, kChunk, S, &core[h * dv], vd);

@@ -73,8 +73,10 @@ public:
 
     // x: [ntok][hidden] → y: [ntok][hidden]; advances `state` by ntok tokens. ntok == 1 runs the recurrent
     // step; ntok > 1 the chunked scan (same result within fp32 rounding). Throws Error on a state of
-    // another shape.
-    void forward(const float* x, int64_t ntok, GdnState& state, float* y) const;
+    // another shape. With `after` ([ntok] states of this shape), after[t] receives the state following token
+    // t and the scan runs the recurrent step token by token, computing exactly what ntok single-token calls
+    // would (speculative verification rolls back to any of them).
+    void forward(const float* x, int64_t ntok, GdnState& state, float* y, GdnState* after = nullptr) const;
 
 private:
     GdnShape shape_;

@@ -29,6 +29,18 @@ public:
     // and evaluate the kept tokens again.
     virtual bool truncate(int64_t n) = 0;
 
+    // Speculative decoding. After checkpoint(), the next eval (of at most kMaxCheckpointTokens tokens) keeps
+    // per-token states, so that truncate(m) then succeeds for every m from the n_past at checkpoint() to
+    // n_past, until an eval without checkpoint(), reset() or import_state(). Windows whose truncate always
+    // succeeds (attention-only models cut their KV cache) need nothing and ignore it.
+    static constexpr int64_t kMaxCheckpointTokens = 16;
+    virtual void checkpoint() {}
+    // The model's own draft head (qwen4exp's MTP), if it has one: up to n (<= kMaxCheckpointTokens) greedy
+    // draft tokens following the window's tokens and `next`, the token to be evaluated next. Empty without a
+    // draft head or before the window holds a token whose hidden state it knows.
+    virtual bool has_draft_head() const { return false; }
+    virtual std::vector<int32_t> draft(int32_t /*next*/, int64_t /*n*/) { return {}; }
+
     using StateFn = std::function<void(std::vector<StatePart>&)>;
     // Saving (model/state_file.h): runs fn with the window locked and its state as parts, positional parts
     // holding the rows of tokens [from, n_past()). fn reads the spans; it must not call the window.

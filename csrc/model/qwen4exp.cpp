@@ -11,7 +11,13 @@ Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
     const std::string prefix = meta::require_arch(f, "qwen4exp");
     const auto key = [&](const char* suffix) { return prefix + suffix; };
     Qwen4ExpConfig c;
-    c.n_layer = meta::require_int(f, key("block_count"));
+    // llama.cpp's nextn convention: MTP blocks follow the main layers and count in block_count.
+    const int64_t n_block = meta::require_int(f, key("block_count"));
+    c.n_nextn = meta::get_int(f, key("nextn_predict_layers")).value_or(0);
+    if (c.n_nextn < 0 || c.n_nextn > 1 || c.n_nextn >= n_block)
+        throw ModelFormatError("qwen4exp.nextn_predict_layers must be 0 or 1 (and below block_count), got " +
+                               std::to_string(c.n_nextn));
+    c.n_layer = n_block - c.n_nextn;
     c.hidden = meta::require_int(f, key("embedding_length"));
     c.context_length = meta::get_int(f, key("context_length")).value_or(0);
     c.hc = meta::require_int(f, key("hyper_connection.count"));
@@ -25,8 +31,10 @@ Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
         throw ModelFormatError("qwen4exp: block_count, embedding_length, hyper_connection.* must be positive "
                                "(and hyper_connection.count > 1)");
     // Linear attention everywhere except every full_attention_interval-th layer, unless listed explicitly.
-    if (auto rec = meta::get_int_array(f, key("attention.recurrent_layers"), c.n_layer, /*allow_bool=*/true)) {
-        for (int64_t v : *rec) c.recurrent.push_back(v != 0);
+    // Per-layer arrays cover every block, MTP blocks included (llama.cpp's qwen35 converter marks those
+    // non-recurrent); the main layers read their leading n_layer entries.
+    if (auto rec = meta::get_int_array(f, key("attention.recurrent_layers"), n_block, /*allow_bool=*/true)) {
+        for (int64_t i = 0; i < c.n_layer; ++i) c.recurrent.push_back((*rec)[size_t(i)] != 0);
     } else {
         const int64_t interval = meta::get_int(f, key("full_attention_interval")).value_or(4);
         if (interval <= 0) throw ModelFormatError("qwen4exp.full_attention_interval must be positive");
@@ -79,6 +87,8 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, Backend& backend)
             l.qsa.emplace(shape, qsa_weights_from_gguf(file_, il, shape), backend_);
         }
     }
+    if (c.n_nextn > 0 && MtpHead::present(file_, c.n_layer))
+        mtp_ = std::make_unique<MtpHead>(file_, c.n_layer, c.hc, c.hc_rank, c.eps, c.moe, tok_embd_, output_, backend_);
 }
 
 Qwen4ExpModel::~Qwen4ExpModel() = default;
@@ -98,7 +108,31 @@ bool Qwen4ExpWindow::truncate(int64_t n) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (n < 0 || n > n_past_) throw Error("window: cannot truncate to " + std::to_string(n) + " of " +
                                           std::to_string(n_past_) + " tokens");
-    return n == n_past_;
+    if (n == n_past_) return true;
+    if (cp_.base < 0 || n < cp_.base) return false;
+    const size_t slot = size_t(n - cp_.base);
+    for (size_t il = 0; il < model_.layers_.size(); ++il) {
+        if (gdn_[il]) gdn_[il]->copy_from(cp_.gdn[il][slot]);
+        if (ple_[il]) *ple_[il] = cp_.ple[il][slot];
+        if (qsa_[il]) qsa_[il]->truncate(n);
+    }
+    if (mtp_) mtp_->truncate(n);
+    n_past_ = n;
+    return true;
+}
+
+void Qwen4ExpWindow::checkpoint() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    armed_ = true;
+}
+
+std::vector<int32_t> Qwen4ExpWindow::draft(int32_t next, int64_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!mtp_) return {};
+    if (next < 0 || next >= model_.config_.vocab)
+        throw Error("token id " + std::to_string(next) + " is out of range [0, " +
+                    std::to_string(model_.config_.vocab) + ")");
+    return mtp_->draft(*model_.mtp_, next, std::min(n, kMaxCheckpointTokens));
 }
 
 void Qwen4ExpWindow::reset() {
@@ -108,6 +142,10 @@ void Qwen4ExpWindow::reset() {
 
 void Qwen4ExpWindow::reset_locked() {
     n_past_ = 0;
+    armed_ = false;
+    cp_.base = -1;
+    mtp_.reset();
+    if (model_.mtp_) mtp_.emplace(*model_.mtp_, max_ctx_ + kMaxCheckpointTokens);
     gdn_.clear();
     qsa_.clear();
     ple_.clear();
@@ -165,6 +203,9 @@ void Qwen4ExpWindow::import_state(int64_t from, int64_t n, bool whole, const Sta
         std::vector<StatePart> parts = state_parts(from, n, whole);
         fn(parts);
         n_past_ = n;
+        armed_ = false;
+        cp_.base = -1;
+        if (mtp_) mtp_->forget(n);  // hidden states are not saved: the MTP head restarts after them
     } catch (...) {
         reset_locked();
         throw;
@@ -182,6 +223,9 @@ void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool 
     if (n_past_ + n > max_ctx_)
         throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
                     " tokens exceed the window's " + std::to_string(max_ctx_));
+    if (armed_ && n > kMaxCheckpointTokens)
+        throw Error("window: a checkpointed eval takes at most " + std::to_string(kMaxCheckpointTokens) +
+                    " tokens, got " + std::to_string(n));
     try {
         eval_locked(tokens, n, logits, all_logits);
     } catch (...) {
@@ -207,17 +251,29 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits
     std::vector<int64_t> positions(static_cast<size_t>(n));
     for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = n_past_ + t;
 
+    const bool keep = armed_;  // fill the rollback slots (checkpoint())
+    armed_ = false;
+    cp_.base = -1;
+    if (keep) prepare_slots(n);
     std::vector<float> mixed(size_t(n * h)), out(size_t(n * h)), inject(size_t(n * c.hc));
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const auto& l = model_.layers_[size_t(il)];
         if (l.ple) {
             std::vector<float> addend(streams.size());  // [n][hc * hidden]
-            l.ple->forward(tokens, streams.data(), n, *ple_[size_t(il)], addend.data());
+            PleState& st = *ple_[size_t(il)];
+            if (keep) {
+                for (int64_t t = 0; t < n; ++t) {
+                    l.ple->forward(tokens + t, streams.data() + t * width, 1, st, addend.data() + t * width);
+                    cp_.ple[size_t(il)][size_t(t + 1)] = st;
+                }
+            } else {
+                l.ple->forward(tokens, streams.data(), n, st, addend.data());
+            }
             for (size_t i = 0; i < streams.size(); ++i) streams[i] += addend[i];
         }
         l.attn_hc.read(be, streams.data(), n, mixed.data(), inject.data());
         if (l.gdn)
-            l.gdn->forward(mixed.data(), n, *gdn_[size_t(il)], out.data());
+            l.gdn->forward(mixed.data(), n, *gdn_[size_t(il)], out.data(), keep ? &cp_.gdn[size_t(il)][1] : nullptr);
         else
             l.qsa->forward(mixed.data(), positions.data(), n, *qsa_[size_t(il)], out.data());
         l.attn_hc.write(out.data(), inject.data(), n, streams.data());
@@ -226,10 +282,31 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits
         l.ffn_hc.write(out.data(), inject.data(), n, streams.data());
     }
     // The LM head runs on the rows whose logits are wanted: every token, or the last (prefill for generation).
-    const int64_t first = all_logits ? 0 : n - 1;
-    model_.out_hc_.read(be, streams.data() + first * width, n - first, mixed.data(), nullptr);
-    be.matmul(model_.output_, mixed.data(), n - first, logits);
+    // With an MTP head every row's final hidden state is kept for it.
+    const int64_t first = all_logits ? 0 : n - 1, from = mtp_ ? 0 : first;
+    model_.out_hc_.read(be, streams.data() + from * width, n - from, mixed.data(), nullptr);
+    if (mtp_) mtp_->append(tokens, mixed.data(), n, h);
+    be.matmul(model_.output_, mixed.data() + (first - from) * h, n - first, logits);
+    if (keep) cp_.base = n_past_;
     n_past_ += n;
+}
+
+void Qwen4ExpWindow::prepare_slots(int64_t n) {
+    const size_t n_layers = model_.layers_.size(), slots = size_t(n + 1);
+    cp_.gdn.resize(n_layers);
+    cp_.ple.resize(n_layers);
+    for (size_t il = 0; il < n_layers; ++il) {
+        if (gdn_[il]) {
+            auto& g = cp_.gdn[il];
+            while (g.size() < slots) g.push_back(model_.layers_[il].gdn->new_state());
+            g[0].copy_from(*gdn_[il]);
+        }
+        if (ple_[il]) {
+            auto& p = cp_.ple[il];
+            if (p.size() < slots) p.resize(slots);
+            p[0] = *ple_[il];
+        }
+    }
 }
 
 }  // namespace regolith

@@ -18,12 +18,14 @@
 #include "model/moe.h"
 #include "model/ple.h"
 #include "model/qsa_attention.h"
+#include "model/qwen4exp_mtp.h"
 #include "model/weights.h"
 
 namespace regolith {
 
 struct Qwen4ExpConfig {
-    int64_t n_layer = 0;
+    int64_t n_layer = 0;  // main layers: block_count - nextn_predict_layers
+    int64_t n_nextn = 0;  // nextn_predict_layers: MTP blocks after the main layers (0 or 1)
     int64_t hidden = 0;
     int64_t vocab = 0;
     int64_t context_length = 0;
@@ -51,6 +53,7 @@ public:
 
     const Qwen4ExpConfig& config() const { return config_; }
     const GgufFile& file() const { return file_; }
+    bool has_mtp() const { return mtp_ != nullptr; }
     std::unique_ptr<ModelWindow> new_window(int64_t max_ctx) const;
 
 private:
@@ -72,6 +75,7 @@ private:
     WeightView output_;    // [vocab, hidden] (token_embd when tied)
     HyperConnection out_hc_;
     std::vector<Layer> layers_;
+    std::unique_ptr<MtpHead> mtp_;  // block n_layer, when the file has its nextn tensors
 };
 
 // One inference context: tokens in, logits out, continuing from the state of earlier calls.
@@ -84,8 +88,12 @@ public:
     int64_t vocab() const override;
     void reset() override;
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
-    // Gated DeltaNet and PLE states keep no history: only truncate(n_past) succeeds.
+    // Gated DeltaNet and PLE states keep no history: truncate(n_past) succeeds, and so does any n within the
+    // last eval after checkpoint() (from the per-token states it kept).
     bool truncate(int64_t n) override;
+    void checkpoint() override;
+    bool has_draft_head() const override { return model_.mtp_ != nullptr; }
+    std::vector<int32_t> draft(int32_t next, int64_t n) override;
     // Per layer in order: the PLE part (if any), then the Gated DeltaNet or QSA part.
     void export_state(int64_t from, const StateFn& fn) override;
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
@@ -93,6 +101,7 @@ public:
 private:
     void eval_locked(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
     void reset_locked();
+    void prepare_slots(int64_t n);  // rollback slots for an eval of n tokens; slot 0 = the current states
     std::vector<StatePart> state_parts(int64_t from, int64_t to, bool whole);
 
     std::mutex mutex_;
@@ -102,6 +111,16 @@ private:
     std::vector<std::optional<GdnState>> gdn_;
     std::vector<std::optional<QsaState>> qsa_;
     std::vector<std::optional<PleState>> ple_;
+    std::optional<MtpContext> mtp_;
+
+    // Rollback slots of the last eval after checkpoint(): slot s holds the states after its first s tokens.
+    struct Checkpoint {
+        int64_t base = -1;                       // n_past at checkpoint(); -1: no rollback possible
+        std::vector<std::vector<GdnState>> gdn;  // [layer][slot]
+        std::vector<std::vector<PleState>> ple;  // [layer][slot]
+    };
+    bool armed_ = false;  // checkpoint() was called; the next eval fills the slots
+    Checkpoint cp_;
 };
 
 }  // namespace regolith

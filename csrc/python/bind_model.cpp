@@ -39,6 +39,8 @@ nb::dict config_dict(const Qwen4ExpModel& m) {
     d["moe_intermediate_size"] = c.moe.ff_expert;
     d["shared_expert_intermediate_size"] = c.moe.ff_shared;
     d["norm_topk_prob"] = c.moe.norm_topk_prob;
+    d["nextn_predict_layers"] = c.n_nextn;
+    d["mtp"] = m.has_mtp();
     return d;
 }
 
@@ -159,6 +161,16 @@ void init_model(nb::module_& m) {
         .def("truncate", &ModelWindow::truncate, nb::arg("n"),
              "Keep the first n tokens; False (nothing changed) when the state cannot be cut back.")
         .def("eval", &eval, nb::arg("tokens"), nb::arg("all_logits") = true)
+        .def("checkpoint", &ModelWindow::checkpoint,
+             "Let truncate() cut back into the next eval (at most 16 tokens): speculative verification.")
+        .def_prop_ro("has_draft_head", &ModelWindow::has_draft_head)
+        .def(
+            "draft",
+            [](ModelWindow& w, int32_t next, int64_t n) {
+                nb::gil_scoped_release release;
+                return w.draft(next, n);
+            },
+            nb::arg("next"), nb::arg("n"), "Up to n greedy tokens from the model's draft head (MTP) after `next`.")
         .def("save_state", &save_window_state, nb::arg("path"), nb::arg("fingerprint"),
              nb::arg("architecture"), nb::arg("tokens"), nb::arg("start"), nb::arg("meta"),
              nb::arg("logits").none(), nb::arg("threads") = 4, nb::arg("direct") = true,

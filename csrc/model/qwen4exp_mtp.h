@@ -1,0 +1,77 @@
+// qwen4_exp's multi-token-prediction (MTP) head, one depth, as /work/notes/mtp_spec.md (docs/qwen4exp.md#mtp)
+// defines it: for the main model's final hidden state h_t and the next token x = x_{t+1},
+//   z = eh_proj [enorm(embed(x)); hnorm(h_t)],  s = z repeated over the hc streams,
+//   s = one QSA decoder layer (hyper-connections, QSA attention at RoPE position t+1, sparse MoE; no PLE),
+//   o = nextn.output_hc mixer(s),  logits(x_{t+2}) = lm_head(shared_head_norm(o)).
+// Drafting k > 1 tokens feeds o of step k back as h with the token drafted at step k.
+// GGUF: llama.cpp's nextn convention, the head is block L = n_layer (block_count = n_layer + 1,
+// nextn_predict_layers = 1): blk.L.nextn.{eh_proj,enorm,hnorm,shared_head_norm,output_hc_*} and the decoder
+// layer's usual blk.L.* tensors. Embedding and LM head are the main model's.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/ops.h"
+#include "model/hyper_connection.h"
+#include "model/moe.h"
+#include "model/qsa_attention.h"
+#include "model/weights.h"
+
+namespace regolith {
+
+class GgufFile;
+
+class MtpHead {
+public:
+    // Block `layer` of a qwen4exp GGUF; tok_embd / output are the main model's. Throws ModelFormatError.
+    MtpHead(const GgufFile& file, int64_t layer, int64_t hc, int64_t hc_rank, float eps, const MoeShape& moe,
+            const WeightView& tok_embd, const WeightView& output, Backend& backend);
+
+    int64_t hidden() const { return hidden_; }
+    int64_t vocab() const { return output_.rows; }
+    QsaState new_state(int64_t max_ctx) const { return qsa_.new_state(max_ctx); }
+    // Pairs (h[t], tokens[t]) at RoPE positions[t] -> o[t] (before shared_head_norm); the pairs join `state`.
+    // h, o: [ntok][hidden].
+    void forward(const float* h, const int32_t* tokens, const int64_t* positions, int64_t ntok, QsaState& state,
+                 float* o) const;
+    // logits: [ntok][vocab] = lm_head(shared_head_norm(o)).
+    void logits(const float* o, int64_t ntok, float* logits) const;
+
+    // Whether block `layer` of the file holds an MTP head (its nextn.eh_proj tensor).
+    static bool present(const GgufFile& file, int64_t layer);
+
+private:
+    Backend& backend_;
+    int64_t hidden_, hc_;
+    float eps_;
+    WeightView tok_embd_, output_;
+    WeightView eh_proj_;  // [hidden][2 * hidden]: embedding half first
+    const float* enorm_ = nullptr;        // [hidden] (GGUF stores 1 + w)
+    const float* hnorm_ = nullptr;        // [hidden]
+    const float* head_norm_ = nullptr;    // [hidden]
+    HyperConnection attn_hc_, ffn_hc_, out_hc_;
+    QsaAttention qsa_;
+    SparseMoe moe_;
+};
+
+// What a window keeps for its MTP head: the main model's final hidden state and the id of every token it
+// holds, and the head's attention state over the pairs it has consumed. Pair i is (hidden[i], tokens[i+1])
+// at RoPE position i + 1. Rows before known_from are unknown (a restored state): the head covers pairs
+// [known_from, known_from + kv.size()).
+struct MtpContext {
+    std::vector<float> hidden;    // [n_past][hidden]
+    std::vector<int32_t> tokens;  // [n_past]
+    int64_t known_from = 0;
+    QsaState kv;
+
+    MtpContext(const MtpHead& head, int64_t max_ctx);
+    int64_t size() const { return int64_t(tokens.size()); }
+    void append(const int32_t* ids, const float* rows, int64_t n, int64_t width);
+    void truncate(int64_t n);      // keep the first n tokens
+    void forget(int64_t n);        // n tokens whose ids and hidden states are unknown (a restored state)
+    // Up to n greedy draft tokens after the held tokens and `next` (the token evaluated next).
+    std::vector<int32_t> draft(const MtpHead& head, int32_t next, int64_t n);
+};
+
+}  // namespace regolith
