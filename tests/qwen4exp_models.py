@@ -54,7 +54,10 @@ __all__ = [
     "save_tiny_model",
     "save_tiny_tokenizer",
     "tiny_model",
+    "tiny_mtp_weights",
     "tiny_text_config",
+    "with_mtp_layer",
+    "save_tiny_mtp",
 ]
 
 # Qwen3.5's pre-tokenizer regex (llama.cpp: LLAMA_VOCAB_PRE_TYPE_QWEN35); the converter recognises it.
@@ -243,4 +246,48 @@ def save_tiny_model(path: str | Path, seed: int = 0, *, tokenizer: bool = True, 
     tiny_model(seed, **overrides).save_pretrained(path)
     if tokenizer:
         save_tiny_tokenizer(path)
+    return path
+
+
+def with_mtp_layer(config):
+    """``config`` with one more layer, of type indexed_attention: where the MTP head's decoder layer sits."""
+    kw = {**config.to_dict(), "num_hidden_layers": config.num_hidden_layers + 1}
+    kw["layer_types"] = [*config.layer_types, "indexed_attention"]
+    return type(config)(**kw)
+
+
+def tiny_mtp_weights(config, seed: int = 0) -> dict:
+    """Seeded ``mtp.*`` tensors for ``config`` (regolith's MTP spec, docs/qwen4exp.md#mtp): the decoder layer
+    ``mtp.layers.0.*`` of transformers' ``Qwen4ExpTextDecoderLayer`` for an indexed-attention layer placed
+    after the model's layers, ``mtp.fc``, the three zero-centred norms and the output mixer. Every tensor is
+    0.1 * N(0, 1)."""
+    import torch
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import (
+        Qwen4ExpTextDecoderLayer,
+        Qwen4ExpTextGatedResidual,
+    )
+
+    ext = with_mtp_layer(config)
+    H = config.hidden_size
+    layer = Qwen4ExpTextDecoderLayer(ext, config.num_hidden_layers)
+    mixer = Qwen4ExpTextGatedResidual(config, use_combine=False)
+    out = {f"mtp.layers.0.{k}": v for k, v in layer.state_dict().items()}
+    out.update({f"mtp.hyper_connection_mixer.{k}": v for k, v in mixer.state_dict().items()})
+    out["mtp.fc.weight"] = torch.zeros(H, 2 * H)
+    for k in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        out[f"mtp.{k}.weight"] = torch.zeros(H)
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (0.1 * torch.randn(v.shape, generator=gen)).contiguous() for k, v in sorted(out.items())}
+
+
+def save_tiny_mtp(path: str | Path, weights: dict) -> Path:
+    """Add ``weights`` (``tiny_mtp_weights``) to the checkpoint at ``path`` as ``model-mtp.safetensors`` and
+    ``"mtp_num_hidden_layers": 1`` to its config.json."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    save_file(weights, str(path / "model-mtp.safetensors"))
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return path

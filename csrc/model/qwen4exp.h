@@ -54,6 +54,7 @@ public:
     const Qwen4ExpConfig& config() const { return config_; }
     const GgufFile& file() const { return file_; }
     bool has_mtp() const { return mtp_ != nullptr; }
+    const MtpHead* mtp() const { return mtp_.get(); }
     std::unique_ptr<ModelWindow> new_window(int64_t max_ctx) const;
 
 private:

@@ -1,17 +1,32 @@
 // Bindings of the speculative-decoding core (regolith.speculative wraps them).
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "bindings.h"
+#include "core/errors.h"
 #include "core/suffix_drafter.h"
+#include "model/qwen4exp.h"
+#include "numpy_out.h"
 
 using regolith::SuffixDrafter;
 
 namespace {
 
 using Ids = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Positions = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Rows = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Out = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
+
+// A qwen4exp model's MTP head with its own attention state, for tests against a reference.
+struct MtpHeadHandle {
+    std::unique_ptr<regolith::Qwen4ExpModel> model;
+    regolith::QsaState state;
+};
 
 }  // namespace
 
@@ -32,4 +47,30 @@ void init_spec(nb::module_& m) {
             },
             nb::arg("max_tokens"), nb::arg("min_match") = 1,
             "(tokens, match_len): what followed the latest earlier occurrence of the longest repeated suffix.");
+
+    nb::class_<MtpHeadHandle>(m, "MtpHeadBlock", "A qwen4exp GGUF's MTP head over its own attention state.")
+        .def("__init__",
+             [](MtpHeadHandle* self, const std::string& path, int64_t max_ctx) {
+                 auto model = std::make_unique<regolith::Qwen4ExpModel>(path);
+                 if (!model->mtp()) throw regolith::ModelFormatError(path + " has no MTP head");
+                 regolith::QsaState st = model->mtp()->new_state(max_ctx);
+                 new (self) MtpHeadHandle{std::move(model), std::move(st)};
+             },
+             nb::arg("path"), nb::arg("max_ctx"))
+        .def(
+            "forward",
+            [](MtpHeadHandle& self, Rows h, Ids tokens, Positions positions) {
+                const regolith::MtpHead& head = *self.model->mtp();
+                const int64_t n = int64_t(tokens.shape(0)), H = head.hidden();
+                if (int64_t(h.shape(0)) != n || int64_t(h.shape(1)) != H || int64_t(positions.shape(0)) != n)
+                    throw nb::value_error("h must be [n][hidden] and positions [n] for n tokens");
+                float *o, *logits;
+                Out o_arr = new_array({size_t(n), size_t(H)}, &o);
+                Out l_arr = new_array({size_t(n), size_t(head.vocab())}, &logits);
+                head.forward(h.data(), tokens.data(), positions.data(), n, self.state, o);
+                head.logits(o, n, logits);
+                return nb::make_tuple(o_arr, l_arr);
+            },
+            nb::arg("h"), nb::arg("tokens"), nb::arg("positions"),
+            "(o, logits) for the pairs (h[t], tokens[t]) at positions[t]; they join the head's state.");
 }

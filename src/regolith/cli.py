@@ -138,7 +138,17 @@ def _load(args: argparse.Namespace, console: Console) -> Model:
     with console.status("loading the model", spinner="dots"):
         model = Model.load(args.model, n_ctx=args.ctx, chat_template=template)
         model.tokenizer  # noqa: B018 - built here so its cost shows under the spinner, not in the first reply
+    model.speculative = _speculative_option(args)
     return model
+
+
+def _speculative_option(args: argparse.Namespace) -> Any:
+    from .speculative import Speculation
+
+    if args.spec == "off" or args.draft_max == 0:
+        return False
+    drafters = ("suffix", "mtp") if args.spec == "auto" else (args.spec,)
+    return Speculation(draft_max=args.draft_max, drafters=drafters)
 
 
 def _generation_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -172,10 +182,15 @@ def _stream(gen: Generation, out: Any) -> None:
 
 def _report(gen: Generation, console: Console) -> None:
     st = gen.stats
+    spec = (
+        f" | drafted {st.drafted_tokens}, accepted {st.accepted_tokens}, {st.tokens_per_round:.2f} tokens/round"
+        if st.drafted_tokens
+        else ""
+    )
     console.print(
         f"[dim]prompt {st.prompt_tokens} tokens ({st.cached_tokens} cached), "
         f"{st.prefill_tokens_per_second:.1f} tok/s | generated {st.generated_tokens} tokens, "
-        f"{st.decode_tokens_per_second:.1f} tok/s | {gen.finish_reason}[/dim]",
+        f"{st.decode_tokens_per_second:.1f} tok/s{spec} | {gen.finish_reason}[/dim]",
         highlight=False,
         soft_wrap=True,
     )
@@ -356,7 +371,26 @@ def _add_generation_arguments(p: argparse.ArgumentParser, *, antislop_default: b
         help=f"ban overused phrases in prose (default {'on' if antislop_default else 'off'})",
     )
     p.add_argument("--slop-list", metavar="FILE", help="phrases to ban, one per line (implies --antislop)")
+    _add_spec_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no speed report")
+
+
+def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--spec",
+        choices=["auto", "off", "suffix", "mtp"],
+        default="auto",
+        help="speculative decoding: auto (drafts from repeated text and the model's MTP head, only when a cost "
+        "model measures a gain), off, or one drafter (default auto; output is the same either way)",
+    )
+    p.add_argument(
+        "--draft-max",
+        type=int,
+        choices=range(8),
+        default=7,
+        metavar="N",
+        help="most draft tokens per verification, 0-7 (default 7; 0 = off)",
+    )
 
 
 def _add_template_argument(p: argparse.ArgumentParser) -> None:
@@ -481,6 +515,7 @@ def _parser() -> argparse.ArgumentParser:
         help="largest request body in bytes (default 16 MiB)",
     )
     sv.add_argument("--antislop", action="store_true", help="ban overused phrases in prose (default off)")
+    _add_spec_arguments(sv)
     sv.add_argument(
         "--cache-dir",
         metavar="DIR",

@@ -23,6 +23,7 @@ import numpy as np
 
 from .errors import ContextOverflowError
 from .sampling import Sampler, SamplingParams
+from .speculative import CostGate, Speculation, Speculator
 
 if TYPE_CHECKING:
     from .antislop import SlopMatcher, Violation
@@ -62,6 +63,17 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     backtracks: int = 0  # anti-slop rollbacks
+    decode_rounds: int = 0  # model evaluations while decoding (one per token without speculation)
+    drafted_tokens: int = 0  # draft tokens verified
+    accepted_tokens: int = 0  # draft tokens generation kept
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.generated_tokens / self.decode_rounds if self.decode_rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -156,7 +168,10 @@ class Generation(Iterator[str]):
     """One generation, iterated as text pieces; afterwards :attr:`text`, :attr:`tokens`, :attr:`finish_reason`
     ('stop' at an end-of-generation token or stop string, 'length' at ``max_tokens`` or a full context,
     'cancelled' when closed early) and :attr:`stats`. ``on_finish(generation)`` is called once it has ended,
-    whichever way. A ``guide`` (:class:`TokenGuide`) may force tokens and refuse sampled ones.
+    whichever way. A ``guide`` (:class:`TokenGuide`) may force tokens and refuse sampled ones. With
+    ``speculation`` (:class:`regolith.speculative.Speculation`) drafts are verified several tokens per model
+    evaluation; the output is exactly what it would be without (see :mod:`regolith.speculative`); ``gate`` is
+    the cost model to use (and teach), by default a new one.
 
     Created by :meth:`regolith.Model.generate` and friends; :meth:`close` cancels it (a server does this when
     the client disconnects). Iteration runs the model; the window must not be used by anyone else meanwhile.
@@ -176,6 +191,8 @@ class Generation(Iterator[str]):
         guide: TokenGuide | None = None,
         cache: PromptCache | None = None,
         boundaries: Sequence[int] = (),
+        speculation: Speculation | None = None,
+        gate: CostGate | None = None,
     ):
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -200,6 +217,9 @@ class Generation(Iterator[str]):
         self._guide = guide
         self._cache = cache
         self._boundaries = list(boundaries)
+        self._speculation = speculation
+        self._gate = gate if gate is not None else CostGate()
+        self._spec: Speculator | None = None
         self._steps = self._run()
 
     def __next__(self) -> str:
@@ -232,6 +252,8 @@ class Generation(Iterator[str]):
         logits, self.stats.cached_tokens = prefill(window, self.prompt, self._cache, self._boundaries)
         t1 = time.perf_counter()
         self.stats.prefill_seconds = t1 - t0
+        if self._speculation is not None:
+            self._spec = Speculator(window, self.prompt, self._speculation, self._gate)
 
         eog = tok.eog_ids
         if self._slop is not None:
@@ -282,7 +304,11 @@ class Generation(Iterator[str]):
                 if len(self.prompt) + len(self.tokens) >= window.max_ctx:
                     break  # no room to evaluate the token just sampled: the reply ends with it
                 if len(self.tokens) < self._max_tokens:  # the last token's logits would go unused
-                    logits = window.eval([token], all_logits=False)[0]
+                    if self._spec is not None:
+                        logits = self._spec.advance(token, self._max_tokens - len(self.tokens))
+                    else:
+                        logits = window.eval([token], all_logits=False)[0]
+                        self.stats.decode_rounds += 1
 
                 safe = len(text) - self._held_for_stop(text)
                 if self._slop is not None:
@@ -297,10 +323,17 @@ class Generation(Iterator[str]):
             if len(final) > emitted:
                 self.text += final[emitted:]
                 yield final[emitted:]
+            if self._spec is not None:
+                self._spec.finish()
             if self._cache is not None:
                 self._cache.store(window)  # the reply's end: where the conversation's next prompt continues
             self._finished(finish)
         finally:
+            if self._spec is not None:
+                self._spec.finish()
+                self.stats.decode_rounds += self._spec.rounds
+                self.stats.drafted_tokens = self._spec.drafted
+                self.stats.accepted_tokens = self._spec.accepted
             self.stats.generated_tokens = len(self.tokens)
             self.stats.decode_seconds = time.perf_counter() - t1
 
@@ -360,6 +393,8 @@ class Generation(Iterator[str]):
         out.truncate(start)
         history = self.prompt + self.tokens
         sampler.set_history(history)
+        if self._spec is not None:
+            self._spec.rollback(len(history))
         # The window holds the prompt and the evaluated generated tokens; re-evaluate the token before ``start``.
         self._window.truncate(len(history) - 1)
         return self._window.eval(history[-1:], all_logits=False)[0]

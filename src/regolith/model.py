@@ -19,6 +19,7 @@ from .generation import Generation, TokenGuide
 from .models import resolve_model
 from .prompt_cache import PromptCache, chat_boundaries
 from .sampling import SamplingParams
+from .speculative import CostGate, Speculation, speculation
 from .tokenizer import Tokenizer
 
 __all__ = ["Model", "Window"]
@@ -74,7 +75,8 @@ class Window:
         """Keep the first ``n`` tokens and forget the rest.
 
         Attention-only models cut their KV cache; models with recurrent state (qwen4exp's Gated DeltaNet)
-        keep no history, so the window is reset and the kept tokens evaluated again.
+        keep no history, so the window is reset and the kept tokens evaluated again, unless ``n`` lies within
+        the last evaluation after :meth:`checkpoint`.
         """
         if not 0 <= n <= len(self._tokens):
             raise ValueError(f"cannot truncate a window of {len(self._tokens)} tokens to {n}")
@@ -87,6 +89,24 @@ class Window:
         self.reset()
         for start in range(0, n, 512):
             self.eval(kept[start : start + 512], all_logits=False)
+
+    def checkpoint(self) -> None:
+        """Make the next :meth:`eval` (of at most 16 tokens) keep per-token states, so that :meth:`truncate`
+        to any length within it is a cheap rollback, also on recurrent models (speculative verification)."""
+        self._w.checkpoint()
+
+    @property
+    def has_draft_head(self) -> bool:
+        """Whether the model has its own draft head (qwen4exp's MTP) for :meth:`draft`."""
+        return self._w.has_draft_head
+
+    def draft(self, next_token: int, n: int) -> list[int]:
+        """Up to ``n`` greedy tokens the model's draft head predicts after the window's tokens and
+        ``next_token`` (the token to be evaluated next); [] without a draft head."""
+        vocab = self._model.config["vocab_size"]
+        if not 0 <= next_token < vocab:
+            raise ValueError(f"token id {next_token} is out of range for a vocabulary of {vocab}")
+        return self._w.draft(int(next_token), int(n))
 
     def eval(self, tokens, *, all_logits: bool = True) -> np.ndarray:
         """Evaluate ``tokens`` after those already seen; returns float32 logits of shape (len(tokens), n_vocab),
@@ -173,6 +193,10 @@ class Model:
         self._fingerprint: bytes | None = None
         self.prompt_cache: PromptCache | None = None
         """A :class:`regolith.PromptCache` that generation restores prompt prefixes from and stores them in."""
+        self.speculative: bool | str | Speculation = True
+        """The default of :meth:`start`'s ``speculative`` (the command line's ``--spec`` / ``--draft-max``)."""
+        self.spec_gate = CostGate()
+        """The speculative-decoding cost model every generation on this model uses and teaches."""
 
     @classmethod
     def load(
@@ -288,6 +312,7 @@ class Model:
         on_finish: Callable[[Generation], None] | None = None,
         guide: TokenGuide | None = None,
         boundaries: Sequence[int] = (),
+        speculative: bool | str | Speculation | None = None,
         **sampling: Any,
     ) -> Generation:
         """A :class:`Generation` continuing token ids ``prompt`` on ``window`` (default: the model's window).
@@ -299,9 +324,14 @@ class Model:
         ``sampling`` are :class:`regolith.SamplingParams` fields (temperature, top_p, top_k, min_p,
         repeat_penalty, presence_penalty, frequency_penalty, logit_bias, seed). ``antislop``: True for the
         shipped phrase list, or a list of phrases / a :class:`regolith.antislop.SlopList`. ``guide`` may force
-        and refuse tokens (:class:`regolith.generation.TokenGuide`).
+        and refuse tokens (:class:`regolith.generation.TokenGuide`). ``speculative`` (default
+        :attr:`speculative`): True drafts
+        from the prompt and reply and the model's MTP head behind the cost gate, which drafts only when it
+        measures a gain; False or ``"off"`` decodes plainly; ``"suffix"`` / ``"mtp"`` one drafter; or a
+        :class:`regolith.speculative.Speculation`. The output is the same either way.
         """
         params = SamplingParams(**{**SAMPLING_DEFAULTS, **sampling})
+        spec = speculation(self.speculative if speculative is None else speculative)
         stops = [stop] if isinstance(stop, str) else list(stop or ())
 
         def make(target: Window) -> Generation:
@@ -317,6 +347,8 @@ class Model:
                 guide=guide,
                 cache=self.prompt_cache,
                 boundaries=boundaries,
+                speculation=spec,
+                gate=self.spec_gate,
             )
 
         if window is not None:
@@ -342,6 +374,7 @@ class Model:
         seed: int | None = None,
         stream: bool = False,
         antislop: bool | SlopList | Sequence[str] = False,
+        speculative: bool | str | Speculation | None = None,
         **sampling: Any,
     ) -> str | Generation:
         """Continue ``prompt`` (text, tokenized with BOS as the model asks, or token ids).
@@ -349,7 +382,8 @@ class Model:
         Returns the generated text, or with ``stream=True`` a :class:`Generation` yielding text pieces as they
         are decided. ``temperature=0`` is greedy; ``seed`` makes sampling reproducible; ``stop`` strings end the
         text before them; more :class:`regolith.SamplingParams` fields (repeat_penalty, presence_penalty,
-        frequency_penalty, logit_bias) may be given as keywords.
+        frequency_penalty, logit_bias) may be given as keywords. ``speculative`` is as for :meth:`start`
+        (speculative decoding never changes the output).
         """
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         gen = self.start(
@@ -357,6 +391,7 @@ class Model:
             max_tokens=max_tokens,
             stop=stop,
             antislop=antislop,
+            speculative=speculative,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,

@@ -5,8 +5,10 @@
 transforms of llama.cpp's converter (``convert_hf_to_gguf.py``, ``conversion/qwen4exp.py`` and its Qwen3.5 /
 Qwen3-Next bases). docs/qwen4exp.md has the full mapping table.
 
-Shapes here are numpy order (a GGUF ``[ne0, ne1]`` tensor is ``(ne1, ne0)``). MTP (``mtp.*``) and vision
-tensors are dropped, as llama.cpp's converter does.
+Shapes here are numpy order (a GGUF ``[ne0, ne1]`` tensor is ``(ne1, ne0)``). Vision tensors are dropped, as
+llama.cpp's converter does. The MTP head (``mtp.*``, with ``"mtp_num_hidden_layers": 1`` in config.json) is
+written in llama.cpp's nextn convention (its Qwen3.5 / Qwen3-Next converter): block ``L = num_hidden_layers``,
+``block_count = L + 1``, ``nextn_predict_layers = 1``; without that config key ``mtp.*`` is dropped.
 """
 
 from __future__ import annotations
@@ -162,6 +164,22 @@ def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def _mtp_layers(cfg: Mapping[str, Any]) -> int:
+    n = cfg.get("mtp_num_hidden_layers") or 0
+    if n not in (0, 1):
+        raise ModelFormatError(f"config.json: mtp_num_hidden_layers must be 0 or 1, got {n!r}")
+    return int(n)
+
+
+def _with_mtp(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The config seen block by block: the MTP head is one more indexed-attention layer (without PLE)."""
+    out = dict(cfg)
+    if _mtp_layers(cfg):
+        out["num_hidden_layers"] = cfg["num_hidden_layers"] + 1
+        out["layer_types"] = [*cfg["layer_types"], "indexed_attention"]
+    return out
+
+
 def _head_dim(cfg: Mapping[str, Any]) -> int:
     return cfg["head_dim"] if cfg.get("head_dim") is not None else cfg["head_dim_implicit"]
 
@@ -242,7 +260,7 @@ def gguf_metadata(
     of ``type`` elements. ``general.file_type`` is included (at llama.cpp's position) when ``file_type`` is
     given. ``ple_constants`` (see :func:`ple_hash_constants`) default to the values derived from the config.
     """
-    cfg = text_config(config)
+    cfg = _with_mtp(text_config(config))
     u32, i32, u64, f32, boolean = (
         GGUFValueType.UINT32,
         GGUFValueType.INT32,
@@ -307,6 +325,8 @@ def gguf_metadata(
         (p + "attention.indexer.top_k", cfg["indexer_budget"], u32),
         (p + "attention.compress_ratios", [ratio if t in _ATTENTION else 0 for t in cfg["layer_types"]], i32),
     ]
+    if _mtp_layers(cfg):
+        md.append((p + "nextn_predict_layers", _mtp_layers(cfg), u32))
     md += _regolith_extensions(cfg)
     ple = _ple_layers(cfg)
     if not ple:
@@ -407,6 +427,18 @@ _BLOCK = {
     "ple.norm_query.weight": "ple_norm_query.weight",
     "ple.norm_conv.weight": "ple_norm_conv.weight",
 }
+# The MTP head's own tensors (mtp.layers.0.* are named like a decoder layer's): HF name -> nextn name.
+_MTP = {
+    "mtp.fc.weight": "eh_proj.weight",
+    "mtp.pre_fc_norm_embedding.weight": "enorm.weight",
+    "mtp.pre_fc_norm_hidden.weight": "hnorm.weight",
+    "mtp.norm.weight": "shared_head_norm.weight",
+    "mtp.hyper_connection_mixer.hc_norm.weight": "output_hc_norm.weight",
+    "mtp.hyper_connection_mixer.input_mix_weight_down.weight": "output_hc_down.weight",
+    "mtp.hyper_connection_mixer.input_mix_weight_up.weight": "output_hc_up.weight",
+}
+_MTP_NORMS = {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"}
+_MTP_LAYER = re.compile(r"^mtp\.layers\.0\.(.+)$")
 # Zero-centred RMSNorm gammas (transformers computes x_hat * (1 + w)); llama.cpp stores 1 + w.
 _PLUS_ONE = {
     "attn_hyper_connection.hc_norm.weight",
@@ -422,11 +454,11 @@ _PLUS_ONE = {
 
 
 def _normalize_name(name: str) -> str | None:
-    """llama.cpp's filter: strip ``language_model.``, drop vision and MTP tensors (None)."""
+    """llama.cpp's filter: strip ``language_model.``, drop vision tensors (None); ``model.mtp.`` -> ``mtp.``."""
     name = name.replace("language_model.", "")
     if name.startswith("model.mtp."):
         name = name[len("model.") :]
-    if name.startswith(("mtp.", "mlp")) or "visual." in name or "vision" in name:
+    if name.startswith("mlp") or "visual." in name or "vision" in name:
         return None
     return name
 
@@ -511,8 +543,26 @@ def _expected_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
                     "ple.ple_embedding.ngram_heads_vocab_sizes": (n_ple_heads,),
                 }
             )
-        out.update({f"model.layers.{i}.{k}": v for k, v in blk.items()})
+        out.update({f"{_layer_prefix(cfg, i)}{k}": v for k, v in blk.items()})
+    if _mtp_layers(cfg):
+        out.update(
+            {
+                "mtp.fc.weight": (H, 2 * H),
+                "mtp.pre_fc_norm_embedding.weight": (H,),
+                "mtp.pre_fc_norm_hidden.weight": (H,),
+                "mtp.norm.weight": (H,),
+                "mtp.hyper_connection_mixer.hc_norm.weight": (hcH,),
+                "mtp.hyper_connection_mixer.input_mix_weight_down.weight": (r, hcH),
+                "mtp.hyper_connection_mixer.input_mix_weight_up.weight": (hcH, r),
+            }
+        )
     return out
+
+
+def _layer_prefix(cfg: Mapping[str, Any], bid: int) -> str:
+    """The HF name prefix of block ``bid`` (the MTP head's layer is block num_hidden_layers - 1 of
+    :func:`_with_mtp`'s config)."""
+    return "mtp.layers.0." if _mtp_layers(cfg) and bid == cfg["num_hidden_layers"] - 1 else f"model.layers.{bid}."
 
 
 def _reorder_v_heads(x: np.ndarray, axis: int, n_k: int, per_k: int, head_dim: int) -> np.ndarray:
@@ -558,6 +608,10 @@ class _Out:
 
 
 def _plan(cfg: Mapping[str, Any], names: Sequence[str], shapes: Mapping[str, tuple[int, ...]]) -> list[_Out]:
+    main_layers = cfg["num_hidden_layers"]
+    if not _mtp_layers(cfg):
+        names = [n for n in names if not n.startswith("mtp.")]  # dropped, as llama.cpp does
+    cfg = _with_mtp(cfg)
     E = cfg["num_experts"]
     ih, idim = cfg["indexer_n_heads"], cfg["indexer_head_dim"]
     expected = _expected_shapes(cfg)
@@ -578,11 +632,17 @@ def _plan(cfg: Mapping[str, Any], names: Sequence[str], shapes: Mapping[str, tup
         if name in _GLOBAL:
             plan.append(_Out(_GLOBAL[name], (name,), lambda xs, k=name: _global_transform(k, xs[0])))
             continue
+        if name in _MTP:
+            plan.append(
+                _Out(f"blk.{main_layers}.nextn.{_MTP[name]}", (name,), lambda xs, k=name: _global_transform(k, xs[0]))
+            )
+            continue
         m = _LAYER.match(name)
-        if m is None:
+        mtp = _MTP_LAYER.match(name)
+        if m is None and mtp is None:
             raise err(f"unexpected tensor {name}")
-        bid, key = int(m.group(1)), m.group(2)
-        if bid >= cfg["num_hidden_layers"]:
+        bid, key = (int(m.group(1)), m.group(2)) if m else (main_layers, mtp.group(1))  # type: ignore[union-attr]
+        if m is not None and bid >= main_layers:
             raise err(f"tensor {name} is beyond num_hidden_layers")
         if key in _PLE_CONSTS:
             continue
@@ -608,7 +668,7 @@ def _plan(cfg: Mapping[str, Any], names: Sequence[str], shapes: Mapping[str, tup
             got = seen_experts.setdefault(bid, set())
             got.add(key)
             if len(got) == 3 * E:
-                plan += _expert_outs(bid, E)
+                plan += _expert_outs(bid, E, _layer_prefix(cfg, bid))
             continue
         if key in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
             plan += _fused_expert_outs(cfg, bid, key, name, shape)
@@ -650,13 +710,14 @@ def _plan(cfg: Mapping[str, Any], names: Sequence[str], shapes: Mapping[str, tup
 
 
 def _global_transform(key: str, x: np.ndarray) -> np.ndarray:
-    return x + np.float32(1.0) if key.endswith("hc_norm.weight") else x
+    """Zero-centred gammas of the final mixer and the MTP head's norms get llama.cpp's + 1."""
+    return x + np.float32(1.0) if key.endswith("hc_norm.weight") or key in _MTP_NORMS else x
 
 
-def _expert_outs(bid: int, E: int) -> list[_Out]:
+def _expert_outs(bid: int, E: int, prefix: str) -> list[_Out]:
     outs = []
     for w in ("down", "gate", "up"):
-        srcs = tuple(f"model.layers.{bid}.mlp.experts.{e}.{w}_proj.weight" for e in range(E))
+        srcs = tuple(f"{prefix}mlp.experts.{e}.{w}_proj.weight" for e in range(E))
         outs.append(_Out(f"blk.{bid}.ffn_{w}_exps.weight", srcs, lambda xs: np.stack(xs, axis=0)))
     return outs
 
@@ -676,7 +737,7 @@ def _fused_expert_outs(cfg: Mapping[str, Any], bid: int, key: str, name: str, sh
 
 
 def collect_sources(named_tensors: Iterable[tuple[str, TensorSource]]) -> dict[str, TensorSource]:
-    """Normalised name -> source, in the given order, without MTP / vision tensors."""
+    """Normalised name -> source, in the given order, without vision tensors."""
     out: dict[str, TensorSource] = {}
     for name, src in named_tensors:
         norm = _normalize_name(name)

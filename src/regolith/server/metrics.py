@@ -32,6 +32,9 @@ class Metrics:
         self.generated_tokens = 0
         self.prefill_seconds = 0.0
         self.decode_seconds = 0.0
+        self.decode_rounds = 0
+        self.drafted_tokens = 0
+        self.accepted_tokens = 0
         self.last_prefill_tps = 0.0
         self.last_decode_tps = 0.0
 
@@ -50,6 +53,9 @@ class Metrics:
             self.generated_tokens += st.generated_tokens
             self.prefill_seconds += st.prefill_seconds
             self.decode_seconds += st.decode_seconds
+            self.decode_rounds += st.decode_rounds
+            self.drafted_tokens += st.drafted_tokens
+            self.accepted_tokens += st.accepted_tokens
             if st.prompt_tokens > st.cached_tokens and st.prefill_seconds > 0:
                 self.last_prefill_tps = st.prefill_tokens_per_second
             if st.generated_tokens and st.decode_seconds > 0:
@@ -102,6 +108,24 @@ class Metrics:
                 "counter",
                 "Seconds spent generating tokens.",
                 [("", self.decode_seconds)],
+            )
+            metric(
+                "decode_rounds_total",
+                "counter",
+                "Model evaluations while generating (generated_tokens_total / this = tokens per round).",
+                [("", self.decode_rounds)],
+            )
+            metric(
+                "draft_tokens_total",
+                "counter",
+                "Speculative draft tokens verified.",
+                [("", self.drafted_tokens)],
+            )
+            metric(
+                "draft_tokens_accepted_total",
+                "counter",
+                "Speculative draft tokens accepted.",
+                [("", self.accepted_tokens)],
             )
             metric(
                 "prefill_tokens_per_second",

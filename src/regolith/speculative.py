@@ -1,0 +1,337 @@
+"""Speculative decoding: drafters propose tokens, the model verifies them in one evaluation, and a cost gate
+decides each round how many to draft (zero included).
+
+A round evaluates ``[token, d1 .. dk]`` at once (``k <= 7``: at most 8 tokens, the CPU kernels' decode
+batch) and keeps every row's logits. Generation then samples position by position exactly as without
+speculation, from those rows: while the sampled token equals the draft, the next row is already computed;
+at the first difference the window is cut back (KV by truncation, recurrent and PLE states from the
+window's checkpoint slots) and the next round starts from the sampled token.
+
+Why this is exact. Every token is drawn from the target model's own distribution given the actual prefix,
+so the output distribution is the target's; greedy output is token-identical, and with a seed even sampled
+output is (the random generator advances once per token either way). For a deterministic drafter this *is*
+speculative sampling (Leviathan et al. 2023, Chen et al. 2023) with a point-mass draft ``q = delta_d``: the
+draft is accepted with probability ``min(1, p(d) / q(d)) = p(d)``, and a rejected position is resampled from
+``max(0, p - q)`` normalised, which is ``p`` restricted to tokens other than ``d`` — the law of a sample from
+``p`` given that it is not ``d``. All of regolith's drafters are deterministic (the suffix drafter, the MTP
+head's greedy drafts).
+
+The gate (:class:`CostGate`) keeps measured seconds per evaluation of n tokens, each drafter's seconds per
+proposed token, and acceptance rates (the suffix drafter's by match length, others' by draft position), and
+picks the draft length ``k`` maximising expected tokens per second
+``E(k) / (T_eval(k + 1) + T_draft(k))`` with ``E(k) = 1 + sum_i prod_{j <= i} a_j``; ``k = 0`` is plain
+decoding. On a streaming MoE model the measured evaluation time includes reading the union of the draft
+tokens' experts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from . import _core
+
+if TYPE_CHECKING:
+    from .model import Window
+
+__all__ = ["MAX_DRAFT", "CostGate", "Drafter", "Speculation", "Speculator", "SuffixDrafter", "speculation"]
+
+# Draft tokens per round: the round evaluates 1 + MAX_DRAFT <= 8 tokens.
+MAX_DRAFT = 7
+# Re-measure plain decoding after this many rounds without one (costs drift as the context grows).
+REMEASURE_ROUNDS = 64
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How generation speculates.
+
+    Attributes:
+        draft_max: most draft tokens per round, 0..7 (a round evaluates at most 8 tokens); 0 turns
+            speculation off.
+        drafters: who proposes: ``"suffix"`` (continuations of repeated text in the prompt and the reply),
+            ``"mtp"`` (the model's MTP head, when it has one), or :class:`Drafter` objects.
+        gate: True: the cost model picks each round's draft length, zero included; False: always draft as
+            many tokens as the drafter proposes, up to ``draft_max`` (for measurements and tests).
+        min_match: the suffix drafter proposes only from a repeated suffix of at least this many tokens.
+    """
+
+    draft_max: int = MAX_DRAFT
+    drafters: tuple[str | Drafter, ...] = ("suffix", "mtp")
+    gate: bool = True
+    min_match: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.draft_max, int) or not 0 <= self.draft_max <= MAX_DRAFT:
+            raise ValueError(f"draft_max must be an integer in [0, {MAX_DRAFT}], got {self.draft_max!r}")
+        if not isinstance(self.min_match, int) or self.min_match < 1:
+            raise ValueError(f"min_match must be a positive integer, got {self.min_match!r}")
+        drafters = tuple(self.drafters)
+        for d in drafters:
+            if isinstance(d, str) and d not in ("suffix", "mtp"):
+                raise ValueError(f"unknown drafter {d!r} (expected 'suffix', 'mtp' or a Drafter)")
+            if not isinstance(d, str) and not hasattr(d, "propose"):
+                raise ValueError(f"drafter {d!r} has no propose() method")
+        object.__setattr__(self, "drafters", drafters)
+
+
+def speculation(value: bool | str | Speculation | None) -> Speculation | None:
+    """The :class:`Speculation` a ``speculative=`` argument means: True / None / ``"auto"`` / ``"on"`` the
+    gated default, False / ``"off"`` none, ``"suffix"`` / ``"mtp"`` that drafter alone."""
+    if isinstance(value, Speculation):
+        return value if value.draft_max > 0 else None
+    if value is None or value is True or value in ("auto", "on"):
+        return Speculation()
+    if value is False or value == "off":
+        return None
+    if value in ("suffix", "mtp"):
+        return Speculation(drafters=(value,))
+    raise ValueError(f"speculative must be a bool, 'auto', 'off', 'suffix', 'mtp' or a Speculation, got {value!r}")
+
+
+class Drafter(Protocol):
+    """Proposes tokens to follow a sequence. ``name`` labels its statistics."""
+
+    name: str
+
+    def propose(self, seq: Sequence[int], n: int) -> tuple[list[int], list[Hashable]]:
+        """Up to ``n`` tokens to follow ``seq`` (prompt and reply so far; its last token is about to be
+        evaluated) and, per token, the key its acceptance rate is tracked under."""
+        ...
+
+    def rollback(self, n: int) -> None:
+        """The sequence was cut back to its first ``n`` tokens."""
+        ...
+
+
+class SuffixDrafter:
+    """Drafts what followed the latest earlier occurrence of the sequence's longest repeated suffix (a suffix
+    automaton in C++, ``core/suffix_drafter.h``); keys are ``("suffix", bucket of the match length)``."""
+
+    name = "suffix"
+    keyed_by_position = False
+
+    def __init__(self, min_match: int = 1):
+        self._d = _core.SuffixDrafter()
+        self._min_match = min_match
+
+    @property
+    def size(self) -> int:
+        """Tokens indexed."""
+        return self._d.size
+
+    def propose(self, seq: Sequence[int], n: int) -> tuple[list[int], list[Hashable]]:
+        size = self._d.size
+        if size < len(seq):
+            self._d.append(np.asarray(seq[size:], dtype=np.int32))
+        tokens, match = self._d.propose(n, self._min_match)
+        # The i-th token continues a match of match + i tokens once the ones before it are accepted.
+        return tokens, [("suffix", _bucket(match + i)) for i in range(len(tokens))]
+
+    def rollback(self, n: int) -> None:
+        if n < self._d.size:
+            self._d.truncate(n)
+
+
+def _bucket(match: int) -> int:
+    """Match lengths 1, 2, 3-4, 5-8, 9-16, 17-32, 33+ -> 0..6."""
+    return next((i for i, top in enumerate((1, 2, 4, 8, 16, 32)) if match <= top), 6)
+
+
+class _MtpDrafter:
+    """The model's MTP head, greedy; keys are ``("mtp", depth)``."""
+
+    name = "mtp"
+    keyed_by_position = True
+
+    def __init__(self, window: Window):
+        self._window = window
+
+    def propose(self, seq: Sequence[int], n: int) -> tuple[list[int], list[Hashable]]:
+        tokens = self._window.draft(seq[-1], n)
+        return tokens, [("mtp", i) for i in range(len(tokens))]
+
+    def rollback(self, n: int) -> None:
+        pass  # the head's state lives in the window
+
+
+class CostGate:
+    """The online cost model: exponential moving averages of evaluation seconds per token count and of each
+    drafter's seconds per drafted token, and acceptance counts per key. Shared by a model's generations."""
+
+    EMA = 0.2
+    # Until measured, evaluating n tokens is assumed to cost 1 + 0.1 (n - 1) single-token evaluations (the
+    # CPU kernels decode each weight block once for up to 8 tokens); measurements replace it at once.
+    PRIOR_SLOPE = 0.1
+
+    def __init__(self) -> None:
+        self.eval_seconds: dict[int, float] = {}
+        self.draft_seconds: dict[str, float] = {}
+        self.hits: dict[Hashable, float] = {}
+        self.tries: dict[Hashable, float] = {}
+        self.rounds_since_plain = 0
+
+    def observe_eval(self, n: int, seconds: float) -> None:
+        old = self.eval_seconds.get(n)
+        self.eval_seconds[n] = seconds if old is None else old + self.EMA * (seconds - old)
+        self.rounds_since_plain = 0 if n == 1 else self.rounds_since_plain + 1
+
+    def observe_draft(self, name: str, n: int, seconds: float) -> None:
+        per = seconds / max(n, 1)
+        old = self.draft_seconds.get(name)
+        self.draft_seconds[name] = per if old is None else old + self.EMA * (per - old)
+
+    def record(self, key: Hashable, accepted: bool) -> None:
+        self.tries[key] = self.tries.get(key, 0.0) + 1.0
+        self.hits[key] = self.hits.get(key, 0.0) + float(accepted)
+
+    def acceptance(self, key: Hashable) -> float:
+        """Posterior mean acceptance rate under a uniform prior."""
+        return (self.hits.get(key, 0.0) + 1.0) / (self.tries.get(key, 0.0) + 2.0)
+
+    def eval_cost(self, n: int) -> float:
+        """Estimated seconds to evaluate n tokens: measured, else interpolated between measured counts, else
+        the prior relative to the nearest measured count below."""
+        known = self.eval_seconds
+        if n in known:
+            return known[n]
+        lo = max((m for m in known if m < n), default=None)
+        hi = min((m for m in known if m > n), default=None)
+        if lo is not None and hi is not None:
+            return known[lo] + (known[hi] - known[lo]) * (n - lo) / (hi - lo)
+        base = known[lo] if lo is not None else known.get(hi, 0.0) if hi is not None else 0.0
+        ref = lo if lo is not None else hi if hi is not None else 1
+        return base * (1 + self.PRIOR_SLOPE * (n - 1)) / (1 + self.PRIOR_SLOPE * (ref - 1))
+
+    def best_length(self, name: str, keys: Sequence[Hashable], limit: int) -> int:
+        """The draft length (0..min(limit, len(keys))) with the most expected tokens per second."""
+        if 1 not in self.eval_seconds or self.rounds_since_plain >= REMEASURE_ROUNDS:
+            return 0  # measure plain decoding first (and again now and then)
+        t1 = self.eval_cost(1)
+        per_draft = self.draft_seconds.get(name, 0.0)
+        best, best_rate = 0, 1.0 / t1 if t1 > 0 else 0.0
+        expected, survive = 1.0, 1.0
+        for k in range(1, min(limit, len(keys)) + 1):
+            survive *= self.acceptance(keys[k - 1])
+            expected += survive
+            seconds = self.eval_cost(k + 1) + per_draft * k
+            if seconds > 0 and expected / seconds > best_rate:
+                best, best_rate = k, expected / seconds
+        return best
+
+
+@dataclass
+class _Pending:
+    token: int
+    row: np.ndarray
+    key: Hashable
+
+
+class Speculator:
+    """The window side of speculative generation; :class:`regolith.generation.Generation` calls
+    :meth:`advance` where it would evaluate one token. Counts ``drafted``, ``accepted`` and ``rounds``
+    (evaluations while decoding)."""
+
+    def __init__(self, window: Window, prompt: Sequence[int], config: Speculation, gate: CostGate):
+        self._window = window
+        self._config = config
+        self._gate = gate
+        self._seq = list(prompt)
+        self._drafters: list[Drafter] = []
+        for d in config.drafters:
+            if d == "suffix":
+                self._drafters.append(SuffixDrafter(config.min_match))
+            elif d == "mtp":
+                if window.has_draft_head:
+                    self._drafters.append(_MtpDrafter(window))
+            else:
+                self._drafters.append(d)  # type: ignore[arg-type]
+        self._pending: list[_Pending] = []
+        self.drafted = 0
+        self.accepted = 0
+        self.rounds = 0
+
+    def advance(self, token: int, room: int) -> np.ndarray:
+        """The logits after ``token``, the token just accepted; ``room``: how many more tokens generation may
+        still want after it (drafts beyond that are useless)."""
+        self._seq.append(token)
+        if self._pending:
+            head = self._pending.pop(0)
+            self._gate.record(head.key, head.token == token)
+            if head.token == token:
+                self.accepted += 1
+                return head.row
+            self._pending.clear()
+            self._window.truncate(len(self._seq) - 1)
+        k, drafter, drafts, keys = self._plan(room)
+        window, gate = self._window, self._gate
+        t0 = time.perf_counter()
+        if k == 0:
+            logits = window.eval([token], all_logits=False)[0]
+            gate.observe_eval(1, time.perf_counter() - t0)
+            self.rounds += 1
+            return logits
+        window.checkpoint()
+        rows = window.eval([token, *drafts[:k]], all_logits=True)
+        gate.observe_eval(k + 1, time.perf_counter() - t0)
+        self.rounds += 1
+        self.drafted += k
+        self._pending = [_Pending(drafts[i], rows[i + 1], keys[i]) for i in range(k)]
+        return rows[0]
+
+    def _plan(self, room: int) -> tuple[int, Drafter | None, list[int], list[Hashable]]:
+        """(draft length, drafter, its tokens, their keys): the gate's best over the drafters."""
+        cfg, gate = self._config, self._gate
+        limit = min(cfg.draft_max, room, self._window.max_ctx - len(self._seq))
+        best: tuple[int, Drafter | None, list[int], list[Hashable]] = (0, None, [], [])
+        if limit <= 0:
+            return best
+        best_rate = 0.0
+        for d in self._drafters:
+            n = limit
+            if cfg.gate and getattr(d, "keyed_by_position", True):
+                # Drafting costs: ask only for what the drafter's track record by position justifies.
+                n = gate.best_length(d.name, [(d.name, i) for i in range(limit)], limit)
+                if n == 0:
+                    continue
+            t0 = time.perf_counter()
+            tokens, keys = d.propose(self._seq, n)
+            tokens, keys = list(tokens)[:n], list(keys)[:n]
+            if tokens:
+                gate.observe_draft(d.name, len(tokens), time.perf_counter() - t0)
+            if not tokens:
+                continue
+            k = gate.best_length(d.name, keys, len(tokens)) if cfg.gate else len(tokens)
+            if k == 0:
+                continue
+            rate = self._rate(d.name, keys[:k]) if cfg.gate else float(k)
+            if rate > best_rate:
+                best, best_rate = (k, d, tokens, keys), rate
+        return best
+
+    def _rate(self, name: str, keys: Sequence[Hashable]) -> float:
+        gate = self._gate
+        expected, survive = 1.0, 1.0
+        for key in keys:
+            survive *= gate.acceptance(key)
+            expected += survive
+        seconds = gate.eval_cost(len(keys) + 1) + gate.draft_seconds.get(name, 0.0) * len(keys)
+        return expected / seconds if seconds > 0 else 0.0
+
+    def rollback(self, n: int) -> None:
+        """The sequence (prompt + reply) was cut back to ``n`` tokens (anti-slop); the caller re-evaluates."""
+        self._pending.clear()
+        del self._seq[n:]
+        for d in self._drafters:
+            d.rollback(n)
+
+    def finish(self) -> None:
+        """Drop verified drafts generation did not use, so the window holds only the prompt and the reply."""
+        self._pending.clear()
+        keep = len(self._seq)
+        if len(self._window.tokens) > keep:
+            self._window.truncate(keep)

@@ -1,0 +1,187 @@
+"""qwen4_exp's MTP head against an independent torch implementation of regolith's MTP spec.
+
+No public qwen4_exp MTP reference exists (transformers ignores ``mtp.*``; llama.cpp's qwen4exp converter drops
+it), so the oracle is written here from the spec (docs/qwen4exp.md#mtp): transformers'
+``Qwen4ExpTextDecoderLayer`` (fed ``mtp.layers.0.*``) for the layer, ``Qwen4ExpTextGatedResidual`` for the
+output mixer, plain torch for the norms, ``fc``, the stream expansion and the head. The checkpoint goes
+through ``regolith.convert`` (llama.cpp's nextn names) and the C++ head must agree to 1e-4 of the logits'
+scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+gguf = pytest.importorskip("gguf")
+
+import regolith
+from regolith import _core
+
+torch.set_num_threads(1)
+
+SEQ = 24
+OVERRIDES = {"indexer_n_heads": 8, "output_gate_type": "sigmoid"}
+
+
+def _rms(x, w, eps):
+    """Qwen4ExpTextRMSNorm semantics: x / rms(x) * (1 + w)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w)
+
+
+class TorchMtp:
+    """The spec's equations over a whole pair sequence at once (causal, so a prefix gives the same rows)."""
+
+    def __init__(self, model, weights):
+        from transformers.models.qwen4_exp.modeling_qwen4_exp import (
+            Qwen4ExpTextDecoderLayer,
+            Qwen4ExpTextGatedResidual,
+        )
+
+        from tests.qwen4exp_models import with_mtp_layer as _with_mtp_layer
+
+        self.model = model
+        cfg = model.config
+        ext = _with_mtp_layer(cfg)
+        ext._attn_implementation = cfg._attn_implementation  # the mask below is made for it
+        self.cfg, self.ext = cfg, ext
+        self.layer = Qwen4ExpTextDecoderLayer(ext, cfg.num_hidden_layers).eval()
+        self.layer.load_state_dict(
+            {k[len("mtp.layers.0.") :]: v for k, v in weights.items() if k.startswith("mtp.layers.0.")}
+        )
+        self.mixer = Qwen4ExpTextGatedResidual(cfg, use_combine=False).eval()
+        self.mixer.load_state_dict(
+            {
+                k[len("mtp.hyper_connection_mixer.") :]: v
+                for k, v in weights.items()
+                if k.startswith("mtp.hyper_connection_mixer.")
+            }
+        )
+        self.w = weights
+
+    def hidden(self, ids: np.ndarray) -> torch.Tensor:
+        """The main model's final hidden states (the hyper-connection mixer's output): [T, H]."""
+        got = {}
+        hook = self.model.model.hyper_connection_mixer.register_forward_hook(
+            lambda m, i, o: got.setdefault("h", o)
+        )
+        try:
+            self.model(torch.tensor(ids)[None])
+        finally:
+            hook.remove()
+        return got["h"][0]
+
+    def run(self, h: torch.Tensor, x: torch.Tensor, positions: torch.Tensor):
+        """Pairs (h[i], x[i]) at RoPE positions -> (o [n, H], logits [n, V])."""
+        from transformers.masking_utils import create_causal_mask
+
+        cfg, w, eps = self.cfg, self.w, self.cfg.rms_norm_eps
+        e = _rms(self.model.model.embed_tokens(x), w["mtp.pre_fc_norm_embedding.weight"], eps)
+        g = _rms(h, w["mtp.pre_fc_norm_hidden.weight"], eps)
+        z = torch.cat([e, g], -1) @ w["mtp.fc.weight"].T
+        s = z.repeat(1, cfg.hc_count)[None]  # [1, n, hc * H]
+        pos = positions[None]
+        pe = self.model.model.rotary_emb(s, pos.view(1, 1, -1).expand(3, 1, -1))
+        mask = create_causal_mask(
+            config=self.cfg,
+            inputs_embeds=s,
+            attention_mask=None,
+            cache=None,
+            position_ids=torch.arange(len(x))[None],  # cache indices: the mask is plain causal
+            allow_is_causal_skip=False,
+        )
+        s = self.layer(s, position_embeddings=pe, attention_mask=mask)
+        o = self.mixer(s)[0]
+        logits = self.model.lm_head(_rms(o, w["mtp.norm.weight"], eps))
+        return o, logits
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from regolith.convert import convert
+    from tests.qwen4exp_models import save_tiny_model, save_tiny_mtp, tiny_model, tiny_mtp_weights
+
+    model = tiny_model(11, **OVERRIDES)
+    weights = tiny_mtp_weights(model.config, seed=12)
+    tmp = tmp_path_factory.mktemp("mtp")
+    save_tiny_mtp(save_tiny_model(tmp / "hf", 11, **OVERRIDES), weights)
+    path = convert(tmp / "hf", tmp / "tiny-mtp.gguf", "f32")
+    return path, TorchMtp(model, weights)
+
+
+def test_convert_writes_nextn_block(tiny):
+    path, ref = tiny
+    L = ref.cfg.num_hidden_layers
+    with regolith.gguf.open(path) as f:
+        md, names = f.metadata, set(f.tensors)
+    assert md["qwen4exp.block_count"] == L + 1
+    assert md["qwen4exp.nextn_predict_layers"] == 1
+    assert list(md["qwen4exp.attention.recurrent_layers"]) == [
+        *(t == "linear_attention" for t in ref.cfg.layer_types),
+        False,
+    ]
+    nextn = {"eh_proj", "enorm", "hnorm", "shared_head_norm", "output_hc_norm", "output_hc_down", "output_hc_up"}
+    assert {f"blk.{L}.nextn.{n}.weight" for n in nextn} <= names
+    assert {f"blk.{L}.attn_q.weight", f"blk.{L}.indexer.q_proj.weight", f"blk.{L}.ffn_gate_exps.weight"} <= names
+    assert not any(n.startswith(f"blk.{L}.ssm") or n.startswith(f"blk.{L}.ple") for n in names)
+    m = regolith.Model.load(path)
+    assert m.config["mtp"] and m.config["n_layer"] == L
+    assert m.window(64).has_draft_head
+
+
+def test_mtp_head_matches_torch_reference(tiny):
+    path, ref = tiny
+    ids = np.random.default_rng(3).integers(3, ref.cfg.vocab_size, SEQ)
+    with torch.no_grad():
+        h = ref.hidden(ids)
+        pos = torch.arange(1, SEQ)
+        want_o, want = ref.run(h[:-1], torch.tensor(ids[1:]), pos)
+    head = _core.MtpHeadBlock(str(path), 64)
+    # the pairs in two uneven calls: the head's attention state carries over
+    o1, l1 = head.forward(h[:-1][:9].numpy(), ids[1:10].astype(np.int32), pos[:9].numpy())
+    o2, l2 = head.forward(h[:-1][9:].numpy(), ids[10:].astype(np.int32), pos[9:].numpy())
+    got = np.concatenate([l1, l2])
+    scale = np.abs(want.numpy()).max()
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-4 * scale, rtol=0)
+    np.testing.assert_allclose(np.concatenate([o1, o2]), want_o.numpy(), atol=1e-4 * np.abs(want_o.numpy()).max())
+
+
+def test_window_draft_follows_the_reference_chain(tiny):
+    """Window.draft: catch up on every pair the window holds, then k greedy steps feeding o back."""
+    path, ref = tiny
+    ids = np.random.default_rng(4).integers(3, ref.cfg.vocab_size, SEQ)
+    prompt, nxt = ids[:-1], int(ids[-1])
+    w = regolith.Model.load(path).window(64)
+    w.eval(prompt[:7], all_logits=False)
+    w.eval(prompt[7:], all_logits=False)
+    got = w.draft(nxt, 4)
+    with torch.no_grad():
+        h = ref.hidden(prompt)
+        hs, xs = list(h), [*map(int, prompt[1:]), nxt]
+        want = []
+        for _ in range(4):
+            o, logits = ref.run(torch.stack(hs), torch.tensor(xs), torch.arange(1, len(xs) + 1))
+            top2 = torch.topk(logits[-1], 2).values
+            assert float(top2[0] - top2[1]) > 1e-3 * float(logits[-1].abs().max()), "near-tie in the reference"
+            token = int(logits[-1].argmax())
+            want.append(token)
+            hs.append(o[-1])
+            xs.append(token)
+    assert got == want
+    # drafting leaves the window's own state alone: the same draft again
+    assert w.draft(nxt, 4) == want
+
+
+def test_gguf_without_nextn_tensors_has_no_mtp(tmp_path):
+    from regolith.convert import convert
+    from tests.qwen4exp_models import save_tiny_model
+
+    path = convert(save_tiny_model(tmp_path / "hf", 1, **OVERRIDES), tmp_path / "plain.gguf", "f32")
+    m = regolith.Model.load(path)
+    assert not m.config["mtp"]
+    w = m.window(32)
+    w.eval([5, 6, 7])
+    assert not w.has_draft_head and w.draft(8, 3) == []
