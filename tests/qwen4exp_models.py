@@ -52,12 +52,12 @@ __all__ = [
     "SPECIAL_TOKENS",
     "TINY_CORPUS",
     "save_tiny_model",
+    "save_tiny_mtp",
     "save_tiny_tokenizer",
     "tiny_model",
     "tiny_mtp_weights",
     "tiny_text_config",
     "with_mtp_layer",
-    "save_tiny_mtp",
 ]
 
 # Qwen3.5's pre-tokenizer regex (llama.cpp: LLAMA_VOCAB_PRE_TYPE_QWEN35); the converter recognises it.

@@ -108,7 +108,10 @@ def test_stop_strings_and_guides_stay_exact(tiny):
     p = prompts(tiny.config["vocab_size"], 2)[1]
     _, text, _ = run(tiny, p, False, temperature=0.0)
     stop = text[10:13]
-    assert run(tiny, p, FORCED, temperature=0.0, stop=stop)[:2] == run(tiny, p, False, temperature=0.0, stop=stop)[:2]
+    assert (
+        run(tiny, p, FORCED, temperature=0.0, stop=stop)[:2]
+        == run(tiny, p, False, temperature=0.0, stop=stop)[:2]
+    )
     outs = []
     for spec in (False, FORCED):
         g = tiny.start(p, max_tokens=30, guide=_Guide(), temperature=0.0, speculative=spec)

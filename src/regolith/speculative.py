@@ -90,7 +90,9 @@ def speculation(value: bool | str | Speculation | None) -> Speculation | None:
         return None
     if value in ("suffix", "mtp"):
         return Speculation(drafters=(value,))
-    raise ValueError(f"speculative must be a bool, 'auto', 'off', 'suffix', 'mtp' or a Speculation, got {value!r}")
+    raise ValueError(
+        f"speculative must be a bool, 'auto', 'off', 'suffix', 'mtp' or a Speculation, got {value!r}"
+    )
 
 
 class Drafter(Protocol):
@@ -267,7 +269,7 @@ class Speculator:
                 return head.row
             self._pending.clear()
             self._window.truncate(len(self._seq) - 1)
-        k, drafter, drafts, keys = self._plan(room)
+        k, drafts, keys = self._plan(room)
         window, gate = self._window, self._gate
         t0 = time.perf_counter()
         if k == 0:
@@ -283,11 +285,11 @@ class Speculator:
         self._pending = [_Pending(drafts[i], rows[i + 1], keys[i]) for i in range(k)]
         return rows[0]
 
-    def _plan(self, room: int) -> tuple[int, Drafter | None, list[int], list[Hashable]]:
-        """(draft length, drafter, its tokens, their keys): the gate's best over the drafters."""
+    def _plan(self, room: int) -> tuple[int, list[int], list[Hashable]]:
+        """(draft length, draft tokens, their keys): the gate's best over the drafters."""
         cfg, gate = self._config, self._gate
         limit = min(cfg.draft_max, room, self._window.max_ctx - len(self._seq))
-        best: tuple[int, Drafter | None, list[int], list[Hashable]] = (0, None, [], [])
+        best: tuple[int, list[int], list[Hashable]] = (0, [], [])
         if limit <= 0:
             return best
         best_rate = 0.0
@@ -310,7 +312,7 @@ class Speculator:
                 continue
             rate = self._rate(d.name, keys[:k]) if cfg.gate else float(k)
             if rate > best_rate:
-                best, best_rate = (k, d, tokens, keys), rate
+                best, best_rate = (k, tokens, keys), rate
         return best
 
     def _rate(self, name: str, keys: Sequence[Hashable]) -> float:

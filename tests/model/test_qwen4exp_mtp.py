@@ -123,10 +123,22 @@ def test_convert_writes_nextn_block(tiny):
         *(t == "linear_attention" for t in ref.cfg.layer_types),
         False,
     ]
-    nextn = {"eh_proj", "enorm", "hnorm", "shared_head_norm", "output_hc_norm", "output_hc_down", "output_hc_up"}
+    nextn = {
+        "eh_proj",
+        "enorm",
+        "hnorm",
+        "shared_head_norm",
+        "output_hc_norm",
+        "output_hc_down",
+        "output_hc_up",
+    }
     assert {f"blk.{L}.nextn.{n}.weight" for n in nextn} <= names
-    assert {f"blk.{L}.attn_q.weight", f"blk.{L}.indexer.q_proj.weight", f"blk.{L}.ffn_gate_exps.weight"} <= names
-    assert not any(n.startswith(f"blk.{L}.ssm") or n.startswith(f"blk.{L}.ple") for n in names)
+    assert {
+        f"blk.{L}.attn_q.weight",
+        f"blk.{L}.indexer.q_proj.weight",
+        f"blk.{L}.ffn_gate_exps.weight",
+    } <= names
+    assert not any(n.startswith((f"blk.{L}.ssm", f"blk.{L}.ple")) for n in names)
     m = regolith.Model.load(path)
     assert m.config["mtp"] and m.config["n_layer"] == L
     assert m.window(64).has_draft_head
@@ -146,7 +158,9 @@ def test_mtp_head_matches_torch_reference(tiny):
     got = np.concatenate([l1, l2])
     scale = np.abs(want.numpy()).max()
     np.testing.assert_allclose(got, want.numpy(), atol=1e-4 * scale, rtol=0)
-    np.testing.assert_allclose(np.concatenate([o1, o2]), want_o.numpy(), atol=1e-4 * np.abs(want_o.numpy()).max())
+    np.testing.assert_allclose(
+        np.concatenate([o1, o2]), want_o.numpy(), atol=1e-4 * np.abs(want_o.numpy()).max()
+    )
 
 
 def test_window_draft_follows_the_reference_chain(tiny):
@@ -165,7 +179,9 @@ def test_window_draft_follows_the_reference_chain(tiny):
         for _ in range(4):
             o, logits = ref.run(torch.stack(hs), torch.tensor(xs), torch.arange(1, len(xs) + 1))
             top2 = torch.topk(logits[-1], 2).values
-            assert float(top2[0] - top2[1]) > 1e-3 * float(logits[-1].abs().max()), "near-tie in the reference"
+            assert float(top2[0] - top2[1]) > 1e-3 * float(logits[-1].abs().max()), (
+                "near-tie in the reference"
+            )
             token = int(logits[-1].argmax())
             want.append(token)
             hs.append(o[-1])

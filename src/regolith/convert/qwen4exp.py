@@ -562,7 +562,11 @@ def _expected_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 def _layer_prefix(cfg: Mapping[str, Any], bid: int) -> str:
     """The HF name prefix of block ``bid`` (the MTP head's layer is block num_hidden_layers - 1 of
     :func:`_with_mtp`'s config)."""
-    return "mtp.layers.0." if _mtp_layers(cfg) and bid == cfg["num_hidden_layers"] - 1 else f"model.layers.{bid}."
+    return (
+        "mtp.layers.0."
+        if _mtp_layers(cfg) and bid == cfg["num_hidden_layers"] - 1
+        else f"model.layers.{bid}."
+    )
 
 
 def _reorder_v_heads(x: np.ndarray, axis: int, n_k: int, per_k: int, head_dim: int) -> np.ndarray:
@@ -634,7 +638,11 @@ def _plan(cfg: Mapping[str, Any], names: Sequence[str], shapes: Mapping[str, tup
             continue
         if name in _MTP:
             plan.append(
-                _Out(f"blk.{main_layers}.nextn.{_MTP[name]}", (name,), lambda xs, k=name: _global_transform(k, xs[0]))
+                _Out(
+                    f"blk.{main_layers}.nextn.{_MTP[name]}",
+                    (name,),
+                    lambda xs, k=name: _global_transform(k, xs[0]),
+                )
             )
             continue
         m = _LAYER.match(name)
