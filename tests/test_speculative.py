@@ -272,3 +272,20 @@ def test_antislop_backtracking_stays_exact_on_gemma():
     a = run(model, PROSE, False, n=40, temperature=0.0, antislop=[phrase])
     b = run(model, PROSE, FORCED, n=40, temperature=0.0, antislop=[phrase])
     assert a[:2] == b[:2] and b[2].backtracks == a[2].backtracks > 0
+
+
+def test_restored_window_drafts_and_stays_exact(tiny, tmp_path):
+    """After a state restore the MTP head knows no hidden states before it; drafting resumes after it."""
+    p = prompts(tiny.config["vocab_size"], 2)[1]
+    w = tiny.window()
+    w.eval(p, all_logits=False)
+    w.save(tmp_path / "w.rgs")
+    plain = tiny.start(p, window=w, max_tokens=24, temperature=0.0, speculative=False)
+    want = ("".join(plain), plain.tokens)
+    r = tiny.window()
+    r.load(tmp_path / "w.rgs")
+    assert r.draft(5, 3) == []  # no hidden state of the restored tokens
+    g = tiny.start(
+        p, window=r, max_tokens=24, temperature=0.0, speculative=Speculation(drafters=("mtp",), gate=False)
+    )
+    assert ("".join(g), g.tokens) == want and g.stats.drafted_tokens > 0

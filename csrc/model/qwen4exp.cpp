@@ -285,7 +285,7 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits
     // With an MTP head every row's final hidden state is kept for it.
     const int64_t first = all_logits ? 0 : n - 1, from = mtp_ ? 0 : first;
     model_.out_hc_.read(be, streams.data() + from * width, n - from, mixed.data(), nullptr);
-    if (mtp_) mtp_->append(tokens, mixed.data(), n, h);
+    if (mtp_) mtp_->append(tokens, mixed.data(), n);
     be.matmul(model_.output_, mixed.data() + (first - from) * h, n - first, logits);
     if (keep) cp_.base = n_past_;
     n_past_ += n;

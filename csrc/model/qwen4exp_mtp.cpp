@@ -85,16 +85,15 @@ void MtpHead::logits(const float* o, int64_t ntok, float* logits) const {
 
 // ---- window-side context ----------------------------------------------------------------------------------
 
-MtpContext::MtpContext(const MtpHead& head, int64_t max_ctx) : kv(head.new_state(max_ctx)) {}
+MtpContext::MtpContext(const MtpHead& head, int64_t max_ctx) : width(head.hidden()), kv(head.new_state(max_ctx)) {}
 
-void MtpContext::append(const int32_t* ids, const float* rows, int64_t n, int64_t width) {
+void MtpContext::append(const int32_t* ids, const float* rows, int64_t n) {
     tokens.insert(tokens.end(), ids, ids + n);
     hidden.insert(hidden.end(), rows, rows + n * width);
 }
 
 void MtpContext::truncate(int64_t n) {
     if (n >= size()) return;
-    const int64_t width = int64_t(hidden.size()) / std::max<int64_t>(size(), 1);
     tokens.resize(size_t(n));
     hidden.resize(size_t(n * width));
     known_from = std::min(known_from, n);
@@ -103,7 +102,6 @@ void MtpContext::truncate(int64_t n) {
 }
 
 void MtpContext::forget(int64_t n) {
-    const int64_t width = int64_t(hidden.size()) / std::max<int64_t>(size(), 1);
     tokens.resize(size_t(n), 0);
     hidden.resize(size_t(n * width), 0.0f);
     known_from = n;

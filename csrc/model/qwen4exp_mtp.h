@@ -60,14 +60,15 @@ private:
 // at RoPE position i + 1. Rows before known_from are unknown (a restored state): the head covers pairs
 // [known_from, known_from + kv.size()).
 struct MtpContext {
-    std::vector<float> hidden;    // [n_past][hidden]
+    int64_t width;                // hidden size
+    std::vector<float> hidden;    // [n_past][width]
     std::vector<int32_t> tokens;  // [n_past]
     int64_t known_from = 0;
     QsaState kv;
 
     MtpContext(const MtpHead& head, int64_t max_ctx);
     int64_t size() const { return int64_t(tokens.size()); }
-    void append(const int32_t* ids, const float* rows, int64_t n, int64_t width);
+    void append(const int32_t* ids, const float* rows, int64_t n);
     void truncate(int64_t n);      // keep the first n tokens
     void forget(int64_t n);        // n tokens whose ids and hidden states are unknown (a restored state)
     // Up to n greedy draft tokens after the held tokens and `next` (the token evaluated next).
