@@ -44,6 +44,9 @@ __all__ = ["MAX_DRAFT", "CostGate", "Drafter", "Speculation", "Speculator", "Suf
 MAX_DRAFT = 7
 # Re-measure plain decoding after this many rounds without one (costs drift as the context grows).
 REMEASURE_ROUNDS = 64
+# After a round the gate decides not to draft, skip planning for 1, 2, 4, then at most this many tokens: on
+# text where nothing pays, speculation then costs next to nothing per token.
+MAX_BACKOFF = 8
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,9 @@ class SuffixDrafter:
 
     def propose(self, seq: Sequence[int], n: int) -> tuple[list[int], list[Hashable]]:
         size = self._d.size
-        if size < len(seq):
+        if size == len(seq) - 1:
+            self._d.push(seq[-1])
+        elif size < len(seq):
             self._d.append(np.asarray(seq[size:], dtype=np.int32))
         tokens, match = self._d.propose(n, self._min_match)
         # The i-th token continues a match of match + i tokens once the ones before it are accepted.
@@ -215,9 +220,13 @@ class CostGate:
             return 0  # measure plain decoding first (and again now and then)
         t1 = self.eval_cost(1)
         per_draft = self.draft_seconds.get(name, 0.0)
+        n = min(limit, len(keys))
+        # E(k) <= 1 + a_1 k and every round costs at least T(2) + T_draft: often nothing can win.
+        if n == 0 or (1.0 + self.acceptance(keys[0]) * n) * t1 <= self.eval_cost(2) + per_draft:
+            return 0
         best, best_rate = 0, 1.0 / t1 if t1 > 0 else 0.0
         expected, survive = 1.0, 1.0
-        for k in range(1, min(limit, len(keys)) + 1):
+        for k in range(1, n + 1):
             survive *= self.acceptance(keys[k - 1])
             expected += survive
             seconds = self.eval_cost(k + 1) + per_draft * k
@@ -253,6 +262,8 @@ class Speculator:
             else:
                 self._drafters.append(d)  # type: ignore[arg-type]
         self._pending: list[_Pending] = []
+        self._skip = 0  # rounds left without planning
+        self._backoff = 0
         self.drafted = 0
         self.accepted = 0
         self.rounds = 0
@@ -269,7 +280,16 @@ class Speculator:
                 return head.row
             self._pending.clear()
             self._window.truncate(len(self._seq) - 1)
-        k, drafts, keys = self._plan(room)
+        if self._skip > 0:
+            self._skip -= 1
+            k, drafts, keys = 0, [], []
+        else:
+            k, drafts, keys = self._plan(room)
+            if k == 0 and self._config.gate:
+                self._backoff = min(max(1, 2 * self._backoff), MAX_BACKOFF)
+                self._skip = self._backoff
+            else:
+                self._backoff = 0
         window, gate = self._window, self._gate
         t0 = time.perf_counter()
         if k == 0:

@@ -20,6 +20,7 @@ class _Stats:
         self.prompt_tokens, self.cached_tokens, self.generated_tokens = n_prompt, 0, 0
         self.prefill_seconds = self.decode_seconds = 0.001
         self.prefill_tokens_per_second = self.decode_tokens_per_second = 1.0
+        self.decode_rounds = self.drafted_tokens = self.accepted_tokens = 0
 
 
 class FakeGeneration:
