@@ -4,6 +4,7 @@
 
 #include "core/dequant.h"
 #include "core/errors.h"
+#include "model/expert_file.h"
 #include "model/metadata.h"
 
 namespace regolith {
@@ -55,9 +56,20 @@ Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
     return c;
 }
 
-Qwen4ExpModel::Qwen4ExpModel(const std::string& path, Backend& backend)
+Qwen4ExpModel::Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions& options, Backend& backend)
     : file_(path), weights_(file_), backend_(backend), config_(Qwen4ExpConfig::from_gguf(file_)) {
     const Qwen4ExpConfig& c = config_;
+    const bool packed = !options.experts_path.empty();
+    if (packed && options.arena.slots <= 0)
+        throw Error("a packed model streams its experts: the arena needs at least one slot");
+    if (options.arena.slots > 0) {
+        ExpertFileLayout layout = packed ? expert_layout_from_pack(options.experts_path, c.n_layer, c.moe)
+                                         : expert_layout_from_gguf(file_, path, c.n_layer, c.moe);
+        arena_ = std::make_unique<ExpertArena>(std::move(layout), options.arena);
+        lookahead_ = options.lookahead;
+    }
+    std::optional<PleTableSource> ple_source;
+    if (!options.ple_path.empty()) ple_source = ple_table_from_pack(options.ple_path);
     tok_embd_ = weights_.matrix("token_embd.weight", c.vocab, c.hidden);
     output_ = weights_.has("output.weight") ? weights_.matrix("output.weight", c.vocab, c.hidden) : tok_embd_;
     out_hc_ = HyperConnection::load(weights_, "output_hc", c.hidden, c.hc, c.hc_rank, c.eps, false);
@@ -66,11 +78,15 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, Backend& backend)
         const std::string p = "blk." + std::to_string(il) + ".";
         Layer L{HyperConnection::load(weights_, p + "hc_attn", c.hidden, c.hc, c.hc_rank, c.eps, true),
                 HyperConnection::load(weights_, p + "hc_ffn", c.hidden, c.hc, c.hc_rank, c.eps, true),
-                std::nullopt, std::nullopt, std::nullopt, SparseMoe::load(weights_, int(il), c.moe), nullptr};
+                std::nullopt, std::nullopt, std::nullopt, SparseMoe::load(weights_, int(il), c.moe, !arena_),
+                nullptr};
         layers_.push_back(std::move(L));
         Layer& l = layers_.back();
+        if (arena_) l.moe.stream_from(arena_.get(), il);
+        l.moe.set_moce(options.moce);
         if (std::find(c.ple_layers.begin(), c.ple_layers.end(), il) != c.ple_layers.end())
-            l.ple = std::make_unique<PleLayer>(file_, path, il, backend_);
+            l.ple = std::make_unique<PleLayer>(file_, path, il, options.ple, ple_source ? &*ple_source : nullptr,
+                                               backend_);
         if (c.recurrent[size_t(il)]) {
             l.gdn_weights = load_gdn_layer(file_, il, c.gdn_gate);
             l.gdn.emplace(l.gdn_weights->shape, l.gdn_weights->weights, backend_);
@@ -82,6 +98,17 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, Backend& backend)
 }
 
 Qwen4ExpModel::~Qwen4ExpModel() = default;
+
+std::vector<PleTable*> Qwen4ExpModel::ple_tables() const {
+    std::vector<PleTable*> t;
+    for (const auto& l : layers_)
+        if (l.ple) t.push_back(&l.ple->table());
+    return t;
+}
+
+void Qwen4ExpModel::set_moce(const MoceOptions& moce) {
+    for (auto& l : layers_) l.moe.set_moce(moce);
+}
 
 std::unique_ptr<ModelWindow> Qwen4ExpModel::new_window(int64_t max_ctx) const {
     return std::make_unique<Qwen4ExpWindow>(*this, max_ctx);
@@ -208,8 +235,15 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits
     for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = n_past_ + t;
 
     std::vector<float> mixed(size_t(n * h)), out(size_t(n * h)), inject(size_t(n * c.hc));
+    ExpertArena* arena = model_.arena_.get();
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const auto& l = model_.layers_[size_t(il)];
+        if (arena && model_.lookahead_ && n <= 8) {
+            // Lookahead: this layer's router applied to the previous layer's output (its MoE input as it
+            // would be without this layer's PLE and mixer), so the predicted experts load while those run.
+            l.ffn_hc.read(be, streams.data(), n, mixed.data(), inject.data());
+            l.moe.prefetch(be, mixed.data(), n);
+        }
         if (l.ple) {
             std::vector<float> addend(streams.size());  // [n][hc * hidden]
             l.ple->forward(tokens, streams.data(), n, *ple_[size_t(il)], addend.data());
@@ -230,6 +264,7 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits
     model_.out_hc_.read(be, streams.data() + first * width, n - first, mixed.data(), nullptr);
     be.matmul(model_.output_, mixed.data(), n - first, logits);
     n_past_ += n;
+    if (arena) arena->warm();
 }
 
 }  // namespace regolith

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/expert_arena.h"
 #include "core/gguf.h"
 #include "core/ops.h"
 #include "model/gated_delta_net.h"
@@ -41,16 +42,35 @@ struct Qwen4ExpConfig {
     static Qwen4ExpConfig from_gguf(const GgufFile& file);
 };
 
+// How a model's routed experts and PLE table are reached.
+struct Qwen4ExpLoadOptions {
+    // Routed experts: views into the mapped GGUF (arena.slots 0), or streamed through an ExpertArena of
+    // arena.slots slots, from `experts_path` (a packed experts.bin) or the GGUF's own *_exps tensors.
+    std::string experts_path;
+    ArenaOptions arena;
+    bool lookahead = true;  // prefetch layer l+1's predicted experts while layer l+1's mixer runs
+    MoceOptions moce;
+    // The PLE table: the packed ple.bin at `ple_path`, else the GGUF's per_layer_token_embd.weight.
+    std::string ple_path;
+    PleReadOptions ple;
+};
+
 class Qwen4ExpWindow;
 
 class Qwen4ExpModel {
 public:
     // Maps and validates a qwen4exp GGUF. Throws GGUFError / ModelFormatError.
-    explicit Qwen4ExpModel(const std::string& path, Backend& backend = cpu_backend());
+    explicit Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions& options = {},
+                           Backend& backend = cpu_backend());
     ~Qwen4ExpModel();
 
     const Qwen4ExpConfig& config() const { return config_; }
     const GgufFile& file() const { return file_; }
+    // The expert arena (null when the experts are resident) and the PLE tables (one per PLE layer).
+    ExpertArena* arena() const { return arena_.get(); }
+    std::vector<PleTable*> ple_tables() const;
+    // Changes cache-aware routing for every layer (MoCE needs an arena to have an effect).
+    void set_moce(const MoceOptions& moce);
     std::unique_ptr<ModelWindow> new_window(int64_t max_ctx) const;
 
 private:
@@ -68,6 +88,8 @@ private:
     ModelWeights weights_;
     Backend& backend_;
     Qwen4ExpConfig config_;
+    std::unique_ptr<ExpertArena> arena_;
+    bool lookahead_ = false;
     WeightView tok_embd_;  // [vocab, hidden]
     WeightView output_;    // [vocab, hidden] (token_embd when tied)
     HyperConnection out_hc_;
