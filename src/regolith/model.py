@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -11,11 +13,14 @@ import numpy as np
 
 from . import _core
 from . import gguf as _gguf
+from . import memory_plan as _plan
+from . import pack as _pack
 from . import state as _state
 from .antislop import SlopList, SlopMatcher
 from .chat import ChatTemplate, Message, fallback_template
 from .errors import ContextOverflowError, ModelFormatError
 from .generation import Generation, TokenGuide
+from .memory_plan import MemoryPlan
 from .models import resolve_model
 from .prompt_cache import PromptCache, chat_boundaries
 from .sampling import SamplingParams
@@ -27,6 +32,22 @@ DEFAULT_CTX = 8192
 DEFAULT_MAX_TOKENS = 256
 # llama.cpp's defaults, which users of its tools know.
 SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
+
+_log = logging.getLogger("regolith")
+_warned_unlocked = False
+
+
+def _warn_unlocked(reason: str) -> None:
+    global _warned_unlocked
+    if not _warned_unlocked:
+        _warned_unlocked = True
+        warnings.warn(
+            f"the expert arena could not be locked in RAM ({reason}); it may be swapped out. "
+            "Raise RLIMIT_MEMLOCK (ulimit -l) to lock it.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
 
 _ARCHITECTURES = {
     "gemma3": _core.DenseModel,
@@ -116,6 +137,7 @@ class Window:
             raise
         self._tokens.extend(int(t) for t in ids)
         self.n_evaluated += int(ids.size)
+        self._model._tokens_evaluated += int(ids.size)
         return logits
 
     def save(self, path: str | os.PathLike[str]) -> _state.IoStats:
@@ -158,19 +180,24 @@ class Model:
         metadata: dict[str, Any],
         n_ctx: int | None = None,
         chat_template: str | None = None,
+        plan: MemoryPlan | None = None,
+        fingerprint: bytes | None = None,
     ):
         self._core = core
         self.path = path
         self.config: dict[str, Any] = core.config()
         self._metadata = metadata
         self.n_ctx = int(n_ctx or min(self.config.get("context_length") or DEFAULT_CTX, DEFAULT_CTX))
+        self.plan = plan
+        """The :class:`regolith.memory_plan.MemoryPlan` made at load (dense, arena, state, totals)."""
+        self._tokens_evaluated = 0
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
         self._template_source = chat_template
         self._lock = threading.Lock()
         self._window: Window | None = None
         self._active: Generation | None = None
-        self._fingerprint: bytes | None = None
+        self._fingerprint: bytes | None = fingerprint
         self.prompt_cache: PromptCache | None = None
         """A :class:`regolith.PromptCache` that generation restores prompt prefixes from and stores them in."""
 
@@ -181,25 +208,113 @@ class Model:
         *,
         n_ctx: int | None = None,
         chat_template: str | None = None,
+        memory_gb: float | None = None,
+        arena_gb: float | None = None,
+        ple_cache_gb: float | None = None,
+        moce: bool | Mapping[str, float] = False,
+        lookahead: bool = True,
+        io_threads: int = 4,
+        lock_memory: bool = True,
     ) -> Model:
-        """Load a GGUF file (or a known model name; default: the default model).
+        """Load a GGUF file, a packed model directory (``regolith pack``), or a known model name (default: the
+        default model).
 
         ``n_ctx`` is the context of the windows :meth:`generate`, :meth:`chat` and sessions use (default: the
         model's context length, at most 8192). ``chat_template`` (jinja2 source) replaces the file's chat
         template.
-        Raises :class:`regolith.GGUFError` for a malformed file and :class:`regolith.ModelFormatError` for
-        an architecture regolith does not run or missing / mis-shaped tensors.
+
+        Mixture-of-experts models (qwen4exp) get a memory plan (:attr:`plan`, logged at load): with ``arena_gb``
+        the routed experts stream from disk through an arena of that size; without it, a GGUF whose experts
+        fit ``memory_gb`` (default: three quarters of physical memory) keeps them all resident and otherwise
+        the arena takes what the budget leaves. A packed directory always streams. ``ple_cache_gb`` sizes the
+        PLE row cache; ``moce`` turns on cache-aware routing (True, or ``{"bonus": 2.0, "protect": 2}``;
+        changes the output, off by default); ``lookahead`` prefetches each layer's predicted experts;
+        ``io_threads`` read experts; ``lock_memory`` mlocks the arena (a warning once where the OS refuses).
+
+        Raises :class:`regolith.GGUFError` for a malformed file, :class:`regolith.ModelFormatError` for an
+        architecture regolith does not run, missing / mis-shaped tensors or a corrupt pack, and
+        :class:`regolith.MemoryPlanError` when the plan cannot fit (before anything large is allocated).
         """
         if n_ctx is not None and n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        overhead = _plan.process_rss()
         resolved = str(resolve_model(path))
-        with _gguf.open(resolved) as f:
+        packed = _pack.open_packed(resolved) if _pack.is_packed(resolved) else None
+        gguf_path = str(packed.dense) if packed else resolved
+        with _gguf.open(gguf_path) as f:
             arch = f.architecture
             metadata = f.metadata
+            tensors = f.tensors
         if arch not in _ARCHITECTURES:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
-        return cls(_ARCHITECTURES[arch](resolved), resolved, metadata, n_ctx, chat_template)
+        sizes = _plan.sizes_from_gguf(tensors, metadata, packed.manifest if packed else None)
+        ctx = int(n_ctx or min(int(metadata.get(f"{arch}.context_length") or DEFAULT_CTX), DEFAULT_CTX))
+        plan = _plan.plan_memory(
+            sizes,
+            n_ctx=ctx,
+            memory_gb=memory_gb,
+            arena_gb=arena_gb,
+            ple_cache_gb=ple_cache_gb,
+            overhead_bytes=overhead,
+        )
+        _log.info("memory plan for %s:\n%s", resolved, plan.render())
+        if arch != "qwen4exp":
+            core = _ARCHITECTURES[arch](gguf_path)
+        else:
+            moce_opts = dict(moce) if isinstance(moce, Mapping) else {}
+            core = _core.Qwen4ExpModel(
+                gguf_path,
+                experts_path=str(packed.experts) if packed else "",
+                arena_slots=plan.arena_slots,
+                io_threads=io_threads,
+                lock=lock_memory,
+                lookahead=lookahead,
+                moce=bool(moce),
+                moce_bonus=float(moce_opts.get("bonus", 2.0)),
+                moce_protect=int(moce_opts.get("protect", 2)),
+                ple_path=str(packed.ple) if packed and packed.ple else "",
+                ple_cache_bytes=plan.ple_cache_bytes,
+            )
+            info = core.arena_info()
+            if info is not None and lock_memory and not info["locked"]:
+                _warn_unlocked(info["lock_error"])
+        return cls(
+            core,
+            resolved,
+            metadata,
+            ctx,
+            chat_template,
+            plan=plan,
+            fingerprint=packed.fingerprint if packed else None,
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since load (or :meth:`reset_stats`): for a model streaming its experts ``hits``,
+        ``misses``, ``hit_rate``, ``per_layer_hit_rate``, ``bytes_read``, ``reads``, ``read_stall_s``,
+        ``prefetches`` and ``prefetch_hits``; for PLE models ``ple_rows_read`` (from disk),
+        ``ple_cache_hits`` and ``ple_rows_read_per_token``; ``tokens`` evaluated."""
+        out: dict[str, Any] = {"tokens": self._tokens_evaluated}
+        if not hasattr(self._core, "stats"):
+            return out
+        raw = self._core.stats()
+        out.update(raw)
+        if "hits" in raw:
+            used = raw["hits"] + raw["misses"]
+            out["hit_rate"] = raw["hits"] / used if used else 0.0
+            out["per_layer_hit_rate"] = [
+                h / (h + m) if h + m else 0.0 for h, m in zip(raw.pop("layer_hits"), raw.pop("layer_misses"), strict=True)
+            ]
+            del out["layer_hits"], out["layer_misses"]
+        if self._tokens_evaluated:
+            out["ple_rows_read_per_token"] = raw["ple_rows_read"] / self._tokens_evaluated
+        return out
+
+    def reset_stats(self) -> None:
+        """Zero the counters :meth:`stats` reports."""
+        self._tokens_evaluated = 0
+        if hasattr(self._core, "reset_stats"):
+            self._core.reset_stats()
 
     @property
     def fingerprint(self) -> bytes:
