@@ -18,7 +18,7 @@ namespace regolith {
 struct CachePolicyOptions {
     double hot_fraction = 0.25;  // share of the slots the protected hot set may take
     double decay = 0.999;        // per-use decay of the usage scores (half-life ~700 uses)
-    int64_t refresh = 1024;      // uses between recomputations of the hot set
+    int64_t refresh = 256;       // uses between recomputations of the hot set
 };
 
 class ExpertCachePolicy {

@@ -99,6 +99,15 @@ PleTableSource ple_table_from_pack(const std::string& path) {
     if (file_bytes != size)
         throw bad("is " + std::to_string(size) + " bytes, its header says " + std::to_string(file_bytes) +
                   " (truncated or appended to)");
+    // The checksum first (once the table it covers is known to lie in the file), then the meaning.
+    if (crc_off < kPleHeader || n_blocks > size / 4 || crc_off + 4 * n_blocks > size)
+        throw bad("inconsistent header (checksum table)");
+    s.block_crcs.resize(size_t(n_blocks));
+    if (f.read_at(reinterpret_cast<uint8_t*>(s.block_crcs.data()), size_t(4 * n_blocks), crc_off) != 4 * n_blocks)
+        throw bad("truncated checksum table");
+    uint32_t crc = crc32c(0, h, 88);
+    crc = crc32c(crc, s.block_crcs.data(), size_t(4 * n_blocks));
+    if (crc != head_crc) throw bad("header checksum mismatch (the file is corrupt)");
     const TypeTraits* t = type_traits(s.type);
     if (!t || !t->supported) throw bad("unsupported row type id " + std::to_string(s.type));
     if (s.rows <= 0 || s.head_dim <= 0 || s.head_dim % t->block_elems != 0 ||
@@ -108,15 +117,8 @@ PleTableSource ple_table_from_pack(const std::string& path) {
         uint64_t(s.rows_per_block) * uint64_t(s.row_bytes) > s.block_bytes ||
         n_blocks != (uint64_t(s.rows) + uint64_t(s.rows_per_block) - 1) / uint64_t(s.rows_per_block))
         throw bad("inconsistent block geometry");
-    if (crc_off < kPleHeader || crc_off + 4 * n_blocks > s.offset || s.offset % kDirectAlign != 0 ||
-        s.offset + n_blocks * s.block_bytes != size)
-        throw bad("inconsistent header (checksum table or data offset)");
-    s.block_crcs.resize(size_t(n_blocks));
-    if (f.read_at(reinterpret_cast<uint8_t*>(s.block_crcs.data()), size_t(4 * n_blocks), crc_off) != 4 * n_blocks)
-        throw bad("truncated checksum table");
-    uint32_t crc = crc32c(0, h, 88);
-    crc = crc32c(crc, s.block_crcs.data(), size_t(4 * n_blocks));
-    if (crc != head_crc) throw bad("header checksum mismatch (the file is corrupt)");
+    if (crc_off + 4 * n_blocks > s.offset || s.offset % kDirectAlign != 0 || s.offset + n_blocks * s.block_bytes != size)
+        throw bad("inconsistent header (data offset)");
     return s;
 }
 

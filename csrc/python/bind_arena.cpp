@@ -34,7 +34,7 @@ void init_arena(nb::module_& m) {
             return d;
         },
         nb::arg("trace"), nb::arg("n_expert"), nb::arg("n_slots"), nb::arg("hot_fraction") = 0.25,
-        nb::arg("decay") = 0.999, nb::arg("refresh") = 1024,
+        nb::arg("decay") = 0.999, nb::arg("refresh") = 256,
         "Replay a routing trace int32 [tokens, layers, k] (-1: none) through the arena's cache policy with n_slots "
         "slots; returns {'hits', 'misses'}.");
     m.def(

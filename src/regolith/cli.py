@@ -53,7 +53,9 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
     packed = open_packed(path, verify_dense=False) if is_packed(path) else None
     if packed is not None:
         path = str(packed.dense)
-        console.print(f"[bold]packed model[/bold] {escape(str(packed.path))} (source {escape(packed.manifest['source']['name'])})")
+        console.print(
+            f"[bold]packed model[/bold] {escape(str(packed.path))} (source {escape(packed.manifest['source']['name'])})"
+        )
     if args.plan:
         with _gguf.open(path) as f:
             sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, packed.manifest if packed else None)
@@ -435,8 +437,12 @@ def _add_memory_arguments(p: argparse.ArgumentParser) -> None:
         type=_positive(float),
         help="memory budget in GiB (default: 3/4 of RAM); a model over it streams its experts",
     )
-    p.add_argument("--arena-gb", type=_positive(float), help="stream the experts through an arena of this size")
-    p.add_argument("--ple-cache-gb", type=_positive(float), help="PLE row cache size in GiB (default 256 MiB)")
+    p.add_argument(
+        "--arena-gb", type=_positive(float), help="stream the experts through an arena of this size"
+    )
+    p.add_argument(
+        "--ple-cache-gb", type=_positive(float), help="PLE row cache size in GiB (default 256 MiB)"
+    )
     p.add_argument(
         "--moce",
         action="store_true",
@@ -472,7 +478,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--plan", action="store_true", help="print the memory plan a load would make (with --memory-gb, ...)"
     )
-    p.add_argument("--ctx", type=int, help="context size in tokens for --plan (default: the model's, at most 8192)")
+    p.add_argument(
+        "--ctx", type=int, help="context size in tokens for --plan (default: the model's, at most 8192)"
+    )
     _add_memory_arguments(p)
     p.set_defaults(func=_inspect)
 

@@ -95,7 +95,9 @@ class ModelSizes:
         return 4 * (streams + moe + 2 * self.vocab)
 
 
-def sizes_from_gguf(tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str, Any] | None) -> ModelSizes:
+def sizes_from_gguf(
+    tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str, Any] | None
+) -> ModelSizes:
     """ModelSizes from a GGUF's tensor infos and metadata (and a pack manifest, whose dense GGUF lacks the
     experts and the PLE table)."""
     arch = metadata.get("general.architecture", "")
@@ -110,12 +112,17 @@ def sizes_from_gguf(tensors: dict[str, Any], metadata: dict[str, Any], manifest:
     if manifest is not None:
         records = [int(r) for r in manifest["experts"]["record_bytes"]]
         ple = manifest.get("ple")
-        ple_rows, ple_row_bytes, ple_hd = (int(ple["rows"]), int(ple["row_bytes"]), int(ple["head_dim"])) if ple else (0, 0, 0)
+        ple_rows, ple_row_bytes, ple_hd = (
+            (int(ple["rows"]), int(ple["row_bytes"]), int(ple["head_dim"])) if ple else (0, 0, 0)
+        )
         ple_index = 4 * int(ple["blocks"]) if ple else 0
     else:
         for layer in range(n_layer):
             parts.append(
-                tuple(tensors[f"blk.{layer}.ffn_{k}_exps.weight"].nbytes // n_expert for k in ("gate", "up", "down"))
+                tuple(
+                    tensors[f"blk.{layer}.ffn_{k}_exps.weight"].nbytes // n_expert
+                    for k in ("gate", "up", "down")
+                )
             )
         records = [sum(x) for x in parts]
         t = tensors.get(_PLE_TABLE)
@@ -220,8 +227,7 @@ class MemoryPlan:
                     (
                         "expert arena",
                         self.arena_bytes,
-                        f"{self.arena_slots} of {s.n_experts_total} experts ({share:.1%}); "
-                        f"{human_bytes(s.expert_bytes)} on disk",
+                        f"{self.arena_slots} of {s.n_experts_total} experts ({share:.1%}); {human_bytes(s.expert_bytes)} on disk",
                     )
                 )
             else:
@@ -229,7 +235,13 @@ class MemoryPlan:
         rows.append((f"KV / state at {self.n_ctx} tokens", self.state_bytes, "one window"))
         rows.append(("scratch", s.scratch_bytes(), f"prefill chunk of {PREFILL_CHUNK} tokens"))
         if s.ple_rows:
-            rows.append(("PLE row cache", self.ple_cache_bytes, f"table {human_bytes(s.ple_rows * s.ple_row_bytes)} on disk"))
+            rows.append(
+                (
+                    "PLE row cache",
+                    self.ple_cache_bytes,
+                    f"table {human_bytes(s.ple_rows * s.ple_row_bytes)} on disk",
+                )
+            )
             if s.ple_index_bytes:
                 rows.append(("PLE block checksums", s.ple_index_bytes, ""))
         rows.append(("runtime (before load)", self.overhead_bytes, "interpreter and libraries"))
@@ -238,7 +250,9 @@ class MemoryPlan:
     def render(self) -> str:
         """The plan as a text table."""
         width = max(len(r[0]) for r in self.rows())
-        lines = [f"{name:<{width}}  {human_bytes(size):>10}  {note}".rstrip() for name, size, note in self.rows()]
+        lines = [
+            f"{name:<{width}}  {human_bytes(size):>10}  {note}".rstrip() for name, size, note in self.rows()
+        ]
         budget = f"  of a {human_bytes(self.budget_bytes)} budget" if self.budget_bytes else ""
         lines.append(f"{'total':<{width}}  {human_bytes(self.total_bytes):>10}{budget}")
         return "\n".join(lines)
@@ -273,7 +287,11 @@ def plan_memory(
     physical = physical_bytes or system_memory()
     budget = int(memory_gb * GIB) if memory_gb is not None else None
     cap = budget if budget is not None else physical * 3 // 4
-    ple_cache = int(ple_cache_gb * GIB) if ple_cache_gb is not None else (min(256 << 20, sizes.ple_rows * sizes.ple_head_dim * 4) if sizes.ple_rows else 0)
+    ple_cache = (
+        int(ple_cache_gb * GIB)
+        if ple_cache_gb is not None
+        else (min(256 << 20, sizes.ple_rows * sizes.ple_head_dim * 4) if sizes.ple_rows else 0)
+    )
 
     def plan(slots: int) -> MemoryPlan:
         return MemoryPlan(sizes, n_ctx, slots, ple_cache, overhead_bytes, budget)
@@ -281,7 +299,9 @@ def plan_memory(
     if not sizes.n_experts_total:
         p = plan(0)
         if budget is not None and p.total_bytes > budget:
-            raise MemoryPlanError(f"the model needs {human_bytes(p.total_bytes)}, over memory_gb={memory_gb}:\n{p.render()}")
+            raise MemoryPlanError(
+                f"the model needs {human_bytes(p.total_bytes)}, over memory_gb={memory_gb}:\n{p.render()}"
+            )
         return p
     slot = sizes.slot_bytes
     if arena_gb is not None:

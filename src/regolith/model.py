@@ -303,7 +303,8 @@ class Model:
             used = raw["hits"] + raw["misses"]
             out["hit_rate"] = raw["hits"] / used if used else 0.0
             out["per_layer_hit_rate"] = [
-                h / (h + m) if h + m else 0.0 for h, m in zip(raw.pop("layer_hits"), raw.pop("layer_misses"), strict=True)
+                h / (h + m) if h + m else 0.0
+                for h, m in zip(raw.pop("layer_hits"), raw.pop("layer_misses"), strict=True)
             ]
             del out["layer_hits"], out["layer_misses"]
         if self._tokens_evaluated:

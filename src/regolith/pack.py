@@ -129,7 +129,12 @@ def open_packed(path: str | os.PathLike[str], *, verify_dense: bool = True) -> P
         )
     files = manifest.get("files")
     source = manifest.get("source")
-    if not isinstance(files, dict) or DENSE not in files or EXPERTS not in files or not isinstance(source, dict):
+    if (
+        not isinstance(files, dict)
+        or DENSE not in files
+        or EXPERTS not in files
+        or not isinstance(source, dict)
+    ):
         raise ModelFormatError(f"{root / MANIFEST}: incomplete manifest")
     try:
         bytes.fromhex(source["fingerprint"])
@@ -196,7 +201,9 @@ def _write_dense(src: _gguf.GGUFFile, skip: set[str], out: Path, progress: Progr
     writer.close()
 
 
-def _write_experts(src: _gguf.GGUFFile, n_layer: int, n_expert: int, out: Path, progress: Progress | None) -> None:
+def _write_experts(
+    src: _gguf.GGUFFile, n_layer: int, n_expert: int, out: Path, progress: Progress | None
+) -> None:
     # Header: magic, version, n_layer, n_expert, record alignment, index offset, data offset, file bytes,
     # header CRC, reserved (56 bytes); then per layer and part {type u32, pad u32, rows u64, cols u64, bytes
     # u64}; then the index {offset u64, crc u32, pad u32} per (layer, expert); records from data offset on.
@@ -206,7 +213,9 @@ def _write_experts(src: _gguf.GGUFFile, n_layer: int, n_expert: int, out: Path, 
         for part in ("gate", "up", "down"):
             info = src.tensors.get(f"blk.{layer}.ffn_{part}_exps.weight")
             if info is None or len(info.shape) != 3 or info.shape[0] != n_expert:
-                raise ModelFormatError(f"blk.{layer}.ffn_{part}_exps.weight: missing or not [n_expert, rows, cols]")
+                raise ModelFormatError(
+                    f"blk.{layer}.ffn_{part}_exps.weight: missing or not [n_expert, rows, cols]"
+                )
             row.append(info)
         parts.append(row)
     table_end = 56 + n_layer * 3 * 32
@@ -239,7 +248,9 @@ def _write_experts(src: _gguf.GGUFFile, n_layer: int, n_expert: int, out: Path, 
             if progress:
                 progress(EXPERTS, layer + 1, n_layer)
         meta = bytes(table) + b"\0" * (index_off - table_end) + index.tobytes()
-        head = struct.pack("<8sIIIIQQQ", _EXPERTS_MAGIC, 1, n_layer, n_expert, RECORD_ALIGN, index_off, data_off, file_bytes)
+        head = struct.pack(
+            "<8sIIIIQQQ", _EXPERTS_MAGIC, 1, n_layer, n_expert, RECORD_ALIGN, index_off, data_off, file_bytes
+        )
         crc = _core.crc32c(meta, _core.crc32c(head, 0))
         f.seek(0)
         f.write(head + struct.pack("<II", crc, 0) + meta)
@@ -325,7 +336,9 @@ def pack(
     with _gguf.open(src_path) as src:
         arch = src.architecture
         if arch != "qwen4exp":
-            raise ModelFormatError(f"pack needs a model with routed experts (qwen4exp); {src_path} is {arch!r}")
+            raise ModelFormatError(
+                f"pack needs a model with routed experts (qwen4exp); {src_path} is {arch!r}"
+            )
         md = src.metadata
         n_layer = int(md["qwen4exp.block_count"])
         n_expert = int(md["qwen4exp.expert_count"])
@@ -359,7 +372,10 @@ def pack(
                     "experts": n_expert,
                     "record_align": RECORD_ALIGN,
                     "record_bytes": [
-                        sum(src.tensors[f"blk.{layer}.ffn_{k}_exps.weight"].nbytes // n_expert for k in ("gate", "up", "down"))
+                        sum(
+                            src.tensors[f"blk.{layer}.ffn_{k}_exps.weight"].nbytes // n_expert
+                            for k in ("gate", "up", "down")
+                        )
                         for layer in range(n_layer)
                     ],
                 },
