@@ -47,4 +47,5 @@ NB_MODULE(_core, m) {
     init_state(m);
     init_model(m);
     init_sampler(m);
+    init_vision(m);
 }
