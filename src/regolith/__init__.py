@@ -5,6 +5,7 @@ from .chat import ChatTemplate, ChatTemplateError
 from .errors import (
     ContextOverflowError,
     GGUFError,
+    ImageError,
     ModelFormatError,
     RegolithError,
     SamplingError,
@@ -26,6 +27,7 @@ __all__ = [
     "GGUFError",
     "Generation",
     "GenerationStats",
+    "ImageError",
     "Model",
     "ModelFormatError",
     "PromptCache",

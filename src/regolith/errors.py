@@ -27,3 +27,8 @@ class ContextOverflowError(RegolithError, ValueError):
 class SessionError(RegolithError, ValueError):
     """A saved window or session state cannot be restored: not a state file, another format version or model,
     truncated or corrupt (checksums), or not fitting the window it is restored into."""
+
+
+class ImageError(RegolithError, ValueError):
+    """An image that cannot be used: corrupt or truncated data, an unsupported format, too many pixels, a
+    remote URL (never fetched), or a model without vision support."""

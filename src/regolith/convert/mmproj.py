@@ -65,7 +65,9 @@ def _vision(config: Mapping[str, Any]) -> dict[str, Any]:
     if v.get("temporal_patch_size", 2) != 2:
         raise ModelFormatError("vision_config.temporal_patch_size must be 2 (llama.cpp's mmproj layout)")
     if v.get("hidden_act", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
-        raise ModelFormatError(f"vision_config.hidden_act {v['hidden_act']!r} is not supported (gelu_pytorch_tanh)")
+        raise ModelFormatError(
+            f"vision_config.hidden_act {v['hidden_act']!r} is not supported (gelu_pytorch_tanh)"
+        )
     theta = (v.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     if theta != 10000.0:
         raise ModelFormatError(f"vision rope_theta {theta} is not supported: the mmproj layout fixes 10000")

@@ -197,7 +197,11 @@ def convert_mmproj(
     types = [_mmproj_type(name, shape, outtype) for name, shape, _ in plan]
     for (name, shape, _), qtype in zip(plan, types, strict=True):
         writer.add_tensor_info(
-            name, shape, np.dtype(np.float32), _nbytes(shape, qtype), raw_dtype=gguf.GGMLQuantizationType[qtype]
+            name,
+            shape,
+            np.dtype(np.float32),
+            _nbytes(shape, qtype),
+            raw_dtype=gguf.GGMLQuantizationType[qtype],
         )
     writer.add_type(gguf.GGUFType.MMPROJ)
     meta = gguf.Metadata.load(None, ckpt.path, None, 0)
