@@ -22,6 +22,7 @@ import hashlib
 import io
 import math
 import os
+import re
 import threading
 import time
 import weakref
@@ -95,7 +96,11 @@ def load_image(source: Any, *, max_pixels: int = MAX_IMAGE_PIXELS) -> Any:
             f"(supported: {', '.join(FORMATS)})"
         ) from None
     except Image.DecompressionBombError as e:
-        raise ImageError(f"image refused: {e}") from None
+        n = re.search(r"\((\d+) pixels\)", str(e))
+        raise ImageError(
+            f"the image has {n.group(1) if n else 'too many'} pixels, more than the {max_pixels} allowed "
+            "(a decompression bomb, or scale it down first)"
+        ) from None
     if fmt not in FORMATS:
         raise ImageError(f"unsupported image format {fmt} (supported: {', '.join(FORMATS)})")
     _check_pixels(size, max_pixels)
