@@ -199,6 +199,11 @@ void Qwen4ExpWindow::import_state(int64_t from, int64_t n, bool whole, const Sta
 }
 
 void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
+    eval_multimodal(tokens, n, MultimodalRows{}, logits, all_logits);
+}
+
+void Qwen4ExpWindow::eval_multimodal(const int32_t* tokens, int64_t n, const MultimodalRows& mm, float* logits,
+                                     bool all_logits) {
     std::lock_guard<std::mutex> lock(mutex_);
     const Qwen4ExpConfig& c = model_.config_;
     if (n <= 0) return;
@@ -206,11 +211,13 @@ void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool 
         if (tokens[i] < 0 || tokens[i] >= c.vocab)
             throw Error("token id " + std::to_string(tokens[i]) + " is out of range [0, " + std::to_string(c.vocab) +
                         ")");
+    for (int64_t r = 0; r < mm.n_rows; ++r)
+        if (mm.rows[r] < 0 || mm.rows[r] >= n) throw Error("image row " + std::to_string(mm.rows[r]) + " is outside the call's " + std::to_string(n) + " tokens");
     if (n_past_ + n > max_ctx_)
         throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
                     " tokens exceed the window's " + std::to_string(max_ctx_));
     try {
-        eval_locked(tokens, n, logits, all_logits);
+        eval_locked(tokens, n, mm.pos3 || mm.n_rows ? &mm : nullptr, logits, all_logits);
     } catch (...) {
         // Layers before the failure have advanced their state: forget everything rather than continue
         // from a state that matches no token sequence.
@@ -219,7 +226,8 @@ void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool 
     }
 }
 
-void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
+void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, const MultimodalRows* mm, float* logits,
+                                 bool all_logits) {
     const Qwen4ExpConfig& c = model_.config_;
     Backend& be = model_.backend_;
     const int64_t h = c.hidden, width = c.hc * h;
@@ -231,8 +239,13 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits
         dequantize_row(te.type, static_cast<const uint8_t*>(te.data) + tokens[t] * te.row_bytes, emb.data(), h);
         for (int64_t s = 0; s < c.hc; ++s) std::copy(emb.begin(), emb.end(), streams.begin() + t * width + s * h);
     }
-    std::vector<int64_t> positions(static_cast<size_t>(n));
-    for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = n_past_ + t;
+    // image features replace the embedding of their rows, on every stream
+    for (int64_t r = 0; mm && r < mm->n_rows; ++r)
+        for (int64_t s = 0; s < c.hc; ++s)
+            std::copy_n(mm->embd + r * h, h, streams.begin() + mm->rows[r] * width + s * h);
+    std::vector<int64_t> pos3(static_cast<size_t>(3 * n));  // [n][3] M-RoPE (t, h, w): text tokens n_past + t
+    for (int64_t t = 0; t < n; ++t) std::fill_n(&pos3[size_t(3 * t)], 3, n_past_ + t);
+    if (mm && mm->pos3) std::copy_n(mm->pos3, 3 * n, pos3.begin());
 
     std::vector<float> mixed(size_t(n * h)), out(size_t(n * h)), inject(size_t(n * c.hc));
     ExpertArena* arena = model_.arena_.get();
@@ -253,7 +266,7 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits
         if (l.gdn)
             l.gdn->forward(mixed.data(), n, *gdn_[size_t(il)], out.data());
         else
-            l.qsa->forward(mixed.data(), positions.data(), n, *qsa_[size_t(il)], out.data());
+            l.qsa->forward_mrope(mixed.data(), pos3.data(), n, *qsa_[size_t(il)], out.data());
         l.attn_hc.write(out.data(), inject.data(), n, streams.data());
         l.ffn_hc.read(be, streams.data(), n, mixed.data(), inject.data());
         l.moe.forward(be, mixed.data(), n, out.data());

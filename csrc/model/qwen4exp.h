@@ -57,6 +57,15 @@ struct Qwen4ExpLoadOptions {
 
 class Qwen4ExpWindow;
 
+// Image input for Qwen4ExpWindow::eval_multimodal: the rows of a call whose input embedding is given (the
+// vision tower's features) instead of looked up by token id, and every token's M-RoPE position.
+struct MultimodalRows {
+    const float* embd = nullptr;    // [n_rows][hidden]
+    const int64_t* rows = nullptr;  // [n_rows] indices into the call's tokens
+    int64_t n_rows = 0;
+    const int64_t* pos3 = nullptr;  // [n][3] (t, h, w) positions of the call's tokens
+};
+
 class Qwen4ExpModel {
 public:
     // Maps and validates a qwen4exp GGUF. Throws GGUFError / ModelFormatError.
@@ -104,8 +113,12 @@ public:
     int64_t n_past() const override { return n_past_; }
     int64_t max_ctx() const override { return max_ctx_; }
     int64_t vocab() const override;
+    int64_t hidden() const { return model_.config_.hidden; }
     void reset() override;
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
+    // eval with images: rows `mm.rows` take `mm.embd` as their input embedding (their ids, the image token,
+    // still feed PLE, as transformers does) and the tokens take their M-RoPE positions from mm.pos3.
+    void eval_multimodal(const int32_t* tokens, int64_t n, const MultimodalRows& mm, float* logits, bool all_logits);
     // Gated DeltaNet and PLE states keep no history: only truncate(n_past) succeeds.
     bool truncate(int64_t n) override;
     // Per layer in order: the PLE part (if any), then the Gated DeltaNet or QSA part.
@@ -113,7 +126,7 @@ public:
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
 
 private:
-    void eval_locked(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
+    void eval_locked(const int32_t* tokens, int64_t n, const MultimodalRows* mm, float* logits, bool all_logits);
     void reset_locked();
     std::vector<StatePart> state_parts(int64_t from, int64_t to, bool whole);
 

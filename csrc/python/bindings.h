@@ -17,3 +17,4 @@ void init_ple(nb::module_& m);
 void init_state(nb::module_& m);
 void init_model(nb::module_& m);
 void init_sampler(nb::module_& m);
+void init_vision(nb::module_& m);

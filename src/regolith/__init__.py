@@ -5,6 +5,7 @@ from .chat import ChatTemplate, ChatTemplateError
 from .errors import (
     ContextOverflowError,
     GGUFError,
+    ImageError,
     MemoryPlanError,
     ModelFormatError,
     RegolithError,
@@ -27,6 +28,7 @@ __all__ = [
     "GGUFError",
     "Generation",
     "GenerationStats",
+    "ImageError",
     "MemoryPlanError",
     "Model",
     "ModelFormatError",

@@ -146,9 +146,19 @@ def _convert(args: argparse.Namespace, console: Console) -> int:
         def step(name: str, index: int, count: int) -> None:
             bar.update(task, completed=index + 1, total=count, description=escape(name))
 
-        out = convert(args.hf_dir, args.out, args.outtype, tokenizer_pre=args.tokenizer_pre, progress=step)
+        out = convert(
+            args.hf_dir,
+            args.out,
+            args.outtype,
+            tokenizer_pre=args.tokenizer_pre,
+            progress=step,
+            mmproj=args.mmproj,
+        )
     if not args.quiet:
-        console.print(f"wrote {escape(str(out))} ({_human_bytes(os.path.getsize(out))}, {args.outtype})")
+        for path in (out, args.mmproj) if args.mmproj else (out,):
+            console.print(
+                f"wrote {escape(str(path))} ({_human_bytes(os.path.getsize(path))}, {args.outtype})"
+            )
     return 0
 
 
@@ -182,7 +192,13 @@ def _load(args: argparse.Namespace, console: Console) -> Model:
         with open(args.chat_template_file, encoding="utf-8") as f:
             template = f.read()
     with console.status("loading the model", spinner="dots"):
-        model = Model.load(args.model, n_ctx=args.ctx, chat_template=template, **_memory_options(args))
+        model = Model.load(
+            args.model,
+            n_ctx=args.ctx,
+            chat_template=template,
+            mmproj=getattr(args, "mmproj", None),
+            **_memory_options(args),
+        )
         model.tokenizer  # noqa: B018 - built here so its cost shows under the spinner, not in the first reply
     if model.plan is not None and model.plan.streaming and not getattr(args, "quiet", False):
         console.print(f"[dim]{escape(model.plan.render())}[/dim]", highlight=False)
@@ -516,6 +532,12 @@ def _parser() -> argparse.ArgumentParser:
         help="type of the weight matrices (norms, routers and conv kernels stay f32; default f16)",
     )
     c.add_argument("--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the regex is not recognised")
+    c.add_argument(
+        "--mmproj",
+        metavar="MMPROJ.gguf",
+        help="also write the vision tower as a projector GGUF (llama.cpp's mmproj layout; f16, or f32 with "
+        "--outtype f32)",
+    )
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     c.set_defaults(func=_convert)
 
@@ -561,6 +583,11 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--ctx", type=int, help="context size in tokens (default: the model's, at most 8192)")
     _add_template_argument(sv)
     _add_memory_arguments(sv)
+    sv.add_argument(
+        "--mmproj",
+        metavar="MMPROJ.gguf",
+        help="the model's projector GGUF: requests may then carry images (loaded on the first one)",
+    )
     sv.add_argument("--model-name", help="the model id clients use (default: the file name without .gguf)")
     sv.add_argument(
         "--alias",

@@ -32,3 +32,8 @@ class SessionError(RegolithError, ValueError):
 class MemoryPlanError(RegolithError, ValueError):
     """The model does not fit the memory budget asked for (``memory_gb``, ``arena_gb``); the message holds the
     plan."""
+
+
+class ImageError(RegolithError, ValueError):
+    """An image that cannot be used: corrupt or truncated data, an unsupported format, too many pixels, a
+    remote URL (never fetched), or a model without vision support."""

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import MemoryPlanError
+from .errors import MemoryPlanError, ModelFormatError
 
 __all__ = ["MemoryPlan", "ModelSizes", "human_bytes", "plan_memory", "process_rss", "system_memory"]
 
@@ -99,13 +99,24 @@ def sizes_from_gguf(
     tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str, Any] | None
 ) -> ModelSizes:
     """ModelSizes from a GGUF's tensor infos and metadata (and a pack manifest, whose dense GGUF lacks the
-    experts and the PLE table)."""
+    experts and the PLE table). Raises ModelFormatError for a missing key or tensor."""
+    try:
+        return _sizes(tensors, metadata, manifest)
+    except KeyError as e:
+        raise ModelFormatError(f"missing metadata key or tensor {e}") from None
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise ModelFormatError(f"inconsistent model metadata: {e}") from None
+
+
+def _sizes(tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str, Any] | None) -> ModelSizes:
     arch = metadata.get("general.architecture", "")
     dense = sum(t.nbytes for n, t in tensors.items() if not _EXPERT.match(n) and n != _PLE_TABLE)
     if arch != "qwen4exp":
         return ModelSizes(arch, dense)
     p = "qwen4exp."
     n_layer = int(metadata[p + "block_count"])
+    if not 0 < n_layer <= len(tensors):  # every layer has tensors: a larger count is a lie
+        raise ModelFormatError(f"qwen4exp.block_count {n_layer} exceeds the file's {len(tensors)} tensors")
     hidden = int(metadata[p + "embedding_length"])
     n_expert = int(metadata[p + "expert_count"])
     parts: list[tuple[int, int, int]] = []
@@ -143,8 +154,8 @@ def sizes_from_gguf(
         for layer, rec in enumerate(recurrent):
             if not rec:
                 ratio = ratios[layer] if layer < len(ratios) and ratios[layer] > 0 else 1
-                # keys, values, raw indexer keys, a position; pooled indexer keys per complete block
-                per_token += 4 * (2 * kvh * hd + idx) + 8 + (4 * idx + ratio - 1) // ratio
+                # keys, values, raw indexer keys, 3-D (M-RoPE) positions; pooled indexer keys per complete block
+                per_token += 4 * (2 * kvh * hd + idx) + 3 * 8 + (4 * idx + ratio - 1) // ratio
     n_gdn = n_layer - n_qsa
     if n_gdn:
         k = int(metadata[p + "ssm.conv_kernel"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -18,13 +19,14 @@ from . import pack as _pack
 from . import state as _state
 from .antislop import SlopList, SlopMatcher
 from .chat import ChatTemplate, Message, fallback_template
-from .errors import ContextOverflowError, ModelFormatError
+from .errors import ContextOverflowError, ImageError, ModelFormatError, SessionError
 from .generation import Generation, TokenGuide
 from .memory_plan import MemoryPlan
 from .models import resolve_model
 from .prompt_cache import PromptCache, chat_boundaries
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
+from .vision import IMAGE_PAD, ImageSpan, VisionTower, mrope_positions, render_with_images, split_images
 
 __all__ = ["Model", "Window"]
 
@@ -68,6 +70,7 @@ class Window:
         self._model = model
         self._w = model._core.new_window(max_ctx)
         self._tokens: list[int] = []
+        self._images: list[ImageSpan] = []  # the images among the tokens held or about to be evaluated
         self.n_evaluated = 0
         """Tokens evaluated over the window's life (prefix reuse shows as this growing by less than a prompt)."""
 
@@ -90,6 +93,30 @@ class Window:
         """Forget every token: back to the state of a new window."""
         self._w.reset()
         self._tokens.clear()
+        self._images = []
+
+    def attach_images(self, images: Sequence[ImageSpan]) -> None:
+        """Declare the images of the token sequence this window is about to be brought to (a prompt's
+        :class:`regolith.vision.ImageSpan` list; empty for text only). Tokens held from the first image that
+        differs on are dropped, so prefix reuse never mixes up two images with the same token ids; the
+        tokens of these spans then evaluate as their image embeddings with M-RoPE positions."""
+        new = sorted(images, key=lambda sp: sp.start)
+        cut = len(self._tokens)
+        for old_sp, new_sp in itertools.zip_longest(self._images, new):
+            if (
+                old_sp is None
+                or new_sp is None
+                or (old_sp.start, old_sp.image.digest)
+                != (
+                    new_sp.start,
+                    new_sp.image.digest,
+                )
+            ):
+                cut = min(sp.start for sp in (old_sp, new_sp) if sp is not None)
+                break
+        self._images = new
+        if cut < len(self._tokens):
+            self.truncate(cut)
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` tokens and forget the rest.
@@ -104,8 +131,9 @@ class Window:
         if self._w.truncate(n):
             del self._tokens[n:]
             return
-        kept = self._tokens[:n]
+        kept, images = self._tokens[:n], self._images
         self.reset()
+        self._images = images
         for start in range(0, n, 512):
             self.eval(kept[start : start + 512], all_logits=False)
 
@@ -131,7 +159,7 @@ class Window:
                 f"context overflow: {ids.size} more tokens do not fit; the window holds {len(self._tokens)} of {self.max_ctx}"
             )
         try:
-            logits = self._w.eval(np.ascontiguousarray(ids, dtype=np.int32), all_logits)
+            logits = self._eval(np.ascontiguousarray(ids, dtype=np.int32), all_logits)
         except BaseException:
             del self._tokens[self._w.n_past :]  # a failed evaluation leaves the window unchanged or reset
             raise
@@ -140,13 +168,36 @@ class Window:
         self._model._tokens_evaluated += int(ids.size)
         return logits
 
+    def _eval(self, ids: np.ndarray, all_logits: bool) -> np.ndarray:
+        if not self._images:
+            return self._w.eval(ids, all_logits)
+        start, n = len(self._tokens), ids.size
+        rows, embd = [], []
+        for sp in self._images:
+            lo, hi = max(sp.start, start), min(sp.end, start + n)
+            if lo < hi:
+                rows.append(np.arange(lo - start, hi - start, dtype=np.int64))
+                embd.append(sp.image.embeddings[lo - sp.start : hi - sp.start])
+        hidden = self._model.config["hidden_size"]
+        return _core.eval_multimodal(
+            self._w,
+            ids,
+            np.ascontiguousarray(np.concatenate(embd) if embd else np.zeros((0, hidden)), dtype=np.float32),
+            np.concatenate(rows) if rows else np.zeros(0, np.int64),
+            mrope_positions(self._images, start, n),
+            all_logits,
+        )
+
     def save(self, path: str | os.PathLike[str]) -> _state.IoStats:
         """Write the window's whole state (every layer's state and the token ids) to ``path``, atomically.
 
         The file (docs/formats.md) is tied to the model by a fingerprint; :meth:`load` restores it exactly, so
         evaluating after a load gives the logits evaluation would have given without saving, bit for bit.
-        Returns the bytes written and the time taken (fsync included).
+        Returns the bytes written and the time taken (fsync included). Raises :class:`regolith.SessionError`
+        for a window holding images (their positions are not part of the format).
         """
+        if self._images:
+            raise SessionError("a window holding images cannot be saved: state files hold text prompts only")
         return _state.save_window(self, path)
 
     def load(self, path: str | os.PathLike[str]) -> _state.IoStats:
@@ -182,6 +233,7 @@ class Model:
         chat_template: str | None = None,
         plan: MemoryPlan | None = None,
         fingerprint: bytes | None = None,
+        vision: VisionTower | None = None,
     ):
         self._core = core
         self.path = path
@@ -200,6 +252,8 @@ class Model:
         self._fingerprint: bytes | None = fingerprint
         self.prompt_cache: PromptCache | None = None
         """A :class:`regolith.PromptCache` that generation restores prompt prefixes from and stores them in."""
+        self.vision = vision
+        """The :class:`regolith.vision.VisionTower` of the projector given to :meth:`load`, or None."""
 
     @classmethod
     def load(
@@ -215,13 +269,17 @@ class Model:
         lookahead: bool = True,
         io_threads: int = 4,
         lock_memory: bool = True,
+        mmproj: str | os.PathLike[str] | None = None,
+        vision_idle_unload: float | None = 300.0,
     ) -> Model:
         """Load a GGUF file, a packed model directory (``regolith pack``), or a known model name (default: the
         default model).
 
         ``n_ctx`` is the context of the windows :meth:`generate`, :meth:`chat` and sessions use (default: the
         model's context length, at most 8192). ``chat_template`` (jinja2 source) replaces the file's chat
-        template.
+        template. ``mmproj`` is a projector GGUF (llama.cpp's layout, ``regolith convert --mmproj``) that lets
+        :meth:`chat` take images; its weights load on the first image and unload after
+        ``vision_idle_unload`` seconds without one (None: kept).
 
         Mixture-of-experts models (qwen4exp) get a memory plan (:attr:`plan`, logged at load): with ``arena_gb``
         the routed experts stream from disk through an arena of that size; without it, a GGUF whose experts
@@ -279,7 +337,12 @@ class Model:
             info = core.arena_info()
             if info is not None and lock_memory and not info["locked"]:
                 _warn_unlocked(info["lock_error"])
-        return cls(
+        vision = None
+        if mmproj is not None:
+            if arch != "qwen4exp":
+                raise ModelFormatError(f"images need a qwen4exp model, not {arch!r}")
+            vision = VisionTower(os.fspath(mmproj), idle_unload=vision_idle_unload)
+        model = cls(
             core,
             resolved,
             metadata,
@@ -287,7 +350,14 @@ class Model:
             chat_template,
             plan=plan,
             fingerprint=packed.fingerprint if packed else None,
+            vision=vision,
         )
+        if vision is not None and vision.out_dim != model.config["hidden_size"]:
+            raise ModelFormatError(
+                f"the projector makes {vision.out_dim}-wide embeddings; the model's hidden size is "
+                f"{model.config['hidden_size']}"
+            )
+        return model
 
     def stats(self) -> dict[str, Any]:
         """Counters since load (or :meth:`reset_stats`): for a model streaming its experts ``hits``,
@@ -393,11 +463,62 @@ class Model:
             del ids[0]  # the template wrote BOS and the tokenizer added one
         return ids
 
+    def image_prompt(self, text: str, images: Sequence[Any]) -> tuple[list[int], list[ImageSpan]]:
+        """Token ids of a rendered chat whose ``<|image_pad|>`` placeholders stand for ``images`` (paths,
+        bytes, data URLs or PIL images, in order), each expanded to its image's tokens, and the image spans
+        for :meth:`start`. Raises :class:`regolith.ImageError` for an unusable image, a placeholder count
+        that differs from the images', or a model without vision support."""
+        if self.vision is None:
+            raise ImageError(
+                "model has no vision support (load it with a projector: Model.load(..., mmproj=...))"
+            )
+        pad = self.tokenizer.token_to_id(IMAGE_PAD)
+        if pad is None:
+            raise ModelFormatError(f"the model's vocabulary has no {IMAGE_PAD} token for images")
+        ids = self.tokenize_chat(text)
+        at = [i for i, t in enumerate(ids) if t == pad]
+        if len(at) != len(images):
+            raise ImageError(f"the prompt has {len(at)} image placeholders for {len(images)} images")
+        merge = self.vision.processor.merge_size
+        out: list[int] = []
+        spans: list[ImageSpan] = []
+        prev = 0
+        for i, source in zip(at, images, strict=True):
+            out += ids[prev:i]
+            span = ImageSpan(len(out), self.vision.encode(source), merge)
+            spans.append(span)
+            out += [pad] * span.n_tokens
+            prev = i + 1
+        out += ids[prev:]
+        return out, spans
+
+    def multimodal_prompt(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> tuple[list[int], list[ImageSpan]]:
+        """The prompt tokens of a conversation with images in its content parts (see :meth:`chat`) and
+        the image spans to pass to :meth:`start` (``images=``)."""
+        plain, sources = split_images(messages)
+        text = render_with_images(
+            self.chat_template,
+            plain,
+            len(sources),
+            tools=tools,
+            reasoning_effort=reasoning_effort,
+            add_generation_prompt=add_generation_prompt,
+        )
+        return self.image_prompt(text, sources)
+
     def start(
         self,
         prompt: Sequence[int],
         *,
         window: Window | None = None,
+        images: Sequence[ImageSpan] = (),
         max_tokens: int = DEFAULT_MAX_TOKENS,
         stop: str | Sequence[str] | None = None,
         antislop: bool | SlopList | Sequence[str] = False,
@@ -415,12 +536,14 @@ class Model:
         ``sampling`` are :class:`regolith.SamplingParams` fields (temperature, top_p, top_k, min_p,
         repeat_penalty, presence_penalty, frequency_penalty, logit_bias, seed). ``antislop``: True for the
         shipped phrase list, or a list of phrases / a :class:`regolith.antislop.SlopList`. ``guide`` may force
-        and refuse tokens (:class:`regolith.generation.TokenGuide`).
+        and refuse tokens (:class:`regolith.generation.TokenGuide`). ``images`` are the prompt's image spans
+        (:meth:`multimodal_prompt`); such prompts bypass the prompt cache.
         """
         params = SamplingParams(**{**SAMPLING_DEFAULTS, **sampling})
         stops = [stop] if isinstance(stop, str) else list(stop or ())
 
         def make(target: Window) -> Generation:
+            target.attach_images(images)
             return Generation(
                 target,
                 self.tokenizer,
@@ -431,7 +554,7 @@ class Model:
                 slop=_slop_matcher(antislop),
                 on_finish=on_finish,
                 guide=guide,
-                cache=self.prompt_cache,
+                cache=None if images else self.prompt_cache,
                 boundaries=boundaries,
             )
 
@@ -494,9 +617,16 @@ class Model:
     ) -> str | Generation:
         """Reply to a conversation (``[{'role': 'user', 'content': ...}, ...]``) through the chat template.
 
+        ``content`` is a string or a list of parts: ``{"type": "text", "text": ...}``, images as
+        ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`` or
+        ``{"type": "image", "image": <path, bytes or PIL image>}`` (needs a model loaded with ``mmproj``).
         Takes the keywords of :meth:`generate`; returns the reply text, or a :class:`Generation` when
-        ``stream=True``.
+        ``stream=True``. Raises :class:`regolith.ImageError` for an unusable image.
         """
+        if split_images(messages)[1]:
+            ids, images = self.multimodal_prompt(messages, tools=tools, reasoning_effort=reasoning_effort)
+            gen = self.start(ids, images=images, max_tokens=max_tokens, **kwargs)
+            return gen if stream else "".join(gen)
         ids = self.chat_prompt(messages, tools=tools, reasoning_effort=reasoning_effort)
         if self.prompt_cache is not None:
             kwargs["boundaries"] = chat_boundaries(self, messages, ids, tools=tools)
