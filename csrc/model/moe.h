@@ -1,12 +1,18 @@
 // Sparse mixture of experts with a gated shared expert (qwen4_exp / qwen3-next style):
 //   p = softmax(W_router x); top-k experts by p (renormalised when norm_topk_prob);
 //   y = sum_k p_k * down_k(silu(gate_k x) * up_k x) + sigmoid(w_sg . x) * down_s(silu(gate_s x) * up_s x)
+//
+// The routed experts are either views into the mapped model file (resident) or streamed through an
+// ExpertArena: the layer pins the experts its tokens need, runs those already resident and the shared
+// expert while the others load, and runs each of the rest as soon as its record lands. The sum over experts
+// is always taken in expert-id order, so the output is bit-identical whatever the arena holds.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/expert_arena.h"
 #include "core/ops.h"
 #include "model/weights.h"
 
@@ -21,6 +27,15 @@ struct MoeShape {
     bool norm_topk_prob = true;
 };
 
+// Cache-aware routing (MoCE, arXiv 2412.00099): the `protect` experts ranked highest by the router are kept;
+// the other k - protect are chosen by router logit + `bonus` for experts resident in the arena. The routing
+// weights stay the router's probabilities of the chosen experts (renormalised when norm_topk_prob).
+struct MoceOptions {
+    bool enabled = false;
+    float bonus = 2.0f;    // added to the logits of resident experts
+    int64_t protect = 2;   // top-r experts never displaced
+};
+
 // The routing decision for a batch of tokens: expert ids and weights, [ntok][n_used].
 struct Routing {
     std::vector<int32_t> experts;
@@ -29,19 +44,31 @@ struct Routing {
 
 class SparseMoe {
 public:
-    static SparseMoe load(const ModelWeights& w, int layer, const MoeShape& shape);
+    // With `routed` false the *_exps tensors are not read (they are streamed: see stream_from).
+    static SparseMoe load(const ModelWeights& w, int layer, const MoeShape& shape, bool routed = true);
 
     const MoeShape& shape() const { return shape_; }
-    // Router: softmax over experts, top-k (ties to the lower id, as torch.topk), optional renormalisation.
+    // Run the routed experts through `arena` (layer `layer` of its file).
+    void stream_from(ExpertArena* arena, int64_t layer) { arena_ = arena, layer_ = layer; }
+    void set_moce(const MoceOptions& moce) { moce_ = moce; }
+    // Router: softmax over experts, top-k (ties to the lower id, as torch.topk), optional renormalisation;
+    // with MoCE on and an arena, cache-aware.
     Routing route(Backend& be, const float* x, int64_t ntok) const;
     // x: [ntok][hidden] -> y: [ntok][hidden]
     void forward(Backend& be, const float* x, int64_t ntok, float* y) const;
+    // Lookahead: route x (a prediction of this layer's input) and queue prefetch reads of the experts chosen.
+    void prefetch(Backend& be, const float* x, int64_t ntok) const;
 
 private:
+    Routing route_impl(Backend& be, const float* x, int64_t ntok, const uint8_t* resident) const;
+
     MoeShape shape_;
     WeightView router_;                           // [n_expert, hidden]
     std::vector<WeightView> gate_, up_, down_;    // per expert: [ff, hidden], [ff, hidden], [hidden, ff]
     WeightView sh_gate_, sh_up_, sh_down_, sh_router_;  // shared expert and its gate [1, hidden]
+    ExpertArena* arena_ = nullptr;
+    int64_t layer_ = 0;
+    MoceOptions moce_;
 };
 
 }  // namespace regolith

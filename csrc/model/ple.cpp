@@ -8,9 +8,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/crc32c.h"
 #include "core/dequant.h"
 #include "core/errors.h"
 #include "core/gguf.h"
+#include "core/types.h"
 #include "model/metadata.h"
 #include "model/nn.h"
 #include "model/weights.h"
@@ -52,46 +54,158 @@ void ple_ngram_rows(const PleHashParams& p, const int64_t* context, const int32_
 
 // ---- table ---------------------------------------------------------------------------------------
 
-PleTable::PleTable(const std::string& path, uint64_t offset, uint32_t type, int64_t rows, int64_t head_dim,
-                   int64_t row_bytes)
-    : path_(path),
-      offset_(offset),
-      type_(type),
-      rows_(rows),
-      head_dim_(head_dim),
-      row_bytes_(row_bytes) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw Error("PLE table: cannot open " + path + ": " + std::strerror(errno));
+namespace {
+
+constexpr char kPleMagic[8] = {'R', 'G', 'P', 'L', 'E', 'T', 'A', 'B'};
+constexpr uint32_t kPleVersion = 1;
+constexpr size_t kPleHeader = 96;
+
+template <class T>
+T get_le(const uint8_t* p) {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return v;
 }
 
-PleTable::~PleTable() {
-    if (fd_ >= 0) ::close(fd_);
+}  // namespace
+
+uint64_t PleTableSource::row_offset(int64_t row) const {
+    if (rows_per_block == 0) return offset + uint64_t(row) * uint64_t(row_bytes);
+    return offset + uint64_t(row / rows_per_block) * block_bytes + uint64_t(row % rows_per_block) * uint64_t(row_bytes);
 }
+
+PleTableSource ple_table_from_pack(const std::string& path) {
+    DirectFile f(path, O_RDONLY, false);
+    const uint64_t size = f.size();
+    auto bad = [&](const std::string& what) { return ModelFormatError(path + ": " + what); };
+    uint8_t h[kPleHeader];
+    if (size < kPleHeader || f.read_at(h, kPleHeader, 0) != kPleHeader) throw bad("too short for a PLE table file");
+    if (std::memcmp(h, kPleMagic, 8) != 0) throw bad("not a regolith PLE table file (bad magic)");
+    if (get_le<uint32_t>(h + 8) != kPleVersion)
+        throw bad("PLE table version " + std::to_string(get_le<uint32_t>(h + 8)) + " (this regolith reads " +
+                  std::to_string(kPleVersion) + ")");
+    PleTableSource s;
+    s.path = path;
+    s.type = get_le<uint32_t>(h + 12);
+    s.rows = int64_t(get_le<uint64_t>(h + 16));
+    s.head_dim = int64_t(get_le<uint64_t>(h + 24));
+    s.row_bytes = int64_t(get_le<uint64_t>(h + 32));
+    s.rows_per_block = int64_t(get_le<uint64_t>(h + 40));
+    s.block_bytes = get_le<uint64_t>(h + 48);
+    const uint64_t n_blocks = get_le<uint64_t>(h + 56), crc_off = get_le<uint64_t>(h + 64);
+    s.offset = get_le<uint64_t>(h + 72);
+    const uint64_t file_bytes = get_le<uint64_t>(h + 80);
+    const uint32_t head_crc = get_le<uint32_t>(h + 88);
+    if (file_bytes != size)
+        throw bad("is " + std::to_string(size) + " bytes, its header says " + std::to_string(file_bytes) +
+                  " (truncated or appended to)");
+    // The checksum first (once the table it covers is known to lie in the file), then the meaning.
+    if (crc_off < kPleHeader || n_blocks > size / 4 || crc_off + 4 * n_blocks > size)
+        throw bad("inconsistent header (checksum table)");
+    s.block_crcs.resize(size_t(n_blocks));
+    if (f.read_at(reinterpret_cast<uint8_t*>(s.block_crcs.data()), size_t(4 * n_blocks), crc_off) != 4 * n_blocks)
+        throw bad("truncated checksum table");
+    uint32_t crc = crc32c(0, h, 88);
+    crc = crc32c(crc, s.block_crcs.data(), size_t(4 * n_blocks));
+    if (crc != head_crc) throw bad("header checksum mismatch (the file is corrupt)");
+    const TypeTraits* t = type_traits(s.type);
+    if (!t || !t->supported) throw bad("unsupported row type id " + std::to_string(s.type));
+    if (s.rows <= 0 || s.head_dim <= 0 || s.head_dim % t->block_elems != 0 ||
+        s.row_bytes != type_row_bytes(*t, s.head_dim))
+        throw bad("inconsistent row shape");
+    if (s.block_bytes == 0 || s.block_bytes % kDirectAlign != 0 || s.rows_per_block <= 0 ||
+        uint64_t(s.rows_per_block) * uint64_t(s.row_bytes) > s.block_bytes ||
+        n_blocks != (uint64_t(s.rows) + uint64_t(s.rows_per_block) - 1) / uint64_t(s.rows_per_block))
+        throw bad("inconsistent block geometry");
+    if (crc_off + 4 * n_blocks > s.offset || s.offset % kDirectAlign != 0 || s.offset + n_blocks * s.block_bytes != size)
+        throw bad("inconsistent header (data offset)");
+    return s;
+}
+
+PleTable::PleTable(PleTableSource source, const PleReadOptions& opt) : src_(std::move(source)) {
+    file_ = std::make_unique<DirectFile>(src_.path, O_RDONLY, opt.direct);
+    pool_ = std::make_unique<ThreadPool>(std::max(1, opt.io_threads));
+    capacity_ = opt.cache_bytes / (src_.head_dim * 4);
+    cache_.resize(size_t(capacity_ * src_.head_dim));
+    cache_row_.assign(size_t(capacity_), -1);
+    lru_pos_.resize(size_t(capacity_));
+    for (int64_t i = 0; i < capacity_; ++i) lru_pos_[size_t(i)] = lru_.insert(lru_.end(), i);
+}
+
+PleTable::~PleTable() = default;
+
+bool PleTable::direct() const { return file_->direct(); }
 
 void PleTable::read_row(int64_t row, float* dst) {
-    if (row < 0 || row >= rows_)
-        throw Error("PLE table: row " + std::to_string(row) + " out of range [0, " + std::to_string(rows_) +
-                    ")");
-    const uint64_t at = offset_ + uint64_t(row) * uint64_t(row_bytes_);
-    thread_local std::vector<uint8_t> buf;  // one raw row; per thread, so windows may read concurrently
-    buf.resize(size_t(row_bytes_));
-    size_t done = 0;
-    while (done < buf.size()) {
-        const ssize_t got = ::pread(fd_, buf.data() + done, buf.size() - done, off_t(at + done));
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0)
-            throw Error("PLE table: reading row " + std::to_string(row) + " of " + path_ + ": " +
-                        (got < 0 ? std::strerror(errno) : "unexpected end of file"));
-        done += size_t(got);
+    if (row < 0 || row >= src_.rows)
+        throw Error("PLE table: row " + std::to_string(row) + " out of range [0, " + std::to_string(src_.rows) + ")");
+    // One aligned extent around the row: exactly its block in a packed table.
+    const uint64_t at = src_.row_offset(row), start = align_down(at), end = align_up(at + uint64_t(src_.row_bytes));
+    thread_local AlignedBuffer buf(0);
+    if (buf.size < end - start) buf = AlignedBuffer(size_t(end - start));
+    const size_t got = file_->read_at(buf.data.get(), size_t(end - start), start);
+    if (got < at + uint64_t(src_.row_bytes) - start)
+        throw IoError(EIO, src_.path, "reading PLE row " + std::to_string(row) + ": unexpected end of file");
+    if (src_.rows_per_block > 0) {
+        const uint64_t block = uint64_t(row / src_.rows_per_block);
+        if (crc32c(0, buf.data.get(), size_t(src_.block_bytes)) != src_.block_crcs[size_t(block)])
+            throw ModelFormatError(src_.path + ": PLE block " + std::to_string(block) +
+                                   " fails its checksum (the file is corrupt)");
     }
-    dequantize_row(type_, buf.data(), dst, head_dim_);
-    rows_read_.fetch_add(1, std::memory_order_relaxed);
-    bytes_read_.fetch_add(uint64_t(row_bytes_), std::memory_order_relaxed);
+    dequantize_row(src_.type, buf.data.get() + (at - start), dst, src_.head_dim);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.rows_read += 1;
+    stats_.bytes_read += end - start;
+}
+
+void PleTable::read_rows(const int64_t* rows, int64_t n, float* dst) {
+    const int64_t hd = src_.head_dim;
+    std::vector<int64_t> miss;  // indices into rows
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.rows_requested += uint64_t(n);
+        for (int64_t i = 0; i < n; ++i) {
+            auto it = cached_.find(rows[i]);
+            if (it == cached_.end()) {
+                miss.push_back(i);
+                continue;
+            }
+            ++stats_.cache_hits;
+            std::copy_n(cache_.data() + it->second * hd, hd, dst + i * hd);
+            lru_.splice(lru_.begin(), lru_, lru_pos_[size_t(it->second)]);
+        }
+    }
+    if (miss.empty()) return;
+    pool_->parallel_for(int64_t(miss.size()), 1, [&](int64_t a, int64_t b) {
+        for (int64_t j = a; j < b; ++j) read_row(rows[miss[size_t(j)]], dst + miss[size_t(j)] * hd);
+    });
+    if (capacity_ == 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t i : miss) {
+        if (cached_.count(rows[i])) continue;  // the same row twice in this call
+        const int64_t e = lru_.back();
+        if (cache_row_[size_t(e)] >= 0) cached_.erase(cache_row_[size_t(e)]);
+        cache_row_[size_t(e)] = rows[i];
+        cached_[rows[i]] = e;
+        std::copy_n(dst + i * hd, hd, cache_.data() + e * hd);
+        lru_.splice(lru_.begin(), lru_, lru_pos_[size_t(e)]);
+    }
+}
+
+PleTableStats PleTable::stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+}
+
+void PleTable::reset_stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_ = PleTableStats{};
 }
 
 // ---- loading ---------------------------------------------------------------------------------------
 
-PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer, Backend& backend)
+PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer, const PleReadOptions& read,
+                   const PleTableSource* packed, Backend& backend)
     : backend_(&backend) {
     with_context("PLE: ", [&] {
         const std::string prefix = meta::require_arch(file, "qwen4exp");
@@ -139,16 +253,29 @@ PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer,
         if (shape_.hidden < 1 || shape_.hc < 1 || shape_.conv_kernel < 1)
             throw ModelFormatError("embedding_length, hyper_connection.count and ple.conv_kernel must be positive");
 
-        // The table is read row by row from `path`; any supported type decodes whole rows (the GGUF parser
-        // checks a row is a whole number of blocks).
+        // The table is read row by row (from `path` or the packed file); any supported type decodes whole
+        // rows (the GGUF parser checks a row is a whole number of blocks).
         const ModelWeights wt(file);
-        const std::string table_name = "per_layer_token_embd.weight";
-        const GgufTensor* t = file.find_tensor(table_name);
-        if (t && t->n_dims != 2)
-            throw ModelFormatError("tensor '" + table_name + "' must be 2-D, is " + std::to_string(t->n_dims) + "-D");
-        shape_.head_dim = t ? int64_t(t->ne[0]) : 0;
-        const int64_t table_rows = t ? int64_t(t->ne[1]) : 0;
-        const GgufTensor& tab = wt.tensor(table_name, {shape_.head_dim, table_rows});  // present, decodable
+        PleTableSource source;
+        if (packed) {
+            source = *packed;
+        } else {
+            const std::string table_name = "per_layer_token_embd.weight";
+            const GgufTensor* t = file.find_tensor(table_name);
+            if (t && t->n_dims != 2)
+                throw ModelFormatError("tensor '" + table_name + "' must be 2-D, is " + std::to_string(t->n_dims) +
+                                       "-D");
+            const int64_t hd = t ? int64_t(t->ne[0]) : 0, n_rows = t ? int64_t(t->ne[1]) : 0;
+            const GgufTensor& tab = wt.tensor(table_name, {hd, n_rows});  // present, decodable
+            source.path = path;
+            source.offset = tab.offset;
+            source.type = tab.type;
+            source.rows = n_rows;
+            source.head_dim = hd;
+            source.row_bytes = int64_t(tab.row_bytes);
+        }
+        shape_.head_dim = source.head_dim;
+        const int64_t table_rows = source.rows;
         if (const auto per_layer = meta::get_int(file, key("embedding_length_per_layer_input"));
             per_layer && *per_layer != shape_.head_dim)
             throw ModelFormatError("embedding_length_per_layer_input disagrees with the table row length " +
@@ -161,8 +288,7 @@ PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer,
                                        std::to_string(table_rows) + " rows");
         }
         shape_.ple_dim = heads * shape_.head_dim;
-        table_ = std::make_unique<PleTable>(path, tab.offset, tab.type, table_rows, shape_.head_dim,
-                                            int64_t(tab.row_bytes));
+        table_ = std::make_unique<PleTable>(std::move(source), read);
 
         const std::string blk = "blk." + std::to_string(layer) + ".";
         const int64_t C = shape_.channels(), K = shape_.conv_kernel;
@@ -210,7 +336,7 @@ void PleLayer::forward(const int32_t* token_ids, const float* hidden, int64_t nt
     ple_ngram_rows(hash_, state.context.data(), token_ids, ntok, rows.data());
 
     std::vector<float> emb(size_t(ntok * P));  // [ntok][H * hd]
-    for (int64_t i = 0; i < ntok * H; ++i) table_->read_row(rows[size_t(i)], emb.data() + i * hd);
+    table_->read_rows(rows.data(), ntok * H, emb.data());
 
     std::vector<float> key(size_t(ntok * C)), value(size_t(ntok * D));  // [ntok][hc*D], [ntok][D]
     Backend& be = *backend_;

@@ -13,13 +13,17 @@
 // The decoder layer adds `out` to the streams.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "core/direct_file.h"
 #include "core/ops.h"
+#include "core/thread_pool.h"
 
 namespace regolith {
 
@@ -45,31 +49,70 @@ struct PleHashParams {
 void ple_ngram_rows(const PleHashParams& p, const int64_t* context, const int32_t* tokens, int64_t ntok,
                     int64_t* rows);
 
-// The n-gram table: `rows` rows of head_dim elements in a GGUF type, read one row at a time from the
-// file with pread (never mapped, never read whole).
+// Where the n-gram table's rows lie: back to back in a GGUF tensor, or in a packed ple.bin
+// (docs/formats.md) where no row straddles a block and every block has a CRC32C.
+struct PleTableSource {
+    std::string path;
+    uint64_t offset = 0;  // of row 0 (packed: of block 0)
+    uint32_t type = 0;
+    int64_t rows = 0, head_dim = 0, row_bytes = 0;
+    int64_t rows_per_block = 0;      // packed: rows per block; 0: rows back to back
+    uint64_t block_bytes = 0;        // packed: a multiple of 4096
+    std::vector<uint32_t> block_crcs;  // packed: [blocks]
+
+    uint64_t row_offset(int64_t row) const;
+};
+
+// Reads a packed ple.bin's header and block checksums, validated (ModelFormatError saying what is wrong).
+PleTableSource ple_table_from_pack(const std::string& path);
+
+struct PleReadOptions {
+    bool direct = true;          // O_DIRECT (Linux) / F_NOCACHE (macOS)
+    int64_t cache_bytes = 0;     // f32 rows kept in an LRU row cache (0: none)
+    int io_threads = 4;          // rows of one call are read concurrently
+};
+
+struct PleTableStats {
+    uint64_t rows_requested = 0, cache_hits = 0, rows_read = 0, bytes_read = 0;
+};
+
+// The n-gram table, read row by row from its file (never mapped, never read whole), through a small LRU
+// cache of decoded rows with its own byte budget.
 class PleTable {
   public:
-    PleTable(const std::string& path, uint64_t offset, uint32_t type, int64_t rows, int64_t head_dim,
-             int64_t row_bytes);
+    PleTable(PleTableSource source, const PleReadOptions& opt);
     ~PleTable();
     PleTable(const PleTable&) = delete;
     PleTable& operator=(const PleTable&) = delete;
 
-    // dst[head_dim] = row `row` as f32. Safe to call from several threads.
-    void read_row(int64_t row, float* dst);
+    // dst[n][head_dim] = rows[0..n) as f32: cached rows from the cache, the others read concurrently (a
+    // prefill chunk's rows all at once). Throws IoError on a failed read, ModelFormatError on a checksum.
+    void read_rows(const int64_t* rows, int64_t n, float* dst);
 
-    int64_t rows() const { return rows_; }
-    int64_t head_dim() const { return head_dim_; }
-    uint64_t rows_read() const { return rows_read_.load(); }
-    uint64_t bytes_read() const { return bytes_read_.load(); }
+    int64_t rows() const { return src_.rows; }
+    int64_t head_dim() const { return src_.head_dim; }
+    uint64_t cache_bytes() const { return uint64_t(capacity_) * uint64_t(src_.head_dim) * 4; }
+    bool direct() const;
+    PleTableStats stats() const;
+    void reset_stats();
+    // Back-compat counters for the layer-level bindings.
+    uint64_t rows_read() const { return stats().rows_read; }
+    uint64_t bytes_read() const { return stats().bytes_read; }
 
   private:
-    int fd_ = -1;
-    std::string path_;
-    uint64_t offset_;
-    uint32_t type_;
-    int64_t rows_, head_dim_, row_bytes_;
-    std::atomic<uint64_t> rows_read_{0}, bytes_read_{0};
+    void read_row(int64_t row, float* dst);
+
+    PleTableSource src_;
+    std::unique_ptr<DirectFile> file_;
+    std::unique_ptr<ThreadPool> pool_;
+    int64_t capacity_ = 0;  // cached rows
+    mutable std::mutex mu_;
+    std::vector<float> cache_;                  // [capacity][head_dim]
+    std::vector<int64_t> cache_row_;            // [capacity] the row held, -1 none
+    std::list<int64_t> lru_;                    // cache entries, most recent first
+    std::vector<std::list<int64_t>::iterator> lru_pos_;
+    std::unordered_map<int64_t, int64_t> cached_;  // row -> entry
+    PleTableStats stats_;
 };
 
 struct PleShape {
@@ -100,8 +143,10 @@ struct PleState {
 class PleLayer {
   public:
     // Loads layer `layer` of a qwen4exp GGUF. `file` must outlive the layer (weights point into its
-    // mapping); the table is read through `path`. Throws ModelFormatError naming what is missing or wrong.
-    PleLayer(const GgufFile& file, const std::string& path, int64_t layer, Backend& backend = cpu_backend());
+    // mapping); the table is read from `packed` when given (a packed model's ple.bin), else from the GGUF's
+    // per_layer_token_embd.weight through `path`. Throws ModelFormatError naming what is missing or wrong.
+    PleLayer(const GgufFile& file, const std::string& path, int64_t layer, const PleReadOptions& read = {},
+             const PleTableSource* packed = nullptr, Backend& backend = cpu_backend());
 
     PleState new_state() const;
 
@@ -111,7 +156,7 @@ class PleLayer {
 
     const PleShape& shape() const { return shape_; }
     const PleHashParams& hash() const { return hash_; }
-    const PleTable& table() const { return *table_; }
+    PleTable& table() const { return *table_; }
     int64_t rows_per_token() const { return hash_.n_heads(); }
 
   private:

@@ -42,7 +42,7 @@ void QsaState::reserve_(int64_t n) {
     grow(v_, n * s.n_head_kv * s.head_dim);
     grow(index_k_, n * s.index_head_dim);
     grow(block_k_, n / s.compress_ratio * s.index_head_dim);
-    grow(pos_, n);
+    grow(pos_, 3 * n);
 }
 
 void QsaState::truncate(int64_t n) {
@@ -64,7 +64,7 @@ void QsaState::state_spans(int64_t from, int64_t to, std::vector<StateSpan>& out
     rows(k_, s.n_head_kv * s.head_dim, from, to);
     rows(v_, s.n_head_kv * s.head_dim, from, to);
     rows(index_k_, s.index_head_dim, from, to);
-    rows(pos_, 1, from, to);
+    rows(pos_, 3, from, to);
     rows(block_k_, s.index_head_dim, from / s.compress_ratio, to / s.compress_ratio);
 }
 
@@ -106,14 +106,17 @@ QsaAttention::QsaAttention(const QsaShape& shape, const QsaWeights& weights, Bac
     inv_freq_.resize(size_t(s.n_rot / 2));
     for (int64_t i = 0; i < s.n_rot / 2; ++i)
         inv_freq_[i] = 1.0f / std::pow(s.rope_base, float(2 * i) / float(s.n_rot));
+    rope_axis_.resize(size_t(s.n_rot / 2));
+    for (int64_t i = 0; i < s.n_rot / 2; ++i)
+        rope_axis_[i] = i % 3 == 1 && i < 3 * s.rope_sections[1] ? 1 : i % 3 == 2 && i < 3 * s.rope_sections[2] ? 2 : 0;
 }
 
-// Rotates the leading n_rot dims of n_rows rows (NEOX pairs i, i + n_rot/2) at position pos. Text tokens
-// carry the same position on every mrope section, so interleaved mrope reduces to this.
-void QsaAttention::rope_(float* x, int64_t n_rows, int64_t row_stride, int64_t pos) const {
+// Rotates the leading n_rot dims of n_rows rows (NEOX pairs i, i + n_rot/2) at M-RoPE position pos3
+// (t, h, w): pair i turns by pos3[rope_axis_[i]] * inv_freq[i].
+void QsaAttention::rope_(float* x, int64_t n_rows, int64_t row_stride, const int64_t* pos3) const {
     const int64_t half = shape_.n_rot / 2;
     for (int64_t i = 0; i < half; ++i) {
-        const float angle = float(pos) * inv_freq_[i];
+        const float angle = float(pos3[rope_axis_[i]]) * inv_freq_[i];
         const float c = std::cos(angle), s = std::sin(angle);
         for (int64_t r = 0; r < n_rows; ++r) {
             float* row = x + r * row_stride;
@@ -125,6 +128,12 @@ void QsaAttention::rope_(float* x, int64_t n_rows, int64_t row_stride, int64_t p
 }
 
 void QsaAttention::forward(const float* x, const int64_t* positions, int64_t ntok, QsaState& st, float* y) const {
+    std::vector<int64_t> pos3(static_cast<size_t>(3 * std::max<int64_t>(ntok, 0)));  // [ntok][3]
+    for (int64_t t = 0; t < ntok; ++t) std::fill_n(&pos3[size_t(3 * t)], 3, positions[t]);
+    forward_mrope(x, pos3.data(), ntok, st, y);
+}
+
+void QsaAttention::forward_mrope(const float* x, const int64_t* positions, int64_t ntok, QsaState& st, float* y) const {
     const QsaShape& s = shape_;
     if (ntok < 0) throw Error("QSA forward: negative token count");
     if (ntok == 0) return;
@@ -154,7 +163,8 @@ void QsaAttention::forward(const float* x, const int64_t* positions, int64_t nto
     st.reserve_(n1);
     std::vector<float> q(static_cast<size_t>(ntok * H * D));  // [ntok][H][D]
     for (int64_t t = 0; t < ntok; ++t) {
-        const int64_t i = n0 + t, pos = positions[t];
+        const int64_t i = n0 + t;
+        const int64_t* pos = positions + 3 * t;
         float* qt = &q[size_t(t * H * D)];
         for (int64_t h = 0; h < H; ++h) nn::rms_norm(&qg[size_t((t * H + h) * 2 * D)], D, w_.q_norm, s.eps, qt + h * D);
         rope_(qt, H, D, pos);
@@ -163,7 +173,7 @@ void QsaAttention::forward(const float* x, const int64_t* positions, int64_t nto
         rope_(kt, KV, D, pos);
         std::memcpy(&st.v_[size_t(i * KV * D)], &vx[size_t(t * KV * D)], sizeof(float) * size_t(KV * D));
         std::memcpy(&st.index_k_[size_t(i * ID)], &ik[size_t(t * ID)], sizeof(float) * size_t(ID));
-        st.pos_[size_t(i)] = pos;
+        std::copy_n(pos, 3, &st.pos_[size_t(3 * i)]);
         float* iqt = &iq[size_t(t * IH * ID)];
         for (int64_t h = 0; h < IH; ++h) nn::rms_norm(iqt + h * ID, ID, w_.index_q_norm, s.eps, iqt + h * ID);
         rope_(iqt, IH, ID, pos);
@@ -178,7 +188,7 @@ void QsaAttention::forward(const float* x, const int64_t* positions, int64_t nto
         for (int64_t d = 0; d < ID; ++d) mean[d] /= float(r);
         float* bk = &st.block_k_[size_t(b * ID)];
         nn::rms_norm(mean.data(), ID, w_.index_k_norm, s.eps, bk);
-        rope_(bk, 1, ID, st.pos_[size_t(b * r)]);
+        rope_(bk, 1, ID, &st.pos_[size_t(3 * b * r)]);
     }
 
     // block selection per query: the top min(topk, nb) complete blocks, listed in increasing block order
@@ -276,6 +286,8 @@ QsaShape qsa_shape_from_gguf(const GgufFile& file, int64_t layer) {
             throw ModelFormatError("attention.value_length must equal attention.key_length");
         s.n_rot = meta::get_int(file, key("rope.dimension_count")).value_or(s.head_dim);
         s.rope_base = meta::require_float(file, key("rope.freq_base"));
+        if (auto sections = meta::get_int_array(file, key("rope.dimension_sections")))
+            for (size_t j = 0; j < 3 && j < sections->size(); ++j) s.rope_sections[j] = (*sections)[j];
         s.eps = meta::require_float(file, key("attention.layer_norm_rms_epsilon"));
         s.index_n_head = meta::require_int(file, key("attention.indexer.head_count"));
         s.index_head_dim = meta::require_int(file, key("attention.indexer.key_length"));

@@ -27,6 +27,9 @@ struct QsaShape {
     int64_t n_head_kv = 0;       // attention.head_count_kv (divides n_head)
     int64_t head_dim = 0;        // attention.key_length == attention.value_length
     int64_t n_rot = 0;           // rope.dimension_count: leading dims rotated (NEOX pairs i, i + n_rot/2)
+    // rope.dimension_sections (interleaved M-RoPE): rotary pair i takes the h position when i % 3 == 1 and
+    // i < 3 * sections[1], the w position when i % 3 == 2 and i < 3 * sections[2], else the t position.
+    int64_t rope_sections[3] = {11, 11, 10};
     float rope_base = 0.0f;      // rope.freq_base
     float eps = 0.0f;            // attention.layer_norm_rms_epsilon
     int64_t index_n_head = 0;    // attention.indexer.head_count
@@ -65,7 +68,7 @@ public:
     void truncate(int64_t n);
 
     // Saving and restoring: tokens [from, to) as f32 / int64 spans: keys [to-from][n_head_kv][head_dim],
-    // values (same shape), raw indexer keys [to-from][index_head_dim], positions [to-from] (int64), then the
+    // values (same shape), raw indexer keys [to-from][index_head_dim], positions [to-from][3] (int64), then the
     // pooled keys of blocks [from/ratio, to/ratio) [.][index_head_dim].
     void state_spans(int64_t from, int64_t to, std::vector<StateSpan>& out);
     // Holds n >= size() tokens, the new ones to be filled through state_spans (throws Error beyond max_ctx).
@@ -82,7 +85,7 @@ private:
     std::vector<float> v_;        // [n][n_head_kv][head_dim]
     std::vector<float> index_k_;  // [n][index_head_dim]       raw indexer keys (pooling precedes norm and RoPE)
     std::vector<float> block_k_;  // [n / ratio][index_head_dim] pooled, normed, rotated keys of complete blocks
-    std::vector<int64_t> pos_;    // [n]                        RoPE positions
+    std::vector<int64_t> pos_;    // [n][3]                     M-RoPE positions (t, h, w)
 };
 
 class QsaAttention {
@@ -94,17 +97,21 @@ public:
     QsaState new_state(int64_t max_ctx) const { return QsaState(shape_, max_ctx); }
 
     // y[t] = attention of token t over the state's tokens and tokens 0..t of this call; the tokens are
-    // appended to the state. x: [ntok][hidden], positions: [ntok], y: [ntok][hidden]. Throws Error when the
-    // state cannot hold ntok more tokens (the state is then unchanged).
+    // appended to the state. x: [ntok][hidden], positions: [ntok] (text: the same position on every M-RoPE
+    // section), y: [ntok][hidden]. Throws Error when the state cannot hold ntok more tokens (the state is
+    // then unchanged).
     void forward(const float* x, const int64_t* positions, int64_t ntok, QsaState& state, float* y) const;
+    // forward with M-RoPE positions [ntok][3] (t, h, w): image tokens (transformers' get_rope_index).
+    void forward_mrope(const float* x, const int64_t* pos3, int64_t ntok, QsaState& state, float* y) const;
 
 private:
-    void rope_(float* x, int64_t n_rows, int64_t row_stride, int64_t pos) const;
+    void rope_(float* x, int64_t n_rows, int64_t row_stride, const int64_t* pos3) const;
 
     QsaShape shape_;
     QsaWeights w_;
     Backend& backend_;
-    std::vector<float> inv_freq_;  // [n_rot / 2]
+    std::vector<float> inv_freq_;   // [n_rot / 2]
+    std::vector<uint8_t> rope_axis_;  // [n_rot / 2]: 0 t, 1 h, 2 w (rope_sections)
 };
 
 // Shape and weights of QSA layer `layer` of a qwen4exp GGUF; the weights point into `file`, which must

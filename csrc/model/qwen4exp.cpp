@@ -4,6 +4,7 @@
 
 #include "core/dequant.h"
 #include "core/errors.h"
+#include "model/expert_file.h"
 #include "model/metadata.h"
 
 namespace regolith {
@@ -63,9 +64,20 @@ Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
     return c;
 }
 
-Qwen4ExpModel::Qwen4ExpModel(const std::string& path, Backend& backend)
+Qwen4ExpModel::Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions& options, Backend& backend)
     : file_(path), weights_(file_), backend_(backend), config_(Qwen4ExpConfig::from_gguf(file_)) {
     const Qwen4ExpConfig& c = config_;
+    const bool packed = !options.experts_path.empty();
+    if (packed && options.arena.slots <= 0)
+        throw Error("a packed model streams its experts: the arena needs at least one slot");
+    if (options.arena.slots > 0) {
+        ExpertFileLayout layout = packed ? expert_layout_from_pack(options.experts_path, c.n_layer, c.moe)
+                                         : expert_layout_from_gguf(file_, path, c.n_layer, c.moe);
+        arena_ = std::make_unique<ExpertArena>(std::move(layout), options.arena);
+        lookahead_ = options.lookahead;
+    }
+    std::optional<PleTableSource> ple_source;
+    if (!options.ple_path.empty()) ple_source = ple_table_from_pack(options.ple_path);
     tok_embd_ = weights_.matrix("token_embd.weight", c.vocab, c.hidden);
     output_ = weights_.has("output.weight") ? weights_.matrix("output.weight", c.vocab, c.hidden) : tok_embd_;
     out_hc_ = HyperConnection::load(weights_, "output_hc", c.hidden, c.hc, c.hc_rank, c.eps, false);
@@ -74,11 +86,15 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, Backend& backend)
         const std::string p = "blk." + std::to_string(il) + ".";
         Layer L{HyperConnection::load(weights_, p + "hc_attn", c.hidden, c.hc, c.hc_rank, c.eps, true),
                 HyperConnection::load(weights_, p + "hc_ffn", c.hidden, c.hc, c.hc_rank, c.eps, true),
-                std::nullopt, std::nullopt, std::nullopt, SparseMoe::load(weights_, int(il), c.moe), nullptr};
+                std::nullopt, std::nullopt, std::nullopt, SparseMoe::load(weights_, int(il), c.moe, !arena_),
+                nullptr};
         layers_.push_back(std::move(L));
         Layer& l = layers_.back();
+        if (arena_) l.moe.stream_from(arena_.get(), il);
+        l.moe.set_moce(options.moce);
         if (std::find(c.ple_layers.begin(), c.ple_layers.end(), il) != c.ple_layers.end())
-            l.ple = std::make_unique<PleLayer>(file_, path, il, backend_);
+            l.ple = std::make_unique<PleLayer>(file_, path, il, options.ple, ple_source ? &*ple_source : nullptr,
+                                               backend_);
         if (c.recurrent[size_t(il)]) {
             l.gdn_weights = load_gdn_layer(file_, il, c.gdn_gate);
             l.gdn.emplace(l.gdn_weights->shape, l.gdn_weights->weights, backend_);
@@ -92,6 +108,17 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, Backend& backend)
 }
 
 Qwen4ExpModel::~Qwen4ExpModel() = default;
+
+std::vector<PleTable*> Qwen4ExpModel::ple_tables() const {
+    std::vector<PleTable*> t;
+    for (const auto& l : layers_)
+        if (l.ple) t.push_back(&l.ple->table());
+    return t;
+}
+
+void Qwen4ExpModel::set_moce(const MoceOptions& moce) {
+    for (auto& l : layers_) l.moe.set_moce(moce);
+}
 
 std::unique_ptr<ModelWindow> Qwen4ExpModel::new_window(int64_t max_ctx) const {
     return std::make_unique<Qwen4ExpWindow>(*this, max_ctx);
@@ -213,6 +240,11 @@ void Qwen4ExpWindow::import_state(int64_t from, int64_t n, bool whole, const Sta
 }
 
 void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
+    eval_multimodal(tokens, n, MultimodalRows{}, logits, all_logits);
+}
+
+void Qwen4ExpWindow::eval_multimodal(const int32_t* tokens, int64_t n, const MultimodalRows& mm, float* logits,
+                                     bool all_logits) {
     std::lock_guard<std::mutex> lock(mutex_);
     const Qwen4ExpConfig& c = model_.config_;
     if (n <= 0) return;
@@ -220,6 +252,8 @@ void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool 
         if (tokens[i] < 0 || tokens[i] >= c.vocab)
             throw Error("token id " + std::to_string(tokens[i]) + " is out of range [0, " + std::to_string(c.vocab) +
                         ")");
+    for (int64_t r = 0; r < mm.n_rows; ++r)
+        if (mm.rows[r] < 0 || mm.rows[r] >= n) throw Error("image row " + std::to_string(mm.rows[r]) + " is outside the call's " + std::to_string(n) + " tokens");
     if (n_past_ + n > max_ctx_)
         throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
                     " tokens exceed the window's " + std::to_string(max_ctx_));
@@ -227,7 +261,7 @@ void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool 
         throw Error("window: a checkpointed eval takes at most " + std::to_string(kMaxCheckpointTokens) +
                     " tokens, got " + std::to_string(n));
     try {
-        eval_locked(tokens, n, logits, all_logits);
+        eval_locked(tokens, n, mm.pos3 || mm.n_rows ? &mm : nullptr, logits, all_logits);
     } catch (...) {
         // Layers before the failure have advanced their state: forget everything rather than continue
         // from a state that matches no token sequence.
@@ -236,7 +270,8 @@ void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool 
     }
 }
 
-void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
+void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, const MultimodalRows* mm, float* logits,
+                                 bool all_logits) {
     const Qwen4ExpConfig& c = model_.config_;
     Backend& be = model_.backend_;
     const int64_t h = c.hidden, width = c.hc * h;
@@ -248,16 +283,28 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits
         dequantize_row(te.type, static_cast<const uint8_t*>(te.data) + tokens[t] * te.row_bytes, emb.data(), h);
         for (int64_t s = 0; s < c.hc; ++s) std::copy(emb.begin(), emb.end(), streams.begin() + t * width + s * h);
     }
-    std::vector<int64_t> positions(static_cast<size_t>(n));
-    for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = n_past_ + t;
+    // image features replace the embedding of their rows, on every stream
+    for (int64_t r = 0; mm && r < mm->n_rows; ++r)
+        for (int64_t s = 0; s < c.hc; ++s)
+            std::copy_n(mm->embd + r * h, h, streams.begin() + mm->rows[r] * width + s * h);
+    std::vector<int64_t> pos3(static_cast<size_t>(3 * n));  // [n][3] M-RoPE (t, h, w): text tokens n_past + t
+    for (int64_t t = 0; t < n; ++t) std::fill_n(&pos3[size_t(3 * t)], 3, n_past_ + t);
+    if (mm && mm->pos3) std::copy_n(mm->pos3, 3 * n, pos3.begin());
 
     const bool keep = armed_;  // fill the rollback slots (checkpoint())
     armed_ = false;
     cp_.base = -1;
     if (keep) prepare_slots(n);
     std::vector<float> mixed(size_t(n * h)), out(size_t(n * h)), inject(size_t(n * c.hc));
+    ExpertArena* arena = model_.arena_.get();
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const auto& l = model_.layers_[size_t(il)];
+        if (arena && model_.lookahead_ && n <= 8) {
+            // Lookahead: this layer's router applied to the previous layer's output (its MoE input as it
+            // would be without this layer's PLE and mixer), so the predicted experts load while those run.
+            l.ffn_hc.read(be, streams.data(), n, mixed.data(), inject.data());
+            l.moe.prefetch(be, mixed.data(), n);
+        }
         if (l.ple) {
             std::vector<float> addend(streams.size());  // [n][hc * hidden]
             PleState& st = *ple_[size_t(il)];
@@ -275,7 +322,7 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits
         if (l.gdn)
             l.gdn->forward(mixed.data(), n, *gdn_[size_t(il)], out.data(), keep ? &cp_.gdn[size_t(il)][1] : nullptr);
         else
-            l.qsa->forward(mixed.data(), positions.data(), n, *qsa_[size_t(il)], out.data());
+            l.qsa->forward_mrope(mixed.data(), pos3.data(), n, *qsa_[size_t(il)], out.data());
         l.attn_hc.write(out.data(), inject.data(), n, streams.data());
         l.ffn_hc.read(be, streams.data(), n, mixed.data(), inject.data());
         l.moe.forward(be, mixed.data(), n, out.data());
@@ -289,6 +336,7 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, float* logits
     be.matmul(model_.output_, mixed.data() + (first - from) * h, n - first, logits);
     if (keep) cp_.base = n_past_;
     n_past_ += n;
+    if (arena) arena->warm();
 }
 
 void Qwen4ExpWindow::prepare_slots(int64_t n) {

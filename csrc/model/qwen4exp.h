@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/expert_arena.h"
 #include "core/gguf.h"
 #include "core/ops.h"
 #include "model/gated_delta_net.h"
@@ -43,18 +44,46 @@ struct Qwen4ExpConfig {
     static Qwen4ExpConfig from_gguf(const GgufFile& file);
 };
 
+// How a model's routed experts and PLE table are reached.
+struct Qwen4ExpLoadOptions {
+    // Routed experts: views into the mapped GGUF (arena.slots 0), or streamed through an ExpertArena of
+    // arena.slots slots, from `experts_path` (a packed experts.bin) or the GGUF's own *_exps tensors.
+    std::string experts_path;
+    ArenaOptions arena;
+    bool lookahead = true;  // prefetch layer l+1's predicted experts while layer l+1's mixer runs
+    MoceOptions moce;
+    // The PLE table: the packed ple.bin at `ple_path`, else the GGUF's per_layer_token_embd.weight.
+    std::string ple_path;
+    PleReadOptions ple;
+};
+
 class Qwen4ExpWindow;
+
+// Image input for Qwen4ExpWindow::eval_multimodal: the rows of a call whose input embedding is given (the
+// vision tower's features) instead of looked up by token id, and every token's M-RoPE position.
+struct MultimodalRows {
+    const float* embd = nullptr;    // [n_rows][hidden]
+    const int64_t* rows = nullptr;  // [n_rows] indices into the call's tokens
+    int64_t n_rows = 0;
+    const int64_t* pos3 = nullptr;  // [n][3] (t, h, w) positions of the call's tokens
+};
 
 class Qwen4ExpModel {
 public:
     // Maps and validates a qwen4exp GGUF. Throws GGUFError / ModelFormatError.
-    explicit Qwen4ExpModel(const std::string& path, Backend& backend = cpu_backend());
+    explicit Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions& options = {},
+                           Backend& backend = cpu_backend());
     ~Qwen4ExpModel();
 
     const Qwen4ExpConfig& config() const { return config_; }
     const GgufFile& file() const { return file_; }
     bool has_mtp() const { return mtp_ != nullptr; }
     const MtpHead* mtp() const { return mtp_.get(); }
+    // The expert arena (null when the experts are resident) and the PLE tables (one per PLE layer).
+    ExpertArena* arena() const { return arena_.get(); }
+    std::vector<PleTable*> ple_tables() const;
+    // Changes cache-aware routing for every layer (MoCE needs an arena to have an effect).
+    void set_moce(const MoceOptions& moce);
     std::unique_ptr<ModelWindow> new_window(int64_t max_ctx) const;
 
 private:
@@ -72,6 +101,8 @@ private:
     ModelWeights weights_;
     Backend& backend_;
     Qwen4ExpConfig config_;
+    std::unique_ptr<ExpertArena> arena_;
+    bool lookahead_ = false;
     WeightView tok_embd_;  // [vocab, hidden]
     WeightView output_;    // [vocab, hidden] (token_embd when tied)
     HyperConnection out_hc_;
@@ -87,8 +118,12 @@ public:
     int64_t n_past() const override { return n_past_; }
     int64_t max_ctx() const override { return max_ctx_; }
     int64_t vocab() const override;
+    int64_t hidden() const { return model_.config_.hidden; }
     void reset() override;
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
+    // eval with images: rows `mm.rows` take `mm.embd` as their input embedding (their ids, the image token,
+    // still feed PLE, as transformers does) and the tokens take their M-RoPE positions from mm.pos3.
+    void eval_multimodal(const int32_t* tokens, int64_t n, const MultimodalRows& mm, float* logits, bool all_logits);
     // Gated DeltaNet and PLE states keep no history: truncate(n_past) succeeds, and so does any n within the
     // last eval after checkpoint() (from the per-token states it kept).
     bool truncate(int64_t n) override;
@@ -100,7 +135,7 @@ public:
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
 
 private:
-    void eval_locked(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
+    void eval_locked(const int32_t* tokens, int64_t n, const MultimodalRows* mm, float* logits, bool all_logits);
     void reset_locked();
     void prepare_slots(int64_t n);  // rollback slots for an eval of n tokens; slot 0 = the current states
     std::vector<StatePart> state_parts(int64_t from, int64_t to, bool whole);

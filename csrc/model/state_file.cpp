@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "core/crc32c.h"
+#include "core/direct_file.h"
 #include "core/errors.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -28,104 +29,12 @@ namespace regolith {
 namespace {
 
 constexpr char kMagic[8] = {'R', 'G', 'S', 'T', 'A', 'T', 'E', '\0'};
-constexpr uint64_t kAlign = 4096;           // part offsets, request offsets and lengths (O_DIRECT)
+constexpr uint64_t kAlign = kDirectAlign;  // part offsets, request offsets and lengths (O_DIRECT)
 constexpr size_t kChunk = size_t(4) << 20;  // bytes per read or write request
 constexpr uint64_t kFixed = 104;            // header bytes before the token ids
 constexpr uint64_t kEntryBytes = 32;
 constexpr uint64_t kMaxHead = uint64_t(1) << 32;
 constexpr uint32_t kMaxParts = 1u << 20;
-
-uint64_t align_up(uint64_t n, uint64_t a = kAlign) { return (n + a - 1) / a * a; }
-
-std::string errno_text() { return std::error_code(errno, std::generic_category()).message(); }
-
-class File {
-  public:
-    // O_DIRECT when asked and the file system takes it.
-    File(const std::string& path, int flags, bool direct) : path_(path) {
-#ifdef O_DIRECT
-        if (direct) {
-            fd_ = ::open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0666);
-            direct_ = fd_ >= 0;
-            if (fd_ < 0 && errno != EINVAL) fail("cannot open");
-        }
-#endif
-        if (fd_ < 0) fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0666);
-        if (fd_ < 0) fail("cannot open");
-    }
-    ~File() {
-        if (fd_ >= 0) ::close(fd_);
-    }
-    File(const File&) = delete;
-    File& operator=(const File&) = delete;
-
-    bool direct() const { return direct_; }
-    uint64_t size() const {
-        struct stat st{};
-        if (::fstat(fd_, &st) != 0) fail("cannot stat");
-        return uint64_t(st.st_size);
-    }
-    void write_at(const uint8_t* p, size_t n, uint64_t off) const {
-        while (n > 0) {
-            const ssize_t w = ::pwrite(fd_, p, n, off_t(off));
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) fail("writing");
-            p += w, n -= size_t(w), off += uint64_t(w);
-        }
-    }
-    // Returns the bytes read: fewer than n only at the end of the file.
-    size_t read_at(uint8_t* p, size_t n, uint64_t off) const {
-        size_t done = 0;
-        while (done < n) {
-            const ssize_t r = ::pread(fd_, p + done, n - done, off_t(off + done));
-            if (r < 0 && errno == EINTR) continue;
-            if (r < 0) fail("reading");
-            if (r == 0) break;
-            done += size_t(r);
-        }
-        return done;
-    }
-    // Allocates the file's blocks up front where the file system can (Linux fallocate; no emulation by
-    // writing zeros), so concurrent writes fill allocated space instead of each extending the file.
-    void preallocate(uint64_t n) const {
-#ifdef __linux__
-        if (n > 0) (void)::fallocate(fd_, 0, 0, off_t(n));
-#endif
-    }
-    const std::string& path() const { return path_; }
-    void sync() const {
-        if (::fsync(fd_) != 0) fail("syncing");
-    }
-    void close() {
-        const int fd = fd_;
-        fd_ = -1;
-        if (::close(fd) != 0) fail("closing");
-    }
-
-  private:
-    [[noreturn]] void fail(const char* what) const {
-        const int err = errno;
-        throw IoError(err, path_, std::string(what) + ": " + errno_text());
-    }
-
-    std::string path_;
-    int fd_ = -1;
-    bool direct_ = false;
-};
-
-// A page-aligned buffer (O_DIRECT needs aligned memory).
-struct AlignedBuffer {
-    explicit AlignedBuffer(size_t n) : size(n) {
-        void* p = nullptr;
-        if (posix_memalign(&p, kAlign, n) != 0) throw std::bad_alloc();
-        data.reset(static_cast<uint8_t*>(p));
-    }
-    struct Free {
-        void operator()(uint8_t* p) const { std::free(p); }
-    };
-    std::unique_ptr<uint8_t, Free> data;
-    size_t size;
-};
 
 // Runs fn(i, buffer) for i in [0, n) on up to `threads` threads, each with its own kChunk buffer; rethrows
 // the first exception (the other threads stop taking work).
@@ -168,7 +77,7 @@ T get(const std::vector<uint8_t>& b, uint64_t off) {
 
 // Streams a part's spans into the file at entry.offset through buf, padded with zeros to kAlign; returns
 // the CRC32C of the part's bytes.
-uint32_t write_part(const File& f, const StatePart& part, uint64_t offset, AlignedBuffer& buf) {
+uint32_t write_part(const DirectFile& f, const StatePart& part, uint64_t offset, AlignedBuffer& buf) {
     uint8_t* b = buf.data.get();
     size_t fill = 0;
     uint32_t crc = 0;
@@ -193,7 +102,7 @@ uint32_t write_part(const File& f, const StatePart& part, uint64_t offset, Align
 }
 
 // Reads entry's bytes into the part's spans through buf, checking the CRC32C.
-void read_part(const File& f, const StatePart& part, const StatePartEntry& e, AlignedBuffer& buf) {
+void read_part(const DirectFile& f, const StatePart& part, const StatePartEntry& e, AlignedBuffer& buf) {
     uint8_t* b = buf.data.get();
     uint64_t offset = e.offset, left = e.bytes;
     size_t avail = 0, used = 0;
@@ -254,7 +163,7 @@ StateIoStats write_state_file(const std::string& path, const StateHeader& head,
         end = align_up(end + entries.back().bytes);
     }
 
-    File f(path, O_WRONLY | O_CREAT | O_TRUNC, io.direct);
+    DirectFile f(path, O_WRONLY | O_CREAT | O_TRUNC, io.direct);
     f.preallocate(end);
     StateIoStats stats;
     stats.threads = run_parts(parts.size(), io.threads, [&](size_t i, AlignedBuffer& buf) {
@@ -296,7 +205,7 @@ StateIoStats write_state_file(const std::string& path, const StateHeader& head,
 }
 
 StateHeader read_state_header(const std::string& path) {
-    File f(path, O_RDONLY, false);
+    DirectFile f(path, O_RDONLY, false);
     const uint64_t size = f.size();
     std::vector<uint8_t> h(static_cast<size_t>(kFixed));
     const size_t got = f.read_at(h.data(), h.size(), 0);
@@ -381,7 +290,7 @@ StateIoStats read_state_parts(const std::string& path, const StateHeader& head,
         entries.push_back(&e);
         bytes += align_up(e.bytes);
     }
-    File f(path, O_RDONLY, io.direct);
+    DirectFile f(path, O_RDONLY, io.direct);
     if (f.size() != head.file_bytes) throw StateError(path + " changed since its header was read");
     StateIoStats stats;
     stats.threads = run_parts(parts.size(), io.threads, [&](size_t i, AlignedBuffer& buf) {

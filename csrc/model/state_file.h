@@ -13,7 +13,7 @@
 
 namespace regolith {
 
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;
 
 struct StatePartEntry {
     StateKind kind;

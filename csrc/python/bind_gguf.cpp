@@ -174,6 +174,16 @@ void init_gguf(nb::module_& m) {
             },
             "GGUF value type id of each metadata entry.")
         .def(
+            "metadata_array_types",
+            [](const GgufFile& f) {
+                nb::dict d;
+                for (const auto& [key, value] : f.metadata())
+                    if (const auto* a = std::get_if<regolith::GgufArray>(&value))
+                        d[checked(str_to_py(key))] = uint32_t(a->type);
+                return d;
+            },
+            "GGUF element type id of each array metadata entry.")
+        .def(
             "tensors",
             [](const GgufFile& f) {
                 nb::list out;

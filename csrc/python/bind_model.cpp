@@ -105,6 +105,64 @@ struct MoeHandle {
     regolith::SparseMoe moe;
 };
 
+nb::object arena_info(const Qwen4ExpModel& m) {
+    const regolith::ExpertArena* a = m.arena();
+    if (!a) return nb::none();
+    nb::dict d;
+    d["slots"] = a->slots();
+    d["slot_bytes"] = a->slot_bytes();
+    d["locked"] = a->locked();
+    d["lock_error"] = a->lock_error();
+    d["direct"] = a->direct();
+    d["packed"] = a->layout().contiguous;
+    d["expert_bytes"] = [&] {
+        uint64_t n = 0;
+        for (int64_t l = 0; l < a->layout().n_layer; ++l) n += a->layout().record_bytes(l) * uint64_t(a->layout().n_expert);
+        return n;
+    }();
+    return d;
+}
+
+nb::dict model_stats(const Qwen4ExpModel& m) {
+    nb::dict d;
+    if (const regolith::ExpertArena* a = m.arena()) {
+        const regolith::ArenaStats s = a->stats();
+        d["hits"] = s.hits;
+        d["misses"] = s.misses;
+        d["prefetches"] = s.prefetches;
+        d["prefetch_hits"] = s.prefetch_hits;
+        d["background_reads"] = s.background_reads;
+        d["reads"] = s.reads;
+        d["bytes_read"] = s.bytes_read;
+        d["read_stall_s"] = s.stall_s;
+        nb::list hits, misses;
+        for (size_t l = 0; l < s.layer_hits.size(); ++l) {
+            hits.append(s.layer_hits[l]);
+            misses.append(s.layer_misses[l]);
+        }
+        d["layer_hits"] = hits;
+        d["layer_misses"] = misses;
+    }
+    regolith::PleTableStats p;
+    for (regolith::PleTable* t : m.ple_tables()) {
+        const regolith::PleTableStats s = t->stats();
+        p.rows_requested += s.rows_requested;
+        p.cache_hits += s.cache_hits;
+        p.rows_read += s.rows_read;
+        p.bytes_read += s.bytes_read;
+    }
+    d["ple_rows_requested"] = p.rows_requested;
+    d["ple_cache_hits"] = p.cache_hits;
+    d["ple_rows_read"] = p.rows_read;
+    d["ple_bytes_read"] = p.bytes_read;
+    return d;
+}
+
+void reset_model_stats(Qwen4ExpModel& m) {
+    if (regolith::ExpertArena* a = m.arena()) a->reset_stats();
+    for (regolith::PleTable* t : m.ple_tables()) t->reset_stats();
+}
+
 }  // namespace
 
 void init_model(nb::module_& m) {
@@ -181,12 +239,43 @@ void init_model(nb::module_& m) {
              "logits or None).");
     nb::class_<Qwen4ExpModel>(m, "Qwen4ExpModel")
         .def("__init__",
-             [](Qwen4ExpModel* self, const std::string& path) {
+             [](Qwen4ExpModel* self, const std::string& path, const std::string& experts_path, int64_t arena_slots,
+                int io_threads, bool direct, bool lock, double hot_fraction, bool lookahead, bool moce,
+                float moce_bonus, int64_t moce_protect, const std::string& ple_path, int64_t ple_cache_bytes) {
+                 regolith::Qwen4ExpLoadOptions o;
+                 o.experts_path = experts_path;
+                 o.arena.slots = arena_slots;
+                 o.arena.io_threads = io_threads;
+                 o.arena.direct = direct;
+                 o.arena.lock = lock;
+                 o.arena.policy.hot_fraction = hot_fraction;
+                 o.lookahead = lookahead;
+                 o.moce = {moce, moce_bonus, moce_protect};
+                 o.ple_path = ple_path;
+                 o.ple.direct = direct;
+                 o.ple.cache_bytes = ple_cache_bytes;
+                 o.ple.io_threads = io_threads;
                  nb::gil_scoped_release release;
-                 new (self) Qwen4ExpModel(path);
+                 new (self) Qwen4ExpModel(path, o);
              },
-             nb::arg("path"))
+             nb::arg("path"), nb::arg("experts_path") = "", nb::arg("arena_slots") = 0, nb::arg("io_threads") = 4,
+             nb::arg("direct") = true, nb::arg("lock") = true, nb::arg("hot_fraction") = 0.25,
+             nb::arg("lookahead") = true, nb::arg("moce") = false, nb::arg("moce_bonus") = 2.0f,
+             nb::arg("moce_protect") = 2, nb::arg("ple_path") = "", nb::arg("ple_cache_bytes") = 0,
+             "A qwen4exp model. arena_slots > 0 streams the routed experts (from experts_path, a packed "
+             "experts.bin, or the GGUF in place) through an arena of that many slots; ple_path reads the PLE "
+             "table from a packed ple.bin.")
         .def("config", &config_dict)
+        .def("arena_info", &arena_info, "None when the experts are resident, else the arena's geometry.")
+        .def("stats", &model_stats, "Expert arena and PLE counters since load or reset_stats().")
+        .def("reset_stats", &reset_model_stats)
+        .def(
+            "set_moce",
+            [](Qwen4ExpModel& m, bool enabled, float bonus, int64_t protect) {
+                m.set_moce({enabled, bonus, protect});
+            },
+            nb::arg("enabled"), nb::arg("bonus") = 2.0f, nb::arg("protect") = 2,
+            "Cache-aware routing (MoCE): resident experts' router logits get `bonus`; the top `protect` stay.")
         .def("new_window", &Qwen4ExpModel::new_window, nb::arg("max_ctx"), nb::keep_alive<0, 1>());
     nb::class_<DenseModel>(m, "DenseModel", "A gemma3 or qwen2 model (dense decoder-only transformer).")
         .def("__init__",

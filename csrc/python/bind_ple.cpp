@@ -92,7 +92,7 @@ void init_ple(nb::module_& m) {
                            "The PLE layer of one qwen4exp decoder layer, table rows read on demand.")
         .def(
             "__init__",
-            [](PyPleLayer* self, const std::string& path, int64_t layer) {
+            [](PyPleLayer* self, const std::string& path, int64_t layer, int64_t cache_bytes, bool direct) {
                 // Build everything first: nanobind does not destroy an object whose __init__ throws.
                 std::unique_ptr<GgufFile> file;
                 try {
@@ -102,12 +102,15 @@ void init_ple(nb::module_& m) {
                     PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
                     throw nb::python_error();
                 }
-                auto ple = std::make_unique<PleLayer>(*file, path, layer);
+                regolith::PleReadOptions read;
+                read.cache_bytes = cache_bytes;
+                read.direct = direct;
+                auto ple = std::make_unique<PleLayer>(*file, path, layer, read);
                 new (self) PyPleLayer();
                 self->file = std::move(file);
                 self->layer = std::move(ple);
             },
-            nb::arg("gguf_path"), nb::arg("layer"),
+            nb::arg("gguf_path"), nb::arg("layer"), nb::arg("cache_bytes") = 0, nb::arg("direct") = true,
             "Load the PLE of decoder layer `layer`; raises ModelFormatError when the file lacks or "
             "contradicts it.")
         .def("new_state", [](const PyPleLayer& s) { return s.layer->new_state(); })
@@ -116,6 +119,7 @@ void init_ple(nb::module_& m) {
              "hc*hidden); "
              "advances state.")
         .def_prop_ro("rows_read", [](const PyPleLayer& s) { return s.layer->table().rows_read(); })
+        .def_prop_ro("cache_hits", [](const PyPleLayer& s) { return s.layer->table().stats().cache_hits; })
         .def_prop_ro("bytes_read", [](const PyPleLayer& s) { return s.layer->table().bytes_read(); })
         .def_prop_ro("rows_per_token", [](const PyPleLayer& s) { return s.layer->rows_per_token(); })
         .def_prop_ro("table_rows", [](const PyPleLayer& s) { return s.layer->table().rows(); })

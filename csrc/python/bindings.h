@@ -6,6 +6,7 @@
 namespace nb = nanobind;
 
 void init_types(nb::module_& m);
+void init_arena(nb::module_& m);
 void init_gguf(nb::module_& m);
 void init_dequant(nb::module_& m);
 void init_quantize(nb::module_& m);
@@ -17,3 +18,4 @@ void init_state(nb::module_& m);
 void init_model(nb::module_& m);
 void init_sampler(nb::module_& m);
 void init_spec(nb::module_& m);
+void init_vision(nb::module_& m);

@@ -48,4 +48,6 @@ NB_MODULE(_core, m) {
     init_model(m);
     init_sampler(m);
     init_spec(m);
+    init_arena(m);
+    init_vision(m);
 }

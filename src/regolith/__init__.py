@@ -1,10 +1,12 @@
 """regolith: run huge sparse Mixture-of-Experts language models on machines far smaller than the model."""
 
-from . import antislop, gguf, models, prompt_cache, quant, sampling, state
+from . import antislop, gguf, memory_plan, models, pack, prompt_cache, quant, sampling, state
 from .chat import ChatTemplate, ChatTemplateError
 from .errors import (
     ContextOverflowError,
     GGUFError,
+    ImageError,
+    MemoryPlanError,
     ModelFormatError,
     RegolithError,
     SamplingError,
@@ -26,6 +28,8 @@ __all__ = [
     "GGUFError",
     "Generation",
     "GenerationStats",
+    "ImageError",
+    "MemoryPlanError",
     "Model",
     "ModelFormatError",
     "PromptCache",
@@ -39,7 +43,9 @@ __all__ = [
     "__version__",
     "antislop",
     "gguf",
+    "memory_plan",
     "models",
+    "pack",
     "prompt_cache",
     "quant",
     "sampling",

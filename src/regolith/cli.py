@@ -46,7 +46,31 @@ def _scalar_str(v: Any) -> str:
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
+    from . import memory_plan
+    from .pack import is_packed, open_packed
+
     path = str(resolve_model(args.model))
+    packed = open_packed(path, verify_dense=False) if is_packed(path) else None
+    if packed is not None:
+        path = str(packed.dense)
+        console.print(
+            f"[bold]packed model[/bold] {escape(str(packed.path))} (source {escape(packed.manifest['source']['name'])})"
+        )
+    if args.plan:
+        with _gguf.open(path) as f:
+            sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, packed.manifest if packed else None)
+            arch = f.architecture or ""
+            ctx = args.ctx or min(int(f.metadata.get(f"{arch}.context_length") or 8192), 8192)
+        plan = memory_plan.plan_memory(
+            sizes,
+            n_ctx=ctx,
+            memory_gb=args.memory_gb,
+            arena_gb=args.arena_gb,
+            ple_cache_gb=args.ple_cache_gb,
+            overhead_bytes=memory_plan.process_rss(),
+        )
+        console.print(escape(plan.render()), highlight=False)
+        return 0
     with _gguf.open(path) as f:
         md = f.metadata
         arch = f.architecture
@@ -122,9 +146,41 @@ def _convert(args: argparse.Namespace, console: Console) -> int:
         def step(name: str, index: int, count: int) -> None:
             bar.update(task, completed=index + 1, total=count, description=escape(name))
 
-        out = convert(args.hf_dir, args.out, args.outtype, tokenizer_pre=args.tokenizer_pre, progress=step)
+        out = convert(
+            args.hf_dir,
+            args.out,
+            args.outtype,
+            tokenizer_pre=args.tokenizer_pre,
+            progress=step,
+            mmproj=args.mmproj,
+        )
     if not args.quiet:
-        console.print(f"wrote {escape(str(out))} ({_human_bytes(os.path.getsize(out))}, {args.outtype})")
+        for path in (out, args.mmproj) if args.mmproj else (out,):
+            console.print(
+                f"wrote {escape(str(path))} ({_human_bytes(os.path.getsize(path))}, {args.outtype})"
+            )
+    return 0
+
+
+def _pack(args: argparse.Namespace, console: Console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .pack import pack
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    source = str(resolve_model(args.model))
+    with Progress(*columns, console=console, transient=True, disable=args.quiet) as bar:
+        tasks: dict[str, Any] = {}
+
+        def step(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(f"writing {name}", total=total)
+            bar.update(tasks[name], completed=done, total=total)
+
+        out = pack(source, args.out, overwrite=args.force, progress=step)
+    if not args.quiet:
+        size = sum(f.stat().st_size for f in out.iterdir())
+        console.print(f"wrote {escape(str(out))} ({_human_bytes(size)})")
     return 0
 
 
@@ -136,19 +192,50 @@ def _load(args: argparse.Namespace, console: Console) -> Model:
         with open(args.chat_template_file, encoding="utf-8") as f:
             template = f.read()
     with console.status("loading the model", spinner="dots"):
-        model = Model.load(args.model, n_ctx=args.ctx, chat_template=template)
+        model = Model.load(
+            args.model,
+            n_ctx=args.ctx,
+            chat_template=template,
+            mmproj=getattr(args, "mmproj", None),
+            **_memory_options(args),
+        )
         model.tokenizer  # noqa: B018 - built here so its cost shows under the spinner, not in the first reply
     model.speculative = _speculative_option(args)
+    if model.plan is not None and model.plan.streaming and not getattr(args, "quiet", False):
+        console.print(f"[dim]{escape(model.plan.render())}[/dim]", highlight=False)
     return model
 
 
 def _speculative_option(args: argparse.Namespace) -> Any:
     from .speculative import Speculation
 
-    if args.spec == "off" or args.draft_max == 0:
+    spec, draft_max = getattr(args, "spec", "auto"), getattr(args, "draft_max", 7)
+    if spec == "off" or draft_max == 0:
         return False
-    drafters = ("suffix", "mtp") if args.spec == "auto" else (args.spec,)
-    return Speculation(draft_max=args.draft_max, drafters=drafters)
+    drafters = ("suffix", "mtp") if spec == "auto" else (spec,)
+    return Speculation(draft_max=draft_max, drafters=drafters)
+
+
+def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "memory_gb": args.memory_gb,
+        "arena_gb": args.arena_gb,
+        "ple_cache_gb": args.ple_cache_gb,
+        "moce": args.moce,
+    }
+
+
+def _report_arena(model: Model, console: Console) -> None:
+    st = model.stats()
+    if "hits" not in st:
+        return
+    console.print(
+        f"[dim]experts: hit rate {st['hit_rate']:.1%} ({st['hits']} hits, {st['misses']} misses), "
+        f"{_human_bytes(st['bytes_read'])} read, {st['read_stall_s']:.2f} s waiting for reads, "
+        f"{st['prefetch_hits']} of {st['prefetches']} prefetches used[/dim]",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _generation_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -212,6 +299,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     sys.stdout.write("\n")
     if not args.quiet:
         _report(gen, err)
+        _report_arena(model, err)
     return 0
 
 
@@ -364,6 +452,7 @@ def _add_generation_arguments(p: argparse.ArgumentParser, *, antislop_default: b
     p.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
     p.add_argument("--ctx", type=int, help="context size in tokens (default: the model's, at most 8192)")
     _add_template_argument(p)
+    _add_memory_arguments(p)
     p.add_argument(
         "--antislop",
         action=argparse.BooleanOptionalAction,
@@ -393,6 +482,25 @@ def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_memory_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--memory-gb",
+        type=_positive(float),
+        help="memory budget in GiB (default: 3/4 of RAM); a model over it streams its experts",
+    )
+    p.add_argument(
+        "--arena-gb", type=_positive(float), help="stream the experts through an arena of this size"
+    )
+    p.add_argument(
+        "--ple-cache-gb", type=_positive(float), help="PLE row cache size in GiB (default 256 MiB)"
+    )
+    p.add_argument(
+        "--moce",
+        action="store_true",
+        help="cache-aware routing: prefer experts already in the arena (changes the output; default off)",
+    )
+
+
 def _add_template_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chat-template-file",
@@ -418,7 +526,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_model_argument(p)
     p.add_argument("--tensors", action="store_true", help="also list every tensor (name, type, shape, bytes)")
+    p.add_argument(
+        "--plan", action="store_true", help="print the memory plan a load would make (with --memory-gb, ...)"
+    )
+    p.add_argument(
+        "--ctx", type=int, help="context size in tokens for --plan (default: the model's, at most 8192)"
+    )
+    _add_memory_arguments(p)
     p.set_defaults(func=_inspect)
+
+    k = sub.add_parser(
+        "pack",
+        help="lay out a qwen4exp GGUF for streaming its experts from disk",
+        description="Write a packed model directory: dense.gguf (resident weights, 16 KiB-aligned), "
+        "experts.bin (one aligned, checksummed record per expert: one direct read each), ple.bin (the "
+        "n-gram table in checksummed 4 KiB blocks) and manifest.json. The directory appears only when "
+        "complete. Load it like a GGUF: regolith run DIR. See docs/formats.md.",
+    )
+    _add_model_argument(k)
+    k.add_argument("out", help="the directory to write")
+    k.add_argument("-f", "--force", action="store_true", help="replace an existing directory")
+    k.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+    k.set_defaults(func=_pack)
 
     from .convert.writer import OUTTYPES
 
@@ -438,6 +567,12 @@ def _parser() -> argparse.ArgumentParser:
         help="type of the weight matrices (norms, routers and conv kernels stay f32; default f16)",
     )
     c.add_argument("--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the regex is not recognised")
+    c.add_argument(
+        "--mmproj",
+        metavar="MMPROJ.gguf",
+        help="also write the vision tower as a projector GGUF (llama.cpp's mmproj layout; f16, or f32 with "
+        "--outtype f32)",
+    )
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     c.set_defaults(func=_convert)
 
@@ -482,6 +617,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--ctx", type=int, help="context size in tokens (default: the model's, at most 8192)")
     _add_template_argument(sv)
+    _add_memory_arguments(sv)
+    sv.add_argument(
+        "--mmproj",
+        metavar="MMPROJ.gguf",
+        help="the model's projector GGUF: requests may then carry images (loaded on the first one)",
+    )
     sv.add_argument("--model-name", help="the model id clients use (default: the file name without .gguf)")
     sv.add_argument(
         "--alias",

@@ -27,3 +27,13 @@ class ContextOverflowError(RegolithError, ValueError):
 class SessionError(RegolithError, ValueError):
     """A saved window or session state cannot be restored: not a state file, another format version or model,
     truncated or corrupt (checksums), or not fitting the window it is restored into."""
+
+
+class MemoryPlanError(RegolithError, ValueError):
+    """The model does not fit the memory budget asked for (``memory_gb``, ``arena_gb``); the message holds the
+    plan."""
+
+
+class ImageError(RegolithError, ValueError):
+    """An image that cannot be used: corrupt or truncated data, an unsupported format, too many pixels, a
+    remote URL (never fetched), or a model without vision support."""

@@ -112,6 +112,11 @@ class GGUFFile:
         return self._core_file().metadata_types()
 
     @property
+    def metadata_array_types(self) -> dict[str, int]:
+        """Array metadata key -> GGUF type id of its elements."""
+        return self._core_file().metadata_array_types()
+
+    @property
     def tensors(self) -> dict[str, TensorInfo]:
         """Tensor name -> :class:`TensorInfo`, in file order."""
         return self._tensors

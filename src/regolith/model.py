@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -11,16 +14,20 @@ import numpy as np
 
 from . import _core
 from . import gguf as _gguf
+from . import memory_plan as _plan
+from . import pack as _pack
 from . import state as _state
 from .antislop import SlopList, SlopMatcher
 from .chat import ChatTemplate, Message, fallback_template
-from .errors import ContextOverflowError, ModelFormatError
+from .errors import ContextOverflowError, ImageError, ModelFormatError, SessionError
 from .generation import Generation, TokenGuide
+from .memory_plan import MemoryPlan
 from .models import resolve_model
 from .prompt_cache import PromptCache, chat_boundaries
 from .sampling import SamplingParams
 from .speculative import CostGate, Speculation, speculation
 from .tokenizer import Tokenizer
+from .vision import IMAGE_PAD, ImageSpan, VisionTower, mrope_positions, render_with_images, split_images
 
 __all__ = ["Model", "Window"]
 
@@ -28,6 +35,22 @@ DEFAULT_CTX = 8192
 DEFAULT_MAX_TOKENS = 256
 # llama.cpp's defaults, which users of its tools know.
 SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
+
+_log = logging.getLogger("regolith")
+_warned_unlocked = False
+
+
+def _warn_unlocked(reason: str) -> None:
+    global _warned_unlocked
+    if not _warned_unlocked:
+        _warned_unlocked = True
+        warnings.warn(
+            f"the expert arena could not be locked in RAM ({reason}); it may be swapped out. "
+            "Raise RLIMIT_MEMLOCK (ulimit -l) to lock it.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
 
 _ARCHITECTURES = {
     "gemma3": _core.DenseModel,
@@ -48,6 +71,7 @@ class Window:
         self._model = model
         self._w = model._core.new_window(max_ctx)
         self._tokens: list[int] = []
+        self._images: list[ImageSpan] = []  # the images among the tokens held or about to be evaluated
         self.n_evaluated = 0
         """Tokens evaluated over the window's life (prefix reuse shows as this growing by less than a prompt)."""
 
@@ -70,6 +94,30 @@ class Window:
         """Forget every token: back to the state of a new window."""
         self._w.reset()
         self._tokens.clear()
+        self._images = []
+
+    def attach_images(self, images: Sequence[ImageSpan]) -> None:
+        """Declare the images of the token sequence this window is about to be brought to (a prompt's
+        :class:`regolith.vision.ImageSpan` list; empty for text only). Tokens held from the first image that
+        differs on are dropped, so prefix reuse never mixes up two images with the same token ids; the
+        tokens of these spans then evaluate as their image embeddings with M-RoPE positions."""
+        new = sorted(images, key=lambda sp: sp.start)
+        cut = len(self._tokens)
+        for old_sp, new_sp in itertools.zip_longest(self._images, new):
+            if (
+                old_sp is None
+                or new_sp is None
+                or (old_sp.start, old_sp.image.digest)
+                != (
+                    new_sp.start,
+                    new_sp.image.digest,
+                )
+            ):
+                cut = min(sp.start for sp in (old_sp, new_sp) if sp is not None)
+                break
+        self._images = new
+        if cut < len(self._tokens):
+            self.truncate(cut)
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` tokens and forget the rest.
@@ -85,8 +133,9 @@ class Window:
         if self._w.truncate(n):
             del self._tokens[n:]
             return
-        kept = self._tokens[:n]
+        kept, images = self._tokens[:n], self._images
         self.reset()
+        self._images = images
         for start in range(0, n, 512):
             self.eval(kept[start : start + 512], all_logits=False)
 
@@ -130,21 +179,45 @@ class Window:
                 f"context overflow: {ids.size} more tokens do not fit; the window holds {len(self._tokens)} of {self.max_ctx}"
             )
         try:
-            logits = self._w.eval(np.ascontiguousarray(ids, dtype=np.int32), all_logits)
+            logits = self._eval(np.ascontiguousarray(ids, dtype=np.int32), all_logits)
         except BaseException:
             del self._tokens[self._w.n_past :]  # a failed evaluation leaves the window unchanged or reset
             raise
         self._tokens.extend(int(t) for t in ids)
         self.n_evaluated += int(ids.size)
+        self._model._tokens_evaluated += int(ids.size)
         return logits
+
+    def _eval(self, ids: np.ndarray, all_logits: bool) -> np.ndarray:
+        if not self._images:
+            return self._w.eval(ids, all_logits)
+        start, n = len(self._tokens), ids.size
+        rows, embd = [], []
+        for sp in self._images:
+            lo, hi = max(sp.start, start), min(sp.end, start + n)
+            if lo < hi:
+                rows.append(np.arange(lo - start, hi - start, dtype=np.int64))
+                embd.append(sp.image.embeddings[lo - sp.start : hi - sp.start])
+        hidden = self._model.config["hidden_size"]
+        return _core.eval_multimodal(
+            self._w,
+            ids,
+            np.ascontiguousarray(np.concatenate(embd) if embd else np.zeros((0, hidden)), dtype=np.float32),
+            np.concatenate(rows) if rows else np.zeros(0, np.int64),
+            mrope_positions(self._images, start, n),
+            all_logits,
+        )
 
     def save(self, path: str | os.PathLike[str]) -> _state.IoStats:
         """Write the window's whole state (every layer's state and the token ids) to ``path``, atomically.
 
         The file (docs/formats.md) is tied to the model by a fingerprint; :meth:`load` restores it exactly, so
         evaluating after a load gives the logits evaluation would have given without saving, bit for bit.
-        Returns the bytes written and the time taken (fsync included).
+        Returns the bytes written and the time taken (fsync included). Raises :class:`regolith.SessionError`
+        for a window holding images (their positions are not part of the format).
         """
+        if self._images:
+            raise SessionError("a window holding images cannot be saved: state files hold text prompts only")
         return _state.save_window(self, path)
 
     def load(self, path: str | os.PathLike[str]) -> _state.IoStats:
@@ -178,25 +251,33 @@ class Model:
         metadata: dict[str, Any],
         n_ctx: int | None = None,
         chat_template: str | None = None,
+        plan: MemoryPlan | None = None,
+        fingerprint: bytes | None = None,
+        vision: VisionTower | None = None,
     ):
         self._core = core
         self.path = path
         self.config: dict[str, Any] = core.config()
         self._metadata = metadata
         self.n_ctx = int(n_ctx or min(self.config.get("context_length") or DEFAULT_CTX, DEFAULT_CTX))
+        self.plan = plan
+        """The :class:`regolith.memory_plan.MemoryPlan` made at load (dense, arena, state, totals)."""
+        self._tokens_evaluated = 0
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
         self._template_source = chat_template
         self._lock = threading.Lock()
         self._window: Window | None = None
         self._active: Generation | None = None
-        self._fingerprint: bytes | None = None
+        self._fingerprint: bytes | None = fingerprint
         self.prompt_cache: PromptCache | None = None
         """A :class:`regolith.PromptCache` that generation restores prompt prefixes from and stores them in."""
         self.speculative: bool | str | Speculation = True
         """The default of :meth:`start`'s ``speculative`` (the command line's ``--spec`` / ``--draft-max``)."""
         self.spec_gate = CostGate()
         """The speculative-decoding cost model every generation on this model uses and teaches."""
+        self.vision = vision
+        """The :class:`regolith.vision.VisionTower` of the projector given to :meth:`load`, or None."""
 
     @classmethod
     def load(
@@ -205,25 +286,130 @@ class Model:
         *,
         n_ctx: int | None = None,
         chat_template: str | None = None,
+        memory_gb: float | None = None,
+        arena_gb: float | None = None,
+        ple_cache_gb: float | None = None,
+        moce: bool | Mapping[str, float] = False,
+        lookahead: bool = True,
+        io_threads: int = 4,
+        lock_memory: bool = True,
+        mmproj: str | os.PathLike[str] | None = None,
+        vision_idle_unload: float | None = 300.0,
     ) -> Model:
-        """Load a GGUF file (or a known model name; default: the default model).
+        """Load a GGUF file, a packed model directory (``regolith pack``), or a known model name (default: the
+        default model).
 
         ``n_ctx`` is the context of the windows :meth:`generate`, :meth:`chat` and sessions use (default: the
         model's context length, at most 8192). ``chat_template`` (jinja2 source) replaces the file's chat
-        template.
-        Raises :class:`regolith.GGUFError` for a malformed file and :class:`regolith.ModelFormatError` for
-        an architecture regolith does not run or missing / mis-shaped tensors.
+        template. ``mmproj`` is a projector GGUF (llama.cpp's layout, ``regolith convert --mmproj``) that lets
+        :meth:`chat` take images; its weights load on the first image and unload after
+        ``vision_idle_unload`` seconds without one (None: kept).
+
+        Mixture-of-experts models (qwen4exp) get a memory plan (:attr:`plan`, logged at load): with ``arena_gb``
+        the routed experts stream from disk through an arena of that size; without it, a GGUF whose experts
+        fit ``memory_gb`` (default: three quarters of physical memory) keeps them all resident and otherwise
+        the arena takes what the budget leaves. A packed directory always streams. ``ple_cache_gb`` sizes the
+        PLE row cache; ``moce`` turns on cache-aware routing (True, or ``{"bonus": 2.0, "protect": 2}``;
+        changes the output, off by default); ``lookahead`` prefetches each layer's predicted experts;
+        ``io_threads`` read experts; ``lock_memory`` mlocks the arena (a warning once where the OS refuses).
+
+        Raises :class:`regolith.GGUFError` for a malformed file, :class:`regolith.ModelFormatError` for an
+        architecture regolith does not run, missing / mis-shaped tensors or a corrupt pack, and
+        :class:`regolith.MemoryPlanError` when the plan cannot fit (before anything large is allocated).
         """
         if n_ctx is not None and n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        overhead = _plan.process_rss()
         resolved = str(resolve_model(path))
-        with _gguf.open(resolved) as f:
+        packed = _pack.open_packed(resolved) if _pack.is_packed(resolved) else None
+        gguf_path = str(packed.dense) if packed else resolved
+        with _gguf.open(gguf_path) as f:
             arch = f.architecture
             metadata = f.metadata
+            tensors = f.tensors
         if arch not in _ARCHITECTURES:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
-        return cls(_ARCHITECTURES[arch](resolved), resolved, metadata, n_ctx, chat_template)
+        sizes = _plan.sizes_from_gguf(tensors, metadata, packed.manifest if packed else None)
+        ctx = int(n_ctx or min(int(metadata.get(f"{arch}.context_length") or DEFAULT_CTX), DEFAULT_CTX))
+        plan = _plan.plan_memory(
+            sizes,
+            n_ctx=ctx,
+            memory_gb=memory_gb,
+            arena_gb=arena_gb,
+            ple_cache_gb=ple_cache_gb,
+            overhead_bytes=overhead,
+        )
+        _log.info("memory plan for %s:\n%s", resolved, plan.render())
+        if arch != "qwen4exp":
+            core = _ARCHITECTURES[arch](gguf_path)
+        else:
+            moce_opts = dict(moce) if isinstance(moce, Mapping) else {}
+            core = _core.Qwen4ExpModel(
+                gguf_path,
+                experts_path=str(packed.experts) if packed else "",
+                arena_slots=plan.arena_slots,
+                io_threads=io_threads,
+                lock=lock_memory,
+                lookahead=lookahead,
+                moce=bool(moce),
+                moce_bonus=float(moce_opts.get("bonus", 2.0)),
+                moce_protect=int(moce_opts.get("protect", 2)),
+                ple_path=str(packed.ple) if packed and packed.ple else "",
+                ple_cache_bytes=plan.ple_cache_bytes,
+            )
+            info = core.arena_info()
+            if info is not None and lock_memory and not info["locked"]:
+                _warn_unlocked(info["lock_error"])
+        vision = None
+        if mmproj is not None:
+            if arch != "qwen4exp":
+                raise ModelFormatError(f"images need a qwen4exp model, not {arch!r}")
+            vision = VisionTower(os.fspath(mmproj), idle_unload=vision_idle_unload)
+        model = cls(
+            core,
+            resolved,
+            metadata,
+            ctx,
+            chat_template,
+            plan=plan,
+            fingerprint=packed.fingerprint if packed else None,
+            vision=vision,
+        )
+        if vision is not None and vision.out_dim != model.config["hidden_size"]:
+            raise ModelFormatError(
+                f"the projector makes {vision.out_dim}-wide embeddings; the model's hidden size is "
+                f"{model.config['hidden_size']}"
+            )
+        return model
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since load (or :meth:`reset_stats`): for a model streaming its experts ``hits``,
+        ``misses``, ``hit_rate``, ``per_layer_hit_rate``, ``bytes_read``, ``reads``, ``read_stall_s``,
+        ``prefetches`` and ``prefetch_hits``; for PLE models ``ple_rows_read`` (from disk),
+        ``ple_cache_hits`` and ``ple_rows_read_per_token``; ``tokens`` evaluated."""
+        out: dict[str, Any] = {"tokens": self._tokens_evaluated}
+        if not hasattr(self._core, "stats"):
+            return out
+        raw = self._core.stats()
+        out.update(raw)
+        if "hits" in raw:
+            used = raw["hits"] + raw["misses"]
+            out["hit_rate"] = raw["hits"] / used if used else 0.0
+            out["per_layer_hit_rate"] = [
+                h / (h + m) if h + m else 0.0
+                for h, m in zip(raw.pop("layer_hits"), raw.pop("layer_misses"), strict=True)
+            ]
+            del out["layer_hits"], out["layer_misses"]
+        if self._tokens_evaluated:
+            out["ple_rows_read_per_token"] = raw["ple_rows_read"] / self._tokens_evaluated
+        return out
+
+    def reset_stats(self) -> None:
+        """Zero the counters :meth:`stats` reports."""
+        self._tokens_evaluated = 0
+        if hasattr(self._core, "reset_stats"):
+            self._core.reset_stats()
 
     @property
     def fingerprint(self) -> bytes:
@@ -301,11 +487,62 @@ class Model:
             del ids[0]  # the template wrote BOS and the tokenizer added one
         return ids
 
+    def image_prompt(self, text: str, images: Sequence[Any]) -> tuple[list[int], list[ImageSpan]]:
+        """Token ids of a rendered chat whose ``<|image_pad|>`` placeholders stand for ``images`` (paths,
+        bytes, data URLs or PIL images, in order), each expanded to its image's tokens, and the image spans
+        for :meth:`start`. Raises :class:`regolith.ImageError` for an unusable image, a placeholder count
+        that differs from the images', or a model without vision support."""
+        if self.vision is None:
+            raise ImageError(
+                "model has no vision support (load it with a projector: Model.load(..., mmproj=...))"
+            )
+        pad = self.tokenizer.token_to_id(IMAGE_PAD)
+        if pad is None:
+            raise ModelFormatError(f"the model's vocabulary has no {IMAGE_PAD} token for images")
+        ids = self.tokenize_chat(text)
+        at = [i for i, t in enumerate(ids) if t == pad]
+        if len(at) != len(images):
+            raise ImageError(f"the prompt has {len(at)} image placeholders for {len(images)} images")
+        merge = self.vision.processor.merge_size
+        out: list[int] = []
+        spans: list[ImageSpan] = []
+        prev = 0
+        for i, source in zip(at, images, strict=True):
+            out += ids[prev:i]
+            span = ImageSpan(len(out), self.vision.encode(source), merge)
+            spans.append(span)
+            out += [pad] * span.n_tokens
+            prev = i + 1
+        out += ids[prev:]
+        return out, spans
+
+    def multimodal_prompt(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> tuple[list[int], list[ImageSpan]]:
+        """The prompt tokens of a conversation with images in its content parts (see :meth:`chat`) and
+        the image spans to pass to :meth:`start` (``images=``)."""
+        plain, sources = split_images(messages)
+        text = render_with_images(
+            self.chat_template,
+            plain,
+            len(sources),
+            tools=tools,
+            reasoning_effort=reasoning_effort,
+            add_generation_prompt=add_generation_prompt,
+        )
+        return self.image_prompt(text, sources)
+
     def start(
         self,
         prompt: Sequence[int],
         *,
         window: Window | None = None,
+        images: Sequence[ImageSpan] = (),
         max_tokens: int = DEFAULT_MAX_TOKENS,
         stop: str | Sequence[str] | None = None,
         antislop: bool | SlopList | Sequence[str] = False,
@@ -324,17 +561,19 @@ class Model:
         ``sampling`` are :class:`regolith.SamplingParams` fields (temperature, top_p, top_k, min_p,
         repeat_penalty, presence_penalty, frequency_penalty, logit_bias, seed). ``antislop``: True for the
         shipped phrase list, or a list of phrases / a :class:`regolith.antislop.SlopList`. ``guide`` may force
-        and refuse tokens (:class:`regolith.generation.TokenGuide`). ``speculative`` (default
-        :attr:`speculative`): True drafts
-        from the prompt and reply and the model's MTP head behind the cost gate, which drafts only when it
-        measures a gain; False or ``"off"`` decodes plainly; ``"suffix"`` / ``"mtp"`` one drafter; or a
-        :class:`regolith.speculative.Speculation`. The output is the same either way.
+        and refuse tokens (:class:`regolith.generation.TokenGuide`). ``images`` are the prompt's image spans
+        (:meth:`multimodal_prompt`); such prompts bypass the prompt cache. ``speculative`` (default
+        :attr:`speculative`): True drafts from the prompt and reply and the model's MTP head behind the cost
+        gate, which drafts only when it measures a gain; False or ``"off"`` decodes plainly; ``"suffix"`` /
+        ``"mtp"`` one drafter; or a :class:`regolith.speculative.Speculation`. The output is the same either
+        way.
         """
         params = SamplingParams(**{**SAMPLING_DEFAULTS, **sampling})
         spec = speculation(self.speculative if speculative is None else speculative)
         stops = [stop] if isinstance(stop, str) else list(stop or ())
 
         def make(target: Window) -> Generation:
+            target.attach_images(images)
             return Generation(
                 target,
                 self.tokenizer,
@@ -345,7 +584,7 @@ class Model:
                 slop=_slop_matcher(antislop),
                 on_finish=on_finish,
                 guide=guide,
-                cache=self.prompt_cache,
+                cache=None if images else self.prompt_cache,
                 boundaries=boundaries,
                 speculation=spec,
                 gate=self.spec_gate,
@@ -413,9 +652,16 @@ class Model:
     ) -> str | Generation:
         """Reply to a conversation (``[{'role': 'user', 'content': ...}, ...]``) through the chat template.
 
+        ``content`` is a string or a list of parts: ``{"type": "text", "text": ...}``, images as
+        ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`` or
+        ``{"type": "image", "image": <path, bytes or PIL image>}`` (needs a model loaded with ``mmproj``).
         Takes the keywords of :meth:`generate`; returns the reply text, or a :class:`Generation` when
-        ``stream=True``.
+        ``stream=True``. Raises :class:`regolith.ImageError` for an unusable image.
         """
+        if split_images(messages)[1]:
+            ids, images = self.multimodal_prompt(messages, tools=tools, reasoning_effort=reasoning_effort)
+            gen = self.start(ids, images=images, max_tokens=max_tokens, **kwargs)
+            return gen if stream else "".join(gen)
         ids = self.chat_prompt(messages, tools=tools, reasoning_effort=reasoning_effort)
         if self.prompt_cache is not None:
             kwargs["boundaries"] = chat_boundaries(self, messages, ids, tools=tools)

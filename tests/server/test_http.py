@@ -262,7 +262,9 @@ BAD_REQUESTS = [
         "POST",
         MESSAGES,
         None,
-        _msg(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
+        _msg(
+            messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]
+        ),
         400,
         "invalid_request_error",
     ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -14,11 +15,12 @@ import numpy as np
 from .. import quant
 from .._atomic import atomic_path
 from ..errors import ModelFormatError, RegolithError
+from . import mmproj as _mmproj
 from . import qwen4exp
 from .checkpoint import Checkpoint
 from .tokenizer import gpt2_tokenizer_metadata
 
-__all__ = ["OUTTYPES", "convert", "tensor_type"]
+__all__ = ["OUTTYPES", "convert", "convert_mmproj", "tensor_type"]
 
 # --outtype -> (ggml type of the quantizable tensors, general.file_type). q4_k / q6_k / iq4_nl files are
 # "pure": every quantizable tensor gets the type (llama.cpp's Q4_K_M and friends mix in higher types).
@@ -101,18 +103,22 @@ def convert(
     *,
     tokenizer_pre: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    mmproj: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Convert a qwen4_exp Hugging Face directory to a GGUF file in llama.cpp's qwen4exp layout.
 
     Everything is validated (config, tensor names and shapes, tokenizer) before the output is created; the
     file is written to a temporary file beside ``out_path``, fsynced and renamed, so an error or an
     interrupt leaves no partial output. ``progress(name, index, count)`` is called after each tensor.
+    ``mmproj``: also write the vision tower to this path (:func:`convert_mmproj`).
     Raises ModelFormatError for an unsupported architecture or a malformed checkpoint.
     """
     if outtype not in OUTTYPES:
         raise RegolithError(f"unknown outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
     out_path = Path(out_path)
     ckpt = Checkpoint(hf_dir)
+    if mmproj is not None:
+        convert_mmproj(hf_dir, mmproj, outtype)
     cfg = qwen4exp.text_config(ckpt.config)
     sources = qwen4exp.collect_sources(ckpt.tensors())
     plan = qwen4exp.tensor_plan(ckpt.config, sources)
@@ -164,3 +170,51 @@ def convert(
         finally:
             writer.close()
     return out_path
+
+
+def _mmproj_type(name: str, shape: Sequence[int], outtype: str) -> str:
+    """llama.cpp's mmproj types: F32 for 1-D tensors and biases, else F32 or F16 (quantized outtypes too)."""
+    if len(shape) <= 1 or not name.endswith((".weight", ".weight.1")):
+        return "F32"
+    return "F32" if outtype == "f32" else "F16"
+
+
+def convert_mmproj(
+    hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], outtype: str = "f16"
+) -> Path:
+    """Write the vision tower of a qwen4_exp checkpoint as a projector GGUF in llama.cpp's layout
+    (:mod:`regolith.convert.mmproj`), atomically. 2-D weights are F16 (F32 with ``outtype='f32'``), norms
+    and biases F32. Raises ModelFormatError when the checkpoint has no (or a malformed) vision tower."""
+    if outtype not in OUTTYPES:
+        raise RegolithError(f"unknown outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
+    ckpt = Checkpoint(hf_dir)
+    pre_path = ckpt.path / "preprocessor_config.json"
+    preprocessor = json.loads(pre_path.read_text(encoding="utf-8")) if pre_path.is_file() else {}
+    plan = _mmproj.mmproj_tensors(ckpt.config, ckpt.tensors())
+    file_type = gguf.LlamaFileType.ALL_F32 if outtype == "f32" else gguf.LlamaFileType.MOSTLY_F16
+    md = _mmproj.mmproj_metadata(ckpt.config, preprocessor, file_type=int(file_type))
+    writer = gguf.GGUFWriter(path=None, arch="clip")
+    types = [_mmproj_type(name, shape, outtype) for name, shape, _ in plan]
+    for (name, shape, _), qtype in zip(plan, types, strict=True):
+        writer.add_tensor_info(
+            name,
+            shape,
+            np.dtype(np.float32),
+            _nbytes(shape, qtype),
+            raw_dtype=gguf.GGMLQuantizationType[qtype],
+        )
+    writer.add_type(gguf.GGUFType.MMPROJ)
+    meta = gguf.Metadata.load(None, ckpt.path, None, 0)
+    meta.name = meta.name or ckpt.path.name
+    meta.set_gguf_meta_model(writer)
+    _add_kv(writer, md)
+    with atomic_path(Path(out_path)) as tmp:
+        try:
+            writer.write_header_to_file(path=tmp)
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            for (_name, _shape, load), qtype in zip(plan, types, strict=True):
+                writer.write_tensor_data(_encode(load(), qtype))
+        finally:
+            writer.close()
+    return Path(out_path)

@@ -37,9 +37,22 @@ class ToolUseBlock(StrictBody):
     input: dict[str, Any]
 
 
+class ImageSource(StrictBody):
+    type: Literal["base64", "url", "file"]
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+    file_id: str | None = None
+
+
+class ImageBlock(StrictBody):
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: dict[str, Any] | None = None
+
+
 class UnsupportedBlock(StrictBody):
     type: Literal[
-        "image",
         "document",
         "search_result",
         "server_tool_use",
@@ -55,7 +68,9 @@ class UnsupportedBlock(StrictBody):
 class ToolResultBlock(StrictBody):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[Annotated[TextBlock | UnsupportedBlock, Field(discriminator="type")]] | None = None
+    content: (
+        str | list[Annotated[TextBlock | ImageBlock | UnsupportedBlock, Field(discriminator="type")]] | None
+    ) = None
     is_error: bool | None = None
 
 
@@ -71,7 +86,13 @@ class RedactedThinkingBlock(StrictBody):
 
 
 Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock | UnsupportedBlock,
+    TextBlock
+    | ImageBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | UnsupportedBlock,
     Field(discriminator="type"),
 ]
 
@@ -138,6 +159,20 @@ def _unsupported(what: str, param: str) -> APIError:
     return APIError(400, f"{param}: {what} is not supported by this server", param=param)
 
 
+def _image_part(block: ImageBlock, where: str) -> dict[str, Any]:
+    """An image block as a chat content part: base64 data only (this server downloads nothing)."""
+    src = block.source
+    if src.type != "base64" or src.data is None:
+        raise APIError(
+            400,
+            f"image source {src.type!r} is not supported: send the image inline "
+            '({"type": "base64", "media_type": "image/png", "data": ...}); this server does not download images',
+            param=f"{where}.source",
+        )
+    media = src.media_type or "image/png"
+    return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{src.data}"}}
+
+
 def _result_text(block: ToolResultBlock, where: str) -> str:
     if block.content is None or isinstance(block.content, str):
         text = block.content or ""
@@ -145,9 +180,7 @@ def _result_text(block: ToolResultBlock, where: str) -> str:
         parts = []
         for i, part in enumerate(block.content):
             if not isinstance(part, TextBlock):
-                raise _unsupported(
-                    f"{part.type} content (this server runs text-only models)", f"{where}.content[{i}]"
-                )
+                raise _unsupported(f"{part.type} content in a tool result", f"{where}.content[{i}]")
             parts.append(part.text)
         text = "\n".join(parts)
     return f"Error: {text}" if block.is_error else text
@@ -164,12 +197,17 @@ def _conversation(req: CountTokensRequest) -> tuple[list[dict[str, Any]], str]:
     for i, m in enumerate(req.messages):
         where = f"messages[{i}]"
         blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
-        texts, calls, thinking = [], [], []
+        texts, calls, thinking, parts = [], [], [], []
         for j, b in enumerate(blocks):
             if isinstance(b, UnsupportedBlock):
                 raise _unsupported(f"{b.type} blocks", f"{where}.content[{j}]")
-            if isinstance(b, TextBlock):
+            if isinstance(b, ImageBlock):
+                if m.role != "user":
+                    raise APIError(400, "image blocks belong in user messages", param=f"{where}.content[{j}]")
+                parts.append(_image_part(b, f"{where}.content[{j}]"))
+            elif isinstance(b, TextBlock):
                 texts.append(b.text)
+                parts.append({"type": "text", "text": b.text})
             elif isinstance(b, ToolUseBlock):
                 if m.role != "assistant":
                     raise APIError(
@@ -195,10 +233,22 @@ def _conversation(req: CountTokensRequest) -> tuple[list[dict[str, Any]], str]:
             elif isinstance(b, ThinkingBlock):
                 thinking.append(b.thinking)
         text = "".join(texts) if m.role == "assistant" else "\n\n".join(texts)
-        if m.role == "user":
+        if m.role == "user" and len(parts) > len(texts):  # with images: the blocks as content parts
+            if out and out[-1]["role"] == "user":
+                prev = out[-1]["content"]
+                head = prev if isinstance(prev, list) else [{"type": "text", "text": prev}]
+                out[-1]["content"] = [*head, {"type": "text", "text": "\n\n"}, *parts]
+            else:
+                out.append({"role": "user", "content": parts})
+        elif m.role == "user":
             if texts:
                 if out and out[-1]["role"] == "user":  # consecutive user turns are one turn
-                    out[-1]["content"] += "\n\n" + text
+                    prev = out[-1]["content"]
+                    out[-1]["content"] = (
+                        prev + "\n\n" + text
+                        if isinstance(prev, str)
+                        else [*prev, {"type": "text", "text": "\n\n" + text}]
+                    )
                 else:
                     out.append({"role": "user", "content": text})
         elif i == len(req.messages) - 1 and not calls:

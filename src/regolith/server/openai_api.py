@@ -26,9 +26,15 @@ __all__ = ["router"]
 router = APIRouter()
 
 
+class ImageUrl(StrictBody):
+    url: str
+    detail: str | None = None
+
+
 class ContentPart(StrictBody):
     type: str
     text: str | None = None
+    image_url: ImageUrl | None = None
 
 
 Content = str | list[ContentPart]
@@ -182,18 +188,29 @@ def _unsupported(what: str, param: str) -> APIError:
     return APIError(400, f"{what} is not supported by this server", param=param)
 
 
-def _text(content: Content | None, where: str) -> str:
-    """The text of a message's content (text parts joined); other part types are not supported."""
+def _text(content: Content | None, where: str) -> str | list[dict[str, Any]]:
+    """The text of a message's content (text parts joined), or with images its parts (text and
+    ``image_url`` with a data URL); other part types are not supported."""
     if content is None or isinstance(content, str):
         return content or ""
-    texts = []
+    parts: list[dict[str, Any]] = []
     for i, part in enumerate(content):
-        if part.type != "text" or part.text is None:
-            raise _unsupported(
-                f"content of type {part.type!r} (this server runs text-only models)", f"{where}[{i}]"
-            )
-        texts.append(part.text)
-    return "".join(texts)
+        if part.type == "image_url" and part.image_url is not None:
+            if not part.image_url.url.startswith("data:"):
+                raise APIError(
+                    400,
+                    "image_url must be a data URL (data:image/png;base64,...); this server does not download "
+                    "images",
+                    param=f"{where}[{i}].image_url.url",
+                )
+            parts.append({"type": "image_url", "image_url": {"url": part.image_url.url}})
+        elif part.type == "text" and part.text is not None:
+            parts.append({"type": "text", "text": part.text})
+        else:
+            raise _unsupported(f"content of type {part.type!r}", f"{where}[{i}]")
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 def _arguments(call: ToolCallIn, where: str) -> dict[str, Any]:
@@ -216,6 +233,8 @@ def _messages(req: ChatRequest) -> list[dict[str, Any]]:
     for i, m in enumerate(req.messages):
         where = f"messages[{i}]"
         content = _text(m.content, f"{where}.content")
+        if not isinstance(content, str) and m.role != "user":
+            raise APIError(400, "images belong in user messages", param=f"{where}.content")
         if m.role == "function":
             raise _unsupported("the 'function' role (deprecated; use 'tool')", f"{where}.role")
         if m.role in ("system", "developer"):

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..chat import ChatTemplateError
+from ..errors import ImageError
 from ..model import SAMPLING_DEFAULTS
 from ..sampling import SamplingParams
+from ..vision import ImageSpan, render_with_images, split_images
 from .api_error import APIError
 from .reply import ReplyParser
 from .structured import JsonGuide, json_instruction, parse_json_reply, schema_errors
@@ -43,6 +45,7 @@ class ChatPrompt:
     think_tags: tuple[str, str] | None
     thinking_open: bool  # the prompt ends inside a thinking block
     reply_prefix: str  # the forced start of a tool call, already in the prompt
+    images: list[ImageSpan] = field(default_factory=list)  # the prompt's images (Model.start's images=)
 
 
 @dataclass
@@ -165,7 +168,9 @@ def chat_prompt(
     ``tool_choice``: 'auto' (default), 'none', 'required', or a tool's name; 'required' and a name force the
     reply to begin a tool call in the model's format. ``json_mode`` asks for JSON (matching ``json_schema``)
     in the system prompt. ``thinking``: ask the template to think or not (None: its default). ``prefill`` is
-    the start of the reply (Anthropic's trailing assistant message). Raises :class:`APIError`.
+    the start of the reply (Anthropic's trailing assistant message). Image content parts (``image`` or
+    ``image_url``) become the model's image tokens. Raises :class:`APIError` (400 for an unusable image or a
+    model without vision support).
     """
     template = model.chat_template
     choice = tool_choice or "auto"
@@ -183,8 +188,11 @@ def chat_prompt(
     variables: dict[str, Any] = {}
     if thinking is not None and "enable_thinking" in template.source:
         variables["enable_thinking"] = thinking
+    messages, sources = split_images(messages)
     try:
-        text = template.render(messages, tools=tools, reasoning_effort=reasoning_effort, **variables)
+        text = render_with_images(
+            template, messages, len(sources), tools=tools, reasoning_effort=reasoning_effort, **variables
+        )
     except ChatTemplateError as e:
         raise APIError(
             400, f"the conversation does not fit the model's chat template: {e}", param="messages"
@@ -195,12 +203,21 @@ def chat_prompt(
         reply_prefix = tool_call_prefix(template.source, None if choice == "required" else choice)
     text += prefill + reply_prefix
     names = None if tools is None else [t["function"]["name"] for t in tools]
+    images: list[ImageSpan] = []
+    if sources:
+        try:
+            ids, images = model.image_prompt(text, sources)
+        except ImageError as e:
+            raise APIError(400, str(e), param="messages") from None
+    else:
+        ids = model.tokenize_chat(text)
     return ChatPrompt(
-        ids=model.tokenize_chat(text),
+        ids=ids,
         tool_names=names,
         think_tags=tags,
         thinking_open=tags is not None and not reply_prefix and text.rstrip().endswith(tags[0]),
         reply_prefix=reply_prefix,
+        images=images,
     )
 
 
@@ -245,7 +262,13 @@ def plan_chat(
         guide = JsonGuide(tok, end, top=top)
     return Plan(
         chat=prompt,
-        options={"max_tokens": n_max, "stop": list(stop), "antislop": antislop, **sampling},
+        options={
+            "max_tokens": n_max,
+            "stop": list(stop),
+            "antislop": antislop,
+            **({"images": prompt.images} if prompt.images else {}),
+            **sampling,
+        },
         guide=guide,
         json_schema=json_schema,
         json_mode=json_mode,

@@ -1,0 +1,263 @@
+#include "core/expert_arena.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include "core/crc32c.h"
+#include "core/errors.h"
+
+namespace regolith {
+
+uint64_t ExpertFileLayout::record_bytes(int64_t layer) const {
+    const auto& p = layers[size_t(layer)];
+    return p[0].bytes + p[1].bytes + p[2].bytes;
+}
+
+uint64_t ExpertFileLayout::footprint(int64_t layer) const {
+    const auto& p = layers[size_t(layer)];
+    // Each extent starts up to one alignment unit before its data and ends rounded up to the next unit.
+    if (contiguous) return align_up(record_bytes(layer) + kDirectAlign);
+    uint64_t n = 0;
+    for (const auto& m : p) n += align_up(m.bytes + kDirectAlign);
+    return n;
+}
+
+ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt)
+    : layout_(std::move(layout)),
+      n_slots_(opt.slots),
+      policy_(layout_.n_layer * layout_.n_expert, opt.slots, opt.policy) {
+    if (n_slots_ <= 0) throw Error("expert arena: the number of slots must be positive");
+    const int64_t n_keys = layout_.n_layer * layout_.n_expert;
+    if (int64_t(layout_.layers.size()) != layout_.n_layer || int64_t(layout_.offsets.size()) != n_keys * 3 ||
+        (!layout_.crcs.empty() && int64_t(layout_.crcs.size()) != n_keys))
+        throw Error("expert arena: inconsistent expert file layout");
+    for (int64_t l = 0; l < layout_.n_layer; ++l) slot_bytes_ = std::max(slot_bytes_, layout_.footprint(l));
+    mapped_bytes_ = uint64_t(n_slots_) * slot_bytes_;
+    void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        throw std::system_error(errno, std::generic_category(),
+                                "expert arena: cannot allocate " + std::to_string(mapped_bytes_) + " bytes");
+    memory_ = static_cast<uint8_t*>(p);
+    if (opt.lock) {
+        locked_ = ::mlock(memory_, mapped_bytes_) == 0;
+        if (!locked_) lock_error_ = std::error_code(errno, std::generic_category()).message();
+    }
+    slots_.resize(size_t(n_slots_));
+    slot_key_.assign(size_t(n_slots_), -1);
+    slot_last_use_.assign(size_t(n_slots_), 0);
+    stats_.layer_hits.assign(size_t(layout_.n_layer), 0);
+    stats_.layer_misses.assign(size_t(layout_.n_layer), 0);
+    streamer_ = std::make_unique<ExpertStreamer>(layout_.path, opt.io_threads, opt.direct);
+}
+
+ExpertArena::~ExpertArena() {
+    streamer_.reset();  // joins the I/O threads: no read lands in freed memory
+    if (memory_) ::munmap(memory_, mapped_bytes_);
+}
+
+int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
+    const int64_t s = policy_.victim(slot_key_, slot_last_use_, [&](int64_t i) {
+        const Slot& x = slots_[size_t(i)];
+        return x.pins == 0 && (x.state == State::Empty || x.state == State::Ready);
+    });
+    if (s < 0) return -1;
+    Slot& slot = slots_[size_t(s)];
+    if (slot.key >= 0) where_.erase(slot.key);
+    slot.key = key;
+    slot.state = State::Loading;
+    slot.pins = pin ? 1 : 0;
+    slot.prefetched = priority != IoPriority::Demand;
+    slot.error = nullptr;
+    slot_key_[size_t(s)] = key;
+    slot_last_use_[size_t(s)] = policy_.clock();
+    where_[key] = s;
+
+    // The record's extents: one when its parts are adjacent, else one per part, each aligned for O_DIRECT.
+    const int64_t layer = key / layout_.n_expert;
+    const auto& parts = layout_.layers[size_t(layer)];
+    const uint64_t* off = &layout_.offsets[size_t(key) * 3];
+    ReadJob job;
+    job.slot = s;
+    job.dst = slot_memory(s);
+    if (layout_.contiguous) {
+        const uint64_t start = align_down(off[0]), end = off[0] + layout_.record_bytes(layer);
+        job.extents.push_back({start, align_up(end) - start, 0, end - start});
+        for (int i = 0; i < 3; ++i) slot.part_offset[i] = off[i] - start;
+    } else {
+        uint64_t at = 0;
+        for (int i = 0; i < 3; ++i) {
+            const uint64_t start = align_down(off[i]), end = off[i] + parts[size_t(i)].bytes;
+            job.extents.push_back({start, align_up(end) - start, at, end - start});
+            slot.part_offset[i] = at + (off[i] - start);
+            at += align_up(end) - start;
+        }
+    }
+    job.done = [this](int64_t slot_index, uint64_t bytes, std::exception_ptr error) {
+        on_read(slot_index, bytes, error);
+    };
+    streamer_->submit(std::move(job), priority);
+    return s;
+}
+
+void ExpertArena::on_read(int64_t s, uint64_t bytes, std::exception_ptr error) {
+    // The slot is Loading, so nobody else touches its memory or its key until this returns.
+    const int64_t key = slots_[size_t(s)].key;
+    if (!error && !layout_.crcs.empty()) {
+        const uint8_t* rec = slot_memory(s) + slots_[size_t(s)].part_offset[0];
+        const int64_t layer = key / layout_.n_expert;
+        if (crc32c(0, rec, layout_.record_bytes(layer)) != layout_.crcs[size_t(key)])
+            error = std::make_exception_ptr(ModelFormatError(
+                layout_.path + ": the record of layer " + std::to_string(layer) + " expert " +
+                std::to_string(key % layout_.n_expert) + " fails its checksum (the file is corrupt)"));
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        Slot& slot = slots_[size_t(s)];
+        stats_.reads += 1;
+        stats_.bytes_read += bytes;
+        if (slot.prefetched && prefetch_loading_ > 0 && slot.pins == 0) --prefetch_loading_;
+        if (error) {
+            // Forget the record; computations pinning the slot see the error, then the slot empties.
+            where_.erase(slot.key);
+            slot.state = slot.pins > 0 ? State::Failed : State::Empty;
+            slot.error = error;
+            slot.key = -1;
+            slot_key_[size_t(s)] = -1;
+        } else {
+            slot.state = State::Ready;
+        }
+    }
+    loaded_.notify_all();
+}
+
+int64_t ExpertArena::acquire(int64_t layer, int64_t expert) {
+    if (layer < 0 || layer >= layout_.n_layer || expert < 0 || expert >= layout_.n_expert)
+        throw Error("expert arena: no expert " + std::to_string(expert) + " in layer " + std::to_string(layer));
+    const int64_t key = layer * layout_.n_expert + expert;
+    std::unique_lock<std::mutex> lock(mu_);
+    policy_.touch(key);
+    auto it = where_.find(key);
+    if (it != where_.end()) {
+        const int64_t s = it->second;
+        Slot& slot = slots_[size_t(s)];
+        if (slot.state == State::Ready) {
+            ++stats_.hits;
+            ++stats_.layer_hits[size_t(layer)];
+        } else {
+            ++stats_.misses;  // a read is on its way: the computation may still wait for it
+            ++stats_.layer_misses[size_t(layer)];
+            streamer_->promote(s);
+        }
+        if (slot.prefetched) {
+            ++stats_.prefetch_hits;
+            if (slot.state == State::Loading && prefetch_loading_ > 0) --prefetch_loading_;
+            slot.prefetched = false;
+        }
+        ++slot.pins;
+        slot_last_use_[size_t(s)] = policy_.clock();
+        return s;
+    }
+    ++stats_.misses;
+    ++stats_.layer_misses[size_t(layer)];
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+        const int64_t s = load_locked(key, IoPriority::Demand, true);
+        if (s >= 0) {
+            stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            return s;
+        }
+        // Every slot is pinned or loading: wait for a read to land (a pinned-only arena is the caller's bug).
+        const bool loading = std::any_of(slots_.begin(), slots_.end(),
+                                         [](const Slot& x) { return x.state == State::Loading && x.pins == 0; });
+        if (!loading)
+            throw Error("expert arena: all " + std::to_string(n_slots_) + " slots are pinned by one computation");
+        loaded_.wait(lock);
+    }
+}
+
+bool ExpertArena::ready(int64_t s) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return slots_[size_t(s)].state != State::Loading;
+}
+
+ExpertWeights ExpertArena::wait(int64_t s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    Slot& slot = slots_[size_t(s)];
+    if (slot.state == State::Loading) {
+        const auto t0 = std::chrono::steady_clock::now();
+        loaded_.wait(lock, [&] { return slot.state != State::Loading; });
+        stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    if (slot.state == State::Failed) std::rethrow_exception(slot.error);
+    const int64_t layer = slot.key / layout_.n_expert;
+    const auto& parts = layout_.layers[size_t(layer)];
+    ExpertWeights w;
+    WeightView* views[3] = {&w.gate, &w.up, &w.down};
+    for (int i = 0; i < 3; ++i) {
+        const ExpertMatrixShape& m = parts[size_t(i)];
+        *views[i] = WeightView{m.type, slot_memory(s) + slot.part_offset[i], m.rows, m.cols, int64_t(m.row_bytes)};
+    }
+    return w;
+}
+
+void ExpertArena::release(int64_t s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Slot& slot = slots_[size_t(s)];
+    if (slot.pins > 0) --slot.pins;
+    if (slot.pins == 0 && slot.state == State::Failed) {
+        slot.state = State::Empty;
+        slot.error = nullptr;
+    }
+}
+
+void ExpertArena::prefetch(int64_t layer, const int32_t* experts, int64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t limit = std::max<int64_t>(1, n_slots_ / 4);
+    for (int64_t i = 0; i < n && prefetch_loading_ < limit; ++i) {
+        if (experts[i] < 0 || experts[i] >= layout_.n_expert) continue;
+        const int64_t key = layer * layout_.n_expert + experts[i];
+        if (where_.count(key)) continue;
+        if (load_locked(key, IoPriority::Prefetch, false) < 0) return;
+        ++prefetch_loading_;
+        ++stats_.prefetches;
+    }
+}
+
+void ExpertArena::warm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t empty = std::count_if(slots_.begin(), slots_.end(), [](const Slot& x) { return x.state == State::Empty; });
+    if (empty == 0 || streamer_->queued(IoPriority::Background) > 0) return;
+    for (int64_t key : policy_.top(n_slots_)) {
+        if (empty == 0) break;
+        if (where_.count(key)) continue;
+        // An empty slot exists, and the policy takes empty slots first: background work never evicts.
+        const int64_t s = load_locked(key, IoPriority::Background, false);
+        slots_[size_t(s)].prefetched = false;
+        ++stats_.background_reads;
+        --empty;
+    }
+}
+
+void ExpertArena::resident_mask(int64_t layer, uint8_t* mask) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t e = 0; e < layout_.n_expert; ++e) mask[e] = where_.count(layer * layout_.n_expert + e) ? 1 : 0;
+}
+
+ArenaStats ExpertArena::stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+}
+
+void ExpertArena::reset_stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t n = stats_.layer_hits.size();
+    stats_ = ArenaStats{};
+    stats_.layer_hits.assign(n, 0);
+    stats_.layer_misses.assign(n, 0);
+}
+
+}  // namespace regolith

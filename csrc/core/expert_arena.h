@@ -1,0 +1,145 @@
+// The expert arena: a fixed number of slots in one allocation (locked in RAM where the OS allows), holding
+// the routed experts most likely to be used; the rest stay on disk and are read into a slot on demand.
+//
+// A computation pins the experts it needs (acquire), runs each as soon as its record is in memory
+// (ready / wait: per record, never per layer) and unpins them (release). A miss evicts by the cache policy
+// (core/expert_cache_policy.h) among unpinned slots and queues a demand read; predictions queue prefetch
+// reads; empty slots are warmed in the background with the experts used most so far. The arena never holds
+// more than its slots: a layer needing more experts than there are slots runs them in waves.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/expert_cache_policy.h"
+#include "core/expert_streamer.h"
+#include "core/ops.h"
+
+namespace regolith {
+
+// One of a routed expert's three matrices (gate, up, down) as stored: rows x cols elements of a GGUF type.
+struct ExpertMatrixShape {
+    uint32_t type = 0;
+    int64_t rows = 0, cols = 0;
+    uint64_t row_bytes = 0, bytes = 0;
+};
+
+// Where every (layer, expert) record of a model lies in one file.
+struct ExpertFileLayout {
+    std::string path;
+    int64_t n_layer = 0, n_expert = 0;
+    std::vector<std::array<ExpertMatrixShape, 3>> layers;  // [n_layer]: gate, up, down
+    std::vector<uint64_t> offsets;  // [n_layer][n_expert][3]: file offset of gate, up, down
+    // Packed files: the three parts are adjacent (one read per record) and crcs[layer][expert] is the CRC32C
+    // of the record's bytes. A GGUF read in place: three reads, no checksums (crcs empty).
+    bool contiguous = false;
+    std::vector<uint32_t> crcs;
+
+    uint64_t record_bytes(int64_t layer) const;
+    // Bytes a slot needs for any record of `layer`, alignment padding included.
+    uint64_t footprint(int64_t layer) const;
+};
+
+struct ArenaOptions {
+    int64_t slots = 0;
+    int io_threads = 4;
+    bool direct = true;  // O_DIRECT (Linux) / F_NOCACHE (macOS) reads
+    bool lock = true;    // mlock the slots
+    CachePolicyOptions policy;
+};
+
+struct ArenaStats {
+    uint64_t hits = 0, misses = 0;  // acquires that found the record resident / had to wait for a read
+    uint64_t prefetches = 0, prefetch_hits = 0;  // prefetch reads issued / later used by a computation
+    uint64_t background_reads = 0;
+    uint64_t reads = 0, bytes_read = 0;
+    double stall_s = 0.0;  // time computations spent waiting for records
+    std::vector<uint64_t> layer_hits, layer_misses;
+};
+
+struct ExpertWeights {
+    WeightView gate, up, down;
+};
+
+class ExpertArena {
+  public:
+    ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt);
+    ~ExpertArena();
+    ExpertArena(const ExpertArena&) = delete;
+    ExpertArena& operator=(const ExpertArena&) = delete;
+
+    int64_t slots() const { return n_slots_; }
+    uint64_t slot_bytes() const { return slot_bytes_; }
+    bool locked() const { return locked_; }
+    const std::string& lock_error() const { return lock_error_; }
+    bool direct() const { return streamer_->direct(); }
+    const ExpertFileLayout& layout() const { return layout_; }
+
+    // Computations take turns: hold this for the whole of a layer's expert work (acquire ... release).
+    std::unique_lock<std::mutex> use() { return std::unique_lock<std::mutex>(use_mu_); }
+    // Pins expert `expert` of `layer` in a slot and returns the slot; queues a demand read when it is not
+    // resident. A caller pins at most slots() experts at a time.
+    int64_t acquire(int64_t layer, int64_t expert);
+    bool ready(int64_t slot) const;
+    // The slot's matrices once its record is in memory; rethrows a failed read (IoError, or ModelFormatError
+    // for a record failing its checksum).
+    ExpertWeights wait(int64_t slot);
+    void release(int64_t slot);
+
+    // Queues reads of the experts of `layer` not resident (predictions: never evicts a pinned or loading
+    // slot, and keeps at most a quarter of the slots loading prefetches).
+    void prefetch(int64_t layer, const int32_t* experts, int64_t n);
+    // Queues background reads of the most used experts into empty slots, while the streamer is idle.
+    void warm();
+    // mask[e] = 1 when expert e of `layer` is resident or being read.
+    void resident_mask(int64_t layer, uint8_t* mask) const;
+
+    ArenaStats stats() const;
+    void reset_stats();
+
+  private:
+    enum class State : uint8_t { Empty, Loading, Ready, Failed };
+    struct Slot {
+        int64_t key = -1;
+        State state = State::Empty;
+        int pins = 0;
+        bool prefetched = false;  // read by a prediction and not yet used
+        std::exception_ptr error;
+        uint64_t part_offset[3] = {0, 0, 0};  // of gate, up, down in the slot's memory
+    };
+
+    uint8_t* slot_memory(int64_t s) const { return memory_ + uint64_t(s) * slot_bytes_; }
+    // Claims a slot for `key` (locked) and queues its read; -1 when no slot may be evicted.
+    int64_t load_locked(int64_t key, IoPriority priority, bool pin);
+    void on_read(int64_t slot, uint64_t bytes, std::exception_ptr error);
+
+    ExpertFileLayout layout_;
+    int64_t n_slots_ = 0;
+    uint64_t slot_bytes_ = 0;
+    uint8_t* memory_ = nullptr;
+    uint64_t mapped_bytes_ = 0;
+    bool locked_ = false;
+    std::string lock_error_;
+
+    std::mutex use_mu_;
+    mutable std::mutex mu_;
+    std::condition_variable loaded_;
+    ExpertCachePolicy policy_;
+    std::vector<Slot> slots_;
+    std::vector<int64_t> slot_key_;      // mirrors slots_[s].key for the policy
+    std::vector<uint64_t> slot_last_use_;
+    std::unordered_map<int64_t, int64_t> where_;  // key -> slot
+    int64_t prefetch_loading_ = 0;
+    ArenaStats stats_;
+    std::unique_ptr<ExpertStreamer> streamer_;  // last: its threads stop before the rest is destroyed
+};
+
+}  // namespace regolith

@@ -1,0 +1,70 @@
+// Which resident expert to evict: LRU, with an online-learned hot set that LRU may not evict.
+//
+// Routed experts show two kinds of reuse: temporal locality (consecutive tokens share many experts) and a
+// skewed long-run usage (a minority of experts per layer serve most tokens). LRU captures the first but a
+// burst of rarely used experts (a long prompt's prefill, a change of topic) flushes the frequent ones with
+// it. So each expert keeps a usage score decayed by `decay` per use of the arena (an exponential moving
+// count); every `refresh` uses the experts whose score ranks in the top `hot_fraction * slots` become the hot
+// set. Eviction takes the least recently used slot outside the hot set, and only when every candidate is hot
+// the least recently used hot one. With hot_fraction 0 this is plain LRU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace regolith {
+
+struct CachePolicyOptions {
+    double hot_fraction = 0.25;  // share of the slots the protected hot set may take
+    double decay = 0.999;        // per-use decay of the usage scores (half-life ~700 uses)
+    int64_t refresh = 256;       // uses between recomputations of the hot set
+};
+
+class ExpertCachePolicy {
+  public:
+    ExpertCachePolicy(int64_t n_keys, int64_t n_slots, const CachePolicyOptions& opt = {});
+
+    // A use of expert `key` (layer * n_expert + expert).
+    void touch(int64_t key);
+    // The slot a new record should replace: the least recently used non-hot candidate, else the least recently
+    // used one. `slot_key[s]` is the key slot s holds (-1: empty); candidates are the slots may_evict(s) allows.
+    template <class MayEvict>
+    int64_t victim(const std::vector<int64_t>& slot_key, const std::vector<uint64_t>& slot_last_use,
+                   MayEvict may_evict) const {
+        int64_t best = -1, best_hot = -1;
+        for (int64_t s = 0; s < int64_t(slot_key.size()); ++s) {
+            if (!may_evict(s)) continue;
+            if (slot_key[size_t(s)] < 0) return s;
+            const bool h = hot(slot_key[size_t(s)]);
+            int64_t& b = h ? best_hot : best;
+            if (b < 0 || slot_last_use[size_t(s)] < slot_last_use[size_t(b)]) b = s;
+        }
+        return best >= 0 ? best : best_hot;
+    }
+    bool hot(int64_t key) const { return hot_[size_t(key)] != 0; }
+    uint64_t clock() const { return clock_; }
+    // The keys with the highest usage scores, best first (at most n).
+    std::vector<int64_t> top(int64_t n) const;
+
+  private:
+    void refresh_hot_set();
+
+    CachePolicyOptions opt_;
+    int64_t n_hot_;
+    uint64_t clock_ = 0;
+    std::vector<double> score_;     // [n_keys], valid as of last_[key]
+    std::vector<uint64_t> last_;    // [n_keys], the clock of the score
+    std::vector<uint8_t> hot_;      // [n_keys]
+};
+
+// Replays a routing trace through an arena of n_slots slots under the policy (no I/O): returns
+// {hits, misses}. trace: [n_steps][n_layer][k] expert ids (-1 = none); steps are tokens, each layer's experts
+// used in order.
+struct TraceReplay {
+    uint64_t hits = 0, misses = 0;
+};
+TraceReplay replay_trace(const int32_t* trace, int64_t n_steps, int64_t n_layer, int64_t k, int64_t n_expert,
+                         int64_t n_slots, const CachePolicyOptions& opt);
+
+}  // namespace regolith

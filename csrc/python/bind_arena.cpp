@@ -1,0 +1,53 @@
+// Expert arena tools that need no model: the cache policy replayed over a routing trace, and block checksums
+// for the packer.
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+
+#include "bindings.h"
+#include "core/crc32c.h"
+#include "core/expert_cache_policy.h"
+#include "numpy_out.h"
+
+namespace {
+
+using Trace = nb::ndarray<const int32_t, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Crcs = nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>>;
+
+}  // namespace
+
+void init_arena(nb::module_& m) {
+    m.def(
+        "replay_trace",
+        [](Trace trace, int64_t n_expert, int64_t n_slots, double hot_fraction, double decay, int64_t refresh) {
+            regolith::CachePolicyOptions opt{hot_fraction, decay, refresh};
+            regolith::TraceReplay r;
+            {
+                nb::gil_scoped_release release;
+                r = regolith::replay_trace(trace.data(), int64_t(trace.shape(0)), int64_t(trace.shape(1)),
+                                           int64_t(trace.shape(2)), n_expert, n_slots, opt);
+            }
+            nb::dict d;
+            d["hits"] = r.hits;
+            d["misses"] = r.misses;
+            return d;
+        },
+        nb::arg("trace"), nb::arg("n_expert"), nb::arg("n_slots"), nb::arg("hot_fraction") = 0.25,
+        nb::arg("decay") = 0.999, nb::arg("refresh") = 256,
+        "Replay a routing trace int32 [tokens, layers, k] (-1: none) through the arena's cache policy with n_slots "
+        "slots; returns {'hits', 'misses'}.");
+    m.def(
+        "crc32c_blocks",
+        [](Bytes data, int64_t block) {
+            if (block <= 0 || data.shape(0) % size_t(block) != 0)
+                throw nb::value_error("data must be a whole number of positive-sized blocks");
+            const size_t n = data.shape(0) / size_t(block);
+            uint32_t* out;
+            Crcs crcs = new_array({n}, &out);
+            nb::gil_scoped_release release;
+            for (size_t i = 0; i < n; ++i) out[i] = regolith::crc32c(0, data.data() + i * size_t(block), size_t(block));
+            return crcs;
+        },
+        nb::arg("data"), nb::arg("block"), "CRC32C of each `block`-byte block of uint8 data.");
+}

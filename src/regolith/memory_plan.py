@@ -1,0 +1,336 @@
+"""The memory plan made at load: what stays resident, how large the expert arena is, and whether it all
+fits in the budget (``memory_gb``), decided before anything large is allocated."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import MemoryPlanError, ModelFormatError
+
+__all__ = ["MemoryPlan", "ModelSizes", "human_bytes", "plan_memory", "process_rss", "system_memory"]
+
+GIB = 1 << 30
+DIRECT_ALIGN = 4096
+PREFILL_CHUNK = 512  # tokens per evaluation in a prefill (generation.py)
+_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+_PLE_TABLE = "per_layer_token_embd.weight"
+
+
+def _align(n: int, a: int = DIRECT_ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+def system_memory() -> int:
+    """Bytes of physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def process_rss() -> int:
+    """This process's resident set size in bytes (Linux /proc; elsewhere the peak from getrusage)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """Byte counts of a model's parts, read from its GGUF (and pack manifest)."""
+
+    architecture: str
+    dense_bytes: int  # every tensor except routed experts and the PLE table: resident (mapped)
+    expert_record_bytes: list[int] = field(default_factory=list)  # per MoE layer: one expert's gate+up+down
+    n_expert: int = 0
+    n_used: int = 0
+    packed: bool = False
+    ple_rows: int = 0
+    ple_row_bytes: int = 0
+    ple_head_dim: int = 0
+    ple_index_bytes: int = 0  # a packed table's block checksums, held in memory
+    state_per_token: int = 0  # window state growing with the context (attention KV, indexer keys)
+    state_fixed: int = 0  # window state of fixed size (recurrent, conv, PLE history)
+    hidden: int = 0
+    hc: int = 1
+    vocab: int = 0
+    ff_expert: int = 0
+
+    @property
+    def expert_bytes(self) -> int:
+        return sum(self.expert_record_bytes) * self.n_expert
+
+    @property
+    def n_experts_total(self) -> int:
+        return len(self.expert_record_bytes) * self.n_expert
+
+    @property
+    def slot_bytes(self) -> int:
+        """An arena slot: the largest record with its alignment padding (as the C++ arena sizes it)."""
+        if not self.expert_record_bytes:
+            return 0
+        if self.packed:
+            return max(_align(r + DIRECT_ALIGN) for r in self.expert_record_bytes)
+        return max(sum(_align(p + DIRECT_ALIGN) for p in parts) for parts in self._parts)
+
+    _parts: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
+
+    def state_bytes(self, n_ctx: int) -> int:
+        return self.state_fixed + self.state_per_token * n_ctx
+
+    def scratch_bytes(self) -> int:
+        """Activations of one prefill chunk (estimate: streams, mixer and MoE buffers, one logits row)."""
+        t = PREFILL_CHUNK
+        streams = 6 * t * self.hc * self.hidden
+        moe = t * max(self.n_used, 1) * (2 * self.hidden + 2 * self.ff_expert)
+        return 4 * (streams + moe + 2 * self.vocab)
+
+
+def sizes_from_gguf(
+    tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str, Any] | None
+) -> ModelSizes:
+    """ModelSizes from a GGUF's tensor infos and metadata (and a pack manifest, whose dense GGUF lacks the
+    experts and the PLE table). Raises ModelFormatError for a missing key or tensor."""
+    try:
+        return _sizes(tensors, metadata, manifest)
+    except KeyError as e:
+        raise ModelFormatError(f"missing metadata key or tensor {e}") from None
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise ModelFormatError(f"inconsistent model metadata: {e}") from None
+
+
+def _sizes(tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str, Any] | None) -> ModelSizes:
+    arch = metadata.get("general.architecture", "")
+    dense = sum(t.nbytes for n, t in tensors.items() if not _EXPERT.match(n) and n != _PLE_TABLE)
+    if arch != "qwen4exp":
+        return ModelSizes(arch, dense)
+    p = "qwen4exp."
+    n_layer = int(metadata[p + "block_count"])
+    if not 0 < n_layer <= len(tensors):  # every layer has tensors: a larger count is a lie
+        raise ModelFormatError(f"qwen4exp.block_count {n_layer} exceeds the file's {len(tensors)} tensors")
+    hidden = int(metadata[p + "embedding_length"])
+    n_expert = int(metadata[p + "expert_count"])
+    parts: list[tuple[int, int, int]] = []
+    if manifest is not None:
+        records = [int(r) for r in manifest["experts"]["record_bytes"]]
+        ple = manifest.get("ple")
+        ple_rows, ple_row_bytes, ple_hd = (
+            (int(ple["rows"]), int(ple["row_bytes"]), int(ple["head_dim"])) if ple else (0, 0, 0)
+        )
+        ple_index = 4 * int(ple["blocks"]) if ple else 0
+    else:
+        for layer in range(n_layer):
+            parts.append(
+                tuple(
+                    tensors[f"blk.{layer}.ffn_{k}_exps.weight"].nbytes // n_expert
+                    for k in ("gate", "up", "down")
+                )
+            )
+        records = [sum(x) for x in parts]
+        t = tensors.get(_PLE_TABLE)
+        ple_rows, ple_row_bytes, ple_hd = (t.shape[0], t.row_bytes, t.shape[1]) if t else (0, 0, 0)
+        ple_index = 0
+
+    # Window state (csrc/model: QsaState, GdnState, PleState), in bytes.
+    recurrent = metadata.get(p + "attention.recurrent_layers")
+    if recurrent is None:
+        interval = int(metadata.get(p + "full_attention_interval", 4))
+        recurrent = [(i + 1) % interval != 0 for i in range(n_layer)]
+    per_token = fixed = 0
+    n_qsa = sum(1 for r in recurrent if not r)
+    if n_qsa:
+        kvh, hd = int(metadata[p + "attention.head_count_kv"]), int(metadata[p + "attention.key_length"])
+        idx = int(metadata[p + "attention.indexer.key_length"])
+        ratios = [int(r) for r in metadata.get(p + "attention.compress_ratios", [])]
+        for layer, rec in enumerate(recurrent):
+            if not rec:
+                ratio = ratios[layer] if layer < len(ratios) and ratios[layer] > 0 else 1
+                # keys, values, raw indexer keys, 3-D (M-RoPE) positions; pooled indexer keys per complete block
+                per_token += 4 * (2 * kvh * hd + idx) + 3 * 8 + (4 * idx + ratio - 1) // ratio
+    n_gdn = n_layer - n_qsa
+    if n_gdn:
+        k = int(metadata[p + "ssm.conv_kernel"])
+        dk, nk = int(metadata[p + "ssm.state_size"]), int(metadata[p + "ssm.group_count"])
+        nv, inner = int(metadata[p + "ssm.time_step_rank"]), int(metadata[p + "ssm.inner_size"])
+        conv_dim = 2 * nk * dk + inner
+        fixed += n_gdn * 4 * ((k - 1) * conv_dim + nv * dk * (inner // nv))
+    hc = int(metadata[p + "hyper_connection.count"])
+    for _ in metadata.get(p + "ple.layers", []):
+        n = int(metadata[p + "ple.ngram_size"])
+        fixed += 8 * (n - 1) + 4 * (int(metadata[p + "ple.conv_kernel"]) - 1) * n * hc * hidden
+    vocab = tensors["token_embd.weight"].shape[0]
+    return ModelSizes(
+        architecture="qwen4exp",
+        dense_bytes=dense,
+        expert_record_bytes=records,
+        n_expert=n_expert,
+        n_used=int(metadata[p + "expert_used_count"]),
+        packed=manifest is not None,
+        ple_rows=ple_rows,
+        ple_row_bytes=ple_row_bytes,
+        ple_head_dim=ple_hd,
+        ple_index_bytes=ple_index,
+        state_per_token=per_token,
+        state_fixed=fixed,
+        hidden=hidden,
+        hc=hc,
+        vocab=vocab,
+        ff_expert=int(metadata[p + "expert_feed_forward_length"]),
+        _parts=parts,
+    )
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes of each part of a loaded model and the total against the budget."""
+
+    sizes: ModelSizes
+    n_ctx: int
+    arena_slots: int  # 0: experts resident, mapped with the dense weights
+    ple_cache_bytes: int
+    overhead_bytes: int  # the process before loading (interpreter, libraries)
+    budget_bytes: int | None
+
+    @property
+    def streaming(self) -> bool:
+        return self.arena_slots > 0
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.arena_slots * self.sizes.slot_bytes
+
+    @property
+    def resident_expert_bytes(self) -> int:
+        return self.arena_bytes if self.streaming else self.sizes.expert_bytes
+
+    @property
+    def state_bytes(self) -> int:
+        return self.sizes.state_bytes(self.n_ctx)
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.sizes.dense_bytes
+            + self.resident_expert_bytes
+            + self.state_bytes
+            + self.sizes.scratch_bytes()
+            + self.ple_cache_bytes
+            + self.sizes.ple_index_bytes
+            + self.overhead_bytes
+        )
+
+    def rows(self) -> list[tuple[str, int, str]]:
+        s = self.sizes
+        rows = [("dense weights (resident)", s.dense_bytes, "")]
+        if s.n_experts_total:
+            if self.streaming:
+                share = self.arena_slots / s.n_experts_total
+                rows.append(
+                    (
+                        "expert arena",
+                        self.arena_bytes,
+                        f"{self.arena_slots} of {s.n_experts_total} experts ({share:.1%}); {human_bytes(s.expert_bytes)} on disk",
+                    )
+                )
+            else:
+                rows.append(("experts (resident)", s.expert_bytes, f"all {s.n_experts_total}"))
+        rows.append((f"KV / state at {self.n_ctx} tokens", self.state_bytes, "one window"))
+        rows.append(("scratch", s.scratch_bytes(), f"prefill chunk of {PREFILL_CHUNK} tokens"))
+        if s.ple_rows:
+            rows.append(
+                (
+                    "PLE row cache",
+                    self.ple_cache_bytes,
+                    f"table {human_bytes(s.ple_rows * s.ple_row_bytes)} on disk",
+                )
+            )
+            if s.ple_index_bytes:
+                rows.append(("PLE block checksums", s.ple_index_bytes, ""))
+        rows.append(("runtime (before load)", self.overhead_bytes, "interpreter and libraries"))
+        return rows
+
+    def render(self) -> str:
+        """The plan as a text table."""
+        width = max(len(r[0]) for r in self.rows())
+        lines = [
+            f"{name:<{width}}  {human_bytes(size):>10}  {note}".rstrip() for name, size, note in self.rows()
+        ]
+        budget = f"  of a {human_bytes(self.budget_bytes)} budget" if self.budget_bytes else ""
+        lines.append(f"{'total':<{width}}  {human_bytes(self.total_bytes):>10}{budget}")
+        return "\n".join(lines)
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes as B / KiB / MiB / GiB with three significant figures."""
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
+def plan_memory(
+    sizes: ModelSizes,
+    *,
+    n_ctx: int,
+    memory_gb: float | None = None,
+    arena_gb: float | None = None,
+    ple_cache_gb: float | None = None,
+    overhead_bytes: int = 0,
+    physical_bytes: int | None = None,
+) -> MemoryPlan:
+    """Decide the arena: ``arena_gb`` when given; else, for a GGUF whose experts fit the budget (``memory_gb``,
+    default three quarters of physical memory), every expert resident; else the budget left after everything
+    else. Raises MemoryPlanError when even one arena slot does not fit, or when ``arena_gb`` exceeds the budget.
+    """
+    if memory_gb is not None and memory_gb <= 0:
+        raise MemoryPlanError(f"memory_gb must be positive, got {memory_gb}")
+    if arena_gb is not None and arena_gb <= 0:
+        raise MemoryPlanError(f"arena_gb must be positive, got {arena_gb}")
+    physical = physical_bytes or system_memory()
+    budget = int(memory_gb * GIB) if memory_gb is not None else None
+    cap = budget if budget is not None else physical * 3 // 4
+    ple_cache = (
+        int(ple_cache_gb * GIB)
+        if ple_cache_gb is not None
+        else (min(256 << 20, sizes.ple_rows * sizes.ple_head_dim * 4) if sizes.ple_rows else 0)
+    )
+
+    def plan(slots: int) -> MemoryPlan:
+        return MemoryPlan(sizes, n_ctx, slots, ple_cache, overhead_bytes, budget)
+
+    if not sizes.n_experts_total:
+        p = plan(0)
+        if budget is not None and p.total_bytes > budget:
+            raise MemoryPlanError(
+                f"the model needs {human_bytes(p.total_bytes)}, over memory_gb={memory_gb}:\n{p.render()}"
+            )
+        return p
+    slot = sizes.slot_bytes
+    if arena_gb is not None:
+        slots = min(sizes.n_experts_total, int(arena_gb * GIB) // slot)
+        if slots < 1:
+            raise MemoryPlanError(f"arena_gb={arena_gb} holds no expert: one slot is {human_bytes(slot)}")
+        p = plan(slots)
+        if budget is not None and p.total_bytes > budget:
+            raise MemoryPlanError(f"arena_gb={arena_gb} does not fit memory_gb={memory_gb}:\n{p.render()}")
+        return p
+    if not sizes.packed and plan(0).total_bytes <= cap:
+        return plan(0)
+    fixed = plan(0).total_bytes - sizes.expert_bytes
+    slots = min(sizes.n_experts_total, max(0, (cap - fixed) // slot))
+    if slots < 1:
+        need = fixed + slot
+        raise MemoryPlanError(
+            f"the model needs at least {human_bytes(need)} (dense weights, state, one expert slot); "
+            f"the budget is {human_bytes(cap)}:\n{plan(1).render()}"
+        )
+    return plan(slots)
