@@ -44,9 +44,9 @@ __all__ = ["MAX_DRAFT", "CostGate", "Drafter", "Speculation", "Speculator", "Suf
 MAX_DRAFT = 7
 # Re-measure plain decoding after this many rounds without one (costs drift as the context grows).
 REMEASURE_ROUNDS = 64
-# After a round the gate decides not to draft, skip planning for 1, 2, 4, then at most this many tokens: on
+# After a round the gate decides not to draft, skip planning for 1, 2, 4, ... at most this many tokens: on
 # text where nothing pays, speculation then costs next to nothing per token.
-MAX_BACKOFF = 8
+MAX_BACKOFF = 16
 
 
 @dataclass(frozen=True)
