@@ -71,8 +71,10 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions&
     if (packed && options.arena.slots <= 0)
         throw Error("a packed model streams its experts: the arena needs at least one slot");
     if (options.arena.slots > 0) {
-        ExpertFileLayout layout = packed ? expert_layout_from_pack(options.experts_path, c.n_layer, c.moe)
-                                         : expert_layout_from_gguf(file_, path, c.n_layer, c.moe);
+        // Every block's experts, the MTP head's (block n_layer) included: `regolith pack` stores them all.
+        const int64_t n_block = c.n_layer + c.n_nextn;
+        ExpertFileLayout layout = packed ? expert_layout_from_pack(options.experts_path, n_block, c.moe)
+                                         : expert_layout_from_gguf(file_, path, n_block, c.moe);
         arena_ = std::make_unique<ExpertArena>(std::move(layout), options.arena);
         lookahead_ = options.lookahead;
     }
@@ -104,7 +106,8 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions&
         }
     }
     if (c.n_nextn > 0 && MtpHead::present(file_, c.n_layer))
-        mtp_ = std::make_unique<MtpHead>(file_, c.n_layer, c.hc, c.hc_rank, c.eps, c.moe, tok_embd_, output_, backend_);
+        mtp_ = std::make_unique<MtpHead>(file_, c.n_layer, c.hc, c.hc_rank, c.eps, c.moe, tok_embd_, output_,
+                                         arena_.get(), backend_);
 }
 
 Qwen4ExpModel::~Qwen4ExpModel() = default;

@@ -23,7 +23,7 @@ bool MtpHead::present(const GgufFile& file, int64_t layer) {
 }
 
 MtpHead::MtpHead(const GgufFile& file, int64_t layer, int64_t hc, int64_t hc_rank, float eps, const MoeShape& moe,
-                 const WeightView& tok_embd, const WeightView& output, Backend& backend)
+                 const WeightView& tok_embd, const WeightView& output, ExpertArena* arena, Backend& backend)
     : backend_(backend),
       hidden_(moe.hidden),
       hc_(hc),
@@ -35,7 +35,9 @@ MtpHead::MtpHead(const GgufFile& file, int64_t layer, int64_t hc, int64_t hc_ran
                             const QsaShape s = qsa_shape_from_gguf(file, layer);
                             return QsaAttention(s, qsa_weights_from_gguf(file, layer, s), backend);
                         })),
-      moe_(with_context("qwen4exp MTP head: ", [&] { return SparseMoe::load(ModelWeights(file), int(layer), moe); })) {
+      moe_(with_context("qwen4exp MTP head: ",
+                        [&] { return SparseMoe::load(ModelWeights(file), int(layer), moe, arena == nullptr); })) {
+    if (arena) moe_.stream_from(arena, layer);
     with_context("qwen4exp MTP head: ", [&] {
         const ModelWeights w(file);
         const int64_t h = hidden_;

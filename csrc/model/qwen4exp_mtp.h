@@ -24,9 +24,10 @@ class GgufFile;
 
 class MtpHead {
 public:
-    // Block `layer` of a qwen4exp GGUF; tok_embd / output are the main model's. Throws ModelFormatError.
+    // Block `layer` of a qwen4exp GGUF; tok_embd / output are the main model's; with an `arena` the routed
+    // experts stream through it (its layer `layer`), as the main layers' do. Throws ModelFormatError.
     MtpHead(const GgufFile& file, int64_t layer, int64_t hc, int64_t hc_rank, float eps, const MoeShape& moe,
-            const WeightView& tok_embd, const WeightView& output, Backend& backend);
+            const WeightView& tok_embd, const WeightView& output, ExpertArena* arena, Backend& backend);
 
     int64_t hidden() const { return hidden_; }
     int64_t vocab() const { return output_.rows; }

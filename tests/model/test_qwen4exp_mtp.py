@@ -201,3 +201,29 @@ def test_gguf_without_nextn_tensors_has_no_mtp(tmp_path):
     w = m.window(32)
     w.eval([5, 6, 7])
     assert not w.has_draft_head and w.draft(8, 3) == []
+
+
+def test_mtp_head_streams_its_experts(tiny, tmp_path):
+    """With an expert arena (from the GGUF, or a packed directory) the head's experts stream like the main
+    layers' (regolith pack stores every block's experts): same drafts, same logits."""
+    from regolith import memory_plan as mp
+    from regolith import pack as pk
+
+    path, ref = tiny
+    ids = np.random.default_rng(5).integers(3, ref.cfg.vocab_size, SEQ)
+
+    def drafts(model):
+        w = model.window(64)
+        logits = w.eval(ids[:-1])
+        return logits, w.draft(int(ids[-1]), 4)
+
+    want = drafts(regolith.Model.load(path))
+    packed = pk.pack(path, tmp_path / "tiny.pack")
+    for src in (path, packed):
+        dense = pk.open_packed(src).dense if pk.is_packed(src) else src
+        with regolith.gguf.open(dense) as f:
+            manifest = pk.open_packed(src).manifest if pk.is_packed(src) else None
+            slot = mp.sizes_from_gguf(f.tensors, f.metadata, manifest).slot_bytes
+        logits, got = drafts(regolith.Model.load(src, arena_gb=3 * slot / 2**30))
+        np.testing.assert_array_equal(logits, want[0])
+        assert got == want[1]
