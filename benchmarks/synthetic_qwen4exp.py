@@ -96,14 +96,12 @@ class TensorSpec:
 
 def config(n_layers: int, *, vocab: int = 32768, ple: bool = False) -> dict[str, Any]:
     """The config.json dict: ``Qwen4ExpTextConfig()`` defaults with ``n_layers`` layers (every 4th QSA; the
-    last one when there are fewer than 4), the vocabulary ``vocab``, the QSA indexer and rope of the real
+    last one when there are fewer than 4; at least 2), the vocabulary ``vocab``, the QSA indexer and rope of the real
     checkpoint, and with ``ple`` one PLE layer (the first) with a ~16k-row n-gram table."""
     from transformers import Qwen4ExpTextConfig
 
-    if n_layers < 1:
-        raise ValueError(f"n_layers must be positive, got {n_layers}")
-    if ple and n_layers < 2:
-        raise ValueError("PLE sits on a GDN layer: it needs at least 2 layers (GDN, QSA)")
+    if n_layers < 2:  # transformers wants a QSA layer, llama.cpp a GDN layer (its recurrent state)
+        raise ValueError(f"the model needs at least 2 layers (GDN, QSA), got {n_layers}")
     types = ["indexed_attention" if i % 4 == 3 else "linear_attention" for i in range(n_layers)]
     types[-1] = "indexed_attention" if "indexed_attention" not in types else types[-1]
     cfg = Qwen4ExpTextConfig(
