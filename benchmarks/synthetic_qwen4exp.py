@@ -95,9 +95,9 @@ class TensorSpec:
 
 
 def config(n_layers: int, *, vocab: int = 32768, ple: bool = False) -> dict[str, Any]:
-    """The config.json dict: ``Qwen4ExpTextConfig()`` defaults with ``n_layers`` layers (every 4th QSA; the
-    last one when there are fewer than 4; at least 2), the vocabulary ``vocab``, the QSA indexer and rope of the real
-    checkpoint, and with ``ple`` one PLE layer (the first) with a ~16k-row n-gram table."""
+    """The config.json dict: ``Qwen4ExpTextConfig()`` defaults with ``n_layers`` layers (at least 2; every
+    4th QSA, the last one when there are fewer than 4), the vocabulary ``vocab``, the QSA indexer and rope
+    of the real checkpoint, and with ``ple`` one PLE layer (the first) with a ~16k-row n-gram table."""
     from transformers import Qwen4ExpTextConfig
 
     if n_layers < 2:  # transformers wants a QSA layer, llama.cpp a GDN layer (its recurrent state)
