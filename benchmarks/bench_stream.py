@@ -10,28 +10,28 @@ real Flash-Next shapes (written once to ``--data-dir`` and reused). All in one r
 1. The disk: O_DIRECT reads of one expert record (a routed expert's gate, up and down bytes, rounded up to
    4 KiB) from the file's expert region: sequential at queue depth 1, random at queue depth 1, random from
    ``--io-threads`` threads. The best of these is the bandwidth the read rates are compared with.
-2. llama.cpp (llama-cpp-python's C API, when installed; as many threads as regolith): ``mmap``, its default,
-   which copies the tensors it has faster CPU layouts for (Q4_0, Q4_K, IQ4_NL: routed experts included) into
-   RAM at load; ``mmap --no-repack`` (llama-cli's flag), which leaves every weight in the mapping; and
-   ``--no-mmap`` (the file read into RAM). Only ``mmap --no-repack`` runs when the file does not fit in the
-   memory available: the others would need the experts in RAM. Its read MB/s is the process's storage
-   reads (/proc/self/io read_bytes) during decode; note that llama.cpp's mmap load prefetches the whole
-   file (madvise WILLNEED).
+2. llama.cpp (llama-cpp-python's C API, when installed; as many threads as regolith): ``mmap --no-repack``
+   (llama-cli's flag), which leaves every weight in the mapping; ``mmap``, its default, which copies the
+   tensors it has faster CPU layouts for (Q4_0, Q4_K, IQ4_NL: routed experts included) into RAM at load;
+   and ``--no-mmap`` (the file read into RAM). The last two run only when the file fits in the memory
+   available. Its read MB/s is the process's storage reads (/proc/self/io read_bytes) during decode; note
+   that llama.cpp's mmap load prefetches the whole file (madvise WILLNEED).
 3. regolith: memory-mapped with the file in the page cache (the compute ceiling; only when it fits), then
    ``Model.load(path, arena_gb=...)`` with an arena of each ``--arena`` fraction of the routed experts'
-   bytes: decode tok/s, the arena's hit rate, read MB/s and its share of the disk bandwidth, the share of
-   decode time stalled on reads, and the speed against llama.cpp's first row (its default when the file
-   fits, ``mmap --no-repack`` otherwise).
+   bytes: decode tok/s, the arena's hit rate, expert bytes read per second and their share of the disk
+   bandwidth, the share of decode time stalled on reads, and the speed against llama.cpp's
+   ``mmap --no-repack`` in the same pass.
 
-Every decode run evaluates the same ``--prompt`` random token ids, then ``--decode`` greedy tokens one at a
-time; only the decode steps are timed. Random weights route near-uniformly, so an arena holding a fraction
-f of the experts hits about f of the time; ``--trace FILE`` replays recorded routing (an .npz with
-``experts``: int [n_tokens, n_moe_layers, top_k] chosen expert ids, and ``n_experts``) through the arena's
-cache policy (``regolith.arena.replay_trace``) for realistic hit rates at the same arena fractions.
+Streaming runs (llama.cpp ``mmap --no-repack``, the regolith arenas) decode two passes in one context: cold
+(right after loading) and warm (the same again, caches as the first pass left them). Every pass evaluates
+the same ``--prompt`` random token ids, then ``--decode`` greedy tokens one at a time; only the decode steps
+are timed. Random weights route near-uniformly, so an arena holding a fraction f of the experts hits about
+f of the time; ``--trace FILE`` replays recorded routing (an .npz with ``experts``: int [n_tokens,
+n_moe_layers, top_k] chosen expert ids, and ``n_experts``) through the arena's cache policy
+(``regolith.arena.replay_trace``) for realistic hit rates at the same arena fractions.
 
-The page cache is dropped before every load (and filled for the "file cached" row): through
-/proc/sys/vm/drop_caches when writable (root), otherwise by posix_fadvise(DONTNEED) on the file. The
-machine's other load shows in every number: run it idle.
+The file's pages are evicted from the page cache before every load (and the file read in for the "file
+cached" row). The machine's other load shows in every number: run it idle.
 """
 
 from __future__ import annotations
@@ -94,20 +94,14 @@ def mem_available() -> int:
     raise OSError("/proc/meminfo has no MemAvailable")
 
 
-def drop_page_cache(path: str | os.PathLike[str]) -> str:
-    """Evict ``path`` from the page cache; returns how (``drop_caches`` or ``fadvise``)."""
-    os.sync()
+def drop_page_cache(path: str | os.PathLike[str]) -> None:
+    """Evict ``path``'s pages from the page cache (posix_fadvise DONTNEED: only this file, unlike
+    /proc/sys/vm/drop_caches, so the machine's other users keep theirs; pages a live mapping holds stay)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
-        return "drop_caches"
-    except OSError:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        return "fadvise"
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def fill_page_cache(path: str | os.PathLike[str]) -> None:
@@ -265,21 +259,38 @@ class LlamaCpp:
         self._lib.llama_model_free(self._model)
 
 
+def _passes(
+    eval_last: Callable[[list[int]], np.ndarray],
+    prompt: Sequence[int],
+    n: int,
+    passes: int,
+    counters: Callable[[], dict[str, float]],
+) -> list[dict[str, float]]:
+    """``passes`` runs of :func:`timed_decode` in one context (the first cold, the next warm): tok/s and
+    each counter's change per decode second."""
+    out = []
+    for _ in range(passes):
+        start: list[dict[str, float]] = []
+        seconds = timed_decode(eval_last, prompt, n, lambda start=start: start.append(counters()))
+        end = counters()
+        out.append({"tok_s": n / seconds, **{k: (end[k] - start[0][k]) / seconds for k in end}})
+    return out
+
+
 def llamacpp_decode(
-    path: str, prompt: Sequence[int], n: int, *, threads: int, mmap: bool, repack: bool
-) -> dict:
-    """llama.cpp loading ``path`` and decoding ``n`` tokens after ``prompt``: tok/s, storage reads (bytes/s)
-    during decode, load seconds and the bytes read while loading."""
+    path: str, prompt: Sequence[int], n: int, *, threads: int, mmap: bool, repack: bool, passes: int = 1
+) -> list[dict[str, float]]:
+    """llama.cpp loading ``path`` and decoding: per pass, tok/s and storage reads during decode
+    (``read_Bps``); the first pass also has the load seconds and the bytes read while loading."""
     read0, t = storage_read_bytes(), time.perf_counter()
-    llm = LlamaCpp(path, len(prompt) + n + 8, threads, mmap=mmap, repack=repack)
-    load_s, load_read = time.perf_counter() - t, storage_read_bytes() - read0
+    llm = LlamaCpp(path, passes * (len(prompt) + n + 1) + 8, threads, mmap=mmap, repack=repack)
+    load = {"load_s": time.perf_counter() - t, "load_read_bytes": storage_read_bytes() - read0}
     try:
-        mark: list[int] = []
-        seconds = timed_decode(llm.eval_last, prompt, n, lambda: mark.append(storage_read_bytes()))
-        read = storage_read_bytes() - mark[0]
+        out = _passes(llm.eval_last, prompt, n, passes, lambda: {"read_Bps": storage_read_bytes()})
     finally:
         llm.close()
-    return {"tok_s": n / seconds, "read_Bps": read / seconds, "load_s": load_s, "load_read_bytes": load_read}
+    out[0].update(load)
+    return out
 
 
 def _window_eval(model: regolith.Model, n_ctx: int) -> Callable[[list[int]], np.ndarray]:
@@ -287,7 +298,7 @@ def _window_eval(model: regolith.Model, n_ctx: int) -> Callable[[list[int]], np.
     return lambda ids: window.eval(ids, all_logits=False)[-1]
 
 
-def regolith_resident(path: str, prompt: Sequence[int], n: int) -> dict:
+def regolith_resident(path: str, prompt: Sequence[int], n: int) -> dict[str, float]:
     """regolith with the whole file memory-mapped (callers put it in the page cache first)."""
     t = time.perf_counter()
     model = regolith.Model.load(path)
@@ -296,10 +307,14 @@ def regolith_resident(path: str, prompt: Sequence[int], n: int) -> dict:
     return {"tok_s": n / seconds, "load_s": load_s}
 
 
-def regolith_arena(path: str, arena_gb: float, prompt: Sequence[int], n: int) -> dict | None:
-    """regolith streaming experts through an arena of ``arena_gb`` GiB: tok/s, load seconds, the decode's
-    hit rate, read bytes/s and share of time stalled on reads, the lowest per-layer hit rate; None when
-    this regolith has no expert arena (``Model.load`` takes no ``arena_gb``)."""
+def regolith_arena(
+    path: str, arena_gb: float, prompt: Sequence[int], n: int, passes: int = 1
+) -> list[dict[str, float]] | None:
+    """regolith streaming experts through an arena of ``arena_gb`` GiB: per pass, tok/s, the decode's
+    hit rate, expert bytes read per second (``read_Bps``; ``os_read_Bps``: the process's storage reads),
+    the share of decode time stalled on reads; the first pass also has the load seconds and the lowest
+    per-layer hit rate since load. None when this regolith has no expert arena (``Model.load`` takes no
+    ``arena_gb``)."""
     t = time.perf_counter()
     try:
         model = regolith.Model.load(path, arena_gb=arena_gb)
@@ -308,22 +323,24 @@ def regolith_arena(path: str, arena_gb: float, prompt: Sequence[int], n: int) ->
             raise
         return None
     load_s = time.perf_counter() - t
-    start: list[dict[str, Any]] = []
-    seconds = timed_decode(
-        _window_eval(model, len(prompt) + n + 8), prompt, n, lambda: start.append(model.stats())
-    )
-    before, after = start[0], model.stats()
-    hits = after["hits"] - before["hits"]
-    misses = after["misses"] - before["misses"]
-    layer_rates = np.asarray(after["per_layer_hit_rate"], dtype=float)
-    return {
-        "tok_s": n / seconds,
-        "load_s": load_s,
-        "hit_rate": hits / max(hits + misses, 1),
-        "read_Bps": (after["bytes_read"] - before["bytes_read"]) / seconds,
-        "stall": (after["read_stall_s"] - before["read_stall_s"]) / seconds,
-        "layer_hit_min": float(layer_rates.min()) if layer_rates.size else float("nan"),
-    }
+
+    def counters() -> dict[str, float]:
+        st = model.stats()
+        return {
+            "hits": st["hits"],
+            "misses": st["misses"],
+            "read_Bps": st["bytes_read"],
+            "os_read_Bps": storage_read_bytes(),
+            "stall": st["read_stall_s"],
+        }
+
+    out = _passes(_window_eval(model, passes * (len(prompt) + n + 1) + 8), prompt, n, passes, counters)
+    for r in out:  # hits and misses came back per second: their ratio is the pass's hit rate
+        hits, misses = r.pop("hits"), r.pop("misses")
+        r["hit_rate"] = hits / (hits + misses) if hits + misses else float("nan")
+    layer_rates = np.asarray(model.stats()["per_layer_hit_rate"], dtype=float)
+    out[0].update(load_s=load_s, layer_hit_min=float(layer_rates.min()) if layer_rates.size else float("nan"))
+    return out
 
 
 # ------------------------------------------------------------------------------------------ traces
@@ -368,23 +385,41 @@ def _mbs(bps: float) -> str:
     return f"{bps / 1e6:.0f}"
 
 
+def _show(console: Console, markdown: bool, title: str, head: list[str], rows: list[list[str]]) -> None:
+    """A table on the console, or as Markdown (for docs/benchmarks.md)."""
+    if markdown:
+        print(f"\n{title}\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        return
+    table = Table(title=title)
+    for i, col in enumerate(head):
+        table.add_column(col, justify="left" if i < 2 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+PASSES = ("cold", "warm")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a qwen4exp GGUF (default: the synthetic one, written if missing)")
     ap.add_argument("--layers", type=int, default=4, help="layers of the synthetic model")
     ap.add_argument("--experts", choices=list(synthetic_qwen4exp.EXPERT_TYPES), default="Q4_K")
+    ap.add_argument("--ple", action="store_true", help="give the synthetic model a PLE layer")
     ap.add_argument("--data-dir", default="/work/bench_data", help="where the synthetic model is kept")
-    ap.add_argument(
-        "--arena", default="0.125,0.25,0.5", help="arena sizes as fractions of the experts' bytes"
-    )
+    ap.add_argument("--arena", default="0.125,0.25,0.5", help="arena sizes, fractions of the experts' bytes")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens")
-    ap.add_argument("--decode", type=int, default=32, help="decoded tokens per run")
+    ap.add_argument("--decode", type=int, default=32, help="decoded tokens per pass")
     ap.add_argument("--threads", type=int, default=2, help="compute threads (both engines)")
     ap.add_argument("--io-threads", type=int, default=4, help="threads of the parallel disk probe")
     ap.add_argument("--disk-seconds", type=float, default=3.0, help="seconds per disk probe")
     ap.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp")
     ap.add_argument("--trace", help="a routing trace (.npz) to replay through the arena policy")
     ap.add_argument("--policy", default="lru+pinned", help="the arena policy the trace replay uses")
+    ap.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     fractions = [float(f) for f in args.arena.split(",")]
@@ -393,124 +428,124 @@ def main(argv: list[str] | None = None) -> None:
     if args.model:
         path = args.model
     else:
-        path = os.path.join(args.data_dir, f"synthetic-qwen4exp-{args.layers}L-{args.experts}.gguf")
+        name = f"synthetic-qwen4exp-{args.layers}L-{args.experts}{'-ple' if args.ple else ''}.gguf"
+        path = os.path.join(args.data_dir, name)
         if not os.path.exists(path):
             console.print(f"writing {path} ...")
-            synthetic_qwen4exp.write(path, args.layers, expert_type=args.experts)
+            synthetic_qwen4exp.write(path, args.layers, expert_type=args.experts, ple=args.ple)
     size = os.path.getsize(path)
     exp = expert_layout(path)
     fits = size + MIN_SPARE_RAM <= mem_available()
     prompt = [int(t) for t in np.random.default_rng(0).integers(3, 259, args.prompt)]
+    mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    console.print(
+        f"{path}: {size / GiB:.2f} GiB, routed experts {exp['total'] / GiB:.2f} GiB "
+        f"({exp['n_layers']} layers x {exp['n_experts']} records of {exp['record'] / 2**20:.2f} MiB); "
+        f"RAM {mem_total / GiB:.1f} GiB: the file {'fits' if fits else 'does not fit'}"
+    )
     results: dict[str, Any] = {
         "model": path,
         "file_bytes": size,
         "expert_bytes": exp["total"],
         "record_bytes": exp["record"],
-        "mem_total": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "mem_total": mem_total,
         "fits_in_ram": fits,
         "prompt": args.prompt,
         "decode": args.decode,
         "threads": args.threads,
     }
-    console.print(
-        f"{path}: {size / GiB:.2f} GiB, routed experts {exp['total'] / GiB:.2f} GiB "
-        f"({exp['n_layers']} layers x {exp['n_experts']} records of {exp['record'] / 2**20:.2f} MiB); "
-        f"RAM {results['mem_total'] / GiB:.1f} GiB ({'fits' if fits else 'does not fit'})"
-    )
 
     disk = disk_bandwidth(
         path, exp["record"], (exp["start"], exp["end"]), threads=args.io_threads, seconds=args.disk_seconds
     )
     peak = max(disk.values())
     results["disk_Bps"] = disk
-    table = Table(title=f"O_DIRECT reads of {exp['record'] / 2**20:.2f} MiB records")
-    table.add_column("pattern")
-    table.add_column("MB/s", justify="right")
-    for k, v in disk.items():
-        table.add_row(k, _mbs(v))
-    console.print(table)
+    _show(console, args.markdown, f"O_DIRECT reads of {exp['record'] / 2**20:.2f} MiB records",
+          ["pattern", "MB/s"], [[k, _mbs(v)] for k, v in disk.items()])  # fmt: skip
 
     runs: list[dict[str, Any]] = []
 
-    def add(engine: str, setup: str, r: dict[str, Any], **extra: Any) -> None:
-        runs.append({"engine": engine, "setup": setup, **r, **extra})
-        console.print(f"  {engine} {setup}: {r['tok_s']:.2f} tok/s")
+    def add(engine: str, setup: str, passes: list[dict[str, float]], **extra: Any) -> None:
+        for label, r in zip(PASSES if len(passes) > 1 else ("",), passes, strict=False):
+            runs.append({"engine": engine, "setup": setup, "pass": label, **r, **extra})
+            console.print(f"  {engine} {setup}{f' ({label})' if label else ''}: {r['tok_s']:.2f} tok/s")
 
-    how = drop_page_cache(path)  # also checks that dropping works before any timing
-    llama_ref = None
     if not args.no_llamacpp:
         try:
             import llama_cpp  # noqa: F401
         except ImportError:
             console.print("llama.cpp (llama-cpp-python) is not installed: no llama.cpp rows")
         else:
-            # llama.cpp's default copies the repackable experts into RAM at load: only when the file fits
-            setups = [("mmap", True, True), ("mmap --no-repack", True, False), ("--no-mmap", False, True)]
-            for setup, mmap_, repack in setups if fits else setups[1:2]:
+            # (setup, mmap, repack, passes); repacking copies the experts into RAM: only when the file fits
+            setups = [
+                ("mmap --no-repack", True, False, 2),
+                ("mmap", True, True, 1),
+                ("--no-mmap", False, True, 1),
+            ]
+            for setup, mmap_, repack, n_passes in setups if fits else setups[:1]:
                 drop_page_cache(path)
-                r = llamacpp_decode(
-                    path, prompt, args.decode, threads=args.threads, mmap=mmap_, repack=repack
-                )
-                add("llama.cpp", setup, r)
-                llama_ref = llama_ref or r
+                add("llama.cpp", setup, llamacpp_decode(
+                    path, prompt, args.decode, threads=args.threads, mmap=mmap_, repack=repack,
+                    passes=n_passes,
+                ))  # fmt: skip
+    ref = {r["pass"]: r["tok_s"] for r in runs if r["setup"] == "mmap --no-repack"}
 
     _core.set_threads(args.threads)
     if fits:
         fill_page_cache(path)
-        add("regolith", "mmap, file cached", regolith_resident(path, prompt, args.decode))
-    missing_arena = False
+        add("regolith", "mmap, file cached", [regolith_resident(path, prompt, args.decode)])
     for frac in fractions:
         gb = frac * exp["total"] / GiB
         drop_page_cache(path)
-        r = regolith_arena(path, gb, prompt, args.decode)
-        if r is None:
-            missing_arena = True
+        passes = regolith_arena(path, gb, prompt, args.decode, passes=2)
+        if passes is None:
+            console.print(
+                "[yellow]regolith.Model.load takes no arena_gb yet (issue 5: ExpertArena / ExpertStreamer): "
+                "no arena rows[/yellow]"
+            )
             break
-        add("regolith", f"arena {frac:.1%}", r, arena_gb=gb, fraction=frac)
-    if missing_arena:
-        console.print(
-            "[yellow]regolith.Model.load takes no arena_gb yet (issue 5: ExpertArena / ExpertStreamer): "
-            "no arena rows[/yellow]"
-        )
+        add("regolith", f"arena {frac:.1%}", passes, arena_gb=gb, fraction=frac)
+    results["runs"] = runs
 
-    table = Table(
-        title=f"decode, {args.prompt}-token prompt + {args.decode} tokens, {args.threads} threads, "
-        f"page cache dropped ({how}) before each load; disk {_mbs(peak)} MB/s (best O_DIRECT pattern)"
-    )
-    for col in ("engine", "setup", "load s", "arena GiB", "tok/s", "hit rate", "read MB/s", "% of disk",
-                "read stall", "vs llama.cpp"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("engine", "setup") else "right")
+    def cell(r: dict[str, Any], key: str, fmt: str) -> str:
+        return format(r[key], fmt) if key in r else ""
+
+    rows = []
     for r in runs:
-        table.add_row(
-            r["engine"],
-            r["setup"],
-            f"{r['load_s']:.1f}" if "load_s" in r else "",
-            f"{r['arena_gb']:.2f}" if "arena_gb" in r else "",
-            f"{r['tok_s']:.2f}",
-            f"{r['hit_rate']:.1%}" if "hit_rate" in r else "",
+        peer = ref.get(r["pass"] or "warm") if r["engine"] == "regolith" else None
+        rows.append([
+            r["engine"], r["setup"], r["pass"], cell(r, "load_s", ".1f"), cell(r, "arena_gb", ".2f"),
+            f"{r['tok_s']:.2f}", cell(r, "hit_rate", ".1%"),
             _mbs(r["read_Bps"]) if "read_Bps" in r else "",
             f"{r['read_Bps'] / peak:.0%}" if "read_Bps" in r else "",
-            f"{r['stall']:.0%}" if "stall" in r else "",
-            f"{r['tok_s'] / llama_ref['tok_s']:.2f}x" if llama_ref and r["engine"] == "regolith" else "",
-        )
-    console.print(table)
-    results["runs"] = runs
+            cell(r, "stall", ".0%"), f"{r['tok_s'] / peer:.2f}x" if peer else "",
+        ])  # fmt: skip
+    _show(
+        console,
+        args.markdown,
+        f"decode: {args.prompt}-token prompt, then {args.decode} tokens per pass, {args.threads} threads; "
+        f"page cache dropped before each load; disk {_mbs(peak)} MB/s (best O_DIRECT pattern)",
+        ["engine", "setup", "pass", "load s", "arena GiB", "tok/s", "hit rate", "read MB/s", "% of disk",
+         "read stall", "vs llama.cpp mmap --no-repack"],
+        rows,
+    )  # fmt: skip
 
     if args.trace:
         experts, n_experts = load_trace(args.trace)
-        rows = replay(experts, n_experts, fractions, args.policy)
-        if rows is None:
+        replayed = replay(experts, n_experts, fractions, args.policy)
+        if replayed is None:
             console.print("[yellow]regolith.arena.replay_trace does not exist yet: no trace replay[/yellow]")
         else:
-            table = Table(title=f"{args.trace}: {experts.shape[0]} tokens x {experts.shape[1]} MoE layers, "
-                          f"top-{experts.shape[2]} of {n_experts}, policy {args.policy}")  # fmt: skip
-            for col in ("arena", "slots", "hit rate", "uniform routing"):
-                table.add_column(col, justify="right")
-            for row in rows:
-                table.add_row(f"{row['fraction']:.1%}", str(row["slots"]), f"{row['hit_rate']:.1%}",
-                              f"{row['fraction']:.1%}")  # fmt: skip
-            console.print(table)
-            results["trace"] = {"path": args.trace, "policy": args.policy, "rows": rows}
+            _show(
+                console,
+                args.markdown,
+                f"{args.trace}: {experts.shape[0]} tokens x {experts.shape[1]} MoE layers, "
+                f"top-{experts.shape[2]} of {n_experts}, policy {args.policy}",
+                ["arena", "slots", "hit rate", "uniform routing"],
+                [[f"{r['fraction']:.1%}", str(r["slots"]), f"{r['hit_rate']:.1%}", f"{r['fraction']:.1%}"]
+                 for r in replayed],
+            )  # fmt: skip
+            results["trace"] = {"path": args.trace, "policy": args.policy, "rows": replayed}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
