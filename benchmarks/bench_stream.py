@@ -15,7 +15,8 @@ real Flash-Next shapes (written once to ``--data-dir`` and reused). All in one r
    tensors it has faster CPU layouts for (Q4_0, Q4_K, IQ4_NL: routed experts included) into RAM at load;
    and ``--no-mmap`` (the file read into RAM). The last two run only when the file fits in the memory
    available. Its read MB/s is the process's storage reads (/proc/self/io read_bytes) during decode; note
-   that llama.cpp's mmap load prefetches the whole file (madvise WILLNEED).
+   that llama.cpp's mmap load prefetches the whole file (madvise WILLNEED). OMP_WAIT_POLICY defaults to
+   PASSIVE (set it to ACTIVE for llama.cpp's spinning threads, faster only on an otherwise idle machine).
 3. regolith: memory-mapped with the file in the page cache (the compute ceiling; only when it fits), then
    ``Model.load(path, arena_gb=...)`` with an arena of each ``--arena`` fraction of the routed experts'
    bytes: decode tok/s, the arena's hit rate, expert bytes read per second and their share of the disk
@@ -471,6 +472,10 @@ def main(argv: list[str] | None = None) -> None:
             console.print(f"  {engine} {setup}{f' ({label})' if label else ''}: {r['tok_s']:.2f} tok/s")
 
     if not args.no_llamacpp:
+        # llama.cpp's OpenMP threads spin between ops; on a shared machine spinning threads collapse
+        # (0.8 against 17 tok/s measured with 2 threads on 2 busy cores): wait passively unless told otherwise
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        results["llamacpp_omp_wait_policy"] = os.environ["OMP_WAIT_POLICY"]
         try:
             import llama_cpp  # noqa: F401
         except ImportError:

@@ -195,7 +195,7 @@ def _float_values(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
         return -np.exp(rng.uniform(0.0, np.log(16.0), shape)).astype(np.float32)
     if name.endswith("ssm_dt.bias"):
         return rng.uniform(-1.0, 1.0, shape).astype(np.float32)
-    if name.endswith("_norm.weight"):  # llama.cpp stores the multiplier (1 + w for zero-centred norms)
+    if "_norm" in name:  # llama.cpp stores the multiplier (1 + w for zero-centred norms)
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     if name.endswith("conv1d.weight"):
         return (0.5 * rng.standard_normal(shape)).astype(np.float32)
