@@ -45,7 +45,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -343,7 +343,8 @@ def regolith_arena(
     for r in out:  # hits and misses came back per second: their ratio is the pass's hit rate
         hits, misses = r.pop("hits"), r.pop("misses")
         r["hit_rate"] = hits / (hits + misses) if hits + misses else float("nan")
-    layer_rates = np.asarray(model.stats()["per_layer_hit_rate"], dtype=float)
+    per_layer = model.stats()["per_layer_hit_rate"]  # a sequence, or a mapping layer -> rate
+    layer_rates = np.asarray(list(per_layer.values() if isinstance(per_layer, Mapping) else per_layer), float)
     out[0].update(load_s=load_s, layer_hit_min=float(layer_rates.min()) if layer_rates.size else float("nan"))
     return out
 
