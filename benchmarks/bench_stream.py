@@ -45,7 +45,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,20 +146,19 @@ def disk_bandwidth(
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     try:
 
-        def reader(offsets: Callable[[], int], deadline: float, done: list[int]) -> None:
+        def reader(offsets: Iterator[int], deadline: float, done: list[int]) -> None:
             buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
             n = 0
             while time.perf_counter() < deadline:
-                n += os.preadv(fd, [buf], offsets())
+                n += os.preadv(fd, [buf], next(offsets))
             buf.close()
             done.append(n)
 
-        def run(make_offsets: Callable[[int], Callable[[], int]], n_threads: int) -> float:
+        def run(offsets: Callable[[int], Iterator[int]], n_threads: int) -> float:
             done: list[int] = []
             t = time.perf_counter()
-            deadline = t + seconds
             workers = [
-                threading.Thread(target=reader, args=(make_offsets(i), deadline, done))
+                threading.Thread(target=reader, args=(offsets(i), t + seconds, done))
                 for i in range(n_threads)
             ]
             for w in workers:
@@ -168,24 +167,21 @@ def disk_bandwidth(
                 w.join()
             return sum(done) / (time.perf_counter() - t)
 
-        def sequential(i: int) -> Callable[[], int]:
-            pos = [int(np.random.default_rng(seed).integers(n_slots))]
+        def sequential(i: int) -> Iterator[int]:
+            k = int(np.random.default_rng(seed).integers(n_slots))
+            while True:
+                yield lo + k * ALIGN
+                k = (k + size // ALIGN) % n_slots
 
-            def nxt() -> int:
-                off = lo + pos[0] * ALIGN
-                pos[0] = (pos[0] + size // ALIGN) % n_slots
-                return off
-
-            return nxt
-
-        def random(i: int) -> Callable[[], int]:
+        def at_random(i: int) -> Iterator[int]:
             rng = np.random.default_rng(seed + 1 + i)
-            return lambda: lo + int(rng.integers(n_slots)) * ALIGN
+            while True:
+                yield lo + int(rng.integers(n_slots)) * ALIGN
 
         return {
             "sequential": run(sequential, 1),
-            "random": run(random, 1),
-            f"random x{threads}": run(random, threads),
+            "random": run(at_random, 1),
+            f"random x{threads}": run(at_random, threads),
         }
     finally:
         os.close(fd)
