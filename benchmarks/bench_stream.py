@@ -30,7 +30,10 @@ the same ``--prompt`` random token ids, then ``--decode`` greedy tokens one at a
 are timed. Random weights route near-uniformly, so an arena holding a fraction f of the experts hits about
 f of the time; ``--trace FILE`` replays recorded routing (an .npz with ``experts``: int [n_tokens,
 n_moe_layers, top_k] chosen expert ids, and ``n_experts``) through the arena's cache policy
-(``regolith.arena.replay_trace``) for realistic hit rates at the same arena fractions.
+(``regolith._core.replay_trace``, the arena's own eviction code, as plain LRU and with its learned hot set)
+for realistic hit rates at the same arena fractions. ``--pack DIR`` repeats the arena rows reading a packed
+copy of the model (one read per expert instead of three); ``--moce`` measures cache-aware routing against
+exact routing (hit rate and tok/s gained, next-token KL divergence and top-1 agreement on the same tokens).
 
 The file's pages are evicted from the page cache before every load (and the file read in for the "file
 cached" row). The machine's other load shows in every number: run it idle.
@@ -45,7 +48,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -309,20 +312,15 @@ def regolith_mmap(path: str, prompt: Sequence[int], n: int, passes: int = 1) -> 
 
 
 def regolith_arena(
-    path: str, arena_gb: float, prompt: Sequence[int], n: int, passes: int = 1
-) -> list[dict[str, float]] | None:
-    """regolith streaming experts through an arena of ``arena_gb`` GiB: per pass, tok/s, the decode's
-    hit rate, expert bytes read per second (``read_Bps``; ``os_read_Bps``: the process's storage reads),
-    the share of decode time stalled on reads; the first pass also has the load seconds and the lowest
-    per-layer hit rate since load. None when this regolith has no expert arena (``Model.load`` takes no
-    ``arena_gb``)."""
+    path: str, arena_gb: float, prompt: Sequence[int], n: int, passes: int = 1, **load: Any
+) -> list[dict[str, float]]:
+    """regolith streaming experts through an arena of ``arena_gb`` GiB (``path``: a GGUF, read in place, or
+    a packed directory): per pass, tok/s, the decode's hit rate, expert bytes read per second (``read_Bps``;
+    ``os_read_Bps``: the process's storage reads), the share of decode time stalled on reads; the first pass
+    also has the load seconds and the lowest per-layer hit rate since load. ``load``: more Model.load
+    options (moce, lookahead)."""
     t = time.perf_counter()
-    try:
-        model = regolith.Model.load(path, arena_gb=arena_gb)
-    except TypeError as e:
-        if "arena_gb" not in str(e):
-            raise
-        return None
+    model = regolith.Model.load(path, arena_gb=arena_gb, **load)
     load_s = time.perf_counter() - t
 
     def counters() -> dict[str, float]:
@@ -339,10 +337,44 @@ def regolith_arena(
     for r in out:  # hits and misses came back per second: their ratio is the pass's hit rate
         hits, misses = r.pop("hits"), r.pop("misses")
         r["hit_rate"] = hits / (hits + misses) if hits + misses else float("nan")
-    per_layer = model.stats()["per_layer_hit_rate"]  # a sequence, or a mapping layer -> rate
-    layer_rates = np.asarray(list(per_layer.values() if isinstance(per_layer, Mapping) else per_layer), float)
-    out[0].update(load_s=load_s, layer_hit_min=float(layer_rates.min()) if layer_rates.size else float("nan"))
+    out[0].update(load_s=load_s, layer_hit_min=min(model.stats()["per_layer_hit_rate"]))
     return out
+
+
+def moce_effect(
+    path: str, arena_gb: float, tokens: Sequence[int], *, bonus: float, protect: int
+) -> dict[str, float]:
+    """Cache-aware routing against exact routing on the same tokens (teacher-forced, one at a time after a
+    16-token prefill): hit rates and decode tok/s of both, and per position the KL divergence of MoCE's
+    next-token distribution from the exact one and whether their top-1 tokens agree."""
+    runs = {}
+    for name, moce in (("exact", False), ("moce", {"bonus": bonus, "protect": protect})):
+        model = regolith.Model.load(path, arena_gb=arena_gb, moce=moce)
+        window = model.window(len(tokens) + 8)
+        window.eval(tokens[:16], all_logits=False)
+        model.reset_stats()
+        logits, t = [], time.perf_counter()
+        for tok in tokens[16:]:
+            logits.append(window.eval([tok])[-1].astype(np.float64))
+        dt = time.perf_counter() - t
+        st = model.stats()
+        runs[name] = (np.stack(logits), st["hit_rate"], len(logits) / dt)
+    (exact, hit0, tps0), (moce, hit1, tps1) = runs["exact"], runs["moce"]
+    p = np.exp(exact - exact.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    logq = moce - moce.max(1, keepdims=True)
+    logq -= np.log(np.exp(logq).sum(1, keepdims=True))
+    logp = np.log(np.maximum(p, 1e-300))
+    kl = (p * (logp - logq)).sum(1)
+    return {
+        "hit_exact": hit0,
+        "hit_moce": hit1,
+        "tok_s_exact": tps0,
+        "tok_s_moce": tps1,
+        "kl_mean": float(kl.mean()),
+        "kl_max": float(kl.max()),
+        "top1_agree": float((exact.argmax(1) == moce.argmax(1)).mean()),
+    }
 
 
 # ------------------------------------------------------------------------------------------ traces
@@ -362,21 +394,21 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
     return experts, n_experts
 
 
-def replay(experts: np.ndarray, n_experts: int, fractions: Sequence[float], policy: str) -> list[dict] | None:
-    """Hit rates of the arena's cache policy on a trace, one per arena fraction of all (layer, expert)
-    records; None when this regolith cannot replay traces (no ``regolith.arena.replay_trace``)."""
-    try:
-        from regolith.arena import replay_trace
-    except ImportError:
-        return None
+POLICIES = {"lru": 0.0, "lru+hot": 0.25}  # the arena's policy with no hot set, and with its default one
+
+
+def replay(experts: np.ndarray, n_experts: int, fractions: Sequence[float]) -> list[dict]:
+    """Hit rates of the arena's cache policy (``_core.replay_trace``, the arena's own eviction code) on a
+    trace, per arena fraction of all (layer, expert) records, for plain LRU and LRU + the learned hot set."""
     records = experts.shape[1] * n_experts
     rows = []
     for frac in fractions:
         slots = max(1, round(frac * records))
-        r = replay_trace(experts, slots, policy=policy)
-        rows.append(
-            {"fraction": frac, "slots": slots, "hit_rate": r["hits"] / max(r["hits"] + r["misses"], 1)}
-        )
+        row: dict[str, Any] = {"fraction": frac, "slots": slots}
+        for name, hot in POLICIES.items():
+            r = _core.replay_trace(experts, n_experts, slots, hot_fraction=hot)
+            row[name] = r["hits"] / max(r["hits"] + r["misses"], 1)
+        rows.append(row)
     return rows
 
 
@@ -420,7 +452,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--disk-seconds", type=float, default=3.0, help="seconds per disk probe")
     ap.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp")
     ap.add_argument("--trace", help="a routing trace (.npz) to replay through the arena policy")
-    ap.add_argument("--policy", default="lru+pinned", help="the arena policy the trace replay uses")
+    ap.add_argument("--pack", help="also stream from this packed directory of the model (regolith pack)")
+    ap.add_argument("--moce", action="store_true", help="measure cache-aware routing against exact routing")
+    ap.add_argument("--moce-bonus", type=float, default=2.0, help="MoCE logit bonus (default 2)")
+    ap.add_argument("--moce-protect", type=int, default=2, help="MoCE top-r experts protected (default 2)")
     ap.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
@@ -503,17 +538,13 @@ def main(argv: list[str] | None = None) -> None:
     else:
         drop_page_cache(path)
         add("regolith", "mmap", regolith_mmap(path, prompt, args.decode, passes=2))
-    for frac in fractions:
-        gb = frac * exp["total"] / GiB
-        drop_page_cache(path)
-        passes = regolith_arena(path, gb, prompt, args.decode, passes=2)
-        if passes is None:
-            console.print(
-                "[yellow]regolith.Model.load takes no arena_gb yet (issue 5: ExpertArena / ExpertStreamer): "
-                "no arena rows[/yellow]"
-            )
-            break
-        add("regolith", f"arena {frac:.1%}", passes, arena_gb=gb, fraction=frac)
+    sources = [("", path)] + ([("packed ", args.pack)] if args.pack else [])
+    for label, source in sources:
+        for frac in fractions:
+            gb = frac * exp["total"] / GiB
+            drop_page_cache(path)
+            add("regolith", f"{label}arena {frac:.1%}", regolith_arena(source, gb, prompt, args.decode, passes=2),
+                arena_gb=gb, fraction=frac)  # fmt: skip
     results["runs"] = runs
 
     def cell(r: dict[str, Any], key: str, fmt: str) -> str:
@@ -539,22 +570,50 @@ def main(argv: list[str] | None = None) -> None:
         rows,
     )  # fmt: skip
 
+    if args.moce:
+        tokens = [int(t) for t in np.random.default_rng(1).integers(3, 259, 16 + args.decode)]
+        rows, moce_rows = [], []
+        for frac in fractions:
+            r = moce_effect(
+                path, frac * exp["total"] / GiB, tokens, bonus=args.moce_bonus, protect=args.moce_protect
+            )
+            moce_rows.append({"fraction": frac, **r})
+            rows.append([
+                f"{frac:.1%}", f"{r['hit_exact']:.1%}", f"{r['hit_moce']:.1%}", f"{r['tok_s_exact']:.2f}",
+                f"{r['tok_s_moce']:.2f}", f"{r['kl_mean']:.4f}", f"{r['kl_max']:.4f}", f"{r['top1_agree']:.1%}",
+            ])  # fmt: skip
+        _show(
+            console,
+            args.markdown,
+            f"MoCE (bonus {args.moce_bonus}, protect {args.moce_protect}) against exact routing, "
+            f"{args.decode} teacher-forced tokens",
+            [
+                "arena",
+                "hit exact",
+                "hit MoCE",
+                "tok/s exact",
+                "tok/s MoCE",
+                "KL mean",
+                "KL max",
+                "top-1 agree",
+            ],
+            rows,
+        )
+        results["moce"] = moce_rows
+
     if args.trace:
         experts, n_experts = load_trace(args.trace)
-        replayed = replay(experts, n_experts, fractions, args.policy)
-        if replayed is None:
-            console.print("[yellow]regolith.arena.replay_trace does not exist yet: no trace replay[/yellow]")
-        else:
-            _show(
-                console,
-                args.markdown,
-                f"{args.trace}: {experts.shape[0]} tokens x {experts.shape[1]} MoE layers, "
-                f"top-{experts.shape[2]} of {n_experts}, policy {args.policy}",
-                ["arena", "slots", "hit rate", "uniform routing"],
-                [[f"{r['fraction']:.1%}", str(r["slots"]), f"{r['hit_rate']:.1%}", f"{r['fraction']:.1%}"]
-                 for r in replayed],
-            )  # fmt: skip
-            results["trace"] = {"path": args.trace, "policy": args.policy, "rows": replayed}
+        replayed = replay(experts, n_experts, fractions)
+        _show(
+            console,
+            args.markdown,
+            f"{args.trace}: {experts.shape[0]} tokens x {experts.shape[1]} MoE layers, "
+            f"top-{experts.shape[2]} of {n_experts}: hit rates of the arena policy",
+            ["arena", "slots", "LRU", "LRU + hot set", "uniform routing"],
+            [[f"{r['fraction']:.1%}", str(r["slots"]), f"{r['lru']:.1%}", f"{r['lru+hot']:.1%}",
+              f"{r['fraction']:.1%}"] for r in replayed],
+        )  # fmt: skip
+        results["trace"] = {"path": args.trace, "rows": replayed}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
