@@ -212,6 +212,13 @@ def chunk_gated_delta_rule(
     q, k [B, T, h, dk] (L2-normalised here, q scaled by dk^-1/2), v [B, T, h, dv], g (log decay) and beta [B, T, h].
     Per step: S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q.
     """
+    with torch.autocast(q.device.type, enabled=False):
+        return _chunk_gated_delta_rule(q, k, v, g, beta)
+
+
+def _chunk_gated_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
     B, T, h, dk = k.shape
     C = GDN_CHUNK
     pad = (C - T % C) % C
@@ -268,7 +275,8 @@ class QSAIndexer(nn.Module):
         kb = kt[:, : nb * self.ratio].unflatten(1, (nb, self.ratio)).float().mean(2).to(kt.dtype)
         starts = torch.arange(nb, device=u.device) * self.ratio
         kb = rope(self.k_layernorm(kb).unsqueeze(2), cos[starts], sin[starts]).squeeze(2)  # [B, nb, di]
-        s = torch.einsum("bthd,bnd->bthn", q.float(), kb.float())
+        with torch.autocast(u.device.type, enabled=False):
+            s = torch.einsum("bthd,bnd->bthn", q.float(), kb.float())
         return s.relu().sum(2) / math.sqrt(self.di)
 
     def selection(self, scores: torch.Tensor) -> torch.Tensor:
@@ -337,7 +345,7 @@ def indexer_kl(q: torch.Tensor, k: torch.Tensor, scores: torch.Tensor, ratio: in
     nb = scores.shape[-1]
     if nb == 0:
         return scores.sum() * 0
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
         att = (q.float() @ k.float().transpose(-1, -2)) * hd**-0.5
         causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         att = att.masked_fill(~causal, float("-inf")).softmax(-1).mean(1)  # [B, T, T]
