@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         for li in range(len(routes)):
             routes[li].append(r["router_ids"][li])
             inputs[li].append(r["moe_inputs"][li].reshape(-1, model.cfg.hidden_size))
-        for k in acc:
-            acc[k].append(r[k])
+        for k, values in acc.items():
+            values.append(r[k])
     torch_nll = np.concatenate(nll)
     report["torch_seconds"] = time.time() - t0
     report["torch_fp32"] = {"nll": float(torch_nll.mean()), "ppl": float(np.exp(torch_nll.mean()))}

@@ -19,6 +19,7 @@ Usage: ``python -m tools.train_demo.train --data DIR --config config.json --ckpt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -43,7 +44,7 @@ def losses(model: Qwen4ExpLM, batch: torch.Tensor, mtp_weight: float, balance_co
     # MTP: h_t with token t+1 predicts token t+2 = labels[:, t+1]
     m = model.mtp_hidden(h[:, :-1], ids[:, 1:], aux)
     mtp = F.cross_entropy(model.lm_head(m).float().flatten(0, 1), labels[:, 1:].flatten())
-    E, k = model.cfg.num_experts, model.cfg.num_experts_per_tok
+    E = model.cfg.num_experts
     balance = 0.0
     for logits, top in zip(aux["router_logits"], aux["router_ids"], strict=True):
         frac = (
@@ -187,70 +188,71 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("args", json.dumps({k: str(v) for k, v in vars(args).items()}), flush=True)
 
-    fn = torch.compile(losses) if args.compile else losses
-    writer = None
-    if args.csv:
-        new = not (args.resume and args.csv.exists())
-        fh = open(args.csv, "a" if not new else "w", newline="")
-        writer = csv.writer(fh)
-        if new:
-            writer.writerow(
-                ["step", "tokens", "train_seconds", "lr", "loss", "lm_loss", "mtp_loss", "balance",
-                 "indexer_kl", "tokens_per_s", "heldout_loss"]
-            )  # fmt: skip
-    last_ckpt = time.time()
-    window_t, window_tok, first = time.time(), 0, True
-    model.train()
-    while train_time < args.train_seconds and (args.max_steps is None or step < args.max_steps):
-        if time.time() - start > args.stop_after:
-            break
-        t0 = time.time()
-        lr = lr_at(step, train_time / args.train_seconds, args)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        batch = data.next(args.batch)
-        with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
-            total, parts = fn(model, batch, args.mtp_weight, raw.get("router_aux_loss_coef", 0.01))
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        # the indexers learn from their own KL loss only: clip them apart so they cannot shrink the LM step
-        torch.nn.utils.clip_grad_norm_(main_params, 1.0)
-        torch.nn.utils.clip_grad_norm_(indexer_params, 1.0)
-        opt.step()
-        step += 1
-        n_tok = batch.shape[0] * (batch.shape[1] - 1)
-        tokens_seen += n_tok
-        window_tok += n_tok
-        if step % args.log_every == 0 or first:
-            vals = {k: float(v.detach()) for k, v in parts.items()}  # syncs
-            total_f = float(total.detach())
-            tps = window_tok / (time.time() - window_t)
-            ho = ""
-            if step % args.eval_every == 0:
-                model.eval()
-                ho = f"{heldout_loss(model, held, args.seq, 32, dtype):.4f}"
-                model.train()
-            print(
-                f"step {step} tok {tokens_seen} t {train_time:.0f}s lr {lr:.2e} loss {total_f:.4f} "
-                + " ".join(f"{k} {v:.4f}" for k, v in vals.items())
-                + f" tok/s {tps:.0f}"
-                + (f" heldout {ho}" if ho else ""),
-                flush=True,
-            )
-            if writer:
+    with contextlib.ExitStack() as stack:
+        fn = torch.compile(losses) if args.compile else losses
+        writer = None
+        if args.csv:
+            new = not (args.resume and args.csv.exists())
+            fh = stack.enter_context(open(args.csv, "a" if not new else "w", newline=""))
+            writer = csv.writer(fh)
+            if new:
                 writer.writerow(
-                    [step, tokens_seen, f"{train_time:.1f}", f"{lr:.3e}", f"{total_f:.4f}"]
-                    + [f"{vals[k]:.4f}" for k in ("lm_loss", "mtp_loss", "balance", "indexer_kl")]
-                    + [f"{tps:.0f}", ho]
+                    ["step", "tokens", "train_seconds", "lr", "loss", "lm_loss", "mtp_loss", "balance",
+                     "indexer_kl", "tokens_per_s", "heldout_loss"]
+                )  # fmt: skip
+        last_ckpt = time.time()
+        window_t, window_tok, first = time.time(), 0, True
+        model.train()
+        while train_time < args.train_seconds and (args.max_steps is None or step < args.max_steps):
+            if time.time() - start > args.stop_after:
+                break
+            t0 = time.time()
+            lr = lr_at(step, train_time / args.train_seconds, args)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            batch = data.next(args.batch)
+            with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
+                total, parts = fn(model, batch, args.mtp_weight, raw.get("router_aux_loss_coef", 0.01))
+            opt.zero_grad(set_to_none=True)
+            total.backward()
+            # the indexers learn from their own KL loss only: clip them apart so they cannot shrink the LM step
+            torch.nn.utils.clip_grad_norm_(main_params, 1.0)
+            torch.nn.utils.clip_grad_norm_(indexer_params, 1.0)
+            opt.step()
+            step += 1
+            n_tok = batch.shape[0] * (batch.shape[1] - 1)
+            tokens_seen += n_tok
+            window_tok += n_tok
+            if step % args.log_every == 0 or first:
+                vals = {k: float(v.detach()) for k, v in parts.items()}  # syncs
+                total_f = float(total.detach())
+                tps = window_tok / (time.time() - window_t)
+                ho = ""
+                if step % args.eval_every == 0:
+                    model.eval()
+                    ho = f"{heldout_loss(model, held, args.seq, 32, dtype):.4f}"
+                    model.train()
+                print(
+                    f"step {step} tok {tokens_seen} t {train_time:.0f}s lr {lr:.2e} loss {total_f:.4f} "
+                    + " ".join(f"{k} {v:.4f}" for k, v in vals.items())
+                    + f" tok/s {tps:.0f}"
+                    + (f" heldout {ho}" if ho else ""),
+                    flush=True,
                 )
-                fh.flush()
-            window_t, window_tok = time.time(), 0
-        if not first:  # the first step of an invocation compiles: not training time
-            train_time += time.time() - t0
-        first = False
-        if time.time() - last_ckpt > args.ckpt_every:
-            save_checkpoint(ckpt_path, model, opt, step, data, train_time, tokens_seen)
-            last_ckpt = time.time()
+                if writer:
+                    writer.writerow(
+                        [step, tokens_seen, f"{train_time:.1f}", f"{lr:.3e}", f"{total_f:.4f}"]
+                        + [f"{vals[k]:.4f}" for k in ("lm_loss", "mtp_loss", "balance", "indexer_kl")]
+                        + [f"{tps:.0f}", ho]
+                    )
+                    fh.flush()
+                window_t, window_tok = time.time(), 0
+            if not first:  # the first step of an invocation compiles: not training time
+                train_time += time.time() - t0
+            first = False
+            if time.time() - last_ckpt > args.ckpt_every:
+                save_checkpoint(ckpt_path, model, opt, step, data, train_time, tokens_seen)
+                last_ckpt = time.time()
     model.eval()
     final = heldout_loss(model, held, args.seq, 64, dtype)
     peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0.0
