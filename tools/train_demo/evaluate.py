@@ -9,8 +9,8 @@
   l+1's chosen experts it names). Chance level for the overlaps is k / E.
 - MTP acceptance (torch): at every position t, the MTP head fed h_t and the true token t+1; top-1 acceptance =
   how often its argmax equals the main model's greedy prediction at t+1 (argmax of the logits at t+1).
-- The routing trace (``--trace``): one ``--trace-tokens`` long window of held-out text (after the perplexity
-  windows), per token and main MoE layer the chosen expert ids (and weights), saved as .npz.
+- The routing trace (``--trace``): the first ``--trace-tokens`` held-out tokens as one window (one context, as a
+  decode would see them), per token and main MoE layer the chosen expert ids and weights, saved as .npz.
 
 Usage: ``python -m tools.train_demo.evaluate HF_DIR --data DIR --gguf A.gguf [--gguf B.gguf] --out report.json``
 """
@@ -163,11 +163,11 @@ def main(argv: list[str] | None = None) -> None:
             "seconds": secs,
         }
     if args.trace:
-        start = n * args.ctx
-        ids = torch.from_numpy(held[start : start + args.trace_tokens])[None]
+        ids = torch.from_numpy(held[: args.trace_tokens])[None]
         aux: dict = {}
         with torch.no_grad():
-            model.hidden(ids, aux)
+            logits = model.lm_head(model.hidden(ids, aux))
+            trace_nll = F.cross_entropy(logits[0, :-1], ids[0, 1:]).item()
             weights = []
             for layer, u in zip(model.model.layers, aux["moe_inputs"], strict=True):
                 _, _, w = layer.mlp.route(u.reshape(-1, model.cfg.hidden_size))
@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
             "path": str(args.trace),
             "tokens": int(ids.shape[1]),
             "bytes": args.trace.stat().st_size,
+            "nll": trace_nll,
         }
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
