@@ -10,7 +10,7 @@ test ``tests/test_train_demo.py`` checks the logits), but every mixer is vectori
   needs no token permutation.
 
 No KV cache: sequences are processed whole (training, perplexity). The MTP head follows
-``/work/notes/mtp_spec.md`` (copied into docs/demo_model.md). Needs torch only (no transformers).
+the agreed spec in docs/demo_model.md. Needs torch only (no transformers).
 """
 
 from __future__ import annotations
@@ -584,7 +584,7 @@ class TextModel(nn.Module):
 
 
 class MTP(nn.Module):
-    """One MTP depth (mtp_spec.md): h_t and token t+1 -> logits for token t+2."""
+    """One MTP depth (docs/demo_model.md): h_t and token t+1 -> logits for token t+2."""
 
     def __init__(self, cfg: Config) -> None:
         super().__init__()
