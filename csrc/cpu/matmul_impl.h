@@ -386,7 +386,8 @@ struct FloatKernel {
                     for (int64_t i = 0; i < np; ++i)
                         for (int64_t k = 0; k < nt; ++k) {
                             const float* x = a.x + (t + k) * a.cols;
-                            const float* part = acc + ((i / 2 * (nt / 3) + k / 3) * 6 + i % 2 * 3 + k % 3) * 16;
+                            const int64_t tile = i / 2 * (nt / 3) + k / 3;
+                            const float* part = acc + tile * kTileAcc + (i % 2 * 3 + k % 3) * 16;
                             a.y[(t + k) * a.rows + p0 + i] = i < np / 2 * 2
                                                                  ? S::dot_f32_finish(part, wr[i], x, a.cols)
                                                                  : S::dot_f32(wr[i], x, a.cols);

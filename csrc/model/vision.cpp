@@ -27,41 +27,39 @@ void for_rows(int64_t n, F&& fn) {
     });
 }
 
-// sum of x[0..n) in 8 interleaved double lanes, combined in a fixed order (vectorises; no serial chain).
-double sum_lanes(const float* x, int64_t n) {
+// sum over x[0..n) of f(x[i]) in double, in 8 interleaved lanes combined in a fixed order (no serial chain).
+template <class F>
+double sum_lanes(const float* x, int64_t n, F f) {
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; ++j) acc[j] += x[i + j];
-    for (; i < n; ++i) acc[0] += x[i];
+        for (int j = 0; j < 8; ++j) acc[j] += f(double(x[i + j]));
+    for (; i < n; ++i) acc[0] += f(double(x[i]));
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
+double identity(double v) { return v; }
 
 // torch.nn.LayerNorm over n elements: mean and variance in double, the rest in float.
 void layer_norm(const float* x, int64_t n, const float* w, const float* b, float eps, float* y) {
-    double sq[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const double mean = sum_lanes(x, n) / double(n);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; ++j) sq[j] += (x[i + j] - mean) * (x[i + j] - mean);
-    for (; i < n; ++i) sq[0] += (x[i] - mean) * (x[i] - mean);
-    const double var = (((sq[0] + sq[1]) + (sq[2] + sq[3])) + ((sq[4] + sq[5]) + (sq[6] + sq[7]))) / double(n);
+    const double mean = sum_lanes(x, n, identity) / double(n);
+    const double var = sum_lanes(x, n, [mean](double v) { return (v - mean) * (v - mean); }) / double(n);
     const float m = float(mean), rstd = float(1.0 / std::sqrt(var + double(eps)));
-    for (i = 0; i < n; ++i) y[i] = (x[i] - m) * rstd * w[i] + b[i];
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) * rstd * w[i] + b[i];
 }
 
 // softmax(scale * s) over n scores in place: max in 8 lanes, e^x by exp_nonpos, the sum in double lanes.
+// (std::max, not std::fmax: scores are never NaN, and fmax is a libm call per element.)
 void scaled_softmax(float* s, int64_t n, float scale) {
     float lane[8];
     for (int j = 0; j < 8; ++j) lane[j] = -std::numeric_limits<float>::infinity();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; ++j) lane[j] = std::fmax(lane[j], s[i + j] * scale);
-    for (; i < n; ++i) lane[0] = std::fmax(lane[0], s[i] * scale);
-    const float mx = std::fmax(std::fmax(std::fmax(lane[0], lane[1]), std::fmax(lane[2], lane[3])),
-                               std::fmax(std::fmax(lane[4], lane[5]), std::fmax(lane[6], lane[7])));
+        for (int j = 0; j < 8; ++j) lane[j] = std::max(lane[j], s[i + j] * scale);
+    for (; i < n; ++i) lane[0] = std::max(lane[0], s[i] * scale);
+    const float mx = std::max(std::max(std::max(lane[0], lane[1]), std::max(lane[2], lane[3])),
+                              std::max(std::max(lane[4], lane[5]), std::max(lane[6], lane[7])));
     for (i = 0; i < n; ++i) s[i] = exp_nonpos(s[i] * scale - mx);
-    const float inv = float(1.0 / sum_lanes(s, n));
+    const float inv = float(1.0 / sum_lanes(s, n, identity));
     for (i = 0; i < n; ++i) s[i] *= inv;
 }
 
@@ -242,7 +240,7 @@ void VisionEncoder::encode_image(const float* pixels, int64_t t, int64_t gh, int
         axis_taps(row, gh, side, ht, hw);
         axis_taps(col, gw, side, wt, ww);
         float* xr = &x[size_t(k * H)];
-        float* pos = &xn[size_t(k * H)];  // the resampled position embedding (xn is free until the first norm)
+        float* pos = &xn[size_t(k * H)];  // the resampled position embedding (xn is free until the norm)
         std::fill_n(pos, H, 0.0f);
         for (int a = 0; a < 2; ++a)
             for (int b = 0; b < 2; ++b) {
@@ -323,11 +321,13 @@ void VisionEncoder::attention(const Block& b, const float* x, int64_t n, const f
     for (int64_t q0 = 0; q0 < n; q0 += ws.nq) {
         const int64_t nq = std::min(ws.nq, n - q0);
         for (int64_t h = 0; h < nh; ++h)  // scores[h] = Q_h K_h^T: [nq][n]
-            jobs[size_t(h)] = {f32_view(k + h * n * hp, n, hp), q + (h * n + q0) * hp, nq, scores + h * nq * n};
+            jobs[size_t(h)] = {f32_view(k + h * n * hp, n, hp), q + (h * n + q0) * hp, nq,
+                               scores + h * nq * n};
         backend_.matmul_batch(jobs.data(), nh);
         for_rows(nh * nq, [&](int64_t r) { scaled_softmax(scores + r * n, n, scale); });
         for (int64_t h = 0; h < nh; ++h)  // heads[h][q0..] = P_h V_h: [nq][hd]
-            jobs[size_t(h)] = {f32_view(vt + h * hd * n, hd, n), scores + h * nq * n, nq, heads + (h * n + q0) * hd};
+            jobs[size_t(h)] = {f32_view(vt + h * hd * n, hd, n), scores + h * nq * n, nq,
+                               heads + (h * n + q0) * hd};
         backend_.matmul_batch(jobs.data(), nh);
     }
     float* attn = ws.attn.data();
