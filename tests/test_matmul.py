@@ -125,6 +125,26 @@ def test_rows_do_not_depend_on_ntok(name, isa):
         np.testing.assert_array_equal(np.concatenate(parts), whole, err_msg=f"{name}, {n} tokens per call")
 
 
+@pytest.mark.parametrize("cols", [301, 2083])
+@pytest.mark.parametrize("name", list(FLOAT_TYPES))
+def test_float_prefill_tiles_match_decode(name, cols, isa):
+    """Float-weight prefill (row panels, 2-row x 3-token tiles over column chunks and token blocks, an odd
+    last row, leftover tokens, a column tail) gives each token decode's bits."""
+    rng = np.random.default_rng([cols, len(name)])
+    rows, ntok = 37, 101
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    if name == "BF16":
+        raw = (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
+    else:
+        raw = np.ascontiguousarray(w.astype(FLOAT_TYPES[name][1])).view(np.uint8).reshape(rows, -1)
+    x = rng.standard_normal((ntok, cols)).astype(np.float32)
+    whole = _core.matmul(FLOAT_TYPES[name][0], raw, cols, x)
+    one = [
+        _core.matmul(FLOAT_TYPES[name][0], raw, cols, np.ascontiguousarray(x[t : t + 1])) for t in range(ntok)
+    ]
+    np.testing.assert_array_equal(np.concatenate(one), whole)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     name=st.sampled_from(["Q4_K", "IQ2_XS", "Q8_0", "Q6_K", "IQ4_NL", "Q2_0"]),

@@ -73,7 +73,7 @@ namespace {
 // Per-thread kernel scratch, grown on demand.
 struct ThreadScratch {
     std::vector<int8_t> q;
-    std::vector<float> scale, bias, row, dsuper;
+    std::vector<float> scale, bias, row, panel, acc, dsuper;
     std::vector<int16_t> isc;
     Scratch get(int64_t cols) {
         q.resize(size_t(kPanelRows * cols));
@@ -82,7 +82,10 @@ struct ThreadScratch {
         isc.resize(scale.size());
         dsuper.resize(size_t(kPanelRows * (cols / 256 + 1)));
         row.resize(size_t(cols));
-        return {q.data(), scale.data(), bias.data(), isc.data(), dsuper.data(), row.data()};
+        panel.resize(size_t(kPanelRows * cols));
+        acc.resize(size_t(kPanelRows / 2 * (kTileTokens / 3) * kTileAcc));
+        return {q.data(),   scale.data(), bias.data(), isc.data(), dsuper.data(),
+                row.data(), panel.data(), acc.data()};
     }
 };
 

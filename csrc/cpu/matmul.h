@@ -35,6 +35,8 @@ struct Scratch {
     int16_t* isc;     // [kPanelRows][cols / 16] integer sub-scales (IntScales types)
     float* dsuper;    // [kPanelRows][cols / 256] their per-block float factor
     float* row;       // [cols] a float weight row
+    float* panel;     // [kPanelRows][cols] float weight rows (float-weight prefill)
+    float* acc;       // [kPanelRows / 2][kTileTokens / 3][kTileAcc] float-tile partial sums
 };
 
 // Tokens processed together per pass over a weight row: every decoded block is used ntok times.
@@ -42,6 +44,11 @@ constexpr int kMaxTok = 8;
 // Rows decoded together into a panel when ntok > kMaxTok (prefill): each weight block is decoded once and
 // the panel (kPanelRows x cols int8, L2-resident) is reused by every token.
 constexpr int64_t kPanelRows = 16;
+// Float-weight prefill tiles (2 rows x 3 tokens): tokens per block, columns per pass, and the floats of one
+// tile's partial sums (2 x 3 outputs x 16 lanes).
+constexpr int64_t kTileTokens = 48;
+constexpr int64_t kTileCols = 1024;
+constexpr int64_t kTileAcc = 2 * 3 * 16;
 
 // Computes output rows [r0, r1) for all tokens.
 using RowsKernel = void (*)(const MatmulArgs& args, int64_t r0, int64_t r1, const Scratch& scratch);

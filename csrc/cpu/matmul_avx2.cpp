@@ -126,6 +126,39 @@ struct SimdAvx2 {
             out[t] = s;
         }
     }
+    // A 2-row x 3-token tile of dot_f32, split over column chunks: columns [c0, c1) (c0 and c1 multiples of
+    // 16) of rows wa, wb against 3 rows of x (stride apart), added to the partial sums acc[r][t][16]
+    // (dot_f32's two 8-lane accumulators, stored). Every weight vector feeds 3 tokens, every token vector
+    // 2 rows; dot_f32_finish then completes each output bit for bit as dot_f32.
+    static void dot_f32_2x3(const float* wa, const float* wb, const float* x, int64_t stride, int64_t c0,
+                            int64_t c1, float* acc) {
+        __m256 a[2][3][2];
+        for (int r = 0; r < 2; ++r)
+            for (int t = 0; t < 3; ++t)
+                for (int h = 0; h < 2; ++h) a[r][t][h] = _mm256_loadu_ps(acc + (r * 3 + t) * 16 + 8 * h);
+        for (int64_t i = c0; i < c1; i += 16) {
+            for (int h = 0; h < 2; ++h) {
+                const __m256 va = _mm256_loadu_ps(wa + i + 8 * h), vb = _mm256_loadu_ps(wb + i + 8 * h);
+                for (int t = 0; t < 3; ++t) {
+                    __m256 xv = _mm256_loadu_ps(x + t * stride + i + 8 * h);
+                    // keep xv in a register: GCC would otherwise fold the load into both FMAs (16 loads
+                    // per 12 FMAs instead of 10, and the tile is load-bound)
+                    __asm__("" : "+x"(xv));
+                    a[0][t][h] = _mm256_fmadd_ps(va, xv, a[0][t][h]);
+                    a[1][t][h] = _mm256_fmadd_ps(vb, xv, a[1][t][h]);
+                }
+            }
+        }
+        for (int r = 0; r < 2; ++r)
+            for (int t = 0; t < 3; ++t)
+                for (int h = 0; h < 2; ++h) _mm256_storeu_ps(acc + (r * 3 + t) * 16 + 8 * h, a[r][t][h]);
+    }
+    // dot_f32(w, x, n) from its partial sums over the first n / 16 * 16 columns (as dot_f32_2x3 leaves them).
+    static float dot_f32_finish(const float* acc, const float* w, const float* x, int64_t n) {
+        float s = hsum(_mm256_add_ps(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8)));
+        for (int64_t j = n / 16 * 16; j < n; ++j) s += w[j] * x[j];
+        return s;
+    }
     static void f16_to_f32(const uint16_t* src, float* dst, int64_t n) {
         int64_t i = 0;
         for (; i + 8 <= n; i += 8)

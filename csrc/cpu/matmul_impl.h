@@ -326,30 +326,81 @@ struct ExactKernel {
     }
 };
 
-// F32 / F16 / BF16 weights: rows converted to f32 once, then dotted with every token.
+// Does the ISA have a 2-row x 3-token float tile (S::dot_f32_2x3)?
+template <class S, class = void>
+struct simd_has_f32_tile : std::false_type {};
+template <class S>
+struct simd_has_f32_tile<S, std::void_t<decltype(&S::dot_f32_2x3)>> : std::true_type {};
+
+// F32 / F16 / BF16 weights: rows converted to f32 once, then dotted with every token. Every output is
+// S::dot_f32(row, token) bit for bit, whichever path (decode, prefill panel, tile) computes it.
 template <class S, int TYPE>
 struct FloatKernel {
-    static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
-        for (int64_t r = r0; r < r1; ++r) {
-            const uint8_t* src = a.w + r * a.row_bytes;
-            const float* wr;
-            if constexpr (TYPE == RG_TYPE_F32) {
-                wr = reinterpret_cast<const float*>(src);
-            } else if constexpr (TYPE == RG_TYPE_F16) {
-                S::f16_to_f32(reinterpret_cast<const uint16_t*>(src), s.row, a.cols);
-                wr = s.row;
-            } else {
-                S::bf16_to_f32(reinterpret_cast<const uint16_t*>(src), s.row, a.cols);
-                wr = s.row;
-            }
-            int64_t t = 0;
-            for (; t + 4 <= a.ntok; t += 4) {
-                float out[4];
-                S::dot_f32x4(wr, a.x + t * a.cols, a.cols, a.cols, out);
-                for (int k = 0; k < 4; ++k) a.y[(t + k) * a.rows + r] = out[k];
-            }
-            for (; t < a.ntok; ++t) a.y[t * a.rows + r] = S::dot_f32(wr, a.x + t * a.cols, a.cols);
+    // Row r as f32: in place for F32, else converted into dst.
+    static const float* row_f32(const MatmulArgs& a, int64_t r, float* dst) {
+        const uint8_t* src = a.w + r * a.row_bytes;
+        if constexpr (TYPE == RG_TYPE_F32) {
+            return reinterpret_cast<const float*>(src);
+        } else if constexpr (TYPE == RG_TYPE_F16) {
+            S::f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.cols);
+        } else {
+            S::bf16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.cols);
         }
+        return dst;
+    }
+
+    // One row against tokens [t0, ntok).
+    static void row_tokens(const MatmulArgs& a, const float* wr, int64_t r, int64_t t0) {
+        int64_t t = t0;
+        for (; t + 4 <= a.ntok; t += 4) {
+            float out[4];
+            S::dot_f32x4(wr, a.x + t * a.cols, a.cols, a.cols, out);
+            for (int k = 0; k < 4; ++k) a.y[(t + k) * a.rows + r] = out[k];
+        }
+        for (; t < a.ntok; ++t) a.y[t * a.rows + r] = S::dot_f32(wr, a.x + t * a.cols, a.cols);
+    }
+
+    // Prefill: panels of kPanelRows rows (converted once, cache-resident) against every token. Where the ISA
+    // has the 2-row x 3-token tile, blocks of kTileTokens tokens go over the panel kTileCols columns at a
+    // time (partial sums kept in scratch), so a token triple's chunk stays in L1 while the panel's row pairs
+    // pass over it; leftover tokens (ntok % 3) and an odd last row take dot_f32.
+    static void panel_rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
+        const float* wr[kPanelRows];
+        const int64_t n16 = a.cols / 16 * 16;
+        for (int64_t p0 = r0; p0 < r1; p0 += kPanelRows) {
+            const int64_t np = std::min<int64_t>(kPanelRows, r1 - p0);
+            for (int64_t i = 0; i < np; ++i) wr[i] = row_f32(a, p0 + i, s.panel + i * a.cols);
+            int64_t t = 0;
+            if constexpr (simd_has_f32_tile<S>::value) {
+                for (int64_t nt; (nt = std::min<int64_t>(kTileTokens, (a.ntok - t) / 3 * 3)) > 0; t += nt) {
+                    const int64_t n_tiles = np / 2 * (nt / 3);
+                    float* acc = s.acc;  // [row pair][token triple][2][3][16]
+                    std::fill(acc, acc + n_tiles * kTileAcc, 0.0f);
+                    for (int64_t c0 = 0; c0 < n16; c0 += kTileCols) {
+                        const int64_t c1 = std::min<int64_t>(n16, c0 + kTileCols);
+                        for (int64_t k = 0; k < nt; k += 3)
+                            for (int64_t i = 0; i + 2 <= np; i += 2)
+                                S::dot_f32_2x3(wr[i], wr[i + 1], a.x + (t + k) * a.cols, a.cols, c0, c1,
+                                               acc + (i / 2 * (nt / 3) + k / 3) * kTileAcc);
+                    }
+                    for (int64_t i = 0; i < np; ++i)
+                        for (int64_t k = 0; k < nt; ++k) {
+                            const float* x = a.x + (t + k) * a.cols;
+                            const int64_t tile = i / 2 * (nt / 3) + k / 3;
+                            const float* part = acc + tile * kTileAcc + (i % 2 * 3 + k % 3) * 16;
+                            a.y[(t + k) * a.rows + p0 + i] = i < np / 2 * 2
+                                                                 ? S::dot_f32_finish(part, wr[i], x, a.cols)
+                                                                 : S::dot_f32(wr[i], x, a.cols);
+                        }
+                }
+            }
+            for (int64_t i = 0; i < np; ++i) row_tokens(a, wr[i], p0 + i, t);
+        }
+    }
+
+    static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
+        if (a.ntok > kMaxTok) return panel_rows(a, r0, r1, s);
+        for (int64_t r = r0; r < r1; ++r) row_tokens(a, row_f32(a, r, s.row), r, 0);
     }
 };
 

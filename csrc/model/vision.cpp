@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/errors.h"
+#include "core/exp_nonpos.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
 #include "model/metadata.h"
-#include "model/nn.h"
 #include "model/weights.h"
 
 namespace regolith {
@@ -16,7 +17,7 @@ namespace regolith {
 namespace {
 
 constexpr const char* kProjector = "qwen3vl_merger";
-constexpr int64_t kQueryChunk = 128;  // attention queries per score block: [chunk][patches] floats
+constexpr int64_t kQueryChunk = 96;  // attention queries per score block: [heads][chunk][patches] floats
 
 // Runs fn(r) for rows 0..n-1 on the thread pool.
 template <class F>
@@ -26,21 +27,51 @@ void for_rows(int64_t n, F&& fn) {
     });
 }
 
+// sum over x[0..n) of f(x[i]) in double, in 8 interleaved lanes combined in a fixed order (no serial chain).
+template <class F>
+double sum_lanes(const float* x, int64_t n, F f) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += f(double(x[i + j]));
+    for (; i < n; ++i) acc[0] += f(double(x[i]));
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+double identity(double v) { return v; }
+
 // torch.nn.LayerNorm over n elements: mean and variance in double, the rest in float.
 void layer_norm(const float* x, int64_t n, const float* w, const float* b, float eps, float* y) {
-    double sum = 0.0, sq = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += x[i];
-    const double mean = sum / double(n);
-    for (int64_t i = 0; i < n; ++i) sq += (x[i] - mean) * (x[i] - mean);
-    const float m = float(mean), rstd = float(1.0 / std::sqrt(sq / double(n) + double(eps)));
+    const double mean = sum_lanes(x, n, identity) / double(n);
+    const double var = sum_lanes(x, n, [mean](double v) { return (v - mean) * (v - mean); }) / double(n);
+    const float m = float(mean), rstd = float(1.0 / std::sqrt(var + double(eps)));
     for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) * rstd * w[i] + b[i];
 }
 
-// transformers' gelu_pytorch_tanh (the ViT blocks) and torch.nn.GELU() (the merger), in float.
+// softmax(scale * s) over n scores in place: max in 8 lanes, e^x by exp_nonpos, the sum in double lanes.
+// (std::max, not std::fmax: scores are never NaN, and fmax is a libm call per element.)
+void scaled_softmax(float* s, int64_t n, float scale) {
+    float lane[8];
+    for (int j = 0; j < 8; ++j) lane[j] = -std::numeric_limits<float>::infinity();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) lane[j] = std::max(lane[j], s[i + j] * scale);
+    for (; i < n; ++i) lane[0] = std::max(lane[0], s[i] * scale);
+    const float mx = std::max(std::max(std::max(lane[0], lane[1]), std::max(lane[2], lane[3])),
+                              std::max(std::max(lane[4], lane[5]), std::max(lane[6], lane[7])));
+    for (i = 0; i < n; ++i) s[i] = exp_nonpos(s[i] * scale - mx);
+    const float inv = float(1.0 / sum_lanes(s, n, identity));
+    for (i = 0; i < n; ++i) s[i] *= inv;
+}
+
+// transformers' gelu_pytorch_tanh (the ViT blocks), tanh(u) = sign(u) (1 - e) / (1 + e) with e = e^(-2|u|):
+// branch-free, so a row of it vectorises.
 float gelu_tanh(float x) {
     const float beta = float(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = 0.044715f;
-    return 0.5f * x * (1.0f + std::tanh(beta * (x + kappa * x * x * x)));
+    const float u = beta * (x + kappa * x * x * x);
+    const float e = exp_nonpos(-2.0f * std::fabs(u));
+    return 0.5f * x * (1.0f + std::copysign((1.0f - e) / (1.0f + e), u));
 }
+// torch.nn.GELU() (the merger), in float.
 float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * float(M_SQRT1_2))); }
 
 WeightView f32_view(const float* data, int64_t rows, int64_t cols) {
@@ -160,13 +191,42 @@ void VisionEncoder::encode(const float* pixels, const int64_t* grids, int64_t n_
     }
 }
 
+// Per-image working memory, allocated once for all blocks. n: patches of the image, S: of one frame.
+struct VisionEncoder::Scratch {
+    Scratch(const VisionConfig& c, int64_t n, int64_t S)
+        : hp((c.head_dim() + 15) / 16 * 16),
+          nq(std::min(S, kQueryChunk)),
+          x(size_t(n * c.hidden)),
+          xn(x.size()),
+          y(x.size()),
+          ffn(size_t(n * c.ff)),
+          qkv(size_t(S * 3 * c.hidden)),
+          q(size_t(c.n_head * S * hp)),
+          k(q.size()),
+          vt(size_t(c.n_head * c.head_dim() * S)),
+          scores(size_t(c.n_head * nq * S)),
+          heads(size_t(S * c.hidden)),
+          attn(heads.size()) {}
+    const int64_t hp;  // head_dim padded with zero columns to whole 16-lane matmul steps
+    const int64_t nq;  // queries per score block
+    std::vector<float> x, xn, y;  // [n][hidden]: residual stream, normed, sublayer output
+    std::vector<float> ffn;       // [n][ff]
+    std::vector<float> qkv;       // [S][3][heads][head_dim]
+    std::vector<float> q, k;      // [heads][S][hp] rotated
+    std::vector<float> vt;        // [heads][head_dim][S]: V^T
+    std::vector<float> scores;    // [heads][nq][S]
+    std::vector<float> heads;     // [heads][S][head_dim]
+    std::vector<float> attn;      // [S][hidden]
+};
+
 void VisionEncoder::encode_image(const float* pixels, int64_t t, int64_t gh, int64_t gw, float* out) const {
     const VisionConfig& c = config_;
     Backend& be = backend_;
     const int64_t H = c.hidden, m = c.merge, S = gh * gw, n = t * S, hd = c.head_dim(), side = c.grid_side;
+    Scratch ws(c, n, S);
+    std::vector<float>&x = ws.x, &xn = ws.xn, &y = ws.y, &ffn = ws.ffn;
 
     // patch embedding + the position grid resampled to gh x gw (patches in merge-block order)
-    std::vector<float> x(size_t(n * H));  // [n][hidden]
     linear(be, patch_view_, patch_b_, pixels, n, x.data());
     std::vector<float> cos(size_t(n * hd / 2)), sin(size_t(n * hd / 2));  // [n][hd/2]: rows then columns
     std::vector<float> inv_freq(size_t(hd / 4));
@@ -180,12 +240,15 @@ void VisionEncoder::encode_image(const float* pixels, int64_t t, int64_t gh, int
         axis_taps(row, gh, side, ht, hw);
         axis_taps(col, gw, side, wt, ww);
         float* xr = &x[size_t(k * H)];
-        for (int64_t d = 0; d < H; ++d) {
-            float acc = 0.0f;
-            for (int a = 0; a < 2; ++a)
-                for (int b = 0; b < 2; ++b) acc += pos_embd_[(ht[a] * side + wt[b]) * H + d] * (hw[a] * ww[b]);
-            xr[d] += acc;
-        }
+        float* pos = &xn[size_t(k * H)];  // the resampled position embedding (xn is free until the norm)
+        std::fill_n(pos, H, 0.0f);
+        for (int a = 0; a < 2; ++a)
+            for (int b = 0; b < 2; ++b) {
+                const float* pe = pos_embd_ + (ht[a] * side + wt[b]) * H;
+                const float wgt = hw[a] * ww[b];
+                for (int64_t d = 0; d < H; ++d) pos[d] += pe[d] * wgt;
+            }
+        for (int64_t d = 0; d < H; ++d) xr[d] += pos[d];
         for (int64_t j = 0; j < hd / 2; ++j) {
             const float angle = float(j < hd / 4 ? row : col) * inv_freq[size_t(j % (hd / 4))];
             cos[size_t(k * hd / 2 + j)] = std::cos(angle);
@@ -193,20 +256,26 @@ void VisionEncoder::encode_image(const float* pixels, int64_t t, int64_t gh, int
         }
     });
 
-    std::vector<float> xn(size_t(n * H)), y(size_t(n * H)), ffn(size_t(n * c.ff));
+    // x[r] += y[r] on the pool
+    const auto add_rows = [&](const std::vector<float>& src) {
+        for_rows(n, [&](int64_t r) {
+            for (int64_t i = r * H; i < (r + 1) * H; ++i) x[size_t(i)] += src[size_t(i)];
+        });
+    };
     for (const Block& b : blocks_) {
         for_rows(n, [&](int64_t r) { layer_norm(&x[size_t(r * H)], H, b.ln1_w, b.ln1_b, c.eps, &xn[size_t(r * H)]); });
         for (int64_t f = 0; f < t; ++f)
             attention(b, xn.data() + f * S * H, S, cos.data() + f * S * hd / 2, sin.data() + f * S * hd / 2,
-                      y.data() + f * S * H);
-        for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+                      y.data() + f * S * H, ws);
+        add_rows(y);
         for_rows(n, [&](int64_t r) { layer_norm(&x[size_t(r * H)], H, b.ln2_w, b.ln2_b, c.eps, &xn[size_t(r * H)]); });
         linear(be, b.up, b.up_b, xn.data(), n, ffn.data());
         for_rows(n, [&](int64_t r) {
-            for (int64_t i = 0; i < c.ff; ++i) ffn[size_t(r * c.ff + i)] = gelu_tanh(ffn[size_t(r * c.ff + i)]);
+            float* row = &ffn[size_t(r * c.ff)];
+            for (int64_t i = 0; i < c.ff; ++i) row[i] = gelu_tanh(row[i]);
         });
         linear(be, b.down, b.down_b, ffn.data(), n, y.data());
-        for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+        add_rows(y);
     }
 
     // merger: norm each patch, then one row per merge x merge block (its patches are consecutive)
@@ -214,51 +283,58 @@ void VisionEncoder::encode_image(const float* pixels, int64_t t, int64_t gh, int
     const int64_t n_out = n / (m * m), merged = H * m * m;
     std::vector<float> mid(size_t(n_out * merged));  // [n_out][merged]
     linear(be, mm0_, mm0_b_, xn.data(), n_out, mid.data());
-    for (float& v : mid) v = gelu_erf(v);
+    for_rows(n_out, [&](int64_t r) {
+        for (int64_t i = r * merged; i < (r + 1) * merged; ++i) mid[size_t(i)] = gelu_erf(mid[size_t(i)]);
+    });
     linear(be, mm2_, mm2_b_, mid.data(), n_out, out);
 }
 
 // Bidirectional attention over the n patches of one frame. x: [n][hidden] (normed), cos/sin: [n][hd/2],
-// y: [n][hidden] after the output projection.
+// y: [n][hidden] after the output projection. Per block of queries, every head's QK^T, then every head's
+// PV, each as one batch of matmuls (one head per job; jobs spread over the pool's threads).
 void VisionEncoder::attention(const Block& b, const float* x, int64_t n, const float* cos, const float* sin,
-                              float* y) const {
+                              float* y, Scratch& ws) const {
     const VisionConfig& c = config_;
-    const int64_t H = c.hidden, nh = c.n_head, hd = c.head_dim(), half = hd / 2;
-    std::vector<float> qkv(size_t(n * 3 * H));  // [n][3][heads][hd]
-    linear(backend_, b.qkv, b.qkv_b, x, n, qkv.data());
-    std::vector<float> q(size_t(n * hd)), k(size_t(n * hd)), vt(size_t(hd * n));  // per head: [n][hd], V^T [hd][n]
-    std::vector<float> scores(size_t(std::min(n, kQueryChunk) * n)), attn(size_t(n * H));
-    std::vector<float> head_out(size_t(n * hd));
-    const float scale = 1.0f / std::sqrt(float(hd));
-    for (int64_t h = 0; h < nh; ++h) {
-        for_rows(n, [&](int64_t r) {
-            const float* row = &qkv[size_t(r * 3 * H + h * hd)];
-            const float *cr = cos + r * half, *sr = sin + r * half;
-            for (int64_t part = 0; part < 2; ++part) {  // q, k rotated: pairs (j, j + hd/2)
+    const int64_t H = c.hidden, nh = c.n_head, hd = c.head_dim(), half = hd / 2, hp = ws.hp;
+    float *qkv = ws.qkv.data(), *q = ws.q.data(), *k = ws.k.data(), *vt = ws.vt.data();
+    float *scores = ws.scores.data(), *heads = ws.heads.data();
+    linear(backend_, b.qkv, b.qkv_b, x, n, qkv);
+    for_rows(n, [&](int64_t r) {
+        const float *cr = cos + r * half, *sr = sin + r * half;
+        for (int64_t h = 0; h < nh; ++h) {
+            const float* row = qkv + r * 3 * H + h * hd;
+            for (int64_t part = 0; part < 2; ++part) {  // q, k rotated: pairs (j, j + hd/2); zero padding
                 const float* src = row + part * H;
-                float* dst = (part == 0 ? q.data() : k.data()) + r * hd;
+                float* dst = (part == 0 ? q : k) + (h * n + r) * hp;
                 for (int64_t j = 0; j < half; ++j) {
                     const float a = src[j], bb = src[j + half];
                     dst[j] = a * cr[j] - bb * sr[j];
                     dst[j + half] = bb * cr[j] + a * sr[j];
                 }
+                std::fill(dst + hd, dst + hp, 0.0f);
             }
-            for (int64_t d = 0; d < hd; ++d) vt[size_t(d * n + r)] = row[2 * H + d];
-        });
-        const WeightView kv = f32_view(k.data(), n, hd), vv = f32_view(vt.data(), hd, n);
-        for (int64_t q0 = 0; q0 < n; q0 += kQueryChunk) {
-            const int64_t nq = std::min(kQueryChunk, n - q0);
-            backend_.matmul(kv, q.data() + q0 * hd, nq, scores.data());  // [nq][n]
-            for_rows(nq, [&](int64_t r) {
-                float* s = &scores[size_t(r * n)];
-                for (int64_t j = 0; j < n; ++j) s[j] *= scale;
-                nn::softmax(s, n);
-            });
-            backend_.matmul(vv, scores.data(), nq, head_out.data() + q0 * hd);  // [nq][hd]
+            for (int64_t d = 0; d < hd; ++d) vt[(h * hd + d) * n + r] = row[2 * H + d];
         }
-        for_rows(n, [&](int64_t r) { std::copy_n(&head_out[size_t(r * hd)], hd, &attn[size_t(r * H + h * hd)]); });
+    });
+    const float scale = 1.0f / std::sqrt(float(hd));
+    std::vector<MatmulJob> jobs(static_cast<size_t>(nh));
+    for (int64_t q0 = 0; q0 < n; q0 += ws.nq) {
+        const int64_t nq = std::min(ws.nq, n - q0);
+        for (int64_t h = 0; h < nh; ++h)  // scores[h] = Q_h K_h^T: [nq][n]
+            jobs[size_t(h)] = {f32_view(k + h * n * hp, n, hp), q + (h * n + q0) * hp, nq,
+                               scores + h * nq * n};
+        backend_.matmul_batch(jobs.data(), nh);
+        for_rows(nh * nq, [&](int64_t r) { scaled_softmax(scores + r * n, n, scale); });
+        for (int64_t h = 0; h < nh; ++h)  // heads[h][q0..] = P_h V_h: [nq][hd]
+            jobs[size_t(h)] = {f32_view(vt + h * hd * n, hd, n), scores + h * nq * n, nq,
+                               heads + (h * n + q0) * hd};
+        backend_.matmul_batch(jobs.data(), nh);
     }
-    linear(backend_, b.out, b.out_b, attn.data(), n, y);
+    float* attn = ws.attn.data();
+    for_rows(n, [&](int64_t r) {
+        for (int64_t h = 0; h < nh; ++h) std::copy_n(heads + (h * n + r) * hd, hd, attn + r * H + h * hd);
+    });
+    linear(backend_, b.out, b.out_b, attn, n, y);
 }
 
 }  // namespace regolith

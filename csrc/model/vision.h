@@ -52,8 +52,10 @@ private:
         WeightView qkv, out, up, down;  // [3*hidden][hidden], [hidden][hidden], [ff][hidden], [hidden][ff]
         const float *qkv_b, *out_b, *up_b, *down_b;
     };
+    struct Scratch;
     void encode_image(const float* pixels, int64_t t, int64_t h, int64_t w, float* out) const;
-    void attention(const Block& b, const float* x, int64_t n, const float* cos, const float* sin, float* y) const;
+    void attention(const Block& b, const float* x, int64_t n, const float* cos, const float* sin, float* y,
+                   Scratch& ws) const;
 
     GgufFile file_;
     Backend& backend_;
