@@ -28,8 +28,9 @@ Streaming runs (llama.cpp ``mmap --no-repack``, the regolith arenas) decode two 
 (right after loading) and warm (the same again, caches as the first pass left them). Every pass evaluates
 the same ``--prompt`` random token ids, then ``--decode`` greedy tokens one at a time; only the decode steps
 are timed. Random weights route near-uniformly, so an arena holding a fraction f of the experts hits about
-f of the time; ``--trace FILE`` replays recorded routing (an .npz with ``experts``: int [n_tokens,
-n_moe_layers, top_k] chosen expert ids, and ``n_experts``) through the arena's cache policy
+f of the time; ``--trace FILE`` replays recorded routing (an .npz with ``expert_ids``: int [n_tokens,
+n_moe_layers, top_k] chosen expert ids, and ``num_experts``; benchmarks/traces/demo_routing.npz is the
+bundled demo model's, docs/demo_model.md) through the arena's cache policy
 (``regolith._core.replay_trace``, the arena's own eviction code, as plain LRU and with its learned hot set)
 for realistic hit rates at the same arena fractions. ``--pack DIR`` repeats the arena rows reading a packed
 copy of the model (one read per expert instead of three); ``--moce`` measures cache-aware routing against
@@ -381,20 +382,24 @@ def moce_effect(
 
 
 def load_trace(path: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
-    """A routing trace: (int32 [n_tokens, n_moe_layers, top_k] expert ids, the number of experts)."""
+    """A routing trace (docs/demo_model.md): an .npz with ``expert_ids`` (int [n_tokens, n_moe_layers,
+    top_k], the experts each layer chose for each token) and ``num_experts``; returns (int32 expert ids,
+    the number of experts)."""
     with np.load(path) as data:
-        if "experts" not in data:
-            raise ValueError(f"{path}: a routing trace needs an 'experts' array [tokens, layers, top_k]")
-        experts = np.asarray(data["experts"], dtype=np.int32)
-        n_experts = int(data["n_experts"]) if "n_experts" in data else int(experts.max()) + 1
+        if "expert_ids" not in data or "num_experts" not in data:
+            raise ValueError(
+                f"{path}: a routing trace needs 'expert_ids' [tokens, layers, top_k] and 'num_experts'"
+            )
+        experts = np.asarray(data["expert_ids"], dtype=np.int32)
+        n_experts = int(data["num_experts"])
     if experts.ndim != 3 or experts.size == 0:
-        raise ValueError(f"{path}: 'experts' must be a non-empty [tokens, layers, top_k] array")
+        raise ValueError(f"{path}: 'expert_ids' must be a non-empty [tokens, layers, top_k] array")
     if experts.min() < 0 or experts.max() >= n_experts:
         raise ValueError(f"{path}: expert ids outside 0 .. {n_experts - 1}")
     return experts, n_experts
 
 
-POLICIES = {"lru": 0.0, "lru+hot": 0.25}  # the arena's policy with no hot set, and with its default one
+POLICIES = {"lru": 0.0, "lru+hot": 0.75}  # the arena's policy with no hot set, and with its default one
 
 
 def replay(experts: np.ndarray, n_experts: int, fractions: Sequence[float]) -> list[dict]:

@@ -11,7 +11,9 @@ namespace regolith {
 
 ExpertCachePolicy::ExpertCachePolicy(int64_t n_keys, int64_t n_slots, const CachePolicyOptions& opt)
     : opt_(opt),
-      n_hot_(int64_t(std::floor(std::clamp(opt.hot_fraction, 0.0, 1.0) * double(n_slots)))),
+      n_hot_(std::max<int64_t>(0, std::min(int64_t(std::floor(std::clamp(opt.hot_fraction, 0.0, 1.0) *
+                                                               double(n_slots))),
+                                           n_slots - opt.lru_reserve))),
       score_(size_t(n_keys), 0.0),
       last_(size_t(n_keys), 0),
       hot_(size_t(n_keys), 0) {

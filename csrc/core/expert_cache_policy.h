@@ -4,8 +4,9 @@
 // skewed long-run usage (a minority of experts per layer serve most tokens). LRU captures the first but a
 // burst of rarely used experts (a long prompt's prefill, a change of topic) flushes the frequent ones with
 // it. So each expert keeps a usage score decayed by `decay` per use of the arena (an exponential moving
-// count); every `refresh` uses the experts whose score ranks in the top `hot_fraction * slots` become the hot
-// set. Eviction takes the least recently used slot outside the hot set, and only when every candidate is hot
+// count); every `refresh` uses the experts whose score ranks in the top min(hot_fraction * slots, slots -
+// lru_reserve) become the hot set (the reserve keeps room for one token's experts to pass through LRU).
+// Eviction takes the least recently used slot outside the hot set, and only when every candidate is hot
 // the least recently used hot one. With hot_fraction 0 this is plain LRU.
 #pragma once
 
@@ -16,9 +17,10 @@
 namespace regolith {
 
 struct CachePolicyOptions {
-    double hot_fraction = 0.25;  // share of the slots the protected hot set may take
+    double hot_fraction = 0.75;  // share of the slots the protected hot set may take
     double decay = 0.999;        // per-use decay of the usage scores (half-life ~700 uses)
     int64_t refresh = 256;       // uses between recomputations of the hot set
+    int64_t lru_reserve = 0;     // slots always left to LRU (the arena: one token's experts, layers x k)
 };
 
 class ExpertCachePolicy {

@@ -75,7 +75,9 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions&
         const int64_t n_block = c.n_layer + c.n_nextn;
         ExpertFileLayout layout = packed ? expert_layout_from_pack(options.experts_path, n_block, c.moe)
                                          : expert_layout_from_gguf(file_, path, n_block, c.moe);
-        arena_ = std::make_unique<ExpertArena>(std::move(layout), options.arena);
+        ArenaOptions arena = options.arena;
+        arena.policy.lru_reserve = c.n_layer * c.moe.n_used;  // one token's experts always pass through LRU
+        arena_ = std::make_unique<ExpertArena>(std::move(layout), arena);
         lookahead_ = options.lookahead;
     }
     std::optional<PleTableSource> ple_source;

@@ -20,8 +20,10 @@ using Crcs = nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>>;
 void init_arena(nb::module_& m) {
     m.def(
         "replay_trace",
-        [](Trace trace, int64_t n_expert, int64_t n_slots, double hot_fraction, double decay, int64_t refresh) {
-            regolith::CachePolicyOptions opt{hot_fraction, decay, refresh};
+        [](Trace trace, int64_t n_expert, int64_t n_slots, double hot_fraction, double decay, int64_t refresh,
+           int64_t lru_reserve) {
+            if (lru_reserve < 0) lru_reserve = int64_t(trace.shape(1) * trace.shape(2));
+            regolith::CachePolicyOptions opt{hot_fraction, decay, refresh, lru_reserve};
             regolith::TraceReplay r;
             {
                 nb::gil_scoped_release release;
@@ -33,10 +35,10 @@ void init_arena(nb::module_& m) {
             d["misses"] = r.misses;
             return d;
         },
-        nb::arg("trace"), nb::arg("n_expert"), nb::arg("n_slots"), nb::arg("hot_fraction") = 0.25,
-        nb::arg("decay") = 0.999, nb::arg("refresh") = 256,
+        nb::arg("trace"), nb::arg("n_expert"), nb::arg("n_slots"), nb::arg("hot_fraction") = 0.75,
+        nb::arg("decay") = 0.999, nb::arg("refresh") = 256, nb::arg("lru_reserve") = -1,
         "Replay a routing trace int32 [tokens, layers, k] (-1: none) through the arena's cache policy with n_slots "
-        "slots; returns {'hits', 'misses'}.");
+        "slots; lru_reserve -1 reserves layers x k slots for LRU, as the arena does. Returns {'hits', 'misses'}.");
     m.def(
         "crc32c_blocks",
         [](Bytes data, int64_t block) {

