@@ -52,7 +52,7 @@ def write_projector(path: Path, depth: int, out_dim: int) -> None:
     import gguf
 
     from regolith.convert.mmproj import mmproj_metadata, mmproj_tensors
-    from regolith.convert.writer import _add_kv, _encode, _mmproj_type, _nbytes
+    from regolith.convert.writer import _add_kv, _add_tensor_infos, _encode, _mmproj_type
 
     config = {
         "hidden_size": out_dim,
@@ -94,14 +94,7 @@ def write_projector(path: Path, depth: int, out_dim: int) -> None:
     plan = mmproj_tensors(config, named)
     types = [_mmproj_type(name, shape, "f16") for name, shape, _ in plan]
     writer = gguf.GGUFWriter(path=None, arch="clip")
-    for (name, shape, _), qtype in zip(plan, types, strict=True):
-        writer.add_tensor_info(
-            name,
-            shape,
-            np.dtype(np.float32),
-            _nbytes(shape, qtype),
-            raw_dtype=gguf.GGMLQuantizationType[qtype],
-        )
+    _add_tensor_infos(writer, plan, types)
     writer.add_type(gguf.GGUFType.MMPROJ)
     _add_kv(writer, mmproj_metadata(config, {}, file_type=int(gguf.LlamaFileType.MOSTLY_F16)))
     try:

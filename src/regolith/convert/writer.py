@@ -80,6 +80,20 @@ def _add_kv(writer: gguf.GGUFWriter, items: Sequence[tuple[str, Any, gguf.GGUFVa
             writer.add_key_value(key, value, vtype)
 
 
+def _add_tensor_infos(
+    writer: gguf.GGUFWriter, plan: Sequence[tuple[str, Any, Any]], types: Sequence[str]
+) -> None:
+    """Declare each planned tensor ``(name, numpy shape, build)`` with its ggml type, before any data."""
+    for (name, shape, _), qtype in zip(plan, types, strict=True):
+        writer.add_tensor_info(
+            name,
+            shape,
+            np.dtype(np.float32),
+            _nbytes(shape, qtype),
+            raw_dtype=gguf.GGMLQuantizationType[qtype],
+        )
+
+
 def _write_chunked(writer: gguf.GGUFWriter, name: str, chunks: Any, qtype: str) -> None:
     """write_tensor_data for a tensor that arrives in row blocks (the PLE table)."""
     fout = writer.fout[0]
@@ -129,17 +143,8 @@ def convert(
     tok_md = gpt2_tokenizer_metadata(ckpt.path, cfg["vocab_size"], pre=tokenizer_pre)
 
     writer = gguf.GGUFWriter(path=None, arch=qwen4exp.ARCH)
-    types = []
-    for name, shape, _ in plan:
-        qtype = tensor_type(name, shape, outtype)
-        types.append(qtype)
-        writer.add_tensor_info(
-            name,
-            shape,
-            np.dtype(np.float32),
-            _nbytes(shape, qtype),
-            raw_dtype=gguf.GGMLQuantizationType[qtype],
-        )
+    types = [tensor_type(name, shape, outtype) for name, shape, _ in plan]
+    _add_tensor_infos(writer, plan, types)
     writer.add_type(gguf.GGUFType.MODEL)
     total, shared, expert, n_expert = writer.get_total_parameter_count()
     meta = gguf.Metadata.load(None, ckpt.path, None, total)
@@ -195,14 +200,7 @@ def convert_mmproj(
     md = _mmproj.mmproj_metadata(ckpt.config, preprocessor, file_type=int(file_type))
     writer = gguf.GGUFWriter(path=None, arch="clip")
     types = [_mmproj_type(name, shape, outtype) for name, shape, _ in plan]
-    for (name, shape, _), qtype in zip(plan, types, strict=True):
-        writer.add_tensor_info(
-            name,
-            shape,
-            np.dtype(np.float32),
-            _nbytes(shape, qtype),
-            raw_dtype=gguf.GGMLQuantizationType[qtype],
-        )
+    _add_tensor_infos(writer, plan, types)
     writer.add_type(gguf.GGUFType.MMPROJ)
     meta = gguf.Metadata.load(None, ckpt.path, None, 0)
     meta.name = meta.name or ckpt.path.name
