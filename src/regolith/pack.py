@@ -30,7 +30,7 @@ from . import gguf as _gguf
 from .errors import ModelFormatError
 from .state import model_fingerprint
 
-__all__ = ["FORMAT_VERSION", "PackedModel", "open_packed", "pack"]
+__all__ = ["FORMAT_VERSION", "PackedModel", "is_packed", "open_packed", "pack"]
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -76,14 +76,17 @@ class PackedModel:
 
     @property
     def dense(self) -> Path:
+        """The dense GGUF: every tensor but the routed experts and the PLE table."""
         return self.path / DENSE
 
     @property
     def experts(self) -> Path:
+        """experts.bin: one aligned, checksummed record per (layer, expert)."""
         return self.path / EXPERTS
 
     @property
     def ple(self) -> Path | None:
+        """ple.bin (the PLE n-gram table in checksummed blocks), or None for a model without PLE."""
         return self.path / PLE if PLE in self.manifest["files"] else None
 
     @property
