@@ -102,12 +102,17 @@ class CpuBackend final : public Backend {
 public:
     const char* name() const override { return "cpu"; }
 
+    // Decode-sized products take the chunked path; prefill splits the rows evenly, its activations quantized
+    // on the pool.
     void matmul(const WeightView& w, const float* x, int64_t ntok, float* y) override {
+        if (ntok <= kMaxTok) {
+            const MatmulJob job{w, x, ntok, y};
+            return run_chunked(&job, 1);
+        }
         const bool exact = exact_activations();  // read once: kernel and activations must agree
         const RowsKernel kernel = prepare(w, ntok, exact);
-        const MatmulArgs args = activations(w, x, ntok, y, exact, true);
-        const int64_t grain = ntok > kMaxTok ? kPanelRows : 4;
-        default_pool()->parallel_for(w.rows, grain, [&](int64_t r0, int64_t r1) {
+        const MatmulArgs args = activations(w, x, ntok, y, exact);
+        default_pool()->parallel_for(w.rows, kPanelRows, [&](int64_t r0, int64_t r1) {
             thread_local ThreadScratch scratch;
             kernel(args, r0, r1, scratch.get(w.cols));
         });
@@ -116,12 +121,18 @@ public:
     void matmul_batch(const MatmulJob* jobs, int64_t n_jobs) override {
         if (n_jobs <= 0) return;
         if (n_jobs == 1) return matmul(jobs[0].w, jobs[0].x, jobs[0].ntok, jobs[0].y);
+        run_chunked(jobs, n_jobs);
+    }
+
+private:
+    // Products whose rows are split into chunks of about 1/8 of a thread's share of the work (multiples of
+    // kPanelRows), claimed by the threads as they finish earlier ones: products differ in size, and a thread
+    // delayed by another process does not hold up the rest. Every y[t][r] depends on row r and x[t] only, so
+    // the split leaves the bits.
+    void run_chunked(const MatmulJob* jobs, int64_t n_jobs) {
         const bool exact = exact_activations();
         thread_local BatchScratch bs;
         bs.fill(jobs, n_jobs, exact);
-        // Row chunks of about 1/8 of a thread's share of the work (multiples of kPanelRows), claimed by the
-        // threads as they finish earlier ones: jobs differ in size, and a thread delayed by another process
-        // does not hold up the batch. Every y[t][r] depends on row r and x[t] only, so the split leaves the bits.
         const int threads = default_threads();
         double total = 0.0;
         for (int64_t j = 0; j < n_jobs; ++j) total += work(jobs[j]);
@@ -138,16 +149,19 @@ public:
         const RowsKernel* kernels = bs.kernels.data();
         const MatmulArgs* args = bs.args.data();
         std::atomic<int64_t> next{0};
-        default_pool()->parallel_for(threads, 1, [&](int64_t, int64_t) {
+        const auto claim = [&](int64_t, int64_t) {
             thread_local ThreadScratch scratch;
             for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n_chunks;) {
                 const Chunk& c = chunks[i];
                 kernels[c.job](args[c.job], c.r0, c.r1, scratch.get(args[c.job].cols));
             }
-        });
+        };
+        if (n_chunks == 1)
+            claim(0, 1);
+        else
+            default_pool()->parallel_for(threads, 1, claim);
     }
 
-private:
     struct Chunk {
         int64_t job, r0, r1;
     };
@@ -225,10 +239,9 @@ private:
         return kernel;
     }
 
-    // The kernel arguments, with the activations quantized (into this thread's buffers) where the weight
-    // type needs it; `threaded`: quantize a large batch of tokens on the pool.
-    static MatmulArgs activations(const WeightView& w, const float* x, int64_t ntok, float* y, bool exact,
-                                  bool threaded) {
+    // The kernel arguments of a prefill product, with the activations quantized on the pool (into the calling
+    // thread's buffers) where the weight type needs it.
+    static MatmulArgs activations(const WeightView& w, const float* x, int64_t ntok, float* y, bool exact) {
         MatmulArgs args{static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, ntok, x,
                         nullptr, nullptr, nullptr, y};
         if (type_traits(w.type)->block_elems == 1 || exact) return args;
@@ -245,10 +258,7 @@ private:
                 table.quantize(x + i * w.cols, w.cols, block, xq + i * w.cols, xd + i * w.cols / block,
                                xs + i * w.cols / 16);
         };
-        if (threaded && ntok >= 8)
-            default_pool()->parallel_for(ntok, 1, quantize_rows);
-        else
-            quantize_rows(0, ntok);
+        default_pool()->parallel_for(ntok, 1, quantize_rows);
         args.xq = xq;
         args.xd = xd;
         args.xs = xs;
