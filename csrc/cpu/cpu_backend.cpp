@@ -142,7 +142,8 @@ private:
             const int64_t rows = jobs[j].w.rows;
             int64_t step = int64_t(share / work(jobs[j]) * double(rows));
             step = std::clamp<int64_t>((step + kPanelRows - 1) / kPanelRows * kPanelRows, kPanelRows, rows);
-            for (int64_t r0 = 0; r0 < rows; r0 += step) bs.chunks.push_back({j, r0, std::min(rows, r0 + step)});
+            for (int64_t r0 = 0; r0 < rows; r0 += step)
+                bs.chunks.push_back({j, r0, std::min(rows, r0 + step)});
         }
         const int64_t n_chunks = int64_t(bs.chunks.size());
         const Chunk* chunks = bs.chunks.data();
@@ -185,8 +186,8 @@ private:
             for (int64_t j = 0; j < n_jobs; ++j) {
                 const MatmulJob& job = jobs[j];
                 kernels.push_back(prepare(job.w, job.ntok, exact));
-                args.push_back({static_cast<const uint8_t*>(job.w.data), job.w.row_bytes, job.w.rows, job.w.cols,
-                                job.ntok, job.x, nullptr, nullptr, nullptr, job.y});
+                args.push_back({static_cast<const uint8_t*>(job.w.data), job.w.row_bytes, job.w.rows,
+                                job.w.cols, job.ntok, job.x, nullptr, nullptr, nullptr, job.y});
                 if (type_traits(job.w.type)->block_elems == 1 || exact) continue;
                 const int block = table.act_block[job.w.type];
                 for (int64_t i = 0; i < j && source[size_t(j)] < 0; ++i)
@@ -222,7 +223,9 @@ private:
     };
 
     // Multiply-adds of a product (the chunking's unit of work).
-    static double work(const MatmulJob& job) { return double(job.w.rows) * double(job.w.cols) * double(job.ntok); }
+    static double work(const MatmulJob& job) {
+        return double(job.w.rows) * double(job.w.cols) * double(job.ntok);
+    }
 
     // Validates a product and picks its kernel.
     static RowsKernel prepare(const WeightView& w, int64_t ntok, bool exact) {

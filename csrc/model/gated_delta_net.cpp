@@ -160,7 +160,9 @@ void GatedDeltaNet::forward(const float* x, int64_t ntok, GdnState& state, float
     std::vector<float> beta(size_t(ntok * nv));           // [ntok][n_v]: beta x, then sigmoid
     std::copy(state.conv.begin(), state.conv.end(), ext.begin());
     float* qkv = ext.data() + (K - 1) * cd;  // [ntok][conv_dim]
-    const MatmulJob in[] = {{w_.qkv, x, ntok, qkv}, {w_.gate, x, ntok, z.data()}, {w_.alpha, x, ntok, g.data()},
+    const MatmulJob in[] = {{w_.qkv, x, ntok, qkv},
+                            {w_.gate, x, ntok, z.data()},
+                            {w_.alpha, x, ntok, g.data()},
                             {w_.beta, x, ntok, beta.data()}};
     backend_->matmul_batch(in, 4);
 

@@ -50,9 +50,9 @@ std::vector<float> gather(const ExpertBatch& b, const float* x, int64_t h, int64
     return xs;
 }
 
-// y = sum over a token's experts of weight * expert output (in expert-id order), plus the gated shared expert.
-// ys: [b.rows][hidden] expert outputs; sh: [ntok][hidden] and sg: [ntok] the shared expert's output and gate
-// logit (unused without one).
+// y = sum over a token's experts of weight * expert output (in expert-id order), plus the gated shared
+// expert. ys: [b.rows][hidden] expert outputs; sh: [ntok][hidden] and sg: [ntok] the shared expert's output
+// and gate logit (unused without one).
 void combine(const MoeShape& shape, const Routing& r, const ExpertBatch& b, const float* ys, const float* sh,
              const float* sg, int64_t ntok, float* y) {
     const int64_t h = shape.hidden, k = shape.n_used;
@@ -71,7 +71,6 @@ void combine(const MoeShape& shape, const Routing& r, const ExpertBatch& b, cons
         for (int64_t c = 0; c < h; ++c) y[t * h + c] += gate * sh[t * h + c];
     }
 }
-
 
 // Runs experts `which` (indices into b.active) with weights `w[i]`: ys rows of those experts from xs rows.
 // g, u: [b.rows][ff] scratch. Every product is independent of which others share its batch (Backend
@@ -182,7 +181,8 @@ void SparseMoe::forward_resident(Backend& be, const float* x, int64_t ntok, floa
     const int64_t h = shape_.hidden, k = shape_.n_used, ff = shape_.ff_expert, fs = shape_.ff_shared;
     std::vector<float> logits(size_t(ntok * shape_.n_expert));  // [ntok][n_expert]
     // the shared expert: gate and up [ntok][ff_shared], output [ntok][hidden], gate logits [ntok]
-    std::vector<float> shg(size_t(ntok * fs)), shu(size_t(ntok * fs)), sh(size_t(ntok * h)), sg(static_cast<size_t>(ntok));
+    std::vector<float> shg(size_t(ntok * fs)), shu(size_t(ntok * fs)), sh(size_t(ntok * h));
+    std::vector<float> sg(static_cast<size_t>(ntok));
     std::vector<MatmulJob> jobs{{router_, x, ntok, logits.data()}};
     if (fs > 0) {
         jobs.push_back({sh_gate_, x, ntok, shg.data()});
