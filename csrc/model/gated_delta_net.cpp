@@ -160,10 +160,11 @@ void GatedDeltaNet::forward(const float* x, int64_t ntok, GdnState& state, float
     std::vector<float> beta(size_t(ntok * nv));           // [ntok][n_v]: beta x, then sigmoid
     std::copy(state.conv.begin(), state.conv.end(), ext.begin());
     float* qkv = ext.data() + (K - 1) * cd;  // [ntok][conv_dim]
-    backend_->matmul(w_.qkv, x, ntok, qkv);
-    backend_->matmul(w_.gate, x, ntok, z.data());
-    backend_->matmul(w_.alpha, x, ntok, g.data());
-    backend_->matmul(w_.beta, x, ntok, beta.data());
+    const MatmulJob in[] = {{w_.qkv, x, ntok, qkv},
+                            {w_.gate, x, ntok, z.data()},
+                            {w_.alpha, x, ntok, g.data()},
+                            {w_.beta, x, ntok, beta.data()}};
+    backend_->matmul_batch(in, 4);
 
     // Causal depthwise conv + SiLU: conv[t][c] = sum_i w[c][i] ext[t + i][c] (ext row t + K-1 is token t).
     std::vector<float> conv(size_t(ntok * cd));  // [ntok][conv_dim]: q | k | v

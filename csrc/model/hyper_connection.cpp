@@ -30,7 +30,8 @@ void HyperConnection::read(Backend& be, const float* streams, int64_t ntok, floa
             nn::rms_norm(streams + o, hidden, norm + s * hidden, eps, xn.data() + o);
         }
     std::vector<float> low(size_t(ntok * rank));  // [ntok][rank]
-    be.matmul(down, xn.data(), ntok, low.data());
+    const MatmulJob in[] = {{down, xn.data(), ntok, low.data()}, {inject, xn.data(), ntok, inject_w}};
+    be.matmul_batch(in, inject.rows == 0 ? 1 : 2);
     for (float& v : low) v = nn::silu(v / float(hc));
     std::vector<float> gate(size_t(ntok * width));  // [ntok][hc * hidden]
     be.matmul(up, low.data(), ntok, gate.data());
@@ -44,7 +45,6 @@ void HyperConnection::read(Backend& be, const float* streams, int64_t ntok, floa
             mixed[t * hidden + i] = acc / float(hc);
         }
     if (inject.rows == 0) return;
-    be.matmul(inject, xn.data(), ntok, inject_w);
     for (int64_t i = 0; i < ntok * hc; ++i) inject_w[i] = 2.0f * nn::sigmoid(inject_w[i] / float(hc));
 }
 

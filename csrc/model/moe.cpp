@@ -41,6 +41,37 @@ ExpertBatch group_by_expert(const Routing& r, int64_t n_expert, int64_t ntok, in
     return b;
 }
 
+// The token rows of every active expert, packed as b orders them: xs [b.rows][hidden].
+std::vector<float> gather(const ExpertBatch& b, const float* x, int64_t h, int64_t k) {
+    std::vector<float> xs(size_t(b.rows * h));
+    for (size_t a = 0; a < b.active.size(); ++a)
+        for (size_t j = 0; j < b.pairs[a].size(); ++j)
+            std::copy_n(x + b.pairs[a][j] / k * h, h, xs.data() + (b.offset[a] + int64_t(j)) * h);
+    return xs;
+}
+
+// y = sum over a token's experts of weight * expert output (in expert-id order), plus the gated shared
+// expert. ys: [b.rows][hidden] expert outputs; sh: [ntok][hidden] and sg: [ntok] the shared expert's output
+// and gate logit (unused without one).
+void combine(const MoeShape& shape, const Routing& r, const ExpertBatch& b, const float* ys, const float* sh,
+             const float* sg, int64_t ntok, float* y) {
+    const int64_t h = shape.hidden, k = shape.n_used;
+    std::fill(y, y + ntok * h, 0.0f);
+    for (size_t a = 0; a < b.active.size(); ++a) {
+        for (size_t j = 0; j < b.pairs[a].size(); ++j) {
+            const float wgt = r.weights[size_t(b.pairs[a][j])];
+            const float* src = ys + (b.offset[a] + int64_t(j)) * h;
+            float* dst = y + b.pairs[a][j] / k * h;
+            for (int64_t c = 0; c < h; ++c) dst[c] += wgt * src[c];
+        }
+    }
+    if (shape.ff_shared == 0) return;
+    for (int64_t t = 0; t < ntok; ++t) {
+        const float gate = nn::sigmoid(sg[t]);
+        for (int64_t c = 0; c < h; ++c) y[t * h + c] += gate * sh[t * h + c];
+    }
+}
+
 // Runs experts `which` (indices into b.active) with weights `w[i]`: ys rows of those experts from xs rows.
 // g, u: [b.rows][ff] scratch. Every product is independent of which others share its batch (Backend
 // contract), so any split into calls gives the same bits.
@@ -102,10 +133,14 @@ Routing SparseMoe::route(Backend& be, const float* x, int64_t ntok) const {
 }
 
 Routing SparseMoe::route_impl(Backend& be, const float* x, int64_t ntok, const uint8_t* resident) const {
-    const int64_t ne = shape_.n_expert, k = shape_.n_used;
-    std::vector<float> logits(size_t(ntok * ne)), probs(size_t(ntok * ne));  // [ntok][n_expert]
+    std::vector<float> logits(size_t(ntok * shape_.n_expert));  // [ntok][n_expert]
     be.matmul(router_, x, ntok, logits.data());
-    probs = logits;
+    return select(logits, ntok, resident);
+}
+
+Routing SparseMoe::select(const std::vector<float>& logits, int64_t ntok, const uint8_t* resident) const {
+    const int64_t ne = shape_.n_expert, k = shape_.n_used;
+    std::vector<float> probs = logits;  // [ntok][n_expert]
     Routing r;
     r.experts.resize(size_t(ntok * k));
     r.weights.resize(size_t(ntok * k));
@@ -142,14 +177,51 @@ void SparseMoe::prefetch(Backend& be, const float* x, int64_t ntok) const {
     arena_->prefetch(layer_, r.experts.data(), int64_t(r.experts.size()));
 }
 
+void SparseMoe::forward_resident(Backend& be, const float* x, int64_t ntok, float* y) const {
+    const int64_t h = shape_.hidden, k = shape_.n_used, ff = shape_.ff_expert, fs = shape_.ff_shared;
+    std::vector<float> logits(size_t(ntok * shape_.n_expert));  // [ntok][n_expert]
+    // the shared expert: gate and up [ntok][ff_shared], output [ntok][hidden], gate logits [ntok]
+    std::vector<float> shg(size_t(ntok * fs)), shu(size_t(ntok * fs)), sh(size_t(ntok * h));
+    std::vector<float> sg(static_cast<size_t>(ntok));
+    std::vector<MatmulJob> jobs{{router_, x, ntok, logits.data()}};
+    if (fs > 0) {
+        jobs.push_back({sh_gate_, x, ntok, shg.data()});
+        jobs.push_back({sh_up_, x, ntok, shu.data()});
+        jobs.push_back({sh_router_, x, ntok, sg.data()});
+    }
+    be.matmul_batch(jobs.data(), int64_t(jobs.size()));
+    const Routing r = select(logits, ntok, nullptr);
+    const ExpertBatch b = group_by_expert(r, shape_.n_expert, ntok, k);
+    const std::vector<float> xs = gather(b, x, h, k);
+    std::vector<float> g(size_t(b.rows * ff)), u(size_t(b.rows * ff)), ys(size_t(b.rows * h));
+
+    jobs.clear();
+    for (size_t a = 0; a < b.active.size(); ++a) {
+        const size_t e = size_t(b.active[a]);
+        const int64_t n = b.count[a], o = b.offset[a];
+        jobs.push_back({gate_[e], xs.data() + o * h, n, g.data() + o * ff});
+        jobs.push_back({up_[e], xs.data() + o * h, n, u.data() + o * ff});
+    }
+    be.matmul_batch(jobs.data(), int64_t(jobs.size()));
+    for (size_t i = 0; i < g.size(); ++i) g[i] = nn::silu(g[i]) * u[i];
+    for (size_t i = 0; i < shg.size(); ++i) shg[i] = nn::silu(shg[i]) * shu[i];
+    jobs.clear();
+    for (size_t a = 0; a < b.active.size(); ++a) {
+        const int64_t n = b.count[a], o = b.offset[a];
+        jobs.push_back({down_[size_t(b.active[a])], g.data() + o * ff, n, ys.data() + o * h});
+    }
+    if (fs > 0) jobs.push_back({sh_down_, shg.data(), ntok, sh.data()});
+    be.matmul_batch(jobs.data(), int64_t(jobs.size()));
+    combine(shape_, r, b, ys.data(), sh.data(), sg.data(), ntok, y);
+}
+
 void SparseMoe::forward(Backend& be, const float* x, int64_t ntok, float* y) const {
+    if (!arena_) return forward_resident(be, x, ntok, y);
     const int64_t h = shape_.hidden, k = shape_.n_used, ff = shape_.ff_expert;
     const Routing r = route(be, x, ntok);
     const ExpertBatch b = group_by_expert(r, shape_.n_expert, ntok, k);
-    std::vector<float> xs(size_t(b.rows * h)), g(size_t(b.rows * ff)), u(size_t(b.rows * ff)), ys(size_t(b.rows * h));
-    for (size_t a = 0; a < b.active.size(); ++a)
-        for (size_t j = 0; j < b.pairs[a].size(); ++j)
-            std::copy_n(x + b.pairs[a][j] / k * h, h, xs.data() + (b.offset[a] + int64_t(j)) * h);
+    const std::vector<float> xs = gather(b, x, h, k);
+    std::vector<float> g(size_t(b.rows * ff)), u(size_t(b.rows * ff)), ys(size_t(b.rows * h));
 
     std::vector<float> sh, sg;  // the shared expert's output [ntok][hidden] and gate logits [ntok]
     const auto shared = [&] {
@@ -160,65 +232,42 @@ void SparseMoe::forward(Backend& be, const float* x, int64_t ntok, float* y) con
         be.matmul(sh_router_, x, ntok, sg.data());
     };
 
-    if (!arena_) {
-        std::vector<size_t> all(b.active.size());
-        std::iota(all.begin(), all.end(), size_t(0));
-        std::vector<ExpertWeights> w;
-        for (int64_t e : b.active) w.push_back({gate_[size_t(e)], up_[size_t(e)], down_[size_t(e)]});
-        run_experts(be, b, all, w, xs.data(), h, ff, g.data(), u.data(), ys.data());
-        shared();
-    } else {
-        // Resident experts first (they cannot be evicted by this layer's own misses), then the misses with the
-        // most tokens first; waves of at most slots() experts when the layer needs more than the arena holds.
-        std::vector<uint8_t> resident(size_t(shape_.n_expert));
-        auto use = arena_->use();
-        arena_->resident_mask(layer_, resident.data());
-        std::vector<size_t> order(b.active.size());
-        std::iota(order.begin(), order.end(), size_t(0));
-        std::stable_sort(order.begin(), order.end(), [&](size_t i, size_t j) {
-            const bool ri = resident[size_t(b.active[i])], rj = resident[size_t(b.active[j])];
-            return ri != rj ? ri : b.count[i] > b.count[j];
-        });
-        bool shared_done = false;
-        for (size_t w0 = 0; w0 < order.size(); w0 += size_t(arena_->slots())) {
-            const size_t w1 = std::min(order.size(), w0 + size_t(arena_->slots()));
-            Pins pins{*arena_, {}};
-            std::vector<size_t> pending;  // indices into b.active
-            for (size_t i = w0; i < w1; ++i) {
-                pins.slots.push_back(arena_->acquire(layer_, b.active[order[i]]));
-                pending.push_back(order[i]);
-            }
-            if (!shared_done) shared(), shared_done = true;  // overlaps the first wave's reads
-            std::vector<int64_t> slot_of(b.active.size(), -1);
-            for (size_t i = w0; i < w1; ++i) slot_of[order[i]] = pins.slots[i - w0];
-            while (!pending.empty()) {
-                // Everything already in memory runs now; else wait for the first record still loading.
-                std::vector<size_t> run, rest;
-                for (size_t i : pending) (arena_->ready(slot_of[i]) ? run : rest).push_back(i);
-                if (run.empty()) run.push_back(rest.front()), rest.erase(rest.begin());
-                std::vector<ExpertWeights> w;
-                for (size_t i : run) w.push_back(arena_->wait(slot_of[i]));
-                run_experts(be, b, run, w, xs.data(), h, ff, g.data(), u.data(), ys.data());
-                pending = std::move(rest);
-            }
+    // Resident experts first (they cannot be evicted by this layer's own misses), then the misses with the
+    // most tokens first; waves of at most slots() experts when the layer needs more than the arena holds.
+    std::vector<uint8_t> resident(size_t(shape_.n_expert));
+    auto use = arena_->use();
+    arena_->resident_mask(layer_, resident.data());
+    std::vector<size_t> order(b.active.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::stable_sort(order.begin(), order.end(), [&](size_t i, size_t j) {
+        const bool ri = resident[size_t(b.active[i])], rj = resident[size_t(b.active[j])];
+        return ri != rj ? ri : b.count[i] > b.count[j];
+    });
+    bool shared_done = false;
+    for (size_t w0 = 0; w0 < order.size(); w0 += size_t(arena_->slots())) {
+        const size_t w1 = std::min(order.size(), w0 + size_t(arena_->slots()));
+        Pins pins{*arena_, {}};
+        std::vector<size_t> pending;  // indices into b.active
+        for (size_t i = w0; i < w1; ++i) {
+            pins.slots.push_back(arena_->acquire(layer_, b.active[order[i]]));
+            pending.push_back(order[i]);
         }
-        if (!shared_done) shared();
-    }
-
-    std::fill(y, y + ntok * h, 0.0f);
-    for (size_t a = 0; a < b.active.size(); ++a) {
-        for (size_t j = 0; j < b.pairs[a].size(); ++j) {
-            const float wgt = r.weights[size_t(b.pairs[a][j])];
-            const float* src = ys.data() + (b.offset[a] + int64_t(j)) * h;
-            float* dst = y + b.pairs[a][j] / k * h;
-            for (int64_t c = 0; c < h; ++c) dst[c] += wgt * src[c];
+        if (!shared_done) shared(), shared_done = true;  // overlaps the first wave's reads
+        std::vector<int64_t> slot_of(b.active.size(), -1);
+        for (size_t i = w0; i < w1; ++i) slot_of[order[i]] = pins.slots[i - w0];
+        while (!pending.empty()) {
+            // Everything already in memory runs now; else wait for the first record still loading.
+            std::vector<size_t> run, rest;
+            for (size_t i : pending) (arena_->ready(slot_of[i]) ? run : rest).push_back(i);
+            if (run.empty()) run.push_back(rest.front()), rest.erase(rest.begin());
+            std::vector<ExpertWeights> w;
+            for (size_t i : run) w.push_back(arena_->wait(slot_of[i]));
+            run_experts(be, b, run, w, xs.data(), h, ff, g.data(), u.data(), ys.data());
+            pending = std::move(rest);
         }
     }
-    if (shape_.ff_shared == 0) return;
-    for (int64_t t = 0; t < ntok; ++t) {
-        const float gate = nn::sigmoid(sg[size_t(t)]);
-        for (int64_t c = 0; c < h; ++c) y[t * h + c] += gate * sh[size_t(t * h + c)];
-    }
+    if (!shared_done) shared();
+    combine(shape_, r, b, ys.data(), sh.data(), sg.data(), ntok, y);
 }
 
 }  // namespace regolith

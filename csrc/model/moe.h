@@ -61,6 +61,11 @@ public:
 
 private:
     Routing route_impl(Backend& be, const float* x, int64_t ntok, const uint8_t* resident) const;
+    // The routing from router logits [ntok][n_expert].
+    Routing select(const std::vector<float>& logits, int64_t ntok, const uint8_t* resident) const;
+    // forward with resident experts: the router and the shared expert's gate, up and router in one batch,
+    // every expert's gate and up in the next, and every down product (the shared one's too) in the last.
+    void forward_resident(Backend& be, const float* x, int64_t ntok, float* y) const;
 
     MoeShape shape_;
     WeightView router_;                           // [n_expert, hidden]

@@ -153,11 +153,12 @@ void QsaAttention::forward_mrope(const float* x, const int64_t* positions, int64
     std::vector<float> vx(static_cast<size_t>(ntok * KV * D));     // [ntok][KV][D]
     std::vector<float> iq(static_cast<size_t>(ntok * IH * ID));    // [ntok][IH][ID]
     std::vector<float> ik(static_cast<size_t>(ntok * ID));         // [ntok][ID]
-    backend_.matmul(w_.q, x, ntok, qg.data());
-    backend_.matmul(w_.k, x, ntok, kx.data());
-    backend_.matmul(w_.v, x, ntok, vx.data());
-    backend_.matmul(w_.index_q, x, ntok, iq.data());
-    backend_.matmul(w_.index_k, x, ntok, ik.data());
+    const MatmulJob in[] = {{w_.q, x, ntok, qg.data()},
+                            {w_.k, x, ntok, kx.data()},
+                            {w_.v, x, ntok, vx.data()},
+                            {w_.index_q, x, ntok, iq.data()},
+                            {w_.index_k, x, ntok, ik.data()}};
+    backend_.matmul_batch(in, 5);
 
     // queries (normed, rotated) and the new tokens' keys, values and raw indexer keys into the state
     st.reserve_(n1);
