@@ -148,11 +148,17 @@ def tiny_model(seed: int = 0, **overrides: Any):
 
     config = tiny_text_config(**overrides)
     torch.manual_seed(seed)
-    model = Qwen4ExpForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(seed + 1)
+    return perturb_constant_parameters(Qwen4ExpForCausalLM(config).eval(), seed + 1)
+
+
+def perturb_constant_parameters(model, seed: int):
+    """Add seeded noise to every parameter that _init_weights left constant (zeros / ones: norms, dt_bias, the
+    PLE conv, biases), so a wrong gamma or a missing bias shows; returns the model."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in sorted(model.named_parameters()):
-            # zeros / ones from _init_weights: norms, dt_bias, the PLE conv
             if p.dtype.is_floating_point and p.numel() > 0 and bool((p == p.flatten()[0]).all()):
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
     return model

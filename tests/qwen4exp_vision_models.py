@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.qwen4exp_models import save_tiny_tokenizer, tiny_text_config
+from tests.qwen4exp_models import perturb_constant_parameters, save_tiny_tokenizer, tiny_text_config
 
 __all__ = ["PREPROCESSOR", "VISION_TOKENS", "save_tiny_vl_model", "tiny_vl_model"]
 
@@ -80,13 +80,7 @@ def tiny_vl_model(config, seed: int = 0):
     from transformers import Qwen4ExpForConditionalGeneration
 
     torch.manual_seed(seed)
-    model = Qwen4ExpForConditionalGeneration(config).eval()
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
-            if p.dtype.is_floating_point and p.numel() > 0 and bool((p == p.flatten()[0]).all()):
-                p.add_(0.1 * torch.randn(p.shape, generator=gen))
-    return model
+    return perturb_constant_parameters(Qwen4ExpForConditionalGeneration(config).eval(), seed + 1)
 
 
 def save_tiny_vl_model(path: str | Path, seed: int = 0, **text_overrides: Any):
