@@ -52,7 +52,7 @@ def write_projector(path: Path, depth: int, out_dim: int) -> None:
     import gguf
 
     from regolith.convert.mmproj import mmproj_metadata, mmproj_tensors
-    from regolith.convert.writer import _add_kv, _add_tensor_infos, _encode, _mmproj_type
+    from regolith.convert.writer import _add_kv, _add_tensor_infos, _mmproj_type, _write_plan
 
     config = {
         "hidden_size": out_dim,
@@ -97,14 +97,7 @@ def write_projector(path: Path, depth: int, out_dim: int) -> None:
     _add_tensor_infos(writer, plan, types)
     writer.add_type(gguf.GGUFType.MMPROJ)
     _add_kv(writer, mmproj_metadata(config, {}, file_type=int(gguf.LlamaFileType.MOSTLY_F16)))
-    try:
-        writer.write_header_to_file(path=path)
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for (_name, _shape, load), qtype in zip(plan, types, strict=True):
-            writer.write_tensor_data(_encode(load(), qtype))
-    finally:
-        writer.close()
+    _write_plan(writer, path, plan, types)
 
 
 def encoder_flops(n: int, depth: int, out_dim: int) -> float:

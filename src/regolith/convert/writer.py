@@ -94,6 +94,21 @@ def _add_tensor_infos(
         )
 
 
+def _write_plan(
+    writer: gguf.GGUFWriter, path: Path, plan: Sequence[tuple[str, Any, Any]], types: Sequence[str]
+) -> None:
+    """Write a writer whose tensors _add_tensor_infos declared to ``path``: header, metadata, tensor infos, then
+    each planned tensor built, encoded and written in turn."""
+    try:
+        writer.write_header_to_file(path=path)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for (_name, _shape, load), qtype in zip(plan, types, strict=True):
+            writer.write_tensor_data(_encode(load(), qtype))
+    finally:
+        writer.close()
+
+
 def _write_chunked(writer: gguf.GGUFWriter, name: str, chunks: Any, qtype: str) -> None:
     """write_tensor_data for a tensor that arrives in row blocks (the PLE table)."""
     fout = writer.fout[0]
@@ -207,12 +222,5 @@ def convert_mmproj(
     meta.set_gguf_meta_model(writer)
     _add_kv(writer, md)
     with atomic_path(Path(out_path)) as tmp:
-        try:
-            writer.write_header_to_file(path=tmp)
-            writer.write_kv_data_to_file()
-            writer.write_ti_data_to_file()
-            for (_name, _shape, load), qtype in zip(plan, types, strict=True):
-                writer.write_tensor_data(_encode(load(), qtype))
-        finally:
-            writer.close()
+        _write_plan(writer, tmp, plan, types)
     return Path(out_path)
