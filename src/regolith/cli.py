@@ -47,6 +47,7 @@ def _scalar_str(v: Any) -> str:
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
     from . import memory_plan
+    from .model import default_n_ctx
     from .pack import is_packed, open_packed
 
     path = str(resolve_model(args.model))
@@ -60,7 +61,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
         with _gguf.open(path) as f:
             sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, packed.manifest if packed else None)
             arch = f.architecture or ""
-            ctx = args.ctx or min(int(f.metadata.get(f"{arch}.context_length") or 8192), 8192)
+            ctx = args.ctx or default_n_ctx(f.metadata.get(f"{arch}.context_length"))
         plan = memory_plan.plan_memory(
             sizes,
             n_ctx=ctx,

@@ -36,6 +36,12 @@ DEFAULT_MAX_TOKENS = 256
 # llama.cpp's defaults, which users of its tools know.
 SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
 
+
+def default_n_ctx(context_length: int | None) -> int:
+    """The context a model's windows get by default: its trained context length, at most DEFAULT_CTX."""
+    return min(int(context_length or DEFAULT_CTX), DEFAULT_CTX)
+
+
 _log = logging.getLogger("regolith")
 _warned_unlocked = False
 
@@ -259,7 +265,7 @@ class Model:
         self.path = path
         self.config: dict[str, Any] = core.config()
         self._metadata = metadata
-        self.n_ctx = int(n_ctx or min(self.config.get("context_length") or DEFAULT_CTX, DEFAULT_CTX))
+        self.n_ctx = int(n_ctx or default_n_ctx(self.config.get("context_length")))
         self.plan = plan
         """The :class:`regolith.memory_plan.MemoryPlan` made at load (dense, arena, state, totals)."""
         self._tokens_evaluated = 0
@@ -331,7 +337,7 @@ class Model:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
         sizes = _plan.sizes_from_gguf(tensors, metadata, packed.manifest if packed else None)
-        ctx = int(n_ctx or min(int(metadata.get(f"{arch}.context_length") or DEFAULT_CTX), DEFAULT_CTX))
+        ctx = int(n_ctx or default_n_ctx(metadata.get(f"{arch}.context_length")))
         plan = _plan.plan_memory(
             sizes,
             n_ctx=ctx,
