@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .app import ServerConfig, create_app
+from .app import create_app
+from .endpoint import ServerConfig
 
 if TYPE_CHECKING:
     from ..model import Model

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from .api_error import APIError, anthropic_body
-from .app import ServerState, StrictBody, collect, event_stream, read_request, sse
+from .endpoint import ServerState, StrictBody, collect, event_stream, read_request, sse
 from .engine import Job
 from .plan import ChatPrompt, Plan, chat_prompt, plan_chat, stop_sequence
 from .reply import ToolCall

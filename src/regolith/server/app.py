@@ -1,48 +1,33 @@
-"""The FastAPI application: configuration, authentication, request bodies, errors, health and metrics.
+"""The FastAPI application: the OpenAI and Anthropic routers (:mod:`.openai_api`, :mod:`.anthropic_api`),
+errors answered in each API's own schema, health, metrics and request counting.
 
-The API endpoints live in :mod:`.openai_api` and :mod:`.anthropic_api`; both read their bodies through
-:func:`read_body`, which enforces the size limit, parses JSON and validates it against the endpoint's
-pydantic model, so every malformed request gets a 4xx in its API's own error schema.
+What the endpoints share (configuration, state, reading bodies, streaming) is in :mod:`.endpoint`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hmac
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from . import anthropic_api, openai_api
 from .api_error import APIError, anthropic_body, openai_body
-from .engine import Engine, Job
+from .endpoint import ServerConfig, ServerState
+from .engine import Engine
 from .metrics import Metrics
 
 if TYPE_CHECKING:
-    from ..generation import TokenGuide
     from ..model import Model
 
-__all__ = ["ServerConfig", "ServerState", "collect", "create_app", "event_stream", "read_body", "sse"]
+__all__ = ["ServerConfig", "create_app", "error_response"]
 
 log = logging.getLogger("regolith.server")
-
-B = TypeVar("B", bound=BaseModel)
-
-
-class StrictBody(BaseModel):
-    """A request body part: strict types (no "1" for 1); unknown fields are ignored, as clients send many
-    optional ones."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
-
 
 # Paths counted under their own name in the metrics (anything else is "other").
 _PATHS = (
@@ -54,177 +39,6 @@ _PATHS = (
     "/health",
     "/metrics",
 )
-
-
-@dataclass
-class ServerConfig:
-    """How the server runs.
-
-    ``model_name`` is the id clients name the model by (``aliases`` are accepted too); ``api_key`` (None:
-    no authentication) is required as ``Authorization: Bearer KEY`` or ``x-api-key: KEY``. ``max_queue``
-    requests may wait; a request fails after ``timeout`` seconds, queued or running; bodies over
-    ``max_body`` bytes are refused; ``default_max_tokens`` caps replies that do not ask for a length (None:
-    the rest of the context); ``antislop`` bans the shipped list of overused phrases.
-    """
-
-    model_name: str
-    aliases: tuple[str, ...] = ()
-    api_key: str | None = None
-    max_queue: int = 64
-    timeout: float = 600.0
-    max_body: int = 16 * 1024 * 1024
-    default_max_tokens: int | None = None
-    antislop: bool = False
-
-
-@dataclass
-class ServerState:
-    """What the endpoints share: the model, its engine and metrics, the configuration."""
-
-    model: Model
-    engine: Engine
-    metrics: Metrics
-    config: ServerConfig
-    started: int
-
-    def authorize(self, request: Request) -> None:
-        """Raise :class:`APIError` (401) unless the request carries the API key (when one is set)."""
-        key = self.config.api_key
-        if key is None:
-            return
-        given = []
-        auth = request.headers.get("authorization")
-        if auth is not None:
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() == "bearer":
-                given.append(token.strip())
-        if "x-api-key" in request.headers:
-            given.append(request.headers["x-api-key"])
-        if not given:
-            raise APIError(
-                401,
-                "no API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
-                kind="authentication",
-                code="invalid_api_key",
-            )
-        if not any(hmac.compare_digest(g.encode(), key.encode()) for g in given):
-            raise APIError(401, "the API key is not valid", kind="authentication", code="invalid_api_key")
-
-    def check_model(self, name: str) -> None:
-        """Raise :class:`APIError` (404) unless ``name`` is the served model (or an alias)."""
-        if name != self.config.model_name and name not in self.config.aliases:
-            raise APIError(
-                404,
-                f"the model {name!r} does not exist here; this server serves {self.config.model_name!r}",
-                kind="not_found",
-                param="model",
-                code="model_not_found",
-            )
-
-    def submit(self, prompt: list[int], options: dict[str, Any], guide: TokenGuide | None = None) -> Job:
-        """Queue a generation with the configured timeout."""
-        return self.engine.submit(prompt, options, guide=guide, timeout=self.config.timeout)
-
-
-def _field_path(loc: tuple[Any, ...]) -> str:
-    """'messages[0].content' from a pydantic error location, without the labels of union members."""
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        elif "[" in item or item in ("str", "int", "float", "bool", "dict", "list", "none") or "-" in item:
-            continue  # a union member's label, such as 'list[...]' or 'function-after[...]'
-        else:
-            parts.append(("." if parts else "") + item)
-    return "".join(parts)
-
-
-def _validation_error(e: ValidationError) -> APIError:
-    grouped: dict[str, list[str]] = {}
-    for err in e.errors(include_url=False):
-        path = _field_path(tuple(err["loc"]))
-        msg = err["msg"]
-        if err["type"] == "missing":
-            msg = "this field is required"
-        if msg not in grouped.setdefault(path, []):
-            grouped[path].append(msg)
-    path, msgs = next(iter(grouped.items()))
-    msgs = [m[0].lower() + m[1:] for m in msgs]
-    lead = "input should be "
-    if len(msgs) > 1 and all(m.startswith(lead) for m in msgs):  # a union: 'should be a string or a list'
-        msgs = ["should be " + " or ".join(m[len(lead) :] for m in msgs)]
-    message = f"{path or 'the body'}: {' or '.join(msgs)}"
-    if len(grouped) > 1:
-        message += f" (and {len(grouped) - 1} more problem{'s' if len(grouped) > 2 else ''})"
-    return APIError(422, message, param=path or None)
-
-
-async def read_request(request: Request, model: type[B]) -> tuple[ServerState, B]:
-    """The server state and the request's body (a ``model`` with a ``model`` field), once the key is checked
-    (401), the body read and validated (:func:`read_body`) and the model it names is this server's (404)."""
-    state: ServerState = request.app.state.server
-    state.authorize(request)
-    body = await read_body(request, model, state.config.max_body)
-    state.check_model(body.model)
-    return state, body
-
-
-async def read_body(request: Request, model: type[B], limit: int) -> B:
-    """The request's JSON body validated against ``model``. Raises :class:`APIError`: 413 over ``limit``
-    bytes, 400 for a missing or malformed body, 422 for one that does not match ``model``."""
-    too_large = APIError(
-        413, f"the request body is larger than {limit} bytes (see --max-body)", kind="too_large"
-    )
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise too_large
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
-    if not body.strip():
-        raise APIError(400, "the request has no body: send a JSON object")
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the body is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise APIError(400, f"the body must be a JSON object, not {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise _validation_error(e) from None
-
-
-async def collect(job: Job, request: Request) -> list[str]:
-    """All pieces of ``job``; a client that disconnects meanwhile cancels it."""
-
-    async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        job.cancel()
-
-    watcher = asyncio.create_task(watch())
-    try:
-        return [piece async for piece in job.pieces()]
-    except BaseException:
-        job.cancel()
-        raise
-    finally:
-        watcher.cancel()
-
-
-def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
-    """A server-sent-events response that proxies should pass on unbuffered."""
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-
-
-def sse(data: Any, event: str | None = None) -> str:
-    """One server-sent event carrying ``data`` as JSON (or as is, for a str)."""
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
 
 
 def _anthropic_path(path: str) -> bool:
@@ -268,8 +82,6 @@ class _CountRequests:
 def create_app(model: Model, config: ServerConfig) -> FastAPI:
     """The server's ASGI application for ``model``. The generation worker starts and stops with the app's
     lifespan (uvicorn runs it)."""
-    from . import anthropic_api, openai_api
-
     metrics = Metrics()
     engine = Engine(model, metrics, max_queue=config.max_queue)
     state = ServerState(model=model, engine=engine, metrics=metrics, config=config, started=int(time.time()))

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from .api_error import APIError, openai_body
-from .app import ServerState, StrictBody, collect, event_stream, read_request, sse
+from .endpoint import ServerState, StrictBody, collect, event_stream, read_request, sse
 from .engine import Job
 from .plan import Plan, chat_prompt, check_sampling, fit_max_tokens, plan_chat
 from .reply import ToolCall
