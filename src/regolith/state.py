@@ -13,7 +13,7 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,13 +22,12 @@ from . import gguf as _gguf
 from ._atomic import atomic_path
 from .errors import SessionError
 
-if TYPE_CHECKING:
-    from .model import Window
-
 __all__ = [
     "FORMAT_VERSION",
     "IoStats",
+    "ModelInfo",
     "StateHeader",
+    "StateWindow",
     "check_model",
     "load_window",
     "model_fingerprint",
@@ -41,6 +40,30 @@ StateHeader = _core.StateHeader
 # Bytes read from the middle of every tensor for the fingerprint.
 _SAMPLE = 64
 _IO_THREADS = 4
+
+
+class ModelInfo(Protocol):
+    """What windows, their state files and the prompt cache know of a model (:class:`regolith.Model` is one):
+    its configuration (``architecture``, ``vocab_size``, ``hidden_size``, ``layer_types``...) and the
+    fingerprint (:func:`model_fingerprint`) that ties a saved state to it."""
+
+    config: dict[str, Any]
+
+    @property
+    def fingerprint(self) -> bytes: ...
+
+
+class StateWindow(Protocol):
+    """The window a state is saved from or restored to (:class:`regolith.Window` is one). State files are the
+    window's persistence, so they see its insides: the model, the core window whose parts are written
+    (``_core.ModelWindow``) and the token ids it holds, which a restore replaces."""
+
+    _model: ModelInfo
+    _w: Any
+    _tokens: list[int]
+
+    @property
+    def max_ctx(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -96,7 +119,7 @@ def _stats(d: dict, seconds: float) -> IoStats:
 
 
 def save_window(
-    window: Window,
+    window: StateWindow,
     path: str | os.PathLike[str],
     *,
     start: int = 0,
@@ -131,7 +154,7 @@ def save_window(
     return _stats(written, time.perf_counter() - t0)
 
 
-def check_model(window: Window, head: StateHeader, path: str | os.PathLike[str]) -> None:
+def check_model(window: StateWindow, head: StateHeader, path: str | os.PathLike[str]) -> None:
     """Raise :class:`regolith.SessionError` unless ``head`` is a state of ``window``'s model that fits in it."""
     model = window._model
     if head.fingerprint != model.fingerprint:
@@ -146,7 +169,7 @@ def check_model(window: Window, head: StateHeader, path: str | os.PathLike[str])
 
 
 def load_window(
-    window: Window,
+    window: StateWindow,
     path: str | os.PathLike[str],
     *,
     header: StateHeader | None = None,
