@@ -13,11 +13,12 @@ from .errors import (
     SessionError,
 )
 from .generation import Generation, GenerationStats
-from .model import Model, Window
+from .model import Model
 from .prompt_cache import PromptCache
 from .sampling import SamplingParams
 from .session import Session
 from .tokenizer import Tokenizer
+from .window import Window
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,198 @@
+"""One inference context, :class:`Window`: token ids in, logits out, continuing from the tokens it holds."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from . import state as _state
+from .errors import ContextOverflowError, SessionError
+from .vision import ImageSpan, mrope_positions
+
+__all__ = ["Window"]
+
+
+class Window:
+    """One inference context: tokens in, logits out, continuing from the tokens already evaluated.
+
+    Holds all decoding state (attention KV caches and indexer keys, Gated DeltaNet recurrent and conv
+    states, PLE history) and the ids of the tokens it has seen. Create it with :meth:`regolith.Model.window`.
+    A window is not safe to share between threads.
+    """
+
+    def __init__(self, model: _state.ModelInfo, core: Any, *, on_eval: Callable[[int], None] | None = None):
+        """``core`` is the model's new ``_core.ModelWindow``; ``on_eval(n)`` is told of every ``n`` tokens
+        evaluated (the model counts them for its stats)."""
+        self._model = model
+        self._w = core
+        self._on_eval = on_eval
+        self._tokens: list[int] = []
+        self._images: list[ImageSpan] = []  # the images among the tokens held or about to be evaluated
+        self.n_evaluated = 0
+        """Tokens evaluated over the window's life (prefix reuse shows as this growing by less than a prompt)."""
+
+    @property
+    def n_past(self) -> int:
+        """Tokens the window holds."""
+        return self._w.n_past
+
+    @property
+    def max_ctx(self) -> int:
+        """The most tokens this window can hold."""
+        return self._w.max_ctx
+
+    @property
+    def tokens(self) -> list[int]:
+        """A copy of the ids of the tokens the window holds, oldest first."""
+        return list(self._tokens)
+
+    def reset(self) -> None:
+        """Forget every token: back to the state of a new window."""
+        self._w.reset()
+        self._tokens.clear()
+        self._images = []
+
+    def attach_images(self, images: Sequence[ImageSpan]) -> None:
+        """Declare the images of the token sequence this window is about to be brought to (a prompt's
+        :class:`regolith.vision.ImageSpan` list; empty for text only). Tokens held from the first image that
+        differs on are dropped, so prefix reuse never mixes up two images with the same token ids; the
+        tokens of these spans then evaluate as their image embeddings with M-RoPE positions."""
+        new = sorted(images, key=lambda sp: sp.start)
+        cut = len(self._tokens)
+        for old_sp, new_sp in itertools.zip_longest(self._images, new):
+            if (
+                old_sp is None
+                or new_sp is None
+                or (old_sp.start, old_sp.image.digest)
+                != (
+                    new_sp.start,
+                    new_sp.image.digest,
+                )
+            ):
+                cut = min(sp.start for sp in (old_sp, new_sp) if sp is not None)
+                break
+        self._images = new
+        if cut < len(self._tokens):
+            self.truncate(cut)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens and forget the rest.
+
+        Attention-only models cut their KV cache; models with recurrent state (qwen4exp's Gated DeltaNet)
+        keep no history, so the window is reset and the kept tokens evaluated again, unless ``n`` lies within
+        the last evaluation after :meth:`checkpoint`.
+        """
+        if not 0 <= n <= len(self._tokens):
+            raise ValueError(f"cannot truncate a window of {len(self._tokens)} tokens to {n}")
+        if n == len(self._tokens):
+            return
+        if self._w.truncate(n):
+            del self._tokens[n:]
+            return
+        kept, images = self._tokens[:n], self._images
+        self.reset()
+        self._images = images
+        for start in range(0, n, 512):
+            self.eval(kept[start : start + 512], all_logits=False)
+
+    def checkpoint(self) -> None:
+        """Make the next :meth:`eval` (of at most 16 tokens) keep per-token states, so that :meth:`truncate`
+        to any length within it is a cheap rollback, also on recurrent models (speculative verification)."""
+        self._w.checkpoint()
+
+    @property
+    def has_draft_head(self) -> bool:
+        """Whether the model has its own draft head (qwen4exp's MTP) for :meth:`draft`."""
+        return self._w.has_draft_head
+
+    def draft(self, next_token: int, n: int) -> list[int]:
+        """Up to ``n`` greedy tokens the model's draft head predicts after the window's tokens and
+        ``next_token`` (the token to be evaluated next); [] without a draft head."""
+        vocab = self._model.config["vocab_size"]
+        if not 0 <= next_token < vocab:
+            raise ValueError(f"token id {next_token} is out of range for a vocabulary of {vocab}")
+        return self._w.draft(int(next_token), int(n))
+
+    def eval(self, tokens, *, all_logits: bool = True) -> np.ndarray:
+        """Evaluate ``tokens`` after those already seen; returns float32 logits of shape (len(tokens), n_vocab),
+        or (1, n_vocab) for the last token only when ``all_logits`` is False (what generation needs after a
+        prompt; it skips the LM head for the other rows).
+
+        Raises ValueError for token ids outside the vocabulary and :class:`regolith.ContextOverflowError` when
+        the window's context would overflow (the window is then unchanged).
+        """
+        ids = np.asarray(tokens)
+        if ids.ndim != 1:
+            raise ValueError(f"tokens must be a 1-D sequence of ids, got shape {ids.shape}")
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"tokens must be integers, got {ids.dtype}")
+        vocab = self._model.config["vocab_size"]
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            bad = int(ids[(ids < 0) | (ids >= vocab)][0])
+            raise ValueError(f"token id {bad} is out of range for a vocabulary of {vocab}")
+        if len(self._tokens) + ids.size > self.max_ctx:
+            raise ContextOverflowError(
+                f"context overflow: {ids.size} more tokens do not fit; the window holds {len(self._tokens)} of {self.max_ctx}"
+            )
+        try:
+            logits = self._eval(np.ascontiguousarray(ids, dtype=np.int32), all_logits)
+        except BaseException:
+            del self._tokens[self._w.n_past :]  # a failed evaluation leaves the window unchanged or reset
+            raise
+        self._tokens.extend(int(t) for t in ids)
+        self.n_evaluated += int(ids.size)
+        if self._on_eval is not None:
+            self._on_eval(int(ids.size))
+        return logits
+
+    def _eval(self, ids: np.ndarray, all_logits: bool) -> np.ndarray:
+        if not self._images:
+            return self._w.eval(ids, all_logits)
+        start, n = len(self._tokens), ids.size
+        rows, embd = [], []
+        for sp in self._images:
+            lo, hi = max(sp.start, start), min(sp.end, start + n)
+            if lo < hi:
+                rows.append(np.arange(lo - start, hi - start, dtype=np.int64))
+                embd.append(sp.image.embeddings[lo - sp.start : hi - sp.start])
+        hidden = self._model.config["hidden_size"]
+        return _core.eval_multimodal(
+            self._w,
+            ids,
+            np.ascontiguousarray(np.concatenate(embd) if embd else np.zeros((0, hidden)), dtype=np.float32),
+            np.concatenate(rows) if rows else np.zeros(0, np.int64),
+            mrope_positions(self._images, start, n),
+            all_logits,
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> _state.IoStats:
+        """Write the window's whole state (every layer's state and the token ids) to ``path``, atomically.
+
+        The file (docs/formats.md) is tied to the model by a fingerprint; :meth:`load` restores it exactly, so
+        evaluating after a load gives the logits evaluation would have given without saving, bit for bit.
+        Returns the bytes written and the time taken (fsync included). Raises :class:`regolith.SessionError`
+        for a window holding images (their positions are not part of the format).
+        """
+        if self._images:
+            raise SessionError("a window holding images cannot be saved: state files hold text prompts only")
+        return _state.save_window(self, path)
+
+    def load(self, path: str | os.PathLike[str]) -> _state.IoStats:
+        """Replace the window's state with the one :meth:`save` wrote to ``path``; returns the bytes read and
+        the time taken.
+
+        Raises :class:`regolith.SessionError` for a file that is not a state file, of another format version
+        or model, too long for this window (the window is then unchanged), truncated or corrupt (the window is
+        then reset).
+        """
+        head = _state.read_header(path)
+        _state.check_model(self, head, path)
+        if head.start == 0:
+            self.reset()
+        stats, _ = _state.load_window(self, path, header=head)
+        return stats
