@@ -27,9 +27,9 @@ from .speculative import CostGate, Speculation, Speculator
 
 if TYPE_CHECKING:
     from .antislop import SlopMatcher, Violation
-    from .model import Window
     from .prompt_cache import PromptCache
     from .tokenizer import Tokenizer
+    from .window import Window
 
 __all__ = ["Generation", "GenerationStats", "TokenGuide", "prefill"]
 

@@ -36,7 +36,7 @@ import numpy as np
 from . import _core
 
 if TYPE_CHECKING:
-    from .model import Window
+    from .window import Window
 
 __all__ = ["MAX_DRAFT", "CostGate", "Drafter", "Speculation", "Speculator", "SuffixDrafter", "speculation"]
 
