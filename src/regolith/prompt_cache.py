@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -45,9 +45,10 @@ from . import state as _state
 from .errors import SessionError
 
 if TYPE_CHECKING:
-    from .model import Model, Window
+    from .chat import ChatTemplate
+    from .window import Window
 
-__all__ = ["MAX_CHAIN", "CacheHit", "CacheStats", "PromptCache", "chat_boundaries"]
+__all__ = ["MAX_CHAIN", "CacheHit", "CacheStats", "ChatModel", "PromptCache", "chat_boundaries"]
 
 # Entries in one restore chain at most: a longer chain reads more files than a whole state would.
 MAX_CHAIN = 8
@@ -122,7 +123,7 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def _recurrent(model: Model) -> bool:
+def _recurrent(model: _state.ModelInfo) -> bool:
     """Whether the model's state cannot be cut back to a prefix (recurrent layers keep no history)."""
     return "linear_attention" in model.config.get("layer_types", ())
 
@@ -403,8 +404,18 @@ class PromptCache:
         self.stats.bytes_written += stats.bytes
 
 
+class ChatModel(Protocol):
+    """What :func:`chat_boundaries` needs of a model (:class:`regolith.Model` is one): its chat template and
+    the tokenization of a rendered chat."""
+
+    @property
+    def chat_template(self) -> ChatTemplate: ...
+
+    def tokenize_chat(self, text: str) -> list[int]: ...
+
+
 def chat_boundaries(
-    model: Model,
+    model: ChatModel,
     messages: Sequence[Mapping[str, Any]],
     prompt: Sequence[int],
     *,
