@@ -1,7 +1,5 @@
 #include "core/expert_arena.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -26,9 +24,10 @@ uint64_t ExpertFileLayout::footprint(int64_t layer) const {
     return n;
 }
 
-ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt)
+ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt, Backend& backend)
     : layout_(std::move(layout)),
       n_slots_(opt.slots),
+      be_(backend),
       policy_(layout_.n_layer * layout_.n_expert, opt.slots, opt.policy) {
     if (n_slots_ <= 0) throw Error("expert arena: the number of slots must be positive");
     const int64_t n_keys = layout_.n_layer * layout_.n_expert;
@@ -36,16 +35,18 @@ ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt)
         (!layout_.crcs.empty() && int64_t(layout_.crcs.size()) != n_keys))
         throw Error("expert arena: inconsistent expert file layout");
     for (int64_t l = 0; l < layout_.n_layer; ++l) slot_bytes_ = std::max(slot_bytes_, layout_.footprint(l));
-    mapped_bytes_ = uint64_t(n_slots_) * slot_bytes_;
-    void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        throw std::system_error(errno, std::generic_category(),
-                                "expert arena: cannot allocate " + std::to_string(mapped_bytes_) + " bytes");
-    memory_ = static_cast<uint8_t*>(p);
-    if (opt.lock) {
-        locked_ = ::mlock(memory_, mapped_bytes_) == 0;
-        if (!locked_) lock_error_ = std::error_code(errno, std::generic_category()).message();
+    const uint64_t bytes = uint64_t(n_slots_) * slot_bytes_;
+    try {
+        memory_ = Buffer(be_, bytes, MemoryUse::Arena);
+    } catch (const std::system_error& e) {
+        throw std::system_error(e.code(), "expert arena: cannot allocate " + std::to_string(bytes) + " bytes");
     }
+    host_ = static_cast<uint8_t*>(be_.host_address(memory_.get()));
+    if (!host_) {
+        staging_ = std::make_unique<AlignedBuffer>(size_t(bytes));
+        host_ = staging_->data.get();
+    }
+    if (opt.lock) locked_ = be_.lock(memory_.get(), &lock_error_);
     slots_.resize(size_t(n_slots_));
     slot_key_.assign(size_t(n_slots_), -1);
     slot_last_use_.assign(size_t(n_slots_), 0);
@@ -56,7 +57,6 @@ ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt)
 
 ExpertArena::~ExpertArena() {
     streamer_.reset();  // joins the I/O threads: no read lands in freed memory
-    if (memory_) ::munmap(memory_, mapped_bytes_);
 }
 
 int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
@@ -113,6 +113,14 @@ void ExpertArena::on_read(int64_t s, uint64_t bytes, std::exception_ptr error) {
             error = std::make_exception_ptr(ModelFormatError(
                 layout_.path + ": the record of layer " + std::to_string(layer) + " expert " +
                 std::to_string(key % layout_.n_expert) + " fails its checksum (the file is corrupt)"));
+    }
+    if (!error && staging_) {
+        try {  // the record to the backend's slot, in stream order before any op that reads it
+            Tensor slot = memory_.tensor(RG_TYPE_I8, 1, int64_t(slot_bytes_), uint64_t(s) * slot_bytes_);
+            be_.write(slot, slot_memory(s));
+        } catch (...) {
+            error = std::current_exception();
+        }
     }
     {
         std::lock_guard<std::mutex> lock(mu_);
@@ -196,10 +204,16 @@ ExpertWeights ExpertArena::wait(int64_t s) {
     const int64_t layer = slot.key / layout_.n_expert;
     const auto& parts = layout_.layers[size_t(layer)];
     ExpertWeights w;
-    WeightView* views[3] = {&w.gate, &w.up, &w.down};
+    Tensor* views[3] = {&w.gate, &w.up, &w.down};
     for (int i = 0; i < 3; ++i) {
         const ExpertMatrixShape& m = parts[size_t(i)];
-        *views[i] = WeightView{m.type, slot_memory(s) + slot.part_offset[i], m.rows, m.cols, int64_t(m.row_bytes)};
+        Tensor& t = *views[i];
+        t.buffer = memory_.get();
+        t.offset = uint64_t(s) * slot_bytes_ + slot.part_offset[i];
+        t.type = m.type;
+        t.rows = m.rows;
+        t.cols = m.cols;
+        t.row_bytes = int64_t(m.row_bytes);
     }
     return w;
 }

@@ -6,6 +6,11 @@
 // (core/expert_cache_policy.h) among unpinned slots and queues a demand read; predictions queue prefetch
 // reads; empty slots are warmed in the background with the experts used most so far. The arena never holds
 // more than its slots: a layer needing more experts than there are slots runs them in waves.
+//
+// The slots are one backend buffer (MemoryUse::Arena). Where the backend's memory is host memory (the CPU,
+// unified memory) the streamer reads records straight into it; elsewhere into a host staging copy of the
+// slots, written to the backend when the read lands. Ops reading a slot are submitted before its pin is
+// released, so the slot is not rewritten under them.
 #pragma once
 
 #include <array>
@@ -19,9 +24,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/backend.h"
+#include "core/buffers.h"
+#include "core/direct_file.h"
 #include "core/expert_cache_policy.h"
 #include "core/expert_streamer.h"
-#include "core/ops.h"
 
 namespace regolith {
 
@@ -66,12 +73,12 @@ struct ArenaStats {
 };
 
 struct ExpertWeights {
-    WeightView gate, up, down;
+    Tensor gate, up, down;
 };
 
 class ExpertArena {
   public:
-    ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt);
+    ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt, Backend& backend);
     ~ExpertArena();
     ExpertArena(const ExpertArena&) = delete;
     ExpertArena& operator=(const ExpertArena&) = delete;
@@ -116,7 +123,8 @@ class ExpertArena {
         uint64_t part_offset[3] = {0, 0, 0};  // of gate, up, down in the slot's memory
     };
 
-    uint8_t* slot_memory(int64_t s) const { return memory_ + uint64_t(s) * slot_bytes_; }
+    // Where the streamer reads slot s: the slot itself, or its staging copy.
+    uint8_t* slot_memory(int64_t s) const { return host_ + uint64_t(s) * slot_bytes_; }
     // Claims a slot for `key` (locked) and queues its read; -1 when no slot may be evicted.
     int64_t load_locked(int64_t key, IoPriority priority, bool pin);
     void on_read(int64_t slot, uint64_t bytes, std::exception_ptr error);
@@ -124,8 +132,10 @@ class ExpertArena {
     ExpertFileLayout layout_;
     int64_t n_slots_ = 0;
     uint64_t slot_bytes_ = 0;
-    uint8_t* memory_ = nullptr;
-    uint64_t mapped_bytes_ = 0;
+    Backend& be_;
+    Buffer memory_;                      // the slots, [n_slots][slot_bytes]
+    std::unique_ptr<AlignedBuffer> staging_;  // where the backend's memory is not host memory
+    uint8_t* host_ = nullptr;            // the slots' host memory, or staging_
     bool locked_ = false;
     std::string lock_error_;
 

@@ -1,279 +1,612 @@
-// The CPU backend: validates op arguments, prepares activations and runs the active ISA's kernels over
-// row ranges on the default thread pool.
-#include <algorithm>
-#include <array>
-#include <atomic>
-#include <cmath>
+// The CPU backend: buffers in host memory (or, opaque, in an OpaqueMemory range), each op checked when
+// recorded and run by its kernel (cpu/kernels.h) at once or, opaque, at the next flush.
+#include "cpu/cpu_backend.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <string>
-#include <vector>
+#include <system_error>
 
 #include "core/errors.h"
-#include "core/ops.h"
-#include "core/thread_pool.h"
 #include "core/types.h"
-#include "cpu/isa.h"
-#include "cpu/matmul.h"
+
+namespace regolith::cpu {
+
+namespace {
+
+constexpr uint64_t kHeapAlign = 64;
+constexpr uint64_t kPageAlign = 4096;  // large buffers: page-aligned, so O_DIRECT can read into them
+
+int64_t packed_row_bytes(const Tensor& t) {
+    const TypeTraits* tt = type_traits(t.type);
+    if (!tt) throw Error("tensor of unknown type id " + std::to_string(t.type));
+    return type_row_bytes(*tt, t.cols);
+}
+
+[[noreturn]] void fail(const char* op, const std::string& what) { throw Error(std::string(op) + ": " + what); }
+
+void need(bool ok, const char* op, const char* what) {
+    if (!ok) fail(op, what);
+}
+
+std::string shape(const Tensor& t) { return "[" + std::to_string(t.rows) + "][" + std::to_string(t.cols) + "]"; }
+
+void need_type(const Tensor& t, uint32_t type, const char* op, const char* name) {
+    if (!t) fail(op, std::string(name) + " is missing");
+    if (t.type != type) fail(op, std::string(name) + " has type id " + std::to_string(t.type) + ", expected " +
+                                     std::to_string(type));
+}
+
+void need_f32(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> ts) {
+    for (const auto& [name, t] : ts) need_type(*t, RG_TYPE_F32, op, name);
+}
+
+void same_shape(const Tensor& a, const Tensor& b, const char* op) {
+    if (a.rows != b.rows || a.cols != b.cols) fail(op, "shapes " + shape(a) + " and " + shape(b) + " differ");
+}
+
+std::vector<ConvSeqRows> rows_of(const std::vector<ConvSeq>& s) {
+    std::vector<ConvSeqRows> r;
+    for (const ConvSeq& q : s) r.push_back({resolve(q.state), resolve(q.after), q.t0, q.ntok});
+    return r;
+}
+std::vector<GdnSeqRows> rows_of(const std::vector<GdnSeq>& s) {
+    std::vector<GdnSeqRows> r;
+    for (const GdnSeq& q : s) r.push_back({resolve(q.state), resolve(q.after), q.t0, q.ntok});
+    return r;
+}
+std::vector<PleConvSeqRows> rows_of(const std::vector<PleConvSeq>& s) {
+    std::vector<PleConvSeqRows> r;
+    for (const PleConvSeq& q : s) r.push_back({resolve(q.state), q.t0, q.ntok});
+    return r;
+}
+std::vector<QsaSeqRows> rows_of(const std::vector<QsaSeq>& s) {
+    std::vector<QsaSeqRows> r;
+    for (const QsaSeq& q : s)
+        r.push_back({resolve(q.k), resolve(q.v), resolve(q.index_k), resolve(q.block_k), resolve(q.pos), q.n0, q.t0,
+                     q.ntok});
+    return r;
+}
+std::vector<KvSeqRows> rows_of(const std::vector<KvSeq>& s) {
+    std::vector<KvSeqRows> r;
+    for (const KvSeq& q : s) r.push_back({resolve(q.k), resolve(q.vt), q.n0, q.t0, q.ntok});
+    return r;
+}
+
+// Each sequence's rows lie in the step's `rows` rows.
+template <class S>
+void check_seqs(const S* seqs, int64_t n, int64_t rows, const char* op) {
+    for (int64_t i = 0; i < n; ++i)
+        if (seqs[i].t0 < 0 || seqs[i].ntok < 0 || seqs[i].t0 + seqs[i].ntok > rows)
+            fail(op, "a sequence's rows [" + std::to_string(seqs[i].t0) + ", +" + std::to_string(seqs[i].ntok) +
+                         ") are outside the step's " + std::to_string(rows));
+}
+
+}  // namespace
+
+Rows resolve(const Tensor& t) {
+    if (!t) return {};
+    const auto* b = static_cast<const CpuBuffer*>(t.buffer);
+    const int64_t row = packed_row_bytes(t);
+    if (t.rows < 0 || t.cols < 0 || (t.rows > 1 && t.row_bytes < row) ||
+        (t.rows > 0 && t.offset + uint64_t((t.rows - 1) * t.row_bytes + row) > b->bytes))
+        throw Error("tensor " + shape(t) + " at offset " + std::to_string(t.offset) + " (stride " +
+                    std::to_string(t.row_bytes) + ") does not fit its buffer of " + std::to_string(b->bytes) +
+                    " bytes");
+    return {b->data + t.offset, t.type, t.rows, t.cols, t.row_bytes};
+}
+
+CpuBackend::CpuBackend(bool opaque) : opaque_(opaque) {
+    if (opaque_) memory_ = std::make_unique<OpaqueMemory>();
+}
+
+CpuBackend::~CpuBackend() = default;
+
+// ---- memory -----------------------------------------------------------------------------------------
+
+BackendBuffer* CpuBackend::alloc(uint64_t bytes, MemoryUse use) {
+    auto buf = std::make_unique<CpuBuffer>();
+    buf->bytes = bytes;
+    if (opaque_) {
+        buf->data = memory_->alloc(bytes);
+        buf->kind = CpuBuffer::Kind::Opaque;
+    } else if (use == MemoryUse::Arena) {
+        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            throw std::system_error(errno, std::generic_category(), "cannot allocate " + std::to_string(bytes) + " bytes");
+        buf->data = static_cast<uint8_t*>(p);
+        buf->kind = CpuBuffer::Kind::Mapped;
+    } else {
+        void* p = nullptr;
+        const uint64_t align = bytes >= (uint64_t(1) << 16) ? kPageAlign : kHeapAlign;
+        if (::posix_memalign(&p, align, bytes) != 0)
+            throw std::system_error(ENOMEM, std::generic_category(), "cannot allocate " + std::to_string(bytes) + " bytes");
+        buf->data = static_cast<uint8_t*>(p);
+        buf->kind = CpuBuffer::Kind::Heap;
+    }
+    return buf.release();
+}
+
+BackendBuffer* CpuBackend::import_host(const void* data, uint64_t bytes) {
+    if (!opaque_) {
+        auto* buf = new CpuBuffer();
+        buf->data = static_cast<uint8_t*>(const_cast<void*>(data));  // never written: weights are read-only
+        buf->bytes = bytes;
+        buf->kind = CpuBuffer::Kind::Wrapped;
+        return buf;
+    }
+    BackendBuffer* buf = alloc(bytes, MemoryUse::Device);
+    OpaqueMemory::Access access(*memory_);
+    std::memcpy(static_cast<CpuBuffer*>(buf)->data, data, bytes);
+    return buf;
+}
+
+void CpuBackend::free(BackendBuffer* buffer) {
+    if (!buffer) return;
+    if (opaque_) flush();  // queued ops may still name it
+    auto* b = static_cast<CpuBuffer*>(buffer);
+    switch (b->kind) {
+        case CpuBuffer::Kind::Heap:
+            std::free(b->data);
+            break;
+        case CpuBuffer::Kind::Mapped:
+            ::munmap(b->data, b->bytes);
+            break;
+        case CpuBuffer::Kind::Opaque:
+            memory_->release(b->data, b->bytes);
+            break;
+        case CpuBuffer::Kind::Wrapped:
+            break;
+    }
+    delete b;
+}
+
+void* CpuBackend::host_address(BackendBuffer* buffer) {
+    return opaque_ || !buffer ? nullptr : static_cast<CpuBuffer*>(buffer)->data;
+}
+
+bool CpuBackend::lock(BackendBuffer* buffer, std::string* error) {
+    auto* b = static_cast<CpuBuffer*>(buffer);
+    if (b->kind != CpuBuffer::Kind::Mapped) {
+        if (error) *error = opaque_ ? "cpu-opaque test memory is never locked" : "only arena buffers are locked";
+        return false;
+    }
+    if (::mlock(b->data, b->bytes) == 0) return true;
+    if (error) *error = std::error_code(errno, std::generic_category()).message();
+    return false;
+}
+
+void CpuBackend::write(const Tensor& dst, const void* src) {
+    resolve(dst);
+    const int64_t row = packed_row_bytes(dst);
+    const auto copy_in = [dst, row](const uint8_t* from) {
+        const Rows d = resolve(dst);
+        for (int64_t r = 0; r < d.rows; ++r) std::memcpy(d.row<uint8_t>(r), from + r * row, size_t(row));
+    };
+    if (!opaque_) return copy_in(static_cast<const uint8_t*>(src));
+    // In stream order, like a GPU's asynchronous copy from host memory: the data is taken now, written when
+    // the queue runs.
+    const auto* bytes = static_cast<const uint8_t*>(src);
+    enqueue([copy_in, data = std::vector<uint8_t>(bytes, bytes + dst.rows * row)] { copy_in(data.data()); });
+}
+
+void CpuBackend::read(const Tensor& src, void* dst) {
+    const Rows s = resolve(src);
+    const int64_t row = packed_row_bytes(src);
+    const auto run = [&] {
+        for (int64_t r = 0; r < s.rows; ++r)
+            std::memcpy(static_cast<uint8_t*>(dst) + r * row, s.row<uint8_t>(r), size_t(row));
+    };
+    if (!opaque_) return run();
+    flush();
+    OpaqueMemory::Access access(*memory_);
+    run();
+}
+
+void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
+    need(src.type == dst.type, "copy", "tensors of different types");
+    same_shape(src, dst, "copy");
+    resolve(src), resolve(dst);
+    exec([=] {
+        const Rows s = resolve(src), d = resolve(dst);
+        const size_t row = size_t(packed_row_bytes(src));
+        for (int64_t r = 0; r < s.rows; ++r) std::memmove(d.row<uint8_t>(r), s.row<uint8_t>(r), row);
+    });
+}
+
+void CpuBackend::zero(const Tensor& dst) {
+    resolve(dst);
+    exec([=] {
+        const Rows d = resolve(dst);
+        const size_t row = size_t(packed_row_bytes(dst));
+        for (int64_t r = 0; r < d.rows; ++r) std::memset(d.row<uint8_t>(r), 0, row);
+    });
+}
+
+void CpuBackend::submit() {
+    if (opaque_) flush();
+}
+
+void CpuBackend::enqueue(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queue_.push_back(std::move(fn));
+}
+
+void CpuBackend::flush() {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (queue_.empty()) return;
+    std::vector<std::function<void()>> ops;
+    ops.swap(queue_);
+    OpaqueMemory::Access access(*memory_);
+    for (auto& op : ops) op();  // an op that throws drops the rest: the caller resets its window
+}
+
+// ---- ops --------------------------------------------------------------------------------------------
+
+namespace {
+
+void run_matmul(const regolith::MatmulJob* jobs, int64_t n_jobs) {
+    thread_local std::vector<cpu::MatmulJob> raw;
+    raw.clear();
+    for (int64_t i = 0; i < n_jobs; ++i) {
+        const regolith::MatmulJob& j = jobs[i];
+        const Rows w = resolve(j.w);
+        raw.push_back({{w.type, w.base, w.rows, w.cols, w.stride}, resolve(j.x).row(0), j.x.rows, resolve(j.y).row(0)});
+    }
+    cpu::matmul_batch(raw.data(), int64_t(raw.size()));
+}
+
+}  // namespace
+
+void CpuBackend::matmul(const regolith::MatmulJob* jobs, int64_t n_jobs) {
+    for (int64_t i = 0; i < n_jobs; ++i) {
+        const regolith::MatmulJob& j = jobs[i];
+        need_f32("matmul", {{"x", &j.x}, {"y", &j.y}});
+        need(j.w.cols == j.x.cols, "matmul", "x must have as many columns as the weight");
+        need(j.y.rows == j.x.rows && j.y.cols == j.w.rows, "matmul", "y must be [ntok][weight rows]");
+        need(j.x.contiguous() && j.y.contiguous(), "matmul", "x and y must be packed");
+        resolve(j.w), resolve(j.x), resolve(j.y);
+    }
+    if (!opaque_) return run_matmul(jobs, n_jobs);
+    enqueue([js = std::vector<regolith::MatmulJob>(jobs, jobs + n_jobs)] { run_matmul(js.data(), int64_t(js.size())); });
+}
+
+void CpuBackend::get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat, const Tensor& out) {
+    need_type(ids, RG_TYPE_I32, "get_rows", "ids");
+    need_f32("get_rows", {{"out", &out}});
+    need(out.rows == ids.rows * ids.cols && out.cols == repeat * table.cols, "get_rows", "out must be [ids][repeat * cols]");
+    resolve(table), resolve(ids), resolve(out);
+    exec([=] { cpu::get_rows(resolve(table), resolve(ids), scale, repeat, resolve(out)); });
+}
+
+void CpuBackend::gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) {
+    need_type(rows, RG_TYPE_I32, "gather_rows", "rows");
+    need_f32("gather_rows", {{"x", &x}, {"out", &out}});
+    need(rows.rows == 1 && out.rows == rows.cols && out.cols == x.cols, "gather_rows", "out must be [rows][x.cols]");
+    resolve(x), resolve(rows), resolve(out);
+    exec([=] { cpu::gather_rows(resolve(x), resolve(rows), resolve(out)); });
+}
+
+void CpuBackend::top_k(const Tensor& x, int64_t k, const Tensor& ids, const Tensor& values) {
+    need_f32("top_k", {{"x", &x}});
+    need(k >= 1 && k <= x.cols, "top_k", "k must be in 1..columns");
+    if (ids) need(ids.type == RG_TYPE_I32 && ids.rows == x.rows && ids.cols == k, "top_k", "ids must be I32 [rows][k]");
+    if (values) need(values.type == RG_TYPE_F32 && values.rows == x.rows && values.cols == k, "top_k", "values must be [rows][k]");
+    resolve(x), resolve(ids), resolve(values);
+    exec([=] { cpu::top_k(resolve(x), k, resolve(ids), resolve(values)); });
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) {
+    need_f32("rms_norm", {{"x", &x}, {"y", &y}});
+    same_shape(x, y, "rms_norm");
+    if (w) need(w.type == RG_TYPE_F32 && w.cols == x.cols && w.rows >= 1, "rms_norm", "w must be [groups][cols] F32");
+    resolve(x), resolve(w), resolve(y);
+    exec([=] { cpu::rms_norm(resolve(x), resolve(w), eps, resolve(y)); });
+}
+
+void CpuBackend::rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Unary act,
+                                const Tensor& y) {
+    need_f32("rms_norm_gated", {{"x", &x}, {"z", &z}, {"w", &w}, {"y", &y}});
+    same_shape(x, y, "rms_norm_gated");
+    same_shape(x, z, "rms_norm_gated");
+    need(act == Unary::Sigmoid || act == Unary::Silu, "rms_norm_gated", "the gate is sigmoid or silu");
+    resolve(x), resolve(z), resolve(w), resolve(y);
+    exec([=] { cpu::rms_norm_gated(resolve(x), resolve(z), resolve(w), eps, act, resolve(y)); });
+}
+
+void CpuBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y) {
+    need_f32("layer_norm", {{"x", &x}, {"w", &w}, {"b", &b}, {"y", &y}});
+    same_shape(x, y, "layer_norm");
+    resolve(x), resolve(w), resolve(b), resolve(y);
+    exec([=] { cpu::layer_norm(resolve(x), resolve(w), resolve(b), eps, resolve(y)); });
+}
+
+void CpuBackend::rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis, const Tensor& table) {
+    need_type(pos, RG_TYPE_I64, "rope_table", "pos");
+    need_type(axis, RG_TYPE_I32, "rope_table", "axis");
+    need_f32("rope_table", {{"freq", &freq}, {"table", &table}});
+    need(pos.cols == 3 && table.rows == pos.rows && table.cols == 2 * freq.cols && axis.cols == freq.cols,
+         "rope_table", "pos [n][3], freq / axis [1][half], table [n][2 * half]");
+    resolve(pos), resolve(freq), resolve(axis), resolve(table);
+    exec([=] { cpu::rope_table(resolve(pos), resolve(freq), resolve(axis), resolve(table)); });
+}
+
+void CpuBackend::rope(const Tensor& x, const Tensor& table, int64_t rows_per_pos) {
+    need_f32("rope", {{"x", &x}, {"table", &table}});
+    need(rows_per_pos >= 1 && table.rows * rows_per_pos >= x.rows && table.cols <= x.cols, "rope",
+         "the table needs a row per rows_per_pos rows of x and at most x.cols columns");
+    resolve(x), resolve(table);
+    exec([=] { cpu::rope(resolve(x), resolve(table), rows_per_pos); });
+}
+
+void CpuBackend::unary(const Tensor& x, Unary op, float p, const Tensor& y) {
+    need_f32("unary", {{"x", &x}, {"y", &y}});
+    same_shape(x, y, "unary");
+    resolve(x), resolve(y);
+    exec([=] { cpu::unary(resolve(x), op, p, resolve(y)); });
+}
+
+void CpuBackend::glu(const Tensor& gate, const Tensor& up, Glu act, const Tensor& y) {
+    need_f32("glu", {{"gate", &gate}, {"up", &up}, {"y", &y}});
+    same_shape(gate, up, "glu");
+    same_shape(gate, y, "glu");
+    resolve(gate), resolve(up), resolve(y);
+    exec([=] { cpu::glu(resolve(gate), resolve(up), act, resolve(y)); });
+}
+
+void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
+    need_f32("add", {{"a", &a}, {"b", &b}, {"y", &y}});
+    same_shape(a, y, "add");
+    need(b.cols == a.cols && (b.rows == a.rows || b.rows == 1), "add", "b must be a's shape or one row");
+    resolve(a), resolve(b), resolve(y);
+    exec([=] { cpu::add(resolve(a), resolve(b), resolve(y)); });
+}
+
+void CpuBackend::hc_mix(const Tensor& gate, const Tensor& xn, int64_t hc, const Tensor& mixed) {
+    need_f32("hc_mix", {{"gate", &gate}, {"xn", &xn}, {"mixed", &mixed}});
+    same_shape(gate, xn, "hc_mix");
+    need(mixed.rows == gate.rows && mixed.cols * hc == gate.cols, "hc_mix", "mixed must be [ntok][hidden]");
+    resolve(gate), resolve(xn), resolve(mixed);
+    exec([=] { cpu::hc_mix(resolve(gate), resolve(xn), hc, resolve(mixed)); });
+}
+
+void CpuBackend::hc_write(const Tensor& out, const Tensor& w, int64_t hc, const Tensor& streams) {
+    need_f32("hc_write", {{"out", &out}, {"w", &w}, {"streams", &streams}});
+    need(streams.rows == out.rows && streams.cols == hc * out.cols && w.rows == out.rows && w.cols == hc, "hc_write",
+         "streams [ntok][hc * hidden], out [ntok][hidden], w [ntok][hc]");
+    resolve(out), resolve(w), resolve(streams);
+    exec([=] { cpu::hc_write(resolve(out), resolve(w), hc, resolve(streams)); });
+}
+
+void CpuBackend::ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, int64_t n_seqs, const Tensor& out) {
+    need_f32("ssm_conv", {{"x", &x}, {"w_t", &w_t}, {"out", &out}});
+    same_shape(x, out, "ssm_conv");
+    need(w_t.cols == x.cols, "ssm_conv", "w_t must be [kernel][channels]");
+    check_seqs(seqs, n_seqs, x.rows, "ssm_conv");
+    std::vector<ConvSeq> s(seqs, seqs + n_seqs);
+    for (const ConvSeq& q : s) {
+        if (w_t.rows > 1) need(q.state.rows == w_t.rows - 1 && q.state.cols == x.cols, "ssm_conv", "a state is not [kernel-1][channels]");
+        if (q.after) need(q.after.rows >= q.ntok && q.after.cols == (w_t.rows - 1) * x.cols, "ssm_conv", "after must be [ntok][(kernel-1) * channels]");
+        resolve(q.state), resolve(q.after);
+    }
+    resolve(x), resolve(w_t), resolve(out);
+    exec([=] { cpu::ssm_conv(resolve(x), resolve(w_t), rows_of(s), resolve(out)); });
+}
+
+void CpuBackend::gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a,
+                             const Tensor& dt_bias, const GdnDims& d) {
+    need_f32("gdn_prepare", {{"qkv", &qkv}, {"g", &g}, {"beta", &beta}, {"a", &a}, {"dt_bias", &dt_bias}});
+    need(qkv.cols == d.conv_dim() && g.cols == d.n_v_heads && beta.cols == d.n_v_heads && g.rows == qkv.rows &&
+             beta.rows == qkv.rows && a.cols == d.n_v_heads && dt_bias.cols == d.n_v_heads,
+         "gdn_prepare", "qkv [ntok][conv_dim], g / beta [ntok][n_v_heads], a / dt_bias [1][n_v_heads]");
+    resolve(qkv), resolve(g), resolve(beta), resolve(a), resolve(dt_bias);
+    exec([=] { cpu::gdn_prepare(resolve(qkv), resolve(g), resolve(beta), resolve(a), resolve(dt_bias), d); });
+}
+
+void CpuBackend::gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs, int64_t n_seqs,
+                          const GdnDims& d, int64_t chunk, const Tensor& out) {
+    need_f32("gdn_scan", {{"qkv", &qkv}, {"g", &g}, {"beta", &beta}, {"out", &out}});
+    need(out.rows == qkv.rows && out.cols == d.value_dim() && qkv.cols == d.conv_dim() && d.n_k_heads > 0 &&
+             d.n_v_heads % d.n_k_heads == 0 && chunk > 0,
+         "gdn_scan", "qkv [ntok][conv_dim], out [ntok][value_dim]");
+    check_seqs(seqs, n_seqs, qkv.rows, "gdn_scan");
+    const int64_t state = d.n_v_heads * d.k_dim * d.v_dim;
+    std::vector<GdnSeq> s(seqs, seqs + n_seqs);
+    for (const GdnSeq& q : s) {
+        need(q.state.type == RG_TYPE_F32 && q.state.rows * q.state.cols == state && q.state.contiguous(), "gdn_scan",
+             "a state is not n_v_heads * k_dim * v_dim packed floats");
+        if (q.after) need(q.after.rows >= q.ntok && q.after.cols == state, "gdn_scan", "after must be [ntok][state]");
+        resolve(q.state), resolve(q.after);
+    }
+    resolve(qkv), resolve(g), resolve(beta), resolve(out);
+    exec([=] { cpu::gdn_scan(resolve(qkv), resolve(g), resolve(beta), rows_of(s), d, chunk, resolve(out)); });
+}
+
+namespace {
+
+void check_qsa(const QsaSeq* seqs, int64_t n, const QsaDims& d, const char* op) {
+    for (int64_t i = 0; i < n; ++i) {
+        const QsaSeq& q = seqs[i];
+        const int64_t n1 = q.n0 + q.ntok;
+        need(q.k.rows >= n1 * d.n_head_kv && q.v.rows >= n1 * d.n_head_kv && q.index_k.rows >= n1 &&
+                 q.pos.rows >= n1 && q.block_k.rows >= n1 / d.ratio && q.k.cols == d.head_dim &&
+                 q.index_k.cols == d.index_head_dim && q.block_k.cols == d.index_head_dim && q.pos.cols == 3,
+             op, "a sequence's key tensors are too small for its tokens");
+        resolve(q.k), resolve(q.v), resolve(q.index_k), resolve(q.block_k), resolve(q.pos);
+    }
+}
+
+}  // namespace
+
+void CpuBackend::qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq,
+                          const Tensor& axis, const QsaDims& d) {
+    need_f32("qsa_pool", {{"norm", &norm}, {"freq", &freq}});
+    need_type(axis, RG_TYPE_I32, "qsa_pool", "axis");
+    need(d.ratio > 0 && 2 * freq.cols == d.n_rot && d.n_rot <= d.index_head_dim, "qsa_pool", "bad dims");
+    check_qsa(seqs, n_seqs, d, "qsa_pool");
+    std::vector<QsaSeq> s(seqs, seqs + n_seqs);
+    resolve(norm), resolve(freq), resolve(axis);
+    exec([=] { cpu::qsa_pool(rows_of(s), resolve(norm), resolve(freq), resolve(axis), d); });
+}
+
+void CpuBackend::qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& sel,
+                            const Tensor& n_sel) {
+    need_f32("qsa_select", {{"iq", &iq}});
+    need_type(sel, RG_TYPE_I32, "qsa_select", "sel");
+    need_type(n_sel, RG_TYPE_I32, "qsa_select", "n_sel");
+    need(iq.cols == d.index_n_head * d.index_head_dim && sel.rows == iq.rows && sel.cols == std::max<int64_t>(d.topk, 1) &&
+             n_sel.rows == 1 && n_sel.cols == iq.rows,
+         "qsa_select", "iq [ntok][IH * ID], sel [ntok][max(topk, 1)], n_sel [1][ntok]");
+    check_seqs(seqs, n_seqs, iq.rows, "qsa_select");
+    check_qsa(seqs, n_seqs, d, "qsa_select");
+    std::vector<QsaSeq> s(seqs, seqs + n_seqs);
+    resolve(iq), resolve(sel), resolve(n_sel);
+    exec([=] { cpu::qsa_select(resolve(iq), rows_of(s), d, resolve(sel), resolve(n_sel)); });
+}
+
+void CpuBackend::qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel,
+                            const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& out) {
+    need_f32("qsa_attend", {{"q", &q}, {"gate", &gate}, {"out", &out}});
+    same_shape(q, gate, "qsa_attend");
+    same_shape(q, out, "qsa_attend");
+    need(q.cols == d.head_dim && d.n_head % d.n_head_kv == 0, "qsa_attend", "q rows are heads of head_dim");
+    check_seqs(seqs, n_seqs, q.rows / d.n_head, "qsa_attend");
+    check_qsa(seqs, n_seqs, d, "qsa_attend");
+    std::vector<QsaSeq> s(seqs, seqs + n_seqs);
+    resolve(q), resolve(gate), resolve(sel), resolve(n_sel), resolve(out);
+    exec([=] { cpu::qsa_attend(resolve(q), resolve(gate), resolve(sel), resolve(n_sel), rows_of(s), d, resolve(out)); });
+}
+
+void CpuBackend::kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs, int64_t n_head_kv) {
+    need_f32("kv_append", {{"k", &k}, {"v", &v}});
+    same_shape(k, v, "kv_append");
+    check_seqs(seqs, n_seqs, k.rows, "kv_append");
+    std::vector<KvSeq> s(seqs, seqs + n_seqs);
+    for (const KvSeq& q : s) {
+        need(q.k.type == q.vt.type && (q.k.type == RG_TYPE_F16 || q.k.type == RG_TYPE_F32) && q.k.contiguous(),
+             "kv_append", "caches are packed F16 or F32");
+        need(q.k.cols * n_head_kv == k.cols && q.k.rows == q.vt.cols * n_head_kv && q.n0 + q.ntok <= q.vt.cols,
+             "kv_append", "the cache cannot hold the sequence's tokens");
+        resolve(q.k), resolve(q.vt);
+    }
+    resolve(k), resolve(v);
+    exec([=] { cpu::kv_append(resolve(k), resolve(v), rows_of(s), n_head_kv); });
+}
+
+void CpuBackend::attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& sh,
+                           const Tensor& out) {
+    need_f32("attention", {{"q", &q}, {"out", &out}});
+    same_shape(q, out, "attention");
+    need(q.cols == sh.n_head * sh.head_dim && sh.n_head % sh.n_head_kv == 0, "attention", "q must be [ntok][n_head * head_dim]");
+    check_seqs(seqs, n_seqs, q.rows, "attention");
+    std::vector<KvSeq> s(seqs, seqs + n_seqs);
+    for (const KvSeq& c : s) {
+        need(c.k.cols == sh.head_dim && c.k.rows % sh.n_head_kv == 0 && c.vt.cols % 16 == 0, "attention",
+             "caches are [n_head_kv * cap][head_dim] with cap a multiple of 16");
+        resolve(c.k), resolve(c.vt);
+    }
+    resolve(q), resolve(out);
+    exec([=] { cpu::attention(resolve(q), rows_of(s), sh, resolve(out)); });
+}
+
+void CpuBackend::moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
+                           const Tensor& weights) {
+    need_f32("moe_route", {{"logits", &logits}, {"weights", &weights}});
+    need_type(ids, RG_TYPE_I32, "moe_route", "ids");
+    need(r.k >= 1 && r.k <= logits.cols && ids.rows == logits.rows && ids.cols == r.k && weights.rows == logits.rows &&
+             weights.cols == r.k,
+         "moe_route", "ids / weights must be [ntok][k]");
+    if (resident) need(resident.type == RG_TYPE_I8 && resident.cols == logits.cols, "moe_route", "resident must be I8 [1][n_expert]");
+    resolve(logits), resolve(resident), resolve(ids), resolve(weights);
+    exec([=] { cpu::moe_route(resolve(logits), resolve(resident), r, resolve(ids), resolve(weights)); });
+}
+
+void CpuBackend::moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,
+                             const Tensor& shared_gate, const Tensor& y) {
+    need_f32("moe_combine", {{"ys", &ys}, {"weights", &weights}, {"y", &y}});
+    need_type(pairs, RG_TYPE_I32, "moe_combine", "pairs");
+    need(pairs.rows == 1 && pairs.cols == ys.rows && ys.cols == y.cols && weights.rows == y.rows, "moe_combine",
+         "ys [rows][hidden], pairs [1][rows], weights [ntok][k], y [ntok][hidden]");
+    if (shared) need(shared.rows == y.rows && shared.cols == y.cols && shared_gate.rows == y.rows, "moe_combine", "shared must be [ntok][hidden]");
+    resolve(ys), resolve(pairs), resolve(weights), resolve(shared), resolve(shared_gate), resolve(y);
+    exec([=] {
+        cpu::moe_combine(resolve(ys), resolve(pairs), resolve(weights), resolve(shared), resolve(shared_gate), resolve(y));
+    });
+}
+
+void CpuBackend::ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, const Tensor& norm_key,
+                          const Tensor& norm_query, const Tensor& norm_conv, int64_t hc, float eps, const Tensor& gated,
+                          const Tensor& normed) {
+    need_f32("ple_gate", {{"key", &key}, {"query", &query}, {"value", &value}, {"norm_key", &norm_key},
+                          {"norm_query", &norm_query}, {"norm_conv", &norm_conv}, {"gated", &gated}, {"normed", &normed}});
+    same_shape(key, query, "ple_gate");
+    same_shape(key, gated, "ple_gate");
+    same_shape(key, normed, "ple_gate");
+    need(value.rows == key.rows && value.cols * hc == key.cols && norm_key.cols == key.cols, "ple_gate",
+         "value [ntok][hidden], key [ntok][hc * hidden]");
+    for (const Tensor* t : {&key, &query, &value, &norm_key, &norm_query, &norm_conv, &gated, &normed}) resolve(*t);
+    exec([=] {
+        cpu::ple_gate(resolve(key), resolve(query), resolve(value), resolve(norm_key), resolve(norm_query),
+                      resolve(norm_conv), hc, eps, resolve(gated), resolve(normed));
+    });
+}
+
+void CpuBackend::ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs,
+                          int64_t n_seqs, const Tensor& out) {
+    need_f32("ple_conv", {{"normed", &normed}, {"w", &w}, {"out", &out}});
+    same_shape(normed, out, "ple_conv");
+    check_seqs(seqs, n_seqs, normed.rows, "ple_conv");
+    const int64_t hist = (w.cols - 1) * dilation;
+    need(w.rows == normed.cols && w.cols >= 1 && w.contiguous(), "ple_conv", "w must be [channels][kernel], packed");
+    std::vector<PleConvSeq> s(seqs, seqs + n_seqs);
+    for (const PleConvSeq& q : s) {
+        if (hist > 0) need(q.state.rows == hist && q.state.cols == normed.cols, "ple_conv", "a state is not [history][channels]");
+        resolve(q.state);
+    }
+    resolve(normed), resolve(w), resolve(out);
+    exec([=] { cpu::ple_conv(resolve(normed), resolve(w), dilation, rows_of(s), resolve(out)); });
+}
+
+void CpuBackend::add_interpolated(const Tensor& table, const Tensor& idx, const Tensor& w, const Tensor& x) {
+    need_f32("add_interpolated", {{"table", &table}, {"w", &w}, {"x", &x}});
+    need_type(idx, RG_TYPE_I32, "add_interpolated", "idx");
+    need(idx.rows == x.rows && idx.cols == 4 && w.rows == x.rows && w.cols == 4 && table.cols == x.cols,
+         "add_interpolated", "idx / w [n][4], table [rows][x.cols]");
+    resolve(table), resolve(idx), resolve(w), resolve(x);
+    exec([=] { cpu::add_interpolated(resolve(table), resolve(idx), resolve(w), resolve(x)); });
+}
+
+void CpuBackend::vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q, const Tensor& k,
+                            const Tensor& vt) {
+    need_f32("vision_qkv", {{"qkv", &qkv}, {"table", &table}, {"q", &q}, {"k", &k}, {"vt", &vt}});
+    const int64_t n = qkv.rows, hd = qkv.cols / 3 / n_head;
+    need(qkv.cols == 3 * n_head * hd && table.rows == n && table.cols == hd && q.rows == n_head * n && q.cols >= hd &&
+             k.rows == q.rows && k.cols == q.cols && vt.rows == n_head * hd && vt.cols == n,
+         "vision_qkv", "qkv [n][3 * heads * hd], table [n][hd], q / k [heads * n][>= hd], vt [heads * hd][n]");
+    resolve(qkv), resolve(table), resolve(q), resolve(k), resolve(vt);
+    exec([=] { cpu::vision_qkv(resolve(qkv), resolve(table), n_head, resolve(q), resolve(k), resolve(vt)); });
+}
+
+void CpuBackend::softmax_scaled(const Tensor& x, float scale) {
+    need_f32("softmax_scaled", {{"x", &x}});
+    resolve(x);
+    exec([=] { cpu::softmax_scaled(resolve(x), scale); });
+}
+
+}  // namespace regolith::cpu
 
 namespace regolith {
-namespace cpu {
-
-void quantize_activations(const float* x, int64_t n, int block, int8_t* q, float* d, float* s) {
-    for (int64_t b = 0; b < n; b += block) {
-        float amax = 0.0f;
-        for (int i = 0; i < block; ++i) amax = std::fmax(amax, std::fabs(x[b + i]));
-        const float scale = amax / 127.0f;
-        const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-        for (int i = 0; i < block; ++i) q[b + i] = int8_t(std::lrintf(x[b + i] * inv));
-        d[b / block] = scale;
-    }
-    for (int64_t g = 0; g < n; g += 16) {
-        float sum = 0.0f;
-        for (int i = 0; i < 16; ++i) sum += x[g + i];
-        s[g / 16] = sum;
-    }
-}
-
-namespace {
-
-const KernelTable& active_table() {
-    switch (active_isa()) {
-#if defined(RG_HAVE_AVX2)
-        case Isa::Avx2:
-            return kernels_avx2();
-#endif
-#if defined(RG_HAVE_NEON)
-        case Isa::Neon:
-            return kernels_neon();
-#endif
-        default:
-            return kernels_scalar();
-    }
-}
-
-}  // namespace
-
-namespace {
-
-std::atomic<bool>& exact_flag() {
-    static std::atomic<bool> flag{[] {
-        const char* env = std::getenv("REGOLITH_EXACT_ACTIVATIONS");
-        return env != nullptr && std::string(env) == "1";
-    }()};
-    return flag;
-}
-
-}  // namespace
-
-void set_exact_activations(bool on) { exact_flag().store(on); }
-bool exact_activations() { return exact_flag().load(); }
-
-int activation_block(uint32_t type) { return type < RG_TYPE_COUNT ? active_table().act_block[type] : 0; }
-
-namespace {
-
-// Grows v to at least n elements; never shrinks, so alternating sizes do not zero-fill the regrown tail on
-// every call (kernels write scratch before reading it).
-template <class T>
-T* at_least(std::vector<T>& v, size_t n) {
-    if (v.size() < n) v.resize(n);
-    return v.data();
-}
-
-// Per-thread kernel scratch, grown on demand.
-struct ThreadScratch {
-    std::vector<int8_t> q;
-    std::vector<float> scale, bias, row, panel, acc, dsuper;
-    std::vector<int16_t> isc;
-    Scratch get(int64_t cols) {
-        const size_t groups = size_t(kPanelRows * (cols / 16 + 1));
-        return {at_least(q, size_t(kPanelRows * cols)),
-                at_least(scale, groups),
-                at_least(bias, groups),
-                at_least(isc, groups),
-                at_least(dsuper, size_t(kPanelRows * (cols / 256 + 1))),
-                at_least(row, size_t(cols)),
-                at_least(panel, size_t(kPanelRows * cols)),
-                at_least(acc, size_t(kPanelRows / 2 * (kTileTokens / 3) * kTileAcc))};
-    }
-};
-
-class CpuBackend final : public Backend {
-public:
-    const char* name() const override { return "cpu"; }
-
-    // Decode-sized products take the chunked path; prefill splits the rows evenly, its activations quantized
-    // on the pool.
-    void matmul(const WeightView& w, const float* x, int64_t ntok, float* y) override {
-        if (ntok <= kMaxTok) {
-            const MatmulJob job{w, x, ntok, y};
-            return run_chunked(&job, 1);
-        }
-        const bool exact = exact_activations();  // read once: kernel and activations must agree
-        const RowsKernel kernel = prepare(w, ntok, exact);
-        const MatmulArgs args = activations(w, x, ntok, y, exact);
-        default_pool()->parallel_for(w.rows, kPanelRows, [&](int64_t r0, int64_t r1) {
-            thread_local ThreadScratch scratch;
-            kernel(args, r0, r1, scratch.get(w.cols));
-        });
-    }
-
-    void matmul_batch(const MatmulJob* jobs, int64_t n_jobs) override {
-        if (n_jobs <= 0) return;
-        if (n_jobs == 1) return matmul(jobs[0].w, jobs[0].x, jobs[0].ntok, jobs[0].y);
-        run_chunked(jobs, n_jobs);
-    }
-
-private:
-    // Products whose rows are split into chunks of about 1/8 of a thread's share of the work (multiples of
-    // kPanelRows), claimed by the threads as they finish earlier ones: products differ in size, and a thread
-    // delayed by another process does not hold up the rest. Every y[t][r] depends on row r and x[t] only, so
-    // the split leaves the bits.
-    void run_chunked(const MatmulJob* jobs, int64_t n_jobs) {
-        const bool exact = exact_activations();
-        thread_local BatchScratch bs;
-        bs.fill(jobs, n_jobs, exact);
-        const int threads = default_threads();
-        double total = 0.0;
-        for (int64_t j = 0; j < n_jobs; ++j) total += work(jobs[j]);
-        const double share = total / (8.0 * threads);
-        bs.chunks.clear();
-        for (int64_t j = 0; j < n_jobs; ++j) {
-            const int64_t rows = jobs[j].w.rows;
-            int64_t step = int64_t(share / work(jobs[j]) * double(rows));
-            step = std::clamp<int64_t>((step + kPanelRows - 1) / kPanelRows * kPanelRows, kPanelRows, rows);
-            for (int64_t r0 = 0; r0 < rows; r0 += step)
-                bs.chunks.push_back({j, r0, std::min(rows, r0 + step)});
-        }
-        const int64_t n_chunks = int64_t(bs.chunks.size());
-        const Chunk* chunks = bs.chunks.data();
-        const RowsKernel* kernels = bs.kernels.data();
-        const MatmulArgs* args = bs.args.data();
-        std::atomic<int64_t> next{0};
-        const auto claim = [&](int64_t, int64_t) {
-            thread_local ThreadScratch scratch;
-            for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n_chunks;) {
-                const Chunk& c = chunks[i];
-                kernels[c.job](args[c.job], c.r0, c.r1, scratch.get(args[c.job].cols));
-            }
-        };
-        if (n_chunks == 1)
-            claim(0, 1);
-        else
-            default_pool()->parallel_for(threads, 1, claim);
-    }
-
-    struct Chunk {
-        int64_t job, r0, r1;
-    };
-
-    // A batch's kernels and arguments, its activations quantized once per distinct input (an expert's gate
-    // and up read the same rows) into buffers that live until the next batch on this thread.
-    struct BatchScratch {
-        std::vector<RowsKernel> kernels;
-        std::vector<MatmulArgs> args;
-        std::vector<Chunk> chunks;
-        std::vector<int8_t> xq;
-        std::vector<float> xd, xs;
-
-        void fill(const MatmulJob* jobs, int64_t n_jobs, bool exact) {
-            kernels.clear();
-            args.clear();
-            const KernelTable& table = active_table();
-            size_t nq = 0, nd = 0, ns = 0;  // buffer offsets of each quantized input
-            std::vector<std::array<size_t, 3>> at(static_cast<size_t>(n_jobs));
-            std::vector<int64_t> source(size_t(n_jobs), -1);  // an earlier job with the same quantized input
-            for (int64_t j = 0; j < n_jobs; ++j) {
-                const MatmulJob& job = jobs[j];
-                kernels.push_back(prepare(job.w, job.ntok, exact));
-                args.push_back({static_cast<const uint8_t*>(job.w.data), job.w.row_bytes, job.w.rows,
-                                job.w.cols, job.ntok, job.x, nullptr, nullptr, nullptr, job.y});
-                if (type_traits(job.w.type)->block_elems == 1 || exact) continue;
-                const int block = table.act_block[job.w.type];
-                for (int64_t i = 0; i < j && source[size_t(j)] < 0; ++i)
-                    if (args[size_t(i)].x == job.x && args[size_t(i)].ntok == job.ntok &&
-                        args[size_t(i)].cols == job.w.cols && type_traits(jobs[i].w.type)->block_elems != 1 &&
-                        table.act_block[jobs[i].w.type] == block)
-                        source[size_t(j)] = i;
-                if (source[size_t(j)] >= 0) continue;
-                at[size_t(j)] = {nq, nd, ns};
-                nq += size_t(job.ntok * job.w.cols);
-                nd += size_t(job.ntok * job.w.cols / block);
-                ns += size_t(job.ntok * job.w.cols / 16);
-            }
-            int8_t* q = at_least(xq, nq);
-            float *d = at_least(xd, nd), *sums = at_least(xs, ns);
-            for (int64_t j = 0; j < n_jobs; ++j) {
-                MatmulArgs& a = args[size_t(j)];
-                if (type_traits(jobs[j].w.type)->block_elems == 1 || exact) continue;
-                if (source[size_t(j)] >= 0) {
-                    const MatmulArgs& s = args[size_t(source[size_t(j)])];
-                    a.xq = s.xq, a.xd = s.xd, a.xs = s.xs;
-                    continue;
-                }
-                const int block = table.act_block[jobs[j].w.type];
-                int8_t* jq = q + at[size_t(j)][0];
-                float *jd = d + at[size_t(j)][1], *js = sums + at[size_t(j)][2];
-                for (int64_t t = 0; t < a.ntok; ++t)
-                    table.quantize(a.x + t * a.cols, a.cols, block, jq + t * a.cols, jd + t * a.cols / block,
-                                   js + t * a.cols / 16);
-                a.xq = jq, a.xd = jd, a.xs = js;
-            }
-        }
-    };
-
-    // Multiply-adds of a product (the chunking's unit of work).
-    static double work(const MatmulJob& job) {
-        return double(job.w.rows) * double(job.w.cols) * double(job.ntok);
-    }
-
-    // Validates a product and picks its kernel.
-    static RowsKernel prepare(const WeightView& w, int64_t ntok, bool exact) {
-        const TypeTraits* t = type_traits(w.type);
-        if (!t || !t->supported) throw Error("matmul: unsupported weight type id " + std::to_string(w.type));
-        if (w.rows <= 0 || w.cols <= 0 || ntok <= 0) throw Error("matmul: empty operand");
-        if (w.cols % t->block_elems != 0)
-            throw Error("matmul: " + std::string(t->name) + " row of " + std::to_string(w.cols) +
-                        " elements is not a whole number of " + std::to_string(t->block_elems) + "-element blocks");
-        if (w.row_bytes < type_row_bytes(*t, w.cols)) throw Error("matmul: row_bytes smaller than one row");
-        const KernelTable& table = active_table();
-        const RowsKernel kernel = exact ? table.exact_by_type[w.type] : table.by_type[w.type];
-        if (!kernel) throw Error("matmul: no kernel for type " + std::string(t->name));
-        return kernel;
-    }
-
-    // The kernel arguments of a prefill product, with the activations quantized on the pool (into the calling
-    // thread's buffers) where the weight type needs it.
-    static MatmulArgs activations(const WeightView& w, const float* x, int64_t ntok, float* y, bool exact) {
-        MatmulArgs args{static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, ntok, x,
-                        nullptr, nullptr, nullptr, y};
-        if (type_traits(w.type)->block_elems == 1 || exact) return args;
-        const KernelTable& table = active_table();
-        const int block = table.act_block[w.type];
-        thread_local std::vector<int8_t> xq_;
-        thread_local std::vector<float> xd_, xs_;
-        // pointers, not the thread_local vectors: a worker naming xq_ would get its own instance
-        int8_t* xq = at_least(xq_, size_t(ntok * w.cols));
-        float* xd = at_least(xd_, size_t(ntok * w.cols / block));
-        float* xs = at_least(xs_, size_t(ntok * w.cols / 16));
-        const auto quantize_rows = [&](int64_t t0, int64_t t1) {
-            for (int64_t i = t0; i < t1; ++i)
-                table.quantize(x + i * w.cols, w.cols, block, xq + i * w.cols, xd + i * w.cols / block,
-                               xs + i * w.cols / 16);
-        };
-        default_pool()->parallel_for(ntok, 1, quantize_rows);
-        args.xq = xq;
-        args.xd = xd;
-        args.xs = xs;
-        return args;
-    }
-};
-
-}  // namespace
-}  // namespace cpu
 
 Backend& cpu_backend() {
-    static cpu::CpuBackend backend;
+    static cpu::CpuBackend backend(false);
+    return backend;
+}
+
+Backend& cpu_opaque_backend() {
+    static cpu::CpuBackend backend(true);
     return backend;
 }
 

@@ -4,11 +4,8 @@
 #include <cmath>
 #include <variant>
 
-#include "core/dequant.h"
 #include "core/errors.h"
-#include "core/thread_pool.h"
 #include "model/metadata.h"
-#include "model/nn.h"
 
 namespace regolith {
 
@@ -17,71 +14,6 @@ namespace {
 // Tokens per forward pass: bounds the activations ([chunk][n_ff] floats) while keeping prefill matmuls
 // large enough to amortise each weight panel's decode.
 constexpr int64_t kChunk = 512;
-// Element-wise work below which the pool's hand-off costs more than it saves.
-constexpr int64_t kParallelElements = 1 << 15;
-
-// gelu with the tanh approximation (transformers' gelu_pytorch_tanh, ggml's gelu) in the form
-// 0.5 x (1 + tanh(u)) = x * sigmoid(2u): one exp, and no cancellation for negative u.
-float gelu_tanh(float x) {
-    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    return x / (1.0f + std::exp(-2.0f * u));
-}
-
-// Runs fn(i0, i1) over [0, n) rows, on the pool when the rows hold enough work.
-template <class F>
-void for_rows(int64_t n, int64_t row_elements, const F& fn) {
-    if (n > 1 && n * row_elements >= kParallelElements)
-        default_pool()->parallel_for(n, 1, fn);
-    else
-        fn(0, n);
-}
-
-// y[t] = rms_norm(x[t]) * w for n rows of `width`.
-void rms_rows(const float* x, int64_t n, int64_t width, const float* w, float eps, float* y) {
-    for_rows(n, width, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) nn::rms_norm(x + t * width, width, w, eps, y + t * width);
-    });
-}
-
-void add_bias(float* y, int64_t n, int64_t width, const float* b) {
-    if (!b) return;
-    for (int64_t t = 0; t < n; ++t)
-        for (int64_t i = 0; i < width; ++i) y[t * width + i] += b[i];
-}
-
-// cos / sin of position * inv_freq[i] for positions n0..n0+n-1: [n][n_rot / 2] each.
-struct RopeTable {
-    std::vector<float> cos, sin;
-    RopeTable(int64_t n0, int64_t n, int64_t n_rot, float base, float scale) {
-        const int64_t half = n_rot / 2;
-        std::vector<float> inv(static_cast<size_t>(half));
-        for (int64_t i = 0; i < half; ++i)
-            inv[size_t(i)] = 1.0f / std::pow(base, float(2 * i) / float(n_rot)) * scale;
-        cos.resize(size_t(n * half));
-        sin.resize(size_t(n * half));
-        for (int64_t t = 0; t < n; ++t)
-            for (int64_t i = 0; i < half; ++i) {
-                const float angle = float(n0 + t) * inv[size_t(i)];
-                cos[size_t(t * half + i)] = std::cos(angle);
-                sin[size_t(t * half + i)] = std::sin(angle);
-            }
-    }
-    // Rotates the leading n_rot dims of the heads of token t (NEOX pairs i, i + n_rot/2). x: [n_heads][head_dim].
-    void apply(float* x, int64_t t, int64_t n_heads, int64_t head_dim, int64_t n_rot) const {
-        const int64_t half = n_rot / 2;
-        const float* c = &cos[size_t(t * half)];
-        const float* s = &sin[size_t(t * half)];
-        for (int64_t h = 0; h < n_heads; ++h) {
-            float* row = x + h * head_dim;
-            for (int64_t i = 0; i < half; ++i) {
-                const float a = row[i], b = row[i + half];
-                row[i] = a * c[i] - b * s[i];
-                row[i + half] = a * s[i] + b * c[i];
-            }
-        }
-    }
-};
-
 }  // namespace
 
 DenseConfig DenseConfig::from_gguf(const GgufFile& f) {
@@ -156,16 +88,25 @@ DenseConfig DenseConfig::from_gguf(const GgufFile& f) {
 }
 
 DenseModel::DenseModel(const std::string& path, Backend& backend)
-    : file_(path), weights_(file_), backend_(backend), config_(DenseConfig::from_gguf(file_)) {
+    : file_(path), backend_(backend), store_(file_, backend), weights_(store_), config_(DenseConfig::from_gguf(file_)) {
     with_context(config_.arch + ": ", [&] {
         const DenseConfig& c = config_;
         const int64_t h = c.hidden, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
-        const auto vec = [&](const std::string& name, int64_t n) {
-            return weights_.f32_or_convert(name, {n}, owned_);
-        };
+        const auto vec = [&](const std::string& name, int64_t n) { return weights_.f32_converted(name, {n}); };
         const auto opt_vec = [&](const std::string& name, int64_t n) {
-            return weights_.has(name) ? vec(name, n) : nullptr;
+            return weights_.has(name) ? vec(name, n) : Tensor{};
         };
+        // RoPE: inv_freq[i] = 1 / base^(2i / n_rot) (times the linear scale on global layers), in float32
+        const int64_t half = c.n_rot / 2;
+        std::vector<float> freq(static_cast<size_t>(half)), freq_swa(static_cast<size_t>(half));
+        for (int64_t i = 0; i < half; ++i) {
+            freq[size_t(i)] = 1.0f / std::pow(c.rope_base, float(2 * i) / float(c.n_rot)) * c.rope_scale;
+            freq_swa[size_t(i)] = 1.0f / std::pow(c.rope_base_swa, float(2 * i) / float(c.n_rot)) * 1.0f;
+        }
+        const std::vector<int32_t> axis(static_cast<size_t>(half), 0);  // every pair turns by the (text) position
+        rope_freq_ = store_.upload(RG_TYPE_F32, 1, half, freq.data());
+        rope_freq_swa_ = store_.upload(RG_TYPE_F32, 1, half, freq_swa.data());
+        rope_axis_ = store_.upload(RG_TYPE_I32, 1, half, axis.data());
         tok_embd_ = weights_.matrix("token_embd.weight", c.vocab, h);
         output_ = weights_.has("output.weight") ? weights_.matrix("output.weight", c.vocab, h) : tok_embd_;
         output_bias_ = opt_vec("output.bias", c.vocab);
@@ -203,7 +144,7 @@ std::unique_ptr<ModelWindow> DenseModel::new_window(int64_t max_ctx, KvType kv_t
 }
 
 DenseWindow::DenseWindow(const DenseModel& model, int64_t max_ctx, KvType kv_type)
-    : model_(model), max_ctx_(max_ctx), kv_type_(kv_type) {
+    : model_(model), be_(model.backend_), ws_(model.backend_), max_ctx_(max_ctx), kv_type_(kv_type) {
     if (max_ctx <= 0) throw Error("window: max_ctx must be positive");
     reset_locked();
 }
@@ -217,7 +158,7 @@ void DenseWindow::reset_locked() {
     const DenseConfig& c = model_.config_;
     n_past_ = 0;
     kv_.clear();
-    for (int64_t il = 0; il < c.n_layer; ++il) kv_.emplace_back(c.n_head_kv, c.head_dim, max_ctx_, kv_type_);
+    for (int64_t il = 0; il < c.n_layer; ++il) kv_.emplace_back(be_, c.n_head_kv, c.head_dim, max_ctx_, kv_type_);
 }
 
 bool DenseWindow::truncate(int64_t n) {
@@ -229,12 +170,14 @@ bool DenseWindow::truncate(int64_t n) {
     return true;
 }
 
-std::vector<StatePart> DenseWindow::state_parts(int64_t from, int64_t to) {
-    std::vector<StatePart> parts;
+std::vector<TensorPart> DenseWindow::state_parts(int64_t from, int64_t to) {
+    std::vector<TensorPart> parts;
     const StateDtype dtype = kv_type_ == KvType::F16 ? StateDtype::F16 : StateDtype::F32;
     for (size_t il = 0; il < kv_.size(); ++il) {
-        parts.push_back({StateKind::Kv, uint32_t(il), dtype, {}});
-        kv_[il].state_spans(from, to, parts.back().spans);
+        std::vector<Tensor> ts;
+        kv_[il].state_tensors(from, to, ts);
+        TensorPart& p = parts.emplace_back(TensorPart{StateKind::Kv, uint32_t(il), dtype, {}});
+        for (const Tensor& t : ts) p.items.push_back({t, {}});
     }
     return parts;
 }
@@ -244,8 +187,9 @@ void DenseWindow::export_state(int64_t from, const StateFn& fn) {
     if (from < 0 || from > n_past_)
         throw Error("window: cannot save from token " + std::to_string(from) + " of " +
                     std::to_string(n_past_));
-    std::vector<StatePart> parts = state_parts(from, n_past_);
-    fn(parts);
+    HostStateParts host(be_, state_parts(from, n_past_));
+    host.download();
+    fn(host.parts());
 }
 
 void DenseWindow::import_state(int64_t from, int64_t n, bool /*whole: the caches are all positional*/,
@@ -254,8 +198,9 @@ void DenseWindow::import_state(int64_t from, int64_t n, bool /*whole: the caches
     check_state_import(from, n, n_past_, max_ctx_);
     try {
         for (KvCache& kv : kv_) kv.grow(n);
-        std::vector<StatePart> parts = state_parts(from, n);
-        fn(parts);
+        HostStateParts host(be_, state_parts(from, n));
+        fn(host.parts());
+        host.upload();
         n_past_ = n;
     } catch (...) {
         reset_locked();
@@ -291,85 +236,91 @@ void DenseWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool all
 // Runs n tokens through the model; logits: [n][vocab] (all_logits), [1][vocab] for the last token, or null.
 void DenseWindow::eval_chunk(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
     const DenseConfig& c = model_.config_;
-    Backend& be = model_.backend_;
+    Backend& be = be_;
+    Workspace& ws = ws_;
+    struct Release {  // the step's scratch, also when it fails
+        Workspace& ws;
+        ~Release() { ws.reset(); }
+    } release{ws};
     const int64_t h = c.hidden, H = c.n_head, KV = c.n_head_kv, D = c.head_dim, ff = c.n_ff;
 
-    std::vector<float> x(size_t(n * h));  // [n][hidden] residual stream
-    const WeightView& te = model_.tok_embd_;
-    for (int64_t t = 0; t < n; ++t) {
-        float* row = &x[size_t(t * h)];
-        dequantize_row(te.type, static_cast<const uint8_t*>(te.data) + tokens[t] * te.row_bytes, row, h);
-        if (c.embed_scale != 1.0f)
-            for (int64_t i = 0; i < h; ++i) row[i] *= c.embed_scale;
-    }
-    const RopeTable rope_global(n_past_, n, c.n_rot, c.rope_base, c.rope_scale);
-    const bool any_swa = std::find(c.swa.begin(), c.swa.end(), true) != c.swa.end();
-    const RopeTable rope_swa(n_past_, any_swa ? n : 0, c.n_rot, c.rope_base_swa, 1.0f);
+    const Tensor ids = ws.i32(n, 1);
+    be.write(ids, tokens);
+    const Tensor x = ws.f32(n, h);  // [n][hidden] residual stream
+    be.get_rows(model_.tok_embd_, ids, c.embed_scale, 1, x);
+    // cos / sin of every position and rotary pair, for the global and the sliding-window layers
+    std::vector<int64_t> pos(size_t(3 * n));
+    for (int64_t t = 0; t < n; ++t) std::fill_n(&pos[size_t(3 * t)], 3, n_past_ + t);
+    const Tensor positions = ws.alloc(RG_TYPE_I64, n, 3);
+    be.write(positions, pos.data());
+    const Tensor rope_global = ws.f32(n, c.n_rot), rope_swa = ws.f32(n, c.n_rot);
+    be.rope_table(positions, model_.rope_freq_, model_.rope_axis_, rope_global);
+    if (std::find(c.swa.begin(), c.swa.end(), true) != c.swa.end())
+        be.rope_table(positions, model_.rope_freq_swa_, model_.rope_axis_, rope_swa);
 
-    std::vector<float> xn(size_t(n * h)), o(size_t(n * h));        // [n][hidden]
-    std::vector<float> q(size_t(n * H * D)), att(size_t(n * H * D));  // [n][H][D]
-    std::vector<float> k(size_t(n * KV * D)), v(size_t(n * KV * D));  // [n][KV][D]
-    std::vector<float> gate(size_t(n * ff)), up(size_t(n * ff));      // [n][n_ff]
-    const auto residual = [&](const float* post_norm) {
-        if (post_norm) rms_rows(o.data(), n, h, post_norm, c.eps, o.data());
-        for (int64_t i = 0; i < n * h; ++i) x[size_t(i)] += o[size_t(i)];
+    const Tensor xn = ws.f32(n, h), o = ws.f32(n, h);          // [n][hidden]
+    const Tensor q = ws.f32(n, H * D), att = ws.f32(n, H * D);  // [n][H][D]
+    const Tensor k = ws.f32(n, KV * D), v = ws.f32(n, KV * D);  // [n][KV][D]
+    const Tensor gate = ws.f32(n, ff), up = ws.f32(n, ff);      // [n][n_ff]
+    const auto residual = [&](const Tensor& post_norm) {
+        if (post_norm) be.rms_norm(o, post_norm, c.eps, o);
+        be.add(x, o, x);
+    };
+    const auto bias = [&](const Tensor& y, const Tensor& b) {
+        if (b) be.add(y, b, y);
     };
 
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const DenseModel::Layer& L = model_.layers_[size_t(il)];
         const bool swa = c.swa[size_t(il)];
-        const RopeTable& rope = swa ? rope_swa : rope_global;
+        const Tensor& rope = swa ? rope_swa : rope_global;
 
         // attention
-        rms_rows(x.data(), n, h, L.attn_norm, c.eps, xn.data());
-        be.matmul(L.q, xn.data(), n, q.data());
-        be.matmul(L.k, xn.data(), n, k.data());
-        be.matmul(L.v, xn.data(), n, v.data());
-        add_bias(q.data(), n, H * D, L.q_bias);
-        add_bias(k.data(), n, KV * D, L.k_bias);
-        add_bias(v.data(), n, KV * D, L.v_bias);
-        for (int64_t t = 0; t < n; ++t) {
-            float* qt = &q[size_t(t * H * D)];
-            float* kt = &k[size_t(t * KV * D)];
-            if (L.q_norm) {
-                rms_rows(qt, H, D, L.q_norm, c.eps, qt);
-                rms_rows(kt, KV, D, L.k_norm, c.eps, kt);
-            }
-            rope.apply(qt, t, H, D, c.n_rot);
-            rope.apply(kt, t, KV, D, c.n_rot);
-            if (c.scale_query)
-                for (int64_t i = 0; i < H * D; ++i) qt[i] *= c.attn_scale;
+        be.rms_norm(x, L.attn_norm, c.eps, xn);
+        be.matmul(L.q, xn, q);
+        be.matmul(L.k, xn, k);
+        be.matmul(L.v, xn, v);
+        bias(q, L.q_bias);
+        bias(k, L.k_bias);
+        bias(v, L.v_bias);
+        const Tensor qh = q.reshaped(n * H, D), kh = k.reshaped(n * KV, D);
+        if (L.q_norm) {
+            be.rms_norm(qh, L.q_norm, c.eps, qh);
+            be.rms_norm(kh, L.k_norm, c.eps, kh);
         }
-        kv_[size_t(il)].append(k.data(), v.data(), n);
+        be.rope(qh, rope, H);
+        be.rope(kh, rope, KV);
+        if (c.scale_query) be.unary(q, Unary::Scale, c.attn_scale, q);
+        const KvSeq seq = kv_[size_t(il)].append_seq(0, n);
+        be.kv_append(k, v, &seq, 1, KV);
         const AttentionShape shape{H, KV, D, swa ? c.sliding_window : 0, c.scale_query ? 1.0f : c.attn_scale};
-        causal_attention(be, shape, kv_[size_t(il)], q.data(), n, att.data());
-        be.matmul(L.o, att.data(), n, o.data());
+        be.attention(q, &seq, 1, shape, att);
+        kv_[size_t(il)].commit(n);
+        be.matmul(L.o, att, o);
         residual(L.post_attn_norm);
 
         // feed-forward: down(act(gate(x)) * up(x))
-        rms_rows(x.data(), n, h, L.ffn_norm, c.eps, xn.data());
-        be.matmul(L.gate, xn.data(), n, gate.data());
-        be.matmul(L.up, xn.data(), n, up.data());
-        for_rows(n, ff, [&](int64_t t0, int64_t t1) {
-            for (int64_t i = t0 * ff; i < t1 * ff; ++i) {
-                const float g = gate[size_t(i)];
-                gate[size_t(i)] = (c.act == FfnActivation::GeluTanh ? gelu_tanh(g) : nn::silu(g)) * up[size_t(i)];
-            }
-        });
-        be.matmul(L.down, gate.data(), n, o.data());
+        be.rms_norm(x, L.ffn_norm, c.eps, xn);
+        be.matmul(L.gate, xn, gate);
+        be.matmul(L.up, xn, up);
+        be.glu(gate, up, c.act == FfnActivation::GeluTanh ? Glu::GeluTanh : Glu::Silu, gate);
+        be.matmul(L.down, gate, o);
         residual(L.post_ffn_norm);
     }
     n_past_ += n;
-    if (!logits) return;
+    if (!logits) {
+        be.submit();
+        return;
+    }
 
     // LM head on the rows whose logits are wanted: every token, or the last (prefill for generation)
-    const int64_t first = all_logits ? 0 : n - 1, rows = n - first, vocab = c.vocab;
-    rms_rows(&x[size_t(first * h)], rows, h, model_.output_norm_, c.eps, xn.data());
-    be.matmul(model_.output_, xn.data(), rows, logits);
-    add_bias(logits, rows, vocab, model_.output_bias_);
-    if (c.final_softcap > 0.0f)
-        for (int64_t i = 0; i < rows * vocab; ++i)
-            logits[i] = c.final_softcap * std::tanh(logits[i] / c.final_softcap);
+    const int64_t first = all_logits ? 0 : n - 1, rows = n - first;
+    be.rms_norm(x.row_range(first, rows), model_.output_norm_, c.eps, xn.row_range(0, rows));
+    const Tensor lg = ws.f32(rows, c.vocab);
+    be.matmul(model_.output_, xn.row_range(0, rows), lg);
+    bias(lg, model_.output_bias_);
+    if (c.final_softcap > 0.0f) be.unary(lg, Unary::Softcap, c.final_softcap, lg);
+    be.read(lg, logits);
 }
 
 }  // namespace regolith

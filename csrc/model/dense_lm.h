@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/buffers.h"
 #include "core/gguf.h"
-#include "core/ops.h"
 #include "model/causal_attention.h"
 #include "model/language_model.h"
 #include "model/weights.h"
@@ -56,33 +56,35 @@ public:
     // Maps and validates a gemma3 or qwen2 GGUF. Throws GGUFError / ModelFormatError naming the key or tensor.
     explicit DenseModel(const std::string& path, Backend& backend = cpu_backend());
 
+    Backend& backend() const { return backend_; }
     const DenseConfig& config() const { return config_; }
     std::unique_ptr<ModelWindow> new_window(int64_t max_ctx, KvType kv_type = KvType::F16) const;
 
 private:
     friend class DenseWindow;
-    // Norm gammas as stored (llama.cpp's gemma converter already adds Gemma's +1); biases may be null.
+    // Norm gammas as stored (llama.cpp's gemma converter already adds Gemma's +1); biases may be absent.
     struct Layer {
-        const float* attn_norm = nullptr;  // [hidden]
-        WeightView q, k, v;                // [n_head * D][hidden], [n_head_kv * D][hidden] twice
-        WeightView o;                      // [hidden][n_head * D]
-        const float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
-        const float *q_norm = nullptr, *k_norm = nullptr;  // [D]
-        const float* post_attn_norm = nullptr;             // [hidden]
-        const float* ffn_norm = nullptr;                   // [hidden]
-        WeightView gate, up, down;                         // [n_ff][hidden] twice, [hidden][n_ff]
-        const float* post_ffn_norm = nullptr;              // [hidden]
+        Tensor attn_norm;                 // [hidden]
+        Tensor q, k, v;                   // [n_head * D][hidden], [n_head_kv * D][hidden] twice
+        Tensor o;                         // [hidden][n_head * D]
+        Tensor q_bias, k_bias, v_bias;
+        Tensor q_norm, k_norm;            // [D]
+        Tensor post_attn_norm;            // [hidden]
+        Tensor ffn_norm;                  // [hidden]
+        Tensor gate, up, down;            // [n_ff][hidden] twice, [hidden][n_ff]
+        Tensor post_ffn_norm;             // [hidden]
     };
 
     GgufFile file_;
-    ModelWeights weights_;
     Backend& backend_;
+    WeightStore store_;
+    ModelWeights weights_;
     DenseConfig config_;
-    std::vector<std::vector<float>> owned_;  // f32 copies of norms / biases stored in other types
-    WeightView tok_embd_;                    // [vocab][hidden]
-    WeightView output_;                      // [vocab][hidden] (token_embd when absent)
-    const float* output_bias_ = nullptr;     // [vocab]
-    const float* output_norm_ = nullptr;     // [hidden]
+    Tensor tok_embd_;     // [vocab][hidden]
+    Tensor output_;       // [vocab][hidden] (token_embd when absent)
+    Tensor output_bias_;  // [vocab]
+    Tensor output_norm_;  // [hidden]
+    Tensor rope_freq_, rope_freq_swa_, rope_axis_;  // [1][n_rot / 2]: global and sliding-window layers
     std::vector<Layer> layers_;
 };
 
@@ -104,10 +106,12 @@ public:
 private:
     void eval_chunk(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
     void reset_locked();
-    std::vector<StatePart> state_parts(int64_t from, int64_t to);
+    std::vector<TensorPart> state_parts(int64_t from, int64_t to);
 
     std::mutex mutex_;
     const DenseModel& model_;
+    Backend& be_;
+    Workspace ws_;
     int64_t max_ctx_;
     KvType kv_type_;
     int64_t n_past_ = 0;

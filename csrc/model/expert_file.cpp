@@ -38,7 +38,6 @@ ExpertFileLayout expert_layout_from_gguf(const GgufFile& file, const std::string
     L.n_layer = n_layer;
     L.n_expert = shape.n_expert;
     L.offsets.resize(size_t(n_layer * shape.n_expert * 3));
-    const ModelWeights w(file);
     const char* names[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
     for (int64_t l = 0; l < n_layer; ++l) {
         std::array<ExpertMatrixShape, 3> parts;
@@ -46,9 +45,9 @@ ExpertFileLayout expert_layout_from_gguf(const GgufFile& file, const std::string
             int64_t rows, cols;
             part_dims(shape, i, rows, cols);
             const std::string name = "blk." + std::to_string(l) + "." + names[i] + ".weight";
-            const WeightView first = w.stacked(name, shape.n_expert, 0, rows, cols);  // validates the shape
-            const uint64_t bytes = uint64_t(rows) * uint64_t(first.row_bytes);
-            parts[size_t(i)] = {first.type, rows, cols, uint64_t(first.row_bytes), bytes};
+            const GgufTensor& t = stacked_tensor(file, name, shape.n_expert, rows, cols);  // validates the shape
+            const uint64_t bytes = uint64_t(rows) * t.row_bytes;
+            parts[size_t(i)] = {t.type, rows, cols, t.row_bytes, bytes};
             const uint64_t base = file.find_tensor(name)->offset;  // absolute offset in the file
             for (int64_t e = 0; e < shape.n_expert; ++e)
                 L.offsets[size_t((l * shape.n_expert + e) * 3 + i)] = base + uint64_t(e) * bytes;

@@ -14,9 +14,9 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
-#include "core/ops.h"
+#include "core/buffers.h"
+#include "model/weights.h"
 
 namespace regolith {
 
@@ -37,65 +37,59 @@ struct GdnShape {
     int64_t key_dim() const { return n_k_heads * k_dim; }
     int64_t value_dim() const { return n_v_heads * v_dim; }
     int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels: q | k | v
+    int64_t conv_state() const { return (conv_kernel - 1) * conv_dim(); }
+    int64_t recurrent_state() const { return n_v_heads * k_dim * v_dim; }
+    GdnDims dims() const { return {n_k_heads, n_v_heads, k_dim, v_dim}; }
 };
 
-// The GGUF tensors of one layer (ggml ne order in brackets; a WeightView row is one ne[0] run).
+// The tensors of one layer (ggml ne order in brackets; a matrix row is one ne[0] run).
 struct GdnWeights {
-    WeightView qkv;    // attn_qkv    [hidden, conv_dim]
-    WeightView gate;   // attn_gate   [hidden, value_dim]  (z)
-    WeightView alpha;  // ssm_alpha   [hidden, n_v_heads]
-    WeightView beta;   // ssm_beta    [hidden, n_v_heads]
-    WeightView out;    // ssm_out     [value_dim, hidden]
-    const float* conv1d = nullptr;   // ssm_conv1d [kernel, conv_dim]: conv1d[c * kernel + i], i = oldest first
-    const float* a = nullptr;        // ssm_a      [n_v_heads] = -exp(A_log)
-    const float* dt_bias = nullptr;  // ssm_dt.bias [n_v_heads]
-    const float* norm = nullptr;     // ssm_norm   [v_dim] (plain gamma, no +1)
+    Tensor qkv;      // attn_qkv    [hidden, conv_dim]
+    Tensor gate;     // attn_gate   [hidden, value_dim]  (z)
+    Tensor alpha;    // ssm_alpha   [hidden, n_v_heads]
+    Tensor beta;     // ssm_beta    [hidden, n_v_heads]
+    Tensor out;      // ssm_out     [value_dim, hidden]
+    Tensor conv_t;   // ssm_conv1d  [kernel, conv_dim] transposed at load: [kernel][conv_dim], oldest tap first
+    Tensor a;        // ssm_a       [n_v_heads] = -exp(A_log)
+    Tensor dt_bias;  // ssm_dt.bias [n_v_heads]
+    Tensor norm;     // ssm_norm    [v_dim] (plain gamma, no +1)
 };
 
-// The decoding state of one layer for one sequence.
-struct GdnState {
-    std::vector<float> conv;       // [kernel-1][conv_dim]: the last kernel-1 conv inputs, oldest first
-    std::vector<float> recurrent;  // [n_v_heads][k_dim][v_dim] fp32, GGUF head order
+// Decoding states of one layer, one per row: the states of several sequences, or a window's checkpoint
+// slots (row s: the state after the first s tokens of the last eval).
+struct GdnStates {
+    OwnedTensor conv;       // [n][(kernel-1) * conv_dim]: the last kernel-1 conv inputs, oldest first
+    OwnedTensor recurrent;  // [n][n_v_heads * k_dim * v_dim] fp32, GGUF head order
 
-    explicit GdnState(const GdnShape& s = {});
-    void reset();                            // zeros, as at the start of a sequence
-    void copy_from(const GdnState& other);  // same shape; no allocation (checkpoint / rollback)
+    GdnStates(Backend& be, const GdnShape& s, int64_t n);
+    int64_t size() const { return recurrent.t.rows; }
+    void zero(Backend& be) const;
+    // Row `to` of this set becomes row `from` of `src` (same layer shape).
+    void copy_row(Backend& be, const GdnStates& src, int64_t from, int64_t to) const;
 };
 
 class GatedDeltaNet {
 public:
     static constexpr int64_t kChunk = 64;  // prefill chunk length (tokens)
 
-    GatedDeltaNet(const GdnShape& shape, const GdnWeights& weights, Backend& backend);
+    // Layer `layer` of a qwen4exp GGUF: reads `<arch>.ssm.*`, `<arch>.embedding_length`,
+    // `<arch>.attention.layer_norm_rms_epsilon` and the blk.<layer>.{attn_qkv, attn_gate, ssm_*} tensors.
+    // Throws ModelFormatError naming the key or tensor that is missing or mis-shaped.
+    GatedDeltaNet(const ModelWeights& w, int64_t layer, GdnGateAct gate_act = GdnGateAct::Sigmoid);
 
     const GdnShape& shape() const { return shape_; }
-    GdnState new_state() const { return GdnState(shape_); }
 
-    // x: [ntok][hidden] → y: [ntok][hidden]; advances `state` by ntok tokens. ntok == 1 runs the recurrent
-    // step; ntok > 1 the chunked scan (same result within fp32 rounding). Throws Error on a state of
-    // another shape. With `after` ([ntok] states of this shape), after[t] receives the state following token
-    // t and the scan runs the recurrent step token by token, computing exactly what ntok single-token calls
-    // would (speculative verification rolls back to any of them).
-    void forward(const float* x, int64_t ntok, GdnState& state, float* y, GdnState* after = nullptr) const;
+    // x: [ntok][hidden] -> y: [ntok][hidden]; advances row `row` of `states` by ntok tokens. ntok == 1 runs the
+    // recurrent step; ntok > 1 the chunked scan (same result within fp32 rounding). With `after` (slots of this
+    // shape), its rows 1..ntok receive the states following each token and the scan runs the recurrent step
+    // token by token, computing exactly what ntok single-token calls would (speculative verification rolls
+    // back to any of them).
+    void forward(Workspace& ws, const Tensor& x, const GdnStates& states, int64_t row, const Tensor& y,
+                 const GdnStates* after = nullptr) const;
 
 private:
     GdnShape shape_;
     GdnWeights w_;
-    Backend* backend_;
-    std::vector<float> conv_t_;  // [kernel][conv_dim]: conv1d transposed
 };
-
-// Shape and weights of layer `layer` of a GGUF, with the small vectors converted to f32 where stored
-// otherwise. Views point into `file`, which must outlive the result.
-struct GdnLayer {
-    GdnShape shape;
-    GdnWeights weights;
-    std::vector<std::vector<float>> owned;  // f32 copies of non-f32 conv1d / a / dt_bias / norm
-};
-
-// Reads `<arch>.ssm.*`, `<arch>.embedding_length`, `<arch>.attention.layer_norm_rms_epsilon` and the
-// blk.<layer>.{attn_qkv, attn_gate, ssm_*} tensors. Throws ModelFormatError naming the key or tensor that is
-// missing or mis-shaped.
-GdnLayer load_gdn_layer(const GgufFile& file, int64_t layer, GdnGateAct gate_act = GdnGateAct::Sigmoid);
 
 }  // namespace regolith

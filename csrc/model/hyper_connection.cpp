@@ -1,9 +1,5 @@
 #include "model/hyper_connection.h"
 
-#include <vector>
-
-#include "model/nn.h"
-
 namespace regolith {
 
 HyperConnection HyperConnection::load(const ModelWeights& w, const std::string& prefix, int64_t hidden, int64_t hc,
@@ -14,47 +10,31 @@ HyperConnection HyperConnection::load(const ModelWeights& w, const std::string& 
     h.rank = rank;
     h.eps = eps;
     const int64_t width = hc * hidden;
-    h.norm = w.f32(prefix + "_norm.weight", width);
+    h.norm = w.f32(prefix + "_norm.weight", width).reshaped(hc, hidden);
     h.down = w.matrix(prefix + "_down.weight", rank, width);
     h.up = w.matrix(prefix + "_up.weight", width, rank);
     if (with_inject) h.inject = w.matrix(prefix + "_inject.weight", hc, width);
     return h;
 }
 
-void HyperConnection::read(Backend& be, const float* streams, int64_t ntok, float* mixed, float* inject_w) const {
-    const int64_t width = hc * hidden;
-    std::vector<float> xn(size_t(ntok * width));  // [ntok][hc * hidden] normalised per stream
-    for (int64_t t = 0; t < ntok; ++t)
-        for (int64_t s = 0; s < hc; ++s) {
-            const int64_t o = t * width + s * hidden;
-            nn::rms_norm(streams + o, hidden, norm + s * hidden, eps, xn.data() + o);
-        }
-    std::vector<float> low(size_t(ntok * rank));  // [ntok][rank]
-    const MatmulJob in[] = {{down, xn.data(), ntok, low.data()}, {inject, xn.data(), ntok, inject_w}};
-    be.matmul_batch(in, inject.rows == 0 ? 1 : 2);
-    for (float& v : low) v = nn::silu(v / float(hc));
-    std::vector<float> gate(size_t(ntok * width));  // [ntok][hc * hidden]
-    be.matmul(up, low.data(), ntok, gate.data());
-    for (int64_t t = 0; t < ntok; ++t)
-        for (int64_t i = 0; i < hidden; ++i) {
-            float acc = 0.0f;
-            for (int64_t s = 0; s < hc; ++s) {
-                const int64_t o = t * width + s * hidden + i;
-                acc += nn::sigmoid(gate[o]) * xn[o];
-            }
-            mixed[t * hidden + i] = acc / float(hc);
-        }
-    if (inject.rows == 0) return;
-    for (int64_t i = 0; i < ntok * hc; ++i) inject_w[i] = 2.0f * nn::sigmoid(inject_w[i] / float(hc));
+void HyperConnection::read(Workspace& ws, const Tensor& streams, const Tensor& mixed, const Tensor& inject_w) const {
+    Backend& be = ws.backend();
+    Workspace::Scope scope(ws);
+    const int64_t ntok = streams.rows, width = hc * hidden;
+    const Tensor xn = ws.f32(ntok, width);  // [ntok][hc * hidden] normalised per stream
+    be.rms_norm(streams.reshaped(ntok * hc, hidden), norm, eps, xn.reshaped(ntok * hc, hidden));
+    const Tensor low = ws.f32(ntok, rank);  // [ntok][rank]
+    const MatmulJob in[] = {{down, xn, low}, {inject, xn, inject_w}};
+    be.matmul(in, inject ? 2 : 1);
+    be.unary(low, Unary::SiluDiv, float(hc), low);
+    const Tensor gate = ws.f32(ntok, width);  // [ntok][hc * hidden]
+    be.matmul(up, low, gate);
+    be.hc_mix(gate, xn, hc, mixed);
+    if (inject) be.unary(inject_w, Unary::TwoSigmoidDiv, float(hc), inject_w);
 }
 
-void HyperConnection::write(const float* block_out, const float* inject_w, int64_t ntok, float* streams) const {
-    for (int64_t t = 0; t < ntok; ++t)
-        for (int64_t s = 0; s < hc; ++s) {
-            const float w = inject_w[t * hc + s];
-            float* dst = streams + (t * hc + s) * hidden;
-            for (int64_t i = 0; i < hidden; ++i) dst[i] += w * block_out[t * hidden + i];
-        }
+void HyperConnection::write(Backend& be, const Tensor& block_out, const Tensor& inject_w, const Tensor& streams) const {
+    be.hc_write(block_out, inject_w, hc, streams);
 }
 
 }  // namespace regolith

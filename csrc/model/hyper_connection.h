@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/ops.h"
+#include "core/buffers.h"
 #include "model/weights.h"
 
 namespace regolith {
@@ -16,19 +16,19 @@ struct HyperConnection {
     int64_t hc = 0;      // number of streams
     int64_t rank = 0;    // low-rank mixer width
     float eps = 1e-6f;
-    const float* norm = nullptr;  // [hc * hidden] grouped RMSNorm gain (GGUF stores 1 + gamma)
-    WeightView down;              // [rank, hc * hidden]
-    WeightView up;                // [hc * hidden, rank]
-    WeightView inject;            // [hc, hc * hidden]; absent (rows == 0) for the final mixer
+    Tensor norm;    // [hc][hidden] grouped RMSNorm gain (GGUF stores 1 + gamma)
+    Tensor down;    // [rank, hc * hidden]
+    Tensor up;      // [hc * hidden, rank]
+    Tensor inject;  // [hc, hc * hidden]; absent for the final mixer
 
     // `prefix` is "blk.N.hc_attn", "blk.N.hc_ffn" or "output_hc" (no inject).
     static HyperConnection load(const ModelWeights& w, const std::string& prefix, int64_t hidden, int64_t hc,
                                 int64_t rank, float eps, bool with_inject);
 
-    // streams: [ntok][hc * hidden] -> mixed: [ntok][hidden], inject_w: [ntok][hc] (if with inject).
-    void read(Backend& be, const float* streams, int64_t ntok, float* mixed, float* inject_w) const;
+    // streams: [ntok][hc * hidden] -> mixed: [ntok][hidden], inject_w: [ntok][hc] (with inject).
+    void read(Workspace& ws, const Tensor& streams, const Tensor& mixed, const Tensor& inject_w) const;
     // streams[t][s][:] += inject_w[t][s] * block_out[t][:]
-    void write(const float* block_out, const float* inject_w, int64_t ntok, float* streams) const;
+    void write(Backend& be, const Tensor& block_out, const Tensor& inject_w, const Tensor& streams) const;
 };
 
 }  // namespace regolith

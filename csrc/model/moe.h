@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/buffers.h"
 #include "core/expert_arena.h"
-#include "core/ops.h"
 #include "model/weights.h"
 
 namespace regolith {
@@ -36,12 +36,6 @@ struct MoceOptions {
     int64_t protect = 2;   // top-r experts never displaced
 };
 
-// The routing decision for a batch of tokens: expert ids and weights, [ntok][n_used].
-struct Routing {
-    std::vector<int32_t> experts;
-    std::vector<float> weights;
-};
-
 class SparseMoe {
 public:
     // With `routed` false the *_exps tensors are not read (they are streamed: see stream_from).
@@ -51,26 +45,20 @@ public:
     // Run the routed experts through `arena` (layer `layer` of its file).
     void stream_from(ExpertArena* arena, int64_t layer) { arena_ = arena, layer_ = layer; }
     void set_moce(const MoceOptions& moce) { moce_ = moce; }
-    // Router: softmax over experts, top-k (ties to the lower id, as torch.topk), optional renormalisation;
-    // with MoCE on and an arena, cache-aware.
-    Routing route(Backend& be, const float* x, int64_t ntok) const;
-    // x: [ntok][hidden] -> y: [ntok][hidden]
-    void forward(Backend& be, const float* x, int64_t ntok, float* y) const;
+    // x: [ntok][hidden] -> y: [ntok][hidden]. The routing ids come to the host once (the arena and the expert
+    // batch are host decisions); everything else stays on the backend.
+    void forward(Workspace& ws, const Tensor& x, const Tensor& y) const;
     // Lookahead: route x (a prediction of this layer's input) and queue prefetch reads of the experts chosen.
-    void prefetch(Backend& be, const float* x, int64_t ntok) const;
+    void prefetch(Workspace& ws, const Tensor& x) const;
 
 private:
-    Routing route_impl(Backend& be, const float* x, int64_t ntok, const uint8_t* resident) const;
-    // The routing from router logits [ntok][n_expert].
-    Routing select(const std::vector<float>& logits, int64_t ntok, const uint8_t* resident) const;
-    // forward with resident experts: the router and the shared expert's gate, up and router in one batch,
-    // every expert's gate and up in the next, and every down product (the shared one's too) in the last.
-    void forward_resident(Backend& be, const float* x, int64_t ntok, float* y) const;
+    // Router logits [ntok][n_expert] -> the routing ids on the host and the weights [ntok][k] on the backend.
+    std::vector<int32_t> route(Workspace& ws, const Tensor& logits, bool cache_aware, const Tensor& weights) const;
 
     MoeShape shape_;
-    WeightView router_;                           // [n_expert, hidden]
-    std::vector<WeightView> gate_, up_, down_;    // per expert: [ff, hidden], [ff, hidden], [hidden, ff]
-    WeightView sh_gate_, sh_up_, sh_down_, sh_router_;  // shared expert and its gate [1, hidden]
+    Tensor router_;                           // [n_expert, hidden]
+    std::vector<Tensor> gate_, up_, down_;    // per expert: [ff, hidden], [ff, hidden], [hidden, ff]
+    Tensor sh_gate_, sh_up_, sh_down_, sh_router_;  // shared expert and its gate [1, hidden]
     ExpertArena* arena_ = nullptr;
     int64_t layer_ = 0;
     MoceOptions moce_;

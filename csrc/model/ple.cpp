@@ -14,7 +14,6 @@
 #include "core/gguf.h"
 #include "core/types.h"
 #include "model/metadata.h"
-#include "model/nn.h"
 #include "model/weights.h"
 
 namespace regolith {
@@ -204,9 +203,9 @@ void PleTable::reset_stats() {
 
 // ---- loading ---------------------------------------------------------------------------------------
 
-PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer, const PleReadOptions& read,
-                   const PleTableSource* packed, Backend& backend)
-    : backend_(&backend) {
+PleLayer::PleLayer(const ModelWeights& wt, const std::string& path, int64_t layer, const PleReadOptions& read,
+                   const PleTableSource* packed) {
+    const GgufFile& file = wt.file();
     with_context("PLE: ", [&] {
         const std::string prefix = meta::require_arch(file, "qwen4exp");
         auto key = [&](const std::string& suffix) { return prefix + suffix; };
@@ -255,7 +254,6 @@ PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer,
 
         // The table is read row by row (from `path` or the packed file); any supported type decodes whole
         // rows (the GGUF parser checks a row is a whole number of blocks).
-        const ModelWeights wt(file);
         PleTableSource source;
         if (packed) {
             source = *packed;
@@ -299,84 +297,64 @@ PleLayer::PleLayer(const GgufFile& file, const std::string& path, int64_t layer,
         // conv_kernel by the file size before anything is sized by it; the norms may be [hc * hidden] or
         // [hidden, hc] (llama.cpp accepts both).
         wt.tensor(blk + "ple_conv1d.weight", {K, C});
-        vectors_.resize(size_t(C * (3 + K)));
-        float* v = vectors_.data();
-        wt.to_f32(blk + "ple_norm_key.weight", C, v);
-        wt.to_f32(blk + "ple_norm_query.weight", C, v + C);
-        wt.to_f32(blk + "ple_norm_conv.weight", C, v + 2 * C);
-        wt.to_f32(blk + "ple_conv1d.weight", K * C, v + 3 * C);
-        w_.norm_key = v;
-        w_.norm_query = v + C;
-        w_.norm_conv = v + 2 * C;
-        w_.conv = v + 3 * C;
+        std::vector<float> v(size_t(C * (3 + K)));
+        wt.to_f32(blk + "ple_norm_key.weight", C, v.data());
+        wt.to_f32(blk + "ple_norm_query.weight", C, v.data() + C);
+        wt.to_f32(blk + "ple_norm_conv.weight", C, v.data() + 2 * C);
+        wt.to_f32(blk + "ple_conv1d.weight", K * C, v.data() + 3 * C);
+        WeightStore& store = wt.store();
+        w_.norm_key = store.upload(RG_TYPE_F32, 1, C, v.data());
+        w_.norm_query = store.upload(RG_TYPE_F32, 1, C, v.data() + C);
+        w_.norm_conv = store.upload(RG_TYPE_F32, 1, C, v.data() + 2 * C);
+        w_.conv = store.upload(RG_TYPE_F32, C, K, v.data() + 3 * C);
     });
 }
 
-PleState PleLayer::new_state() const {
+void PleState::assign(Backend& be, const PleState& other) {
+    context = other.context;
+    if (!conv.buffer || conv.t.rows != other.conv.t.rows || conv.t.cols != other.conv.t.cols)
+        conv = OwnedTensor(be, RG_TYPE_F32, other.conv.t.rows, other.conv.t.cols);
+    be.copy(other.conv.t, conv.t);
+}
+
+PleState PleLayer::new_state(Backend& be) const {
     PleState s;
     s.context.assign(size_t(hash_.ngram_size - 1), hash_.eos_token_id);
-    s.conv.assign(size_t(history() * shape_.channels()), 0.0f);
+    s.conv = OwnedTensor(be, RG_TYPE_F32, history(), shape_.channels());
+    be.zero(s.conv.t);
     return s;
 }
 
 // ---- forward ---------------------------------------------------------------------------------------
 
-using nn::inv_rms;
-
-void PleLayer::forward(const int32_t* token_ids, const float* hidden, int64_t ntok, PleState& state,
-                       float* out) {
+void PleLayer::forward(Workspace& ws, const int32_t* token_ids, const Tensor& hidden, PleState& state,
+                       const Tensor& out) {
+    const int64_t ntok = hidden.rows;
     if (ntok <= 0) return;
-    const int64_t H = hash_.n_heads(), hd = shape_.head_dim, P = shape_.ple_dim;
-    const int64_t D = shape_.hidden, hc = shape_.hc, C = shape_.channels();
-    const int64_t K = shape_.conv_kernel, dil = dilation(), hist = history();
-    if (int64_t(state.context.size()) != hash_.ngram_size - 1 || int64_t(state.conv.size()) != hist * C)
+    const int64_t H = hash_.n_heads(), P = shape_.ple_dim, D = shape_.hidden, C = shape_.channels();
+    if (int64_t(state.context.size()) != hash_.ngram_size - 1 || state.conv.t.rows != history() ||
+        state.conv.t.cols != C)
         throw Error("PleLayer::forward: the state belongs to another layer");
+    Backend& be = ws.backend();
+    Workspace::Scope scope(ws);
 
     std::vector<int64_t> rows(size_t(ntok * H));  // [ntok][H]
     ple_ngram_rows(hash_, state.context.data(), token_ids, ntok, rows.data());
-
-    std::vector<float> emb(size_t(ntok * P));  // [ntok][H * hd]
+    std::vector<float> emb(size_t(ntok * P));  // [ntok][H * hd], read from the table on the host
     table_->read_rows(rows.data(), ntok * H, emb.data());
+    const Tensor e = ws.f32(ntok, P);
+    be.write(e, emb.data());
 
-    std::vector<float> key(size_t(ntok * C)), value(size_t(ntok * D));  // [ntok][hc*D], [ntok][D]
-    Backend& be = *backend_;
-    be.matmul(w_.key, emb.data(), ntok, key.data());
-    be.matmul(w_.value, emb.data(), ntok, value.data());
+    const Tensor key = ws.f32(ntok, C), value = ws.f32(ntok, D);  // [ntok][hc*D], [ntok][D]
+    be.matmul(w_.key, e, key);
+    be.matmul(w_.value, e, value);
+    // out = the gated values; normed = their RMSNorm, the conv input (its history is the state)
+    const Tensor normed = ws.f32(ntok, C);
+    be.ple_gate(key, hidden, value, w_.norm_key, w_.norm_query, w_.norm_conv, shape_.hc, shape_.eps, out, normed);
+    const PleConvSeq seq{state.conv.t, 0, ntok};
+    be.ple_conv(normed, w_.conv, dilation(), &seq, 1, out);
 
-    // xs: [hist + ntok][C], the conv input: the state's history, then this call's normed gated values.
-    std::vector<float> xs(size_t((hist + ntok) * C));
-    std::copy(state.conv.begin(), state.conv.end(), xs.begin());
-    const float inv_sqrt_d = float(1.0 / std::sqrt(double(D)));
-    for (int64_t t = 0; t < ntok; ++t) {
-        float* gated = out + t * C;  // [hc][D], finished below by adding the conv
-        for (int64_t s = 0; s < hc; ++s) {
-            const float* k = key.data() + t * C + s * D;
-            const float* q = hidden + t * C + s * D;
-            const float* gk = w_.norm_key + s * D;
-            const float* gq = w_.norm_query + s * D;
-            const float ik = inv_rms(k, D, shape_.eps), iq = inv_rms(q, D, shape_.eps);
-            double dot = 0.0;
-            for (int64_t d = 0; d < D; ++d) dot += double((k[d] * ik) * gk[d]) * double((q[d] * iq) * gq[d]);
-            float g = float(dot) * inv_sqrt_d;
-            const float sgn = g > 0.0f ? 1.0f : (g < 0.0f ? -1.0f : 0.0f);
-            g = std::sqrt(std::max(std::fabs(g), 1e-6f)) * sgn;  // signed square root
-            const float sig = nn::sigmoid(g);
-            for (int64_t d = 0; d < D; ++d) gated[s * D + d] = sig * value[size_t(t * D + d)];
-            nn::rms_norm(gated + s * D, D, w_.norm_conv + s * D, shape_.eps, xs.data() + (hist + t) * C + s * D);
-        }
-    }
-    // Depthwise causal conv, dilation = ngram_size: tap k reads (K-1-k)*dil tokens back.
-    for (int64_t t = 0; t < ntok; ++t) {
-        for (int64_t c = 0; c < C; ++c) {
-            float acc = 0.0f;
-            for (int64_t k = 0; k < K; ++k)
-                acc += w_.conv[c * K + k] * xs[size_t((hist + t - (K - 1 - k) * dil) * C + c)];
-            out[t * C + c] += nn::silu(acc);
-        }
-    }
-
-    // Advance the state: the last hist conv inputs and the last ngram_size-1 token ids.
-    std::copy(xs.end() - hist * C, xs.end(), state.conv.begin());
+    // Advance the n-gram context: the last ngram_size-1 token ids.
     const int64_t nctx = hash_.ngram_size - 1;
     std::vector<int64_t> ctx(state.context);
     for (int64_t t = 0; t < ntok; ++t) ctx.push_back(token_ids[t]);

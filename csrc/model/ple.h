@@ -21,9 +21,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/buffers.h"
 #include "core/direct_file.h"
-#include "core/ops.h"
 #include "core/thread_pool.h"
+#include "model/weights.h"
 
 namespace regolith {
 
@@ -126,33 +127,37 @@ struct PleShape {
 };
 
 struct PleWeights {
-    WeightView key;           // [hc*hidden rows][ple_dim cols]
-    WeightView value;         // [hidden rows][ple_dim cols]
-    const float* norm_key;    // [hc*hidden], gamma with the +1 already applied (GGUF)
-    const float* norm_query;  // [hc*hidden]
-    const float* norm_conv;   // [hc*hidden]
-    const float* conv;        // [hc*hidden][conv_kernel], tap k reads (K-1-k)*dilation tokens back
+    Tensor key;         // [hc*hidden rows][ple_dim cols]
+    Tensor value;       // [hidden rows][ple_dim cols]
+    Tensor norm_key;    // [1][hc*hidden], gamma with the +1 already applied (GGUF)
+    Tensor norm_query;  // [1][hc*hidden]
+    Tensor norm_conv;   // [1][hc*hidden]
+    Tensor conv;        // [hc*hidden][conv_kernel], tap k reads (K-1-k)*dilation tokens back
 };
 
-// Decoding state of one sequence: the n-gram context and the conv history.
+// Decoding state of one sequence: the n-gram context (token ids, on the host: the table rows to read are
+// decided there) and the conv history (on the backend).
 struct PleState {
     std::vector<int64_t> context;  // [ngram_size-1] previous token ids, oldest first
-    std::vector<float> conv;       // [(K-1)*dilation][channels] previous conv inputs, oldest first
+    OwnedTensor conv;              // [(K-1)*dilation][channels] previous conv inputs, oldest first
+
+    // A copy of `other`'s state (this one's storage is reused when it has the same shape).
+    void assign(Backend& be, const PleState& other);
 };
 
 class PleLayer {
   public:
-    // Loads layer `layer` of a qwen4exp GGUF. `file` must outlive the layer (weights point into its
-    // mapping); the table is read from `packed` when given (a packed model's ple.bin), else from the GGUF's
-    // per_layer_token_embd.weight through `path`. Throws ModelFormatError naming what is missing or wrong.
-    PleLayer(const GgufFile& file, const std::string& path, int64_t layer, const PleReadOptions& read = {},
-             const PleTableSource* packed = nullptr, Backend& backend = cpu_backend());
+    // Loads layer `layer` of a qwen4exp GGUF; the table is read from `packed` when given (a packed model's
+    // ple.bin), else from the GGUF's per_layer_token_embd.weight through `path`. Throws ModelFormatError naming
+    // what is missing or wrong.
+    PleLayer(const ModelWeights& w, const std::string& path, int64_t layer, const PleReadOptions& read = {},
+             const PleTableSource* packed = nullptr);
 
-    PleState new_state() const;
+    PleState new_state(Backend& be) const;
 
-    // out[ntok][hc*hidden] = the PLE addend for tokens continuing `state`; hidden: [ntok][hc*hidden],
-    // the streams entering the layer. Advances the state, so any split into calls gives the same output.
-    void forward(const int32_t* token_ids, const float* hidden, int64_t ntok, PleState& state, float* out);
+    // out[ntok][hc*hidden] = the PLE addend for tokens continuing `state`; hidden: [ntok][hc*hidden], the
+    // streams entering the layer. Advances the state, so any split into calls gives the same output.
+    void forward(Workspace& ws, const int32_t* token_ids, const Tensor& hidden, PleState& state, const Tensor& out);
 
     const PleShape& shape() const { return shape_; }
     const PleHashParams& hash() const { return hash_; }
@@ -166,9 +171,7 @@ class PleLayer {
     PleShape shape_;
     PleHashParams hash_;
     PleWeights w_{};
-    std::vector<float> vectors_;  // owned f32 copies of the norm and conv weights
     std::unique_ptr<PleTable> table_;
-    Backend* backend_;
 };
 
 }  // namespace regolith

@@ -14,7 +14,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/ops.h"
+#include "core/buffers.h"
+#include "model/weights.h"
 #include "model/window_state.h"
 
 namespace regolith {
@@ -38,27 +39,31 @@ struct QsaShape {
     int64_t compress_ratio = 0;  // attention.compress_ratios[layer]: tokens per block
 
     int64_t block_topk() const { return index_budget / compress_ratio; }
+    QsaDims dims() const {
+        return {n_head, n_head_kv, head_dim, index_n_head, index_head_dim, compress_ratio, block_topk(), n_rot, eps};
+    }
 };
 
-// The layer's GGUF tensors. Matrices are [rows][cols] = [out][in]; norm gammas already include the +1
-// that the converter folds in (y = x / rms(x) * gamma).
+// The layer's tensors. Matrices are [rows][cols] = [out][in]; norm gammas already include the +1 that the
+// converter folds in (y = x / rms(x) * gamma).
 struct QsaWeights {
-    WeightView q;                        // attn_q:   [n_head * 2 * head_dim][hidden], per head q rows then gate rows
-    WeightView k;                        // attn_k:   [n_head_kv * head_dim][hidden]
-    WeightView v;                        // attn_v:   [n_head_kv * head_dim][hidden]
-    WeightView o;                        // attn_output: [hidden][n_head * head_dim]
-    const float* q_norm = nullptr;       // attn_q_norm: [head_dim]
-    const float* k_norm = nullptr;       // attn_k_norm: [head_dim]
-    WeightView index_q;                  // indexer.q_proj: [index_n_head * index_head_dim][hidden]
-    WeightView index_k;                  // indexer.k_proj: [index_head_dim][hidden]
-    const float* index_q_norm = nullptr;  // indexer.q_norm: [index_head_dim]
-    const float* index_k_norm = nullptr;  // indexer.k_norm: [index_head_dim]
+    Tensor q;             // attn_q:   [n_head * 2 * head_dim][hidden], per head q rows then gate rows
+    Tensor k;             // attn_k:   [n_head_kv * head_dim][hidden]
+    Tensor v;             // attn_v:   [n_head_kv * head_dim][hidden]
+    Tensor o;             // attn_output: [hidden][n_head * head_dim]
+    Tensor q_norm;        // attn_q_norm: [head_dim]
+    Tensor k_norm;        // attn_k_norm: [head_dim]
+    Tensor index_q;       // indexer.q_proj: [index_n_head * index_head_dim][hidden]
+    Tensor index_k;       // indexer.k_proj: [index_head_dim][hidden]
+    Tensor index_q_norm;  // indexer.q_norm: [index_head_dim]
+    Tensor index_k_norm;  // indexer.k_norm: [index_head_dim]
 };
 
-// What one QSA layer keeps between calls. Storage grows with the tokens held, up to max_ctx.
+// What one QSA layer keeps between calls, in backend buffers. Storage grows with the tokens held (doubling,
+// the old rows copied by the backend), up to max_ctx.
 class QsaState {
 public:
-    QsaState(const QsaShape& shape, int64_t max_ctx);
+    QsaState(Backend& be, const QsaShape& shape, int64_t max_ctx);
 
     int64_t size() const { return n_; }
     int64_t max_ctx() const { return max_ctx_; }
@@ -67,56 +72,52 @@ public:
     // Keeps the first n tokens (speculative rollback). n must be <= size().
     void truncate(int64_t n);
 
-    // Saving and restoring: tokens [from, to) as f32 / int64 spans: keys [to-from][n_head_kv][head_dim],
-    // values (same shape), raw indexer keys [to-from][index_head_dim], positions [to-from][3] (int64), then the
-    // pooled keys of blocks [from/ratio, to/ratio) [.][index_head_dim].
-    void state_spans(int64_t from, int64_t to, std::vector<StateSpan>& out);
-    // Holds n >= size() tokens, the new ones to be filled through state_spans (throws Error beyond max_ctx).
+    // Saving and restoring: tokens [from, to) as tensor views, in file order: keys [to-from][n_head_kv]
+    // [head_dim], values (same shape), raw indexer keys [to-from][index_head_dim], positions [to-from][3]
+    // (int64), then the pooled keys of blocks [from/ratio, to/ratio) [.][index_head_dim].
+    void state_tensors(int64_t from, int64_t to, std::vector<Tensor>& out) const;
+    // Holds n >= size() tokens, the new ones to be filled through state_tensors (throws Error beyond max_ctx).
     void grow(int64_t n);
 
 private:
     friend class QsaAttention;
-    void reserve_(int64_t n);
+    void reserve(int64_t n);
+    QsaSeq seq(int64_t ntok) const;  // this state as the sequence of a step appending ntok tokens
 
+    Backend* be_;
     QsaShape shape_;
     int64_t max_ctx_ = 0;
     int64_t n_ = 0;
-    std::vector<float> k_;        // [n][n_head_kv][head_dim]  after k_norm and RoPE
-    std::vector<float> v_;        // [n][n_head_kv][head_dim]
-    std::vector<float> index_k_;  // [n][index_head_dim]       raw indexer keys (pooling precedes norm and RoPE)
-    std::vector<float> block_k_;  // [n / ratio][index_head_dim] pooled, normed, rotated keys of complete blocks
-    std::vector<int64_t> pos_;    // [n][3]                     M-RoPE positions (t, h, w)
+    int64_t cap_ = 0;
+    OwnedTensor k_;        // [cap * n_head_kv][head_dim]  after k_norm and RoPE
+    OwnedTensor v_;        // [cap * n_head_kv][head_dim]
+    OwnedTensor index_k_;  // [cap][index_head_dim]       raw indexer keys (pooling precedes norm and RoPE)
+    OwnedTensor block_k_;  // [cap / ratio][index_head_dim] pooled, normed, rotated keys of complete blocks
+    OwnedTensor pos_;      // [cap][3] I64                M-RoPE positions (t, h, w)
 };
 
 class QsaAttention {
 public:
-    // Validates the shape against the weights (throws ModelFormatError).
-    QsaAttention(const QsaShape& shape, const QsaWeights& weights, Backend& backend);
+    // Layer `layer` of a qwen4exp GGUF; validates the shape against the weights (throws ModelFormatError).
+    QsaAttention(const ModelWeights& w, int64_t layer);
 
     const QsaShape& shape() const { return shape_; }
-    QsaState new_state(int64_t max_ctx) const { return QsaState(shape_, max_ctx); }
+    QsaState new_state(Backend& be, int64_t max_ctx) const { return QsaState(be, shape_, max_ctx); }
 
     // y[t] = attention of token t over the state's tokens and tokens 0..t of this call; the tokens are
-    // appended to the state. x: [ntok][hidden], positions: [ntok] (text: the same position on every M-RoPE
-    // section), y: [ntok][hidden]. Throws Error when the state cannot hold ntok more tokens (the state is
-    // then unchanged).
-    void forward(const float* x, const int64_t* positions, int64_t ntok, QsaState& state, float* y) const;
-    // forward with M-RoPE positions [ntok][3] (t, h, w): image tokens (transformers' get_rope_index).
-    void forward_mrope(const float* x, const int64_t* pos3, int64_t ntok, QsaState& state, float* y) const;
+    // appended to the state. x: [ntok][hidden], pos3: host [ntok][3] M-RoPE positions (t, h, w) (text: the
+    // same position thrice; image tokens: transformers' get_rope_index), y: [ntok][hidden]. Throws Error when
+    // the state cannot hold ntok more tokens (the state is then unchanged).
+    void forward(Workspace& ws, const Tensor& x, const int64_t* pos3, QsaState& state, const Tensor& y) const;
 
 private:
-    void rope_(float* x, int64_t n_rows, int64_t row_stride, const int64_t* pos3) const;
-
     QsaShape shape_;
     QsaWeights w_;
-    Backend& backend_;
-    std::vector<float> inv_freq_;   // [n_rot / 2]
-    std::vector<uint8_t> rope_axis_;  // [n_rot / 2]: 0 t, 1 h, 2 w (rope_sections)
+    Tensor freq_;  // [1][n_rot / 2] F32: 1 / base^(2i / n_rot)
+    Tensor axis_;  // [1][n_rot / 2] I32: 0 t, 1 h, 2 w (rope_sections)
 };
 
-// Shape and weights of QSA layer `layer` of a qwen4exp GGUF; the weights point into `file`, which must
-// outlive them. Throws ModelFormatError naming the missing or malformed key or tensor.
+// Shape of QSA layer `layer` of a qwen4exp GGUF. Throws ModelFormatError naming the missing or malformed key.
 QsaShape qsa_shape_from_gguf(const GgufFile& file, int64_t layer);
-QsaWeights qsa_weights_from_gguf(const GgufFile& file, int64_t layer, const QsaShape& shape);
 
 }  // namespace regolith

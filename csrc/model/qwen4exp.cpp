@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "core/dequant.h"
 #include "core/errors.h"
 #include "model/expert_file.h"
 #include "model/metadata.h"
@@ -65,7 +64,11 @@ Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
 }
 
 Qwen4ExpModel::Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions& options, Backend& backend)
-    : file_(path), weights_(file_), backend_(backend), config_(Qwen4ExpConfig::from_gguf(file_)) {
+    : file_(path),
+      backend_(backend),
+      store_(file_, backend),
+      weights_(store_),
+      config_(Qwen4ExpConfig::from_gguf(file_)) {
     const Qwen4ExpConfig& c = config_;
     const bool packed = !options.experts_path.empty();
     if (packed && options.arena.slots <= 0)
@@ -77,7 +80,7 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions&
                                          : expert_layout_from_gguf(file_, path, n_block, c.moe);
         ArenaOptions arena = options.arena;
         arena.policy.lru_reserve = c.n_layer * c.moe.n_used;  // one token's experts always pass through LRU
-        arena_ = std::make_unique<ExpertArena>(std::move(layout), arena);
+        arena_ = std::make_unique<ExpertArena>(std::move(layout), arena, backend_);
         lookahead_ = options.lookahead;
     }
     std::optional<PleTableSource> ple_source;
@@ -90,26 +93,22 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions&
         const std::string p = "blk." + std::to_string(il) + ".";
         Layer L{HyperConnection::load(weights_, p + "hc_attn", c.hidden, c.hc, c.hc_rank, c.eps, true),
                 HyperConnection::load(weights_, p + "hc_ffn", c.hidden, c.hc, c.hc_rank, c.eps, true),
-                std::nullopt, std::nullopt, std::nullopt, SparseMoe::load(weights_, int(il), c.moe, !arena_),
+                std::nullopt, std::nullopt, SparseMoe::load(weights_, int(il), c.moe, !arena_),
                 nullptr};
         layers_.push_back(std::move(L));
         Layer& l = layers_.back();
         if (arena_) l.moe.stream_from(arena_.get(), il);
         l.moe.set_moce(options.moce);
         if (std::find(c.ple_layers.begin(), c.ple_layers.end(), il) != c.ple_layers.end())
-            l.ple = std::make_unique<PleLayer>(file_, path, il, options.ple, ple_source ? &*ple_source : nullptr,
-                                               backend_);
-        if (c.recurrent[size_t(il)]) {
-            l.gdn_weights = load_gdn_layer(file_, il, c.gdn_gate);
-            l.gdn.emplace(l.gdn_weights->shape, l.gdn_weights->weights, backend_);
-        } else {
-            const QsaShape shape = qsa_shape_from_gguf(file_, il);
-            l.qsa.emplace(shape, qsa_weights_from_gguf(file_, il, shape), backend_);
-        }
+            l.ple = std::make_unique<PleLayer>(weights_, path, il, options.ple, ple_source ? &*ple_source : nullptr);
+        if (c.recurrent[size_t(il)])
+            l.gdn.emplace(weights_, il, c.gdn_gate);
+        else
+            l.qsa.emplace(weights_, il);
     }
     if (c.n_nextn > 0 && MtpHead::present(file_, c.n_layer))
-        mtp_ = std::make_unique<MtpHead>(file_, c.n_layer, c.hc, c.hc_rank, c.eps, c.moe, tok_embd_, output_,
-                                         arena_.get(), backend_);
+        mtp_ = std::make_unique<MtpHead>(weights_, c.n_layer, c.hc, c.hc_rank, c.eps, c.moe, tok_embd_, output_,
+                                         arena_.get());
 }
 
 Qwen4ExpModel::~Qwen4ExpModel() = default;
@@ -129,7 +128,8 @@ std::unique_ptr<ModelWindow> Qwen4ExpModel::new_window(int64_t max_ctx) const {
     return std::make_unique<Qwen4ExpWindow>(*this, max_ctx);
 }
 
-Qwen4ExpWindow::Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx) : model_(model), max_ctx_(max_ctx) {
+Qwen4ExpWindow::Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx)
+    : model_(model), be_(model.backend_), ws_(model.backend_), max_ctx_(max_ctx) {
     if (max_ctx <= 0) throw Error("window: max_ctx must be positive");
     reset();
 }
@@ -144,12 +144,13 @@ bool Qwen4ExpWindow::truncate(int64_t n) {
     if (cp_.base < 0 || n < cp_.base) return false;
     const size_t slot = size_t(n - cp_.base);
     for (size_t il = 0; il < model_.layers_.size(); ++il) {
-        if (gdn_[il]) gdn_[il]->copy_from(cp_.gdn[il][slot]);
-        if (ple_[il]) *ple_[il] = cp_.ple[il][slot];
+        if (gdn_[il]) gdn_[il]->copy_row(be_, *cp_.gdn[il], int64_t(slot), 0);
+        if (ple_[il]) ple_[il]->assign(be_, cp_.ple[il][slot]);
         if (qsa_[il]) qsa_[il]->truncate(n);
     }
     if (mtp_) mtp_->truncate(n);
     n_past_ = n;
+    be_.submit();
     return true;
 }
 
@@ -164,7 +165,9 @@ std::vector<int32_t> Qwen4ExpWindow::draft(int32_t next, int64_t n) {
     if (next < 0 || next >= model_.config_.vocab)
         throw Error("token id " + std::to_string(next) + " is out of range [0, " +
                     std::to_string(model_.config_.vocab) + ")");
-    return mtp_->draft(*model_.mtp_, next, std::min(n, kMaxCheckpointTokens));
+    std::vector<int32_t> out = mtp_->draft(ws_, *model_.mtp_, next, std::min(n, kMaxCheckpointTokens));
+    ws_.reset();
+    return out;
 }
 
 void Qwen4ExpWindow::reset() {
@@ -177,41 +180,37 @@ void Qwen4ExpWindow::reset_locked() {
     armed_ = false;
     cp_.base = -1;
     mtp_.reset();
-    if (model_.mtp_) mtp_.emplace(*model_.mtp_, max_ctx_ + kMaxCheckpointTokens);
+    if (model_.mtp_) mtp_.emplace(be_, *model_.mtp_, max_ctx_ + kMaxCheckpointTokens);
     gdn_.clear();
     qsa_.clear();
     ple_.clear();
     for (const auto& l : model_.layers_) {
-        ple_.push_back(l.ple ? std::optional<PleState>(l.ple->new_state()) : std::nullopt);
-        gdn_.push_back(l.gdn ? std::optional<GdnState>(l.gdn->new_state()) : std::nullopt);
-        qsa_.push_back(l.qsa ? std::optional<QsaState>(l.qsa->new_state(max_ctx_)) : std::nullopt);
+        ple_.push_back(l.ple ? std::optional<PleState>(l.ple->new_state(be_)) : std::nullopt);
+        gdn_.emplace_back();
+        if (l.gdn) gdn_.back().emplace(be_, l.gdn->shape(), 1), gdn_.back()->zero(be_);
+        qsa_.push_back(l.qsa ? std::optional<QsaState>(l.qsa->new_state(be_, max_ctx_)) : std::nullopt);
     }
+    be_.submit();
 }
 
-namespace {
-
-template <class T>
-StateSpan span_of(std::vector<T>& v) {
-    return {reinterpret_cast<uint8_t*>(v.data()), v.size() * sizeof(T)};
-}
-
-}  // namespace
-
-std::vector<StatePart> Qwen4ExpWindow::state_parts(int64_t from, int64_t to, bool whole) {
-    std::vector<StatePart> parts;
+std::vector<TensorPart> Qwen4ExpWindow::state_parts(int64_t from, int64_t to, bool whole) {
+    std::vector<TensorPart> parts;
     for (size_t il = 0; il < model_.layers_.size(); ++il) {
         const uint32_t layer = uint32_t(il);
         if (ple_[il] && whole) {
             PleState& p = *ple_[il];
-            parts.push_back({StateKind::Ple, layer, StateDtype::Mixed, {span_of(p.context), span_of(p.conv)}});
+            const StateSpan context{reinterpret_cast<uint8_t*>(p.context.data()), p.context.size() * sizeof(int64_t)};
+            parts.push_back({StateKind::Ple, layer, StateDtype::Mixed, {{Tensor{}, context}, {p.conv.t, {}}}});
         }
         if (gdn_[il] && whole) {
-            GdnState& g = *gdn_[il];
-            parts.push_back({StateKind::Gdn, layer, StateDtype::F32, {span_of(g.conv), span_of(g.recurrent)}});
+            const GdnStates& g = *gdn_[il];
+            parts.push_back({StateKind::Gdn, layer, StateDtype::F32, {{g.conv.t, {}}, {g.recurrent.t, {}}}});
         }
         if (qsa_[il]) {
-            parts.push_back({StateKind::Qsa, layer, StateDtype::Mixed, {}});
-            qsa_[il]->state_spans(from, to, parts.back().spans);
+            std::vector<Tensor> ts;
+            qsa_[il]->state_tensors(from, to, ts);
+            TensorPart& p = parts.emplace_back(TensorPart{StateKind::Qsa, layer, StateDtype::Mixed, {}});
+            for (const Tensor& t : ts) p.items.push_back({t, {}});
         }
     }
     return parts;
@@ -222,8 +221,9 @@ void Qwen4ExpWindow::export_state(int64_t from, const StateFn& fn) {
     if (from < 0 || from > n_past_)
         throw Error("window: cannot save from token " + std::to_string(from) + " of " +
                     std::to_string(n_past_));
-    std::vector<StatePart> parts = state_parts(from, n_past_, true);
-    fn(parts);
+    HostStateParts host(be_, state_parts(from, n_past_, true));
+    host.download();
+    fn(host.parts());
 }
 
 void Qwen4ExpWindow::import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) {
@@ -232,8 +232,9 @@ void Qwen4ExpWindow::import_state(int64_t from, int64_t n, bool whole, const Sta
     try {
         for (auto& q : qsa_)
             if (q) q->grow(n);
-        std::vector<StatePart> parts = state_parts(from, n, whole);
-        fn(parts);
+        HostStateParts host(be_, state_parts(from, n, whole));
+        fn(host.parts());
+        host.upload();
         n_past_ = n;
         armed_ = false;
         cp_.base = -1;
@@ -278,20 +279,22 @@ void Qwen4ExpWindow::eval_multimodal(const int32_t* tokens, int64_t n, const Mul
 void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, const MultimodalRows* mm, float* logits,
                                  bool all_logits) {
     const Qwen4ExpConfig& c = model_.config_;
-    Backend& be = model_.backend_;
+    Backend& be = be_;
+    Workspace& ws = ws_;
+    struct Release {  // the step's scratch, also when it fails
+        Workspace& ws;
+        ~Release() { ws.reset(); }
+    } release{ws};
     const int64_t h = c.hidden, width = c.hc * h;
 
     // streams: [n][hc][hidden], every stream starts as the token embedding
-    std::vector<float> streams(size_t(n * width)), emb(static_cast<size_t>(h));
-    const WeightView& te = model_.tok_embd_;
-    for (int64_t t = 0; t < n; ++t) {
-        dequantize_row(te.type, static_cast<const uint8_t*>(te.data) + tokens[t] * te.row_bytes, emb.data(), h);
-        for (int64_t s = 0; s < c.hc; ++s) std::copy(emb.begin(), emb.end(), streams.begin() + t * width + s * h);
-    }
+    const Tensor ids = ws.i32(n, 1);
+    be.write(ids, tokens);
+    const Tensor streams = ws.f32(n, width);
+    be.get_rows(model_.tok_embd_, ids, 1.0f, c.hc, streams);
     // image features replace the embedding of their rows, on every stream
     for (int64_t r = 0; mm && r < mm->n_rows; ++r)
-        for (int64_t s = 0; s < c.hc; ++s)
-            std::copy_n(mm->embd + r * h, h, streams.begin() + mm->rows[r] * width + s * h);
+        for (int64_t s = 0; s < c.hc; ++s) be.write(streams.row_range(mm->rows[r], 1).col_range(s * h, h), mm->embd + r * h);
     std::vector<int64_t> pos3(static_cast<size_t>(3 * n));  // [n][3] M-RoPE (t, h, w): text tokens n_past + t
     for (int64_t t = 0; t < n; ++t) std::fill_n(&pos3[size_t(3 * t)], 3, n_past_ + t);
     if (mm && mm->pos3) std::copy_n(mm->pos3, 3 * n, pos3.begin());
@@ -300,45 +303,49 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, const Multimo
     armed_ = false;
     cp_.base = -1;
     if (keep) prepare_slots(n);
-    std::vector<float> mixed(size_t(n * h)), out(size_t(n * h)), inject(size_t(n * c.hc));
+    const Tensor mixed = ws.f32(n, h), out = ws.f32(n, h), inject = ws.f32(n, c.hc);
     ExpertArena* arena = model_.arena_.get();
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const auto& l = model_.layers_[size_t(il)];
+        Workspace::Scope scope(ws);
         if (arena && model_.lookahead_ && n <= 8) {
             // Lookahead: this layer's router applied to the previous layer's output (its MoE input as it
             // would be without this layer's PLE and mixer), so the predicted experts load while those run.
-            l.ffn_hc.read(be, streams.data(), n, mixed.data(), inject.data());
-            l.moe.prefetch(be, mixed.data(), n);
+            l.ffn_hc.read(ws, streams, mixed, inject);
+            l.moe.prefetch(ws, mixed);
         }
         if (l.ple) {
-            std::vector<float> addend(streams.size());  // [n][hc * hidden]
+            const Tensor addend = ws.f32(n, width);  // [n][hc * hidden]
             PleState& st = *ple_[size_t(il)];
             if (keep) {
                 for (int64_t t = 0; t < n; ++t) {
-                    l.ple->forward(tokens + t, streams.data() + t * width, 1, st, addend.data() + t * width);
-                    cp_.ple[size_t(il)][size_t(t + 1)] = st;
+                    l.ple->forward(ws, tokens + t, streams.row_range(t, 1), st, addend.row_range(t, 1));
+                    cp_.ple[size_t(il)][size_t(t + 1)].assign(be, st);
                 }
             } else {
-                l.ple->forward(tokens, streams.data(), n, st, addend.data());
+                l.ple->forward(ws, tokens, streams, st, addend);
             }
-            for (size_t i = 0; i < streams.size(); ++i) streams[i] += addend[i];
+            be.add(streams, addend, streams);
         }
-        l.attn_hc.read(be, streams.data(), n, mixed.data(), inject.data());
+        l.attn_hc.read(ws, streams, mixed, inject);
         if (l.gdn)
-            l.gdn->forward(mixed.data(), n, *gdn_[size_t(il)], out.data(), keep ? &cp_.gdn[size_t(il)][1] : nullptr);
+            l.gdn->forward(ws, mixed, *gdn_[size_t(il)], 0, out, keep ? &*cp_.gdn[size_t(il)] : nullptr);
         else
-            l.qsa->forward_mrope(mixed.data(), pos3.data(), n, *qsa_[size_t(il)], out.data());
-        l.attn_hc.write(out.data(), inject.data(), n, streams.data());
-        l.ffn_hc.read(be, streams.data(), n, mixed.data(), inject.data());
-        l.moe.forward(be, mixed.data(), n, out.data());
-        l.ffn_hc.write(out.data(), inject.data(), n, streams.data());
+            l.qsa->forward(ws, mixed, pos3.data(), *qsa_[size_t(il)], out);
+        l.attn_hc.write(be, out, inject, streams);
+        l.ffn_hc.read(ws, streams, mixed, inject);
+        l.moe.forward(ws, mixed, out);
+        l.ffn_hc.write(be, out, inject, streams);
     }
     // The LM head runs on the rows whose logits are wanted: every token, or the last (prefill for generation).
     // With an MTP head every row's final hidden state is kept for it.
     const int64_t first = all_logits ? 0 : n - 1, from = mtp_ ? 0 : first;
-    model_.out_hc_.read(be, streams.data() + from * width, n - from, mixed.data(), nullptr);
-    if (mtp_) mtp_->append(tokens, mixed.data(), n);
-    be.matmul(model_.output_, mixed.data() + (first - from) * h, n - first, logits);
+    const Tensor final_h = ws.f32(n - from, h);  // [n - from][hidden]
+    model_.out_hc_.read(ws, streams.row_range(from, n - from), final_h, Tensor{});
+    if (mtp_) mtp_->append(tokens, final_h);
+    const Tensor lg = ws.f32(n - first, c.vocab);
+    be.matmul(model_.output_, final_h.row_range(first - from, n - first), lg);
+    be.read(lg, logits);
     if (keep) cp_.base = n_past_;
     n_past_ += n;
     if (arena) arena->warm();
@@ -351,13 +358,13 @@ void Qwen4ExpWindow::prepare_slots(int64_t n) {
     for (size_t il = 0; il < n_layers; ++il) {
         if (gdn_[il]) {
             auto& g = cp_.gdn[il];
-            while (g.size() < slots) g.push_back(model_.layers_[il].gdn->new_state());
-            g[0].copy_from(*gdn_[il]);
+            if (!g) g.emplace(be_, model_.layers_[il].gdn->shape(), kMaxCheckpointTokens + 1);
+            g->copy_row(be_, *gdn_[il], 0, 0);
         }
         if (ple_[il]) {
             auto& p = cp_.ple[il];
             if (p.size() < slots) p.resize(slots);
-            p[0] = *ple_[il];
+            p[0].assign(be_, *ple_[il]);
         }
     }
 }

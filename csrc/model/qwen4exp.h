@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "core/buffers.h"
 #include "core/expert_arena.h"
 #include "core/gguf.h"
-#include "core/ops.h"
 #include "model/gated_delta_net.h"
 #include "model/hyper_connection.h"
 #include "model/language_model.h"
@@ -73,6 +73,8 @@ public:
     // Maps and validates a qwen4exp GGUF. Throws GGUFError / ModelFormatError.
     explicit Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions& options = {},
                            Backend& backend = cpu_backend());
+
+    Backend& backend() const { return backend_; }
     ~Qwen4ExpModel();
 
     const Qwen4ExpConfig& config() const { return config_; }
@@ -90,7 +92,6 @@ private:
     friend class Qwen4ExpWindow;
     struct Layer {
         HyperConnection attn_hc, ffn_hc;
-        std::optional<GdnLayer> gdn_weights;
         std::optional<GatedDeltaNet> gdn;
         std::optional<QsaAttention> qsa;
         SparseMoe moe;
@@ -98,13 +99,14 @@ private:
     };
 
     GgufFile file_;
-    ModelWeights weights_;
     Backend& backend_;
+    WeightStore store_;
+    ModelWeights weights_;
     Qwen4ExpConfig config_;
     std::unique_ptr<ExpertArena> arena_;
     bool lookahead_ = false;
-    WeightView tok_embd_;  // [vocab, hidden]
-    WeightView output_;    // [vocab, hidden] (token_embd when tied)
+    Tensor tok_embd_;  // [vocab, hidden]
+    Tensor output_;    // [vocab, hidden] (token_embd when tied)
     HyperConnection out_hc_;
     std::vector<Layer> layers_;
     std::unique_ptr<MtpHead> mtp_;  // block n_layer, when the file has its nextn tensors
@@ -138,22 +140,24 @@ private:
     void eval_locked(const int32_t* tokens, int64_t n, const MultimodalRows* mm, float* logits, bool all_logits);
     void reset_locked();
     void prepare_slots(int64_t n);  // rollback slots for an eval of n tokens; slot 0 = the current states
-    std::vector<StatePart> state_parts(int64_t from, int64_t to, bool whole);
+    std::vector<TensorPart> state_parts(int64_t from, int64_t to, bool whole);
 
     std::mutex mutex_;
     const Qwen4ExpModel& model_;
+    Backend& be_;
+    Workspace ws_;  // the scratch tensors of an eval
     int64_t max_ctx_;
     int64_t n_past_ = 0;
-    std::vector<std::optional<GdnState>> gdn_;
+    std::vector<std::optional<GdnStates>> gdn_;  // per layer, one row
     std::vector<std::optional<QsaState>> qsa_;
     std::vector<std::optional<PleState>> ple_;
     std::optional<MtpContext> mtp_;
 
     // Rollback slots of the last eval after checkpoint(): slot s holds the states after its first s tokens.
     struct Checkpoint {
-        int64_t base = -1;                       // n_past at checkpoint(); -1: no rollback possible
-        std::vector<std::vector<GdnState>> gdn;  // [layer][slot]
-        std::vector<std::vector<PleState>> ple;  // [layer][slot]
+        int64_t base = -1;                          // n_past at checkpoint(); -1: no rollback possible
+        std::vector<std::optional<GdnStates>> gdn;  // [layer]: rows = slots
+        std::vector<std::vector<PleState>> ple;     // [layer][slot]
     };
     bool armed_ = false;  // checkpoint() was called; the next eval fills the slots
     Checkpoint cp_;

@@ -3,10 +3,8 @@
 #include <algorithm>
 #include <string>
 
-#include "core/dequant.h"
 #include "core/errors.h"
 #include "core/gguf.h"
-#include "model/nn.h"
 
 namespace regolith {
 
@@ -22,24 +20,17 @@ bool MtpHead::present(const GgufFile& file, int64_t layer) {
     return file.find_tensor(nextn(layer, "eh_proj.weight")) != nullptr;
 }
 
-MtpHead::MtpHead(const GgufFile& file, int64_t layer, int64_t hc, int64_t hc_rank, float eps, const MoeShape& moe,
-                 const WeightView& tok_embd, const WeightView& output, ExpertArena* arena, Backend& backend)
-    : backend_(backend),
-      hidden_(moe.hidden),
+MtpHead::MtpHead(const ModelWeights& w, int64_t layer, int64_t hc, int64_t hc_rank, float eps, const MoeShape& moe,
+                 const Tensor& tok_embd, const Tensor& output, ExpertArena* arena)
+    : hidden_(moe.hidden),
       hc_(hc),
       eps_(eps),
       tok_embd_(tok_embd),
       output_(output),
-      qsa_(with_context("qwen4exp MTP head: ",
-                        [&] {
-                            const QsaShape s = qsa_shape_from_gguf(file, layer);
-                            return QsaAttention(s, qsa_weights_from_gguf(file, layer, s), backend);
-                        })),
-      moe_(with_context("qwen4exp MTP head: ",
-                        [&] { return SparseMoe::load(ModelWeights(file), int(layer), moe, arena == nullptr); })) {
+      qsa_(with_context("qwen4exp MTP head: ", [&] { return QsaAttention(w, layer); })),
+      moe_(with_context("qwen4exp MTP head: ", [&] { return SparseMoe::load(w, int(layer), moe, arena == nullptr); })) {
     if (arena) moe_.stream_from(arena, layer);
     with_context("qwen4exp MTP head: ", [&] {
-        const ModelWeights w(file);
         const int64_t h = hidden_;
         const std::string blk = "blk." + std::to_string(layer) + ".";
         eh_proj_ = w.matrix(nextn(layer, "eh_proj.weight"), h, 2 * h);
@@ -53,51 +44,75 @@ MtpHead::MtpHead(const GgufFile& file, int64_t layer, int64_t hc, int64_t hc_ran
     });
 }
 
-void MtpHead::forward(const float* h, const int32_t* tokens, const int64_t* positions, int64_t ntok, QsaState& st,
-                      float* o) const {
-    const int64_t H = hidden_, width = hc_ * H;
-    std::vector<float> cat(size_t(ntok * 2 * H)), emb(static_cast<size_t>(H)), z(size_t(ntok * H));  // [ntok][2H], [H], [ntok][H]
-    for (int64_t t = 0; t < ntok; ++t) {
+void MtpHead::forward(Workspace& ws, const Tensor& h, const int32_t* tokens, const int64_t* positions, QsaState& st,
+                      const Tensor& o) const {
+    const int64_t ntok = h.rows, H = hidden_;
+    for (int64_t t = 0; t < ntok; ++t)
         if (tokens[t] < 0 || tokens[t] >= tok_embd_.rows)
             throw Error("MTP head: token id " + std::to_string(tokens[t]) + " is out of range");
-        dequantize_row(tok_embd_.type, static_cast<const uint8_t*>(tok_embd_.data) + tokens[t] * tok_embd_.row_bytes,
-                       emb.data(), H);
-        nn::rms_norm(emb.data(), H, enorm_, eps_, &cat[size_t(t * 2 * H)]);
-        nn::rms_norm(h + t * H, H, hnorm_, eps_, &cat[size_t(t * 2 * H + H)]);
-    }
-    backend_.matmul(eh_proj_, cat.data(), ntok, z.data());
-    std::vector<float> streams(size_t(ntok * width));  // [ntok][hc][H]: z in every stream
-    for (int64_t t = 0; t < ntok; ++t)
-        for (int64_t s = 0; s < hc_; ++s) std::copy_n(&z[size_t(t * H)], H, &streams[size_t(t * width + s * H)]);
-    std::vector<float> mixed(size_t(ntok * H)), out(size_t(ntok * H)), inject(size_t(ntok * hc_));
-    attn_hc_.read(backend_, streams.data(), ntok, mixed.data(), inject.data());
-    qsa_.forward(mixed.data(), positions, ntok, st, out.data());
-    attn_hc_.write(out.data(), inject.data(), ntok, streams.data());
-    ffn_hc_.read(backend_, streams.data(), ntok, mixed.data(), inject.data());
-    moe_.forward(backend_, mixed.data(), ntok, out.data());
-    ffn_hc_.write(out.data(), inject.data(), ntok, streams.data());
-    out_hc_.read(backend_, streams.data(), ntok, o, nullptr);
+    Backend& be = ws.backend();
+    Workspace::Scope scope(ws);
+    const Tensor ids = ws.i32(ntok, 1);
+    be.write(ids, tokens);
+    const Tensor emb = ws.f32(ntok, H), cat = ws.f32(ntok, 2 * H), z = ws.f32(ntok, H);  // [ntok][H], [ntok][2H]
+    be.get_rows(tok_embd_, ids, 1.0f, 1, emb);
+    be.rms_norm(emb, enorm_, eps_, cat.col_range(0, H));
+    be.rms_norm(h, hnorm_, eps_, cat.col_range(H, H));
+    be.matmul(eh_proj_, cat, z);
+    const Tensor streams = ws.f32(ntok, hc_ * H);  // [ntok][hc][H]: z in every stream
+    for (int64_t s = 0; s < hc_; ++s) be.copy(z, streams.col_range(s * H, H));
+    std::vector<int64_t> pos3(size_t(3 * ntok));  // [ntok][3]: text positions on every M-RoPE section
+    for (int64_t t = 0; t < ntok; ++t) std::fill_n(&pos3[size_t(3 * t)], 3, positions[t]);
+    const Tensor mixed = ws.f32(ntok, H), out = ws.f32(ntok, H), inject = ws.f32(ntok, hc_);
+    attn_hc_.read(ws, streams, mixed, inject);
+    qsa_.forward(ws, mixed, pos3.data(), st, out);
+    attn_hc_.write(be, out, inject, streams);
+    ffn_hc_.read(ws, streams, mixed, inject);
+    moe_.forward(ws, mixed, out);
+    ffn_hc_.write(be, out, inject, streams);
+    out_hc_.read(ws, streams, o, Tensor{});
 }
 
-void MtpHead::logits(const float* o, int64_t ntok, float* logits) const {
-    std::vector<float> normed(size_t(ntok * hidden_));  // [ntok][H]
-    for (int64_t t = 0; t < ntok; ++t) nn::rms_norm(o + t * hidden_, hidden_, head_norm_, eps_, &normed[size_t(t * hidden_)]);
-    backend_.matmul(output_, normed.data(), ntok, logits);
+void MtpHead::logits(Workspace& ws, const Tensor& o, const Tensor& logits) const {
+    Workspace::Scope scope(ws);
+    const Tensor normed = ws.f32(o.rows, hidden_);  // [ntok][H]
+    ws.backend().rms_norm(o, head_norm_, eps_, normed);
+    ws.backend().matmul(output_, normed, logits);
+}
+
+int32_t MtpHead::next_token(Workspace& ws, const Tensor& o) const {
+    Backend& be = ws.backend();
+    Workspace::Scope scope(ws);
+    const Tensor lg = ws.f32(1, vocab()), id = ws.i32(1, 1);
+    logits(ws, o, lg);
+    be.top_k(lg, 1, id, Tensor{});
+    int32_t next = 0;
+    be.read(id, &next);
+    return next;
 }
 
 // ---- window-side context ----------------------------------------------------------------------------------
 
-MtpContext::MtpContext(const MtpHead& head, int64_t max_ctx) : width(head.hidden()), kv(head.new_state(max_ctx)) {}
+MtpContext::MtpContext(Backend& b, const MtpHead& head, int64_t max_ctx_)
+    : be(&b), width(head.hidden()), max_ctx(max_ctx_), kv(head.new_state(b, max_ctx_)) {}
 
-void MtpContext::append(const int32_t* ids, const float* rows, int64_t n) {
+void MtpContext::append(const int32_t* ids, const Tensor& rows) {
+    const int64_t n0 = size(), n = rows.rows;
+    if (!hidden.buffer || hidden.t.rows < n0 + n) {
+        const int64_t cap = std::min(max_ctx, std::max({n0 + n, 2 * (hidden.buffer ? hidden.t.rows : 0), int64_t(64)}));
+        OwnedTensor grown(*be, RG_TYPE_F32, cap, width);
+        // rows below known_from are unknown and never read; a restored window may not have them
+        const int64_t keep = std::min(n0, hidden.buffer ? hidden.t.rows : int64_t(0));
+        if (keep > 0) be->copy(hidden.t.row_range(0, keep), grown.t.row_range(0, keep));
+        hidden = std::move(grown);
+    }
+    be->copy(rows, hidden.t.row_range(n0, n));
     tokens.insert(tokens.end(), ids, ids + n);
-    hidden.insert(hidden.end(), rows, rows + n * width);
 }
 
 void MtpContext::truncate(int64_t n) {
     if (n >= size()) return;
     tokens.resize(size_t(n));
-    hidden.resize(size_t(n * width));
     known_from = std::min(known_from, n);
     // pair i needs token i + 1: pairs below n - 1 stay
     kv.truncate(std::min(kv.size(), std::max<int64_t>(0, n - 1 - known_from)));
@@ -105,37 +120,33 @@ void MtpContext::truncate(int64_t n) {
 
 void MtpContext::forget(int64_t n) {
     tokens.resize(size_t(n), 0);
-    hidden.resize(size_t(n * width), 0.0f);
     known_from = n;
     kv.truncate(0);
 }
 
-std::vector<int32_t> MtpContext::draft(const MtpHead& head, int32_t next, int64_t n) {
+std::vector<int32_t> MtpContext::draft(Workspace& ws, const MtpHead& head, int32_t next, int64_t n) {
     std::vector<int32_t> out;
     const int64_t n_past = size(), H = head.hidden();
     if (n <= 0 || n_past == 0 || known_from >= n_past) return out;
     // Catch up: the pairs not yet consumed, then (hidden[n_past-1], next).
     const int64_t first = known_from + kv.size(), count = n_past - first;
     if (kv.size() + count + n > kv.max_ctx()) return out;
-    std::vector<float> h(hidden.begin() + first * H, hidden.begin() + n_past * H);  // [count][H]
+    Workspace::Scope scope(ws);
     std::vector<int32_t> ids(tokens.begin() + first + 1, tokens.end());
     ids.push_back(next);
     std::vector<int64_t> pos(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) pos[size_t(i)] = first + i + 1;
-    std::vector<float> o(size_t(count * H));
-    head.forward(h.data(), ids.data(), pos.data(), count, kv, o.data());
-    std::vector<float> last(o.end() - H, o.end());  // [H]
-    std::vector<float> logits;
+    const Tensor o = ws.f32(count, H);
+    head.forward(ws, hidden.t.row_range(first, count), ids.data(), pos.data(), kv, o);
+    Tensor last = o.row_range(count - 1, 1);  // [1][H]
     for (int64_t k = 0; k < n; ++k) {
         if (k > 0) {
             const int64_t p = n_past + k;
-            std::vector<float> step(static_cast<size_t>(H));
-            head.forward(last.data(), &out.back(), &p, 1, kv, step.data());
-            last.swap(step);
+            const Tensor step = ws.f32(1, H);
+            head.forward(ws, last, &out.back(), &p, kv, step);
+            last = step;
         }
-        logits.resize(size_t(head.vocab()));
-        head.logits(last.data(), 1, logits.data());
-        out.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+        out.push_back(head.next_token(ws, last));
     }
     kv.truncate(n_past - 1 - known_from);  // keep the pairs the held tokens determine
     return out;

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/ops.h"
+#include "core/buffers.h"
 #include "model/hyper_connection.h"
 #include "model/moe.h"
 #include "model/qsa_attention.h"
@@ -20,60 +20,61 @@
 
 namespace regolith {
 
-class GgufFile;
-
 class MtpHead {
 public:
     // Block `layer` of a qwen4exp GGUF; tok_embd / output are the main model's; with an `arena` the routed
     // experts stream through it (its layer `layer`), as the main layers' do. Throws ModelFormatError.
-    MtpHead(const GgufFile& file, int64_t layer, int64_t hc, int64_t hc_rank, float eps, const MoeShape& moe,
-            const WeightView& tok_embd, const WeightView& output, ExpertArena* arena, Backend& backend);
+    MtpHead(const ModelWeights& w, int64_t layer, int64_t hc, int64_t hc_rank, float eps, const MoeShape& moe,
+            const Tensor& tok_embd, const Tensor& output, ExpertArena* arena);
 
     int64_t hidden() const { return hidden_; }
     int64_t vocab() const { return output_.rows; }
-    QsaState new_state(int64_t max_ctx) const { return qsa_.new_state(max_ctx); }
+    QsaState new_state(Backend& be, int64_t max_ctx) const { return qsa_.new_state(be, max_ctx); }
     // Pairs (h[t], tokens[t]) at RoPE positions[t] -> o[t] (before shared_head_norm); the pairs join `state`.
-    // h, o: [ntok][hidden].
-    void forward(const float* h, const int32_t* tokens, const int64_t* positions, int64_t ntok, QsaState& state,
-                 float* o) const;
+    // h, o: [ntok][hidden]; tokens, positions: host [ntok].
+    void forward(Workspace& ws, const Tensor& h, const int32_t* tokens, const int64_t* positions, QsaState& state,
+                 const Tensor& o) const;
     // logits: [ntok][vocab] = lm_head(shared_head_norm(o)).
-    void logits(const float* o, int64_t ntok, float* logits) const;
+    void logits(Workspace& ws, const Tensor& o, const Tensor& logits) const;
+    // The greedy next token after o [1][hidden]: the argmax of its logits.
+    int32_t next_token(Workspace& ws, const Tensor& o) const;
 
     // Whether block `layer` of the file holds an MTP head (its nextn.eh_proj tensor).
     static bool present(const GgufFile& file, int64_t layer);
 
 private:
-    Backend& backend_;
     int64_t hidden_, hc_;
     float eps_;
-    WeightView tok_embd_, output_;
-    WeightView eh_proj_;  // [hidden][2 * hidden]: embedding half first
-    const float* enorm_ = nullptr;        // [hidden] (GGUF stores 1 + w)
-    const float* hnorm_ = nullptr;        // [hidden]
-    const float* head_norm_ = nullptr;    // [hidden]
+    Tensor tok_embd_, output_;
+    Tensor eh_proj_;    // [hidden][2 * hidden]: embedding half first
+    Tensor enorm_;      // [hidden] (GGUF stores 1 + w)
+    Tensor hnorm_;      // [hidden]
+    Tensor head_norm_;  // [hidden]
     HyperConnection attn_hc_, ffn_hc_, out_hc_;
     QsaAttention qsa_;
     SparseMoe moe_;
 };
 
-// What a window keeps for its MTP head: the main model's final hidden state and the id of every token it
-// holds, and the head's attention state over the pairs it has consumed. Pair i is (hidden[i], tokens[i+1])
-// at RoPE position i + 1. Rows before known_from are unknown (a restored state): the head covers pairs
-// [known_from, known_from + kv.size()).
+// What a window keeps for its MTP head: the main model's final hidden state (on the backend) and the id of
+// every token it holds, and the head's attention state over the pairs it has consumed. Pair i is
+// (hidden[i], tokens[i+1]) at RoPE position i + 1. Rows before known_from are unknown (a restored state):
+// the head covers pairs [known_from, known_from + kv.size()).
 struct MtpContext {
+    Backend* be;
     int64_t width;                // hidden size
-    std::vector<float> hidden;    // [n_past][width]
+    int64_t max_ctx;
+    OwnedTensor hidden;           // [capacity][width]: rows [0, size()) hold the final hidden states
     std::vector<int32_t> tokens;  // [n_past]
     int64_t known_from = 0;
     QsaState kv;
 
-    MtpContext(const MtpHead& head, int64_t max_ctx);
+    MtpContext(Backend& be, const MtpHead& head, int64_t max_ctx);
     int64_t size() const { return int64_t(tokens.size()); }
-    void append(const int32_t* ids, const float* rows, int64_t n);
+    void append(const int32_t* ids, const Tensor& rows);  // rows [n][width]
     void truncate(int64_t n);      // keep the first n tokens
     void forget(int64_t n);        // n tokens whose ids and hidden states are unknown (a restored state)
     // Up to n greedy draft tokens after the held tokens and `next` (the token evaluated next).
-    std::vector<int32_t> draft(const MtpHead& head, int32_t next, int64_t n);
+    std::vector<int32_t> draft(Workspace& ws, const MtpHead& head, int32_t next, int64_t n);
 };
 
 }  // namespace regolith

@@ -6,9 +6,6 @@
 #include <limits>
 
 #include "core/errors.h"
-#include "core/exp_nonpos.h"
-#include "core/quant.h"
-#include "core/thread_pool.h"
 #include "model/metadata.h"
 #include "model/weights.h"
 
@@ -18,74 +15,6 @@ namespace {
 
 constexpr const char* kProjector = "qwen3vl_merger";
 constexpr int64_t kQueryChunk = 96;  // attention queries per score block: [heads][chunk][patches] floats
-
-// Runs fn(r) for rows 0..n-1 on the thread pool.
-template <class F>
-void for_rows(int64_t n, F&& fn) {
-    default_pool()->parallel_for(n, 8, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) fn(r);
-    });
-}
-
-// sum over x[0..n) of f(x[i]) in double, in 8 interleaved lanes combined in a fixed order (no serial chain).
-template <class F>
-double sum_lanes(const float* x, int64_t n, F f) {
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; ++j) acc[j] += f(double(x[i + j]));
-    for (; i < n; ++i) acc[0] += f(double(x[i]));
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-double identity(double v) { return v; }
-
-// torch.nn.LayerNorm over n elements: mean and variance in double, the rest in float.
-void layer_norm(const float* x, int64_t n, const float* w, const float* b, float eps, float* y) {
-    const double mean = sum_lanes(x, n, identity) / double(n);
-    const double var = sum_lanes(x, n, [mean](double v) { return (v - mean) * (v - mean); }) / double(n);
-    const float m = float(mean), rstd = float(1.0 / std::sqrt(var + double(eps)));
-    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) * rstd * w[i] + b[i];
-}
-
-// softmax(scale * s) over n scores in place: max in 8 lanes, e^x by exp_nonpos, the sum in double lanes.
-// (std::max, not std::fmax: scores are never NaN, and fmax is a libm call per element.)
-void scaled_softmax(float* s, int64_t n, float scale) {
-    float lane[8];
-    for (int j = 0; j < 8; ++j) lane[j] = -std::numeric_limits<float>::infinity();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; ++j) lane[j] = std::max(lane[j], s[i + j] * scale);
-    for (; i < n; ++i) lane[0] = std::max(lane[0], s[i] * scale);
-    const float mx = std::max(std::max(std::max(lane[0], lane[1]), std::max(lane[2], lane[3])),
-                              std::max(std::max(lane[4], lane[5]), std::max(lane[6], lane[7])));
-    for (i = 0; i < n; ++i) s[i] = exp_nonpos(s[i] * scale - mx);
-    const float inv = float(1.0 / sum_lanes(s, n, identity));
-    for (i = 0; i < n; ++i) s[i] *= inv;
-}
-
-// transformers' gelu_pytorch_tanh (the ViT blocks), tanh(u) = sign(u) (1 - e) / (1 + e) with e = e^(-2|u|):
-// branch-free, so a row of it vectorises.
-float gelu_tanh(float x) {
-    const float beta = float(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = 0.044715f;
-    const float u = beta * (x + kappa * x * x * x);
-    const float e = exp_nonpos(-2.0f * std::fabs(u));
-    return 0.5f * x * (1.0f + std::copysign((1.0f - e) / (1.0f + e), u));
-}
-// torch.nn.GELU() (the merger), in float.
-float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * float(M_SQRT1_2))); }
-
-WeightView f32_view(const float* data, int64_t rows, int64_t cols) {
-    return {RG_TYPE_F32, data, rows, cols, cols * int64_t(sizeof(float))};
-}
-
-// y[r] = W x[r] + b for n rows.
-void linear(Backend& be, const WeightView& w, const float* b, const float* x, int64_t n, float* y) {
-    be.matmul(w, x, n, y);
-    for_rows(n, [&](int64_t r) {
-        float* row = y + r * w.rows;
-        for (int64_t i = 0; i < w.rows; ++i) row[i] += b[i];
-    });
-}
 
 // Bilinear taps (align_corners=True) of target index i of `size` into a source axis of `side` entries, as
 // transformers' _interpolation_axis_taps_weights computes them in float32.
@@ -137,25 +66,38 @@ VisionConfig VisionConfig::from_gguf(const GgufFile& f) {
 }
 
 VisionEncoder::VisionEncoder(const std::string& path, Backend& backend)
-    : file_(path), backend_(backend), config_(VisionConfig::from_gguf(file_)) {
+    : file_(path), backend_(backend), store_(file_, backend), config_(VisionConfig::from_gguf(file_)) {
     const VisionConfig& c = config_;
-    const ModelWeights w(file_);
-    const int64_t h = c.hidden, pp = c.patch * c.patch;
-    auto vec = [&](const std::string& name, int64_t n) { return w.f32_or_convert(name, {n}, owned_); };
+    const ModelWeights w(store_);
+    const int64_t h = c.hidden, pp = c.patch * c.patch, hd = c.head_dim();
+    auto vec = [&](const std::string& name, int64_t n) { return w.f32_converted(name, {n}); };
 
     // Conv3d kernel [hidden][channels][temporal][p][p]; llama.cpp stores one [hidden][channels][p][p] per frame
-    patch_w_.resize(size_t(h * c.patch_dim()));
+    std::vector<float> patch(size_t(h * c.patch_dim()));
     for (int64_t fr = 0; fr < c.temporal; ++fr) {
         const std::string name = fr == 0 ? "v.patch_embd.weight" : "v.patch_embd.weight." + std::to_string(fr);
-        const float* src = w.f32_or_convert(name, {c.patch, c.patch, c.channels, h}, owned_);
+        const GgufTensor& t = w.tensor(name, {c.patch, c.patch, c.channels, h});
+        std::vector<float> src(size_t(t.n_elements));
+        w.to_f32(name, int64_t(t.n_elements), src.data());
         for (int64_t o = 0; o < h; ++o)
             for (int64_t ch = 0; ch < c.channels; ++ch)
-                std::copy_n(src + (o * c.channels + ch) * pp, pp,
-                            &patch_w_[size_t(((o * c.channels + ch) * c.temporal + fr) * pp)]);
+                std::copy_n(&src[size_t((o * c.channels + ch) * pp)], pp,
+                            &patch[size_t(((o * c.channels + ch) * c.temporal + fr) * pp)]);
     }
-    patch_view_ = f32_view(patch_w_.data(), h, c.patch_dim());
+    patch_w_ = store_.upload(RG_TYPE_F32, h, c.patch_dim(), patch.data());
     patch_b_ = vec("v.patch_embd.bias", h);
-    pos_embd_ = w.f32_or_convert("v.position_embd.weight", {h, c.grid_side * c.grid_side}, owned_);
+    pos_embd_ = w.f32_converted("v.position_embd.weight", {h, c.grid_side * c.grid_side}).reshaped(c.grid_side * c.grid_side, h);
+    // 2-D rotary pairs j < hd/2: the row position for j < hd/4, the column position after, each quarter
+    // with inv_freq[j % (hd/4)] = 1 / theta^(2i / (hd/2))
+    std::vector<float> freq(size_t(hd / 2));
+    std::vector<int32_t> axis(size_t(hd / 2));
+    for (int64_t j = 0; j < hd / 2; ++j) {
+        const int64_t i = j % (hd / 4);
+        freq[size_t(j)] = 1.0f / std::pow(c.rope_theta, float(2 * i) / float(hd / 2));
+        axis[size_t(j)] = j < hd / 4 ? 0 : 1;
+    }
+    rope_freq_ = store_.upload(RG_TYPE_F32, 1, hd / 2, freq.data());
+    rope_axis_ = store_.upload(RG_TYPE_I32, 1, hd / 2, axis.data());
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const std::string b = "v.blk." + std::to_string(il) + ".";
         blocks_.push_back({vec(b + "ln1.weight", h), vec(b + "ln1.bias", h), vec(b + "ln2.weight", h),
@@ -183,55 +125,60 @@ void VisionEncoder::encode(const float* pixels, const int64_t* grids, int64_t n_
             throw Error("image grid (" + std::to_string(t) + ", " + std::to_string(h) + ", " + std::to_string(w) +
                         ") must be positive with h and w multiples of the merge size " + std::to_string(c.merge));
     }
+    Workspace ws(backend_);
     for (int64_t i = 0; i < n_images; ++i) {
         const int64_t t = grids[3 * i], h = grids[3 * i + 1], w = grids[3 * i + 2];
-        encode_image(pixels, t, h, w, out);
+        encode_image(ws, pixels, t, h, w, out);
+        ws.reset();
         pixels += t * h * w * c.patch_dim();
         out += t * h * w / (c.merge * c.merge) * c.out_dim;
     }
 }
 
-// Per-image working memory, allocated once for all blocks. n: patches of the image, S: of one frame.
+// y[r] = W x[r] + b for every row.
+void VisionEncoder::linear(const Tensor& w, const Tensor& b, const Tensor& x, const Tensor& y) const {
+    backend_.matmul(w, x, y);
+    backend_.add(y, b, y);
+}
+
+// Per-image working memory, allocated once for all blocks. S: the patches of one frame.
 struct VisionEncoder::Scratch {
-    Scratch(const VisionConfig& c, int64_t n, int64_t S)
+    Scratch(Workspace& ws, const VisionConfig& c, int64_t S)
         : hp((c.head_dim() + 15) / 16 * 16),
           nq(std::min(S, kQueryChunk)),
-          x(size_t(n * c.hidden)),
-          xn(x.size()),
-          y(x.size()),
-          ffn(size_t(n * c.ff)),
-          qkv(size_t(S * 3 * c.hidden)),
-          q(size_t(c.n_head * S * hp)),
-          k(q.size()),
-          vt(size_t(c.n_head * c.head_dim() * S)),
-          scores(size_t(c.n_head * nq * S)),
-          heads(size_t(S * c.hidden)),
-          attn(heads.size()) {}
+          qkv(ws.f32(S, 3 * c.hidden)),
+          q(ws.f32(c.n_head * S, hp)),
+          k(ws.f32(c.n_head * S, hp)),
+          vt(ws.f32(c.n_head * c.head_dim(), S)),
+          scores(ws.f32(c.n_head * nq, S)),
+          heads(ws.f32(c.n_head * S, c.head_dim())),
+          attn(ws.f32(S, c.hidden)) {}
     const int64_t hp;  // head_dim padded with zero columns to whole 16-lane matmul steps
     const int64_t nq;  // queries per score block
-    std::vector<float> x, xn, y;  // [n][hidden]: residual stream, normed, sublayer output
-    std::vector<float> ffn;       // [n][ff]
-    std::vector<float> qkv;       // [S][3][heads][head_dim]
-    std::vector<float> q, k;      // [heads][S][hp] rotated
-    std::vector<float> vt;        // [heads][head_dim][S]: V^T
-    std::vector<float> scores;    // [heads][nq][S]
-    std::vector<float> heads;     // [heads][S][head_dim]
-    std::vector<float> attn;      // [S][hidden]
+    Tensor qkv;        // [S][3][heads][head_dim]
+    Tensor q, k;       // [heads][S][hp] rotated
+    Tensor vt;         // [heads][head_dim][S]: V^T
+    Tensor scores;     // [heads][nq][S]
+    Tensor heads;      // [heads][S][head_dim]
+    Tensor attn;       // [S][hidden]
 };
 
-void VisionEncoder::encode_image(const float* pixels, int64_t t, int64_t gh, int64_t gw, float* out) const {
+void VisionEncoder::encode_image(Workspace& ws, const float* pixels, int64_t t, int64_t gh, int64_t gw,
+                                 float* out) const {
     const VisionConfig& c = config_;
     Backend& be = backend_;
-    const int64_t H = c.hidden, m = c.merge, S = gh * gw, n = t * S, hd = c.head_dim(), side = c.grid_side;
-    Scratch ws(c, n, S);
-    std::vector<float>&x = ws.x, &xn = ws.xn, &y = ws.y, &ffn = ws.ffn;
+    const int64_t H = c.hidden, m = c.merge, S = gh * gw, n = t * S, side = c.grid_side;
+    const Tensor px = ws.f32(n, c.patch_dim());
+    be.write(px, pixels);
+    const Tensor x = ws.f32(n, H), xn = ws.f32(n, H), y = ws.f32(n, H), ffn = ws.f32(n, c.ff);
 
-    // patch embedding + the position grid resampled to gh x gw (patches in merge-block order)
-    linear(be, patch_view_, patch_b_, pixels, n, x.data());
-    std::vector<float> cos(size_t(n * hd / 2)), sin(size_t(n * hd / 2));  // [n][hd/2]: rows then columns
-    std::vector<float> inv_freq(size_t(hd / 4));
-    for (int64_t i = 0; i < hd / 4; ++i) inv_freq[i] = 1.0f / std::pow(c.rope_theta, float(2 * i) / float(hd / 2));
-    for_rows(n, [&](int64_t k) {
+    // patch embedding + the position grid resampled to gh x gw (patches in merge-block order); each patch's
+    // (row, column) for the 2-D rotary embedding
+    linear(patch_w_, patch_b_, px, x);
+    std::vector<int32_t> taps(size_t(4 * n));
+    std::vector<float> weights(size_t(4 * n));
+    std::vector<int64_t> pos(size_t(3 * n));
+    for (int64_t k = 0; k < n; ++k) {
         const int64_t within = k % S, bw = gw / m;
         const int64_t row = within / (m * m * bw) * m + within / m % m;
         const int64_t col = within / (m * m) % bw * m + within % m;
@@ -239,102 +186,72 @@ void VisionEncoder::encode_image(const float* pixels, int64_t t, int64_t gh, int
         float hw[2], ww[2];
         axis_taps(row, gh, side, ht, hw);
         axis_taps(col, gw, side, wt, ww);
-        float* xr = &x[size_t(k * H)];
-        float* pos = &xn[size_t(k * H)];  // the resampled position embedding (xn is free until the norm)
-        std::fill_n(pos, H, 0.0f);
         for (int a = 0; a < 2; ++a)
             for (int b = 0; b < 2; ++b) {
-                const float* pe = pos_embd_ + (ht[a] * side + wt[b]) * H;
-                const float wgt = hw[a] * ww[b];
-                for (int64_t d = 0; d < H; ++d) pos[d] += pe[d] * wgt;
+                taps[size_t(4 * k + 2 * a + b)] = int32_t(ht[a] * side + wt[b]);
+                weights[size_t(4 * k + 2 * a + b)] = hw[a] * ww[b];
             }
-        for (int64_t d = 0; d < H; ++d) xr[d] += pos[d];
-        for (int64_t j = 0; j < hd / 2; ++j) {
-            const float angle = float(j < hd / 4 ? row : col) * inv_freq[size_t(j % (hd / 4))];
-            cos[size_t(k * hd / 2 + j)] = std::cos(angle);
-            sin[size_t(k * hd / 2 + j)] = std::sin(angle);
-        }
-    });
+        pos[size_t(3 * k)] = row, pos[size_t(3 * k + 1)] = col, pos[size_t(3 * k + 2)] = 0;
+    }
+    const Tensor tap = ws.i32(n, 4), weight = ws.f32(n, 4), position = ws.alloc(RG_TYPE_I64, n, 3);
+    be.write(tap, taps.data());
+    be.write(weight, weights.data());
+    be.write(position, pos.data());
+    be.add_interpolated(pos_embd_, tap, weight, x);
+    const Tensor rope = ws.f32(n, c.head_dim());  // [n][cos | sin of each rotary pair]
+    be.rope_table(position, rope_freq_, rope_axis_, rope);
 
-    // x[r] += y[r] on the pool
-    const auto add_rows = [&](const std::vector<float>& src) {
-        for_rows(n, [&](int64_t r) {
-            for (int64_t i = r * H; i < (r + 1) * H; ++i) x[size_t(i)] += src[size_t(i)];
-        });
-    };
+    const Scratch sc(ws, c, S);
     for (const Block& b : blocks_) {
-        for_rows(n, [&](int64_t r) { layer_norm(&x[size_t(r * H)], H, b.ln1_w, b.ln1_b, c.eps, &xn[size_t(r * H)]); });
+        be.layer_norm(x, b.ln1_w, b.ln1_b, c.eps, xn);
         for (int64_t f = 0; f < t; ++f)
-            attention(b, xn.data() + f * S * H, S, cos.data() + f * S * hd / 2, sin.data() + f * S * hd / 2,
-                      y.data() + f * S * H, ws);
-        add_rows(y);
-        for_rows(n, [&](int64_t r) { layer_norm(&x[size_t(r * H)], H, b.ln2_w, b.ln2_b, c.eps, &xn[size_t(r * H)]); });
-        linear(be, b.up, b.up_b, xn.data(), n, ffn.data());
-        for_rows(n, [&](int64_t r) {
-            float* row = &ffn[size_t(r * c.ff)];
-            for (int64_t i = 0; i < c.ff; ++i) row[i] = gelu_tanh(row[i]);
-        });
-        linear(be, b.down, b.down_b, ffn.data(), n, y.data());
-        add_rows(y);
+            attention(b, xn.row_range(f * S, S), rope.row_range(f * S, S), y.row_range(f * S, S), sc);
+        be.add(x, y, x);
+        be.layer_norm(x, b.ln2_w, b.ln2_b, c.eps, xn);
+        linear(b.up, b.up_b, xn, ffn);
+        be.unary(ffn, Unary::GeluTanhExp, 0.0f, ffn);
+        linear(b.down, b.down_b, ffn, y);
+        be.add(x, y, x);
     }
 
     // merger: norm each patch, then one row per merge x merge block (its patches are consecutive)
-    for_rows(n, [&](int64_t r) { layer_norm(&x[size_t(r * H)], H, post_w_, post_b_, c.eps, &xn[size_t(r * H)]); });
+    be.layer_norm(x, post_w_, post_b_, c.eps, xn);
     const int64_t n_out = n / (m * m), merged = H * m * m;
-    std::vector<float> mid(size_t(n_out * merged));  // [n_out][merged]
-    linear(be, mm0_, mm0_b_, xn.data(), n_out, mid.data());
-    for_rows(n_out, [&](int64_t r) {
-        for (int64_t i = r * merged; i < (r + 1) * merged; ++i) mid[size_t(i)] = gelu_erf(mid[size_t(i)]);
-    });
-    linear(be, mm2_, mm2_b_, mid.data(), n_out, out);
+    const Tensor mid = ws.f32(n_out, merged), result = ws.f32(n_out, c.out_dim);
+    linear(mm0_, mm0_b_, xn.reshaped(n_out, merged), mid);
+    be.unary(mid, Unary::GeluErf, 0.0f, mid);
+    linear(mm2_, mm2_b_, mid, result);
+    be.read(result, out);
 }
 
-// Bidirectional attention over the n patches of one frame. x: [n][hidden] (normed), cos/sin: [n][hd/2],
+// Bidirectional attention over the n patches of one frame. x: [n][hidden] (normed), rope: [n][head_dim],
 // y: [n][hidden] after the output projection. Per block of queries, every head's QK^T, then every head's
-// PV, each as one batch of matmuls (one head per job; jobs spread over the pool's threads).
-void VisionEncoder::attention(const Block& b, const float* x, int64_t n, const float* cos, const float* sin,
-                              float* y, Scratch& ws) const {
+// PV, each as one batch of matmuls (one head per job).
+void VisionEncoder::attention(const Block& b, const Tensor& x, const Tensor& rope, const Tensor& y,
+                              const Scratch& sc) const {
     const VisionConfig& c = config_;
-    const int64_t H = c.hidden, nh = c.n_head, hd = c.head_dim(), half = hd / 2, hp = ws.hp;
-    float *qkv = ws.qkv.data(), *q = ws.q.data(), *k = ws.k.data(), *vt = ws.vt.data();
-    float *scores = ws.scores.data(), *heads = ws.heads.data();
-    linear(backend_, b.qkv, b.qkv_b, x, n, qkv);
-    for_rows(n, [&](int64_t r) {
-        const float *cr = cos + r * half, *sr = sin + r * half;
-        for (int64_t h = 0; h < nh; ++h) {
-            const float* row = qkv + r * 3 * H + h * hd;
-            for (int64_t part = 0; part < 2; ++part) {  // q, k rotated: pairs (j, j + hd/2); zero padding
-                const float* src = row + part * H;
-                float* dst = (part == 0 ? q : k) + (h * n + r) * hp;
-                for (int64_t j = 0; j < half; ++j) {
-                    const float a = src[j], bb = src[j + half];
-                    dst[j] = a * cr[j] - bb * sr[j];
-                    dst[j + half] = bb * cr[j] + a * sr[j];
-                }
-                std::fill(dst + hd, dst + hp, 0.0f);
-            }
-            for (int64_t d = 0; d < hd; ++d) vt[(h * hd + d) * n + r] = row[2 * H + d];
-        }
-    });
+    Backend& be = backend_;
+    const int64_t n = x.rows, nh = c.n_head, hd = c.head_dim(), hp = sc.hp;
+    const Tensor qkv = sc.qkv.row_range(0, n), q = sc.q.row_range(0, nh * n), k = sc.k.row_range(0, nh * n);
+    const Tensor vt = sc.vt.reshaped(nh * hd, n), heads = sc.heads.row_range(0, nh * n);
+    linear(b.qkv, b.qkv_b, x, qkv);
+    be.vision_qkv(qkv, rope, nh, q, k, vt);
     const float scale = 1.0f / std::sqrt(float(hd));
     std::vector<MatmulJob> jobs(static_cast<size_t>(nh));
-    for (int64_t q0 = 0; q0 < n; q0 += ws.nq) {
-        const int64_t nq = std::min(ws.nq, n - q0);
+    for (int64_t q0 = 0; q0 < n; q0 += sc.nq) {
+        const int64_t nq = std::min(sc.nq, n - q0);
+        const Tensor scores = sc.scores.reshaped(nh * nq, n);
         for (int64_t h = 0; h < nh; ++h)  // scores[h] = Q_h K_h^T: [nq][n]
-            jobs[size_t(h)] = {f32_view(k + h * n * hp, n, hp), q + (h * n + q0) * hp, nq,
-                               scores + h * nq * n};
-        backend_.matmul_batch(jobs.data(), nh);
-        for_rows(nh * nq, [&](int64_t r) { scaled_softmax(scores + r * n, n, scale); });
+            jobs[size_t(h)] = {k.row_range(h * n, n), q.row_range(h * n + q0, nq), scores.row_range(h * nq, nq)};
+        be.matmul(jobs.data(), nh);
+        be.softmax_scaled(scores, scale);
         for (int64_t h = 0; h < nh; ++h)  // heads[h][q0..] = P_h V_h: [nq][hd]
-            jobs[size_t(h)] = {f32_view(vt + h * hd * n, hd, n), scores + h * nq * n, nq,
-                               heads + (h * n + q0) * hd};
-        backend_.matmul_batch(jobs.data(), nh);
+            jobs[size_t(h)] = {vt.row_range(h * hd, hd), scores.row_range(h * nq, nq), heads.row_range(h * n + q0, nq)};
+        be.matmul(jobs.data(), nh);
     }
-    float* attn = ws.attn.data();
-    for_rows(n, [&](int64_t r) {
-        for (int64_t h = 0; h < nh; ++h) std::copy_n(heads + (h * n + r) * hd, hd, attn + r * H + h * hd);
-    });
-    linear(backend_, b.out, b.out_b, attn, n, y);
+    const Tensor attn = sc.attn.row_range(0, n);
+    for (int64_t h = 0; h < nh; ++h) be.copy(heads.row_range(h * n, n), attn.col_range(h * hd, hd));
+    linear(b.out, b.out_b, attn, y);
 }
 
 }  // namespace regolith

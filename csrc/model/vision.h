@@ -9,8 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "core/buffers.h"
 #include "core/gguf.h"
-#include "core/ops.h"
+#include "model/weights.h"
 
 namespace regolith {
 
@@ -43,32 +44,32 @@ public:
 
     // pixels: [sum t*h*w][patch_dim] rows in the processor's order (per image, merge x merge blocks of
     // patches in raster order of blocks; each row is (channel, frame, y, x)); grids: [n_images][3] (t, h, w)
-    // in patches, h and w multiples of merge. out: [sum t*h*w / merge^2][out_dim].
+    // in patches, h and w multiples of merge. out: [sum t*h*w / merge^2][out_dim]. Host memory both.
     void encode(const float* pixels, const int64_t* grids, int64_t n_images, float* out) const;
 
 private:
     struct Block {
-        const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
-        WeightView qkv, out, up, down;  // [3*hidden][hidden], [hidden][hidden], [ff][hidden], [hidden][ff]
-        const float *qkv_b, *out_b, *up_b, *down_b;
+        Tensor ln1_w, ln1_b, ln2_w, ln2_b;
+        Tensor qkv, out, up, down;  // [3*hidden][hidden], [hidden][hidden], [ff][hidden], [hidden][ff]
+        Tensor qkv_b, out_b, up_b, down_b;
     };
     struct Scratch;
-    void encode_image(const float* pixels, int64_t t, int64_t h, int64_t w, float* out) const;
-    void attention(const Block& b, const float* x, int64_t n, const float* cos, const float* sin, float* y,
-                   Scratch& ws) const;
+    void encode_image(Workspace& ws, const float* pixels, int64_t t, int64_t h, int64_t w, float* out) const;
+    void attention(const Block& b, const Tensor& x, const Tensor& rope, const Tensor& y, const Scratch& sc) const;
+    void linear(const Tensor& w, const Tensor& b, const Tensor& x, const Tensor& y) const;
 
     GgufFile file_;
     Backend& backend_;
+    WeightStore store_;
     VisionConfig config_;
-    std::vector<std::vector<float>> owned_;  // weights converted to f32 at load
-    std::vector<float> patch_w_;             // [hidden][channels][temporal][patch][patch]
-    WeightView patch_view_;
-    const float* patch_b_ = nullptr;  // [hidden]
-    const float* pos_embd_ = nullptr;  // [grid_side^2][hidden]
+    Tensor patch_w_;   // [hidden][channels * temporal * patch * patch]
+    Tensor patch_b_;   // [hidden]
+    Tensor pos_embd_;  // [grid_side^2][hidden]
+    Tensor rope_freq_, rope_axis_;  // [1][head_dim / 2]: 2-D rotary pairs (rows, then columns)
     std::vector<Block> blocks_;
-    const float *post_w_ = nullptr, *post_b_ = nullptr;  // merger norm [hidden]
-    WeightView mm0_, mm2_;                               // [4h][4h], [out_dim][4h]
-    const float *mm0_b_ = nullptr, *mm2_b_ = nullptr;
+    Tensor post_w_, post_b_;  // merger norm [hidden]
+    Tensor mm0_, mm2_;        // [4h][4h], [out_dim][4h]
+    Tensor mm0_b_, mm2_b_;
 };
 
 }  // namespace regolith

@@ -17,10 +17,8 @@ std::string dims_str(const GgufTensor& t) {
     throw ModelFormatError("tensor '" + name + "' has ggml shape " + dims_str(t) + ", expected " + want);
 }
 
-}  // namespace
-
-const GgufTensor& ModelWeights::get(const std::string& name) const {
-    const GgufTensor* t = file_.find_tensor(name);
+const GgufTensor& supported(const GgufFile& file, const std::string& name) {
+    const GgufTensor* t = file.find_tensor(name);
     if (!t) throw ModelFormatError("missing tensor '" + name + "'");
     const TypeTraits* traits = type_traits(t->type);
     if (!traits || !traits->supported)
@@ -28,6 +26,34 @@ const GgufTensor& ModelWeights::get(const std::string& name) const {
                                std::to_string(t->type) + ")");
     return *t;
 }
+
+}  // namespace
+
+const GgufTensor& stacked_tensor(const GgufFile& file, const std::string& name, int64_t n, int64_t rows, int64_t cols) {
+    const GgufTensor& t = supported(file, name);
+    if (t.n_dims != 3 || int64_t(t.ne[0]) != cols || int64_t(t.ne[1]) != rows || int64_t(t.ne[2]) != n)
+        bad_shape(name, t, "[" + std::to_string(cols) + ", " + std::to_string(rows) + ", " + std::to_string(n) + "]");
+    return t;
+}
+
+Tensor WeightStore::whole(const GgufTensor& t) {
+    auto it = imported_.find(&t);
+    if (it == imported_.end())
+        it = imported_.emplace(&t, Buffer::import(be_, file_.tensor_data(t), t.nbytes)).first;
+    Tensor out;
+    out.buffer = it->second.get();
+    out.type = t.type;
+    out.cols = int64_t(t.ne[0]);
+    out.rows = int64_t(t.ne[1] * t.ne[2] * t.ne[3]);
+    out.row_bytes = int64_t(t.row_bytes);
+    return out;
+}
+
+Tensor WeightStore::upload(uint32_t type, int64_t rows, int64_t cols, const void* data) {
+    return uploaded_.emplace_back(OwnedTensor::from_host(be_, type, rows, cols, data)).t;
+}
+
+const GgufTensor& ModelWeights::get(const std::string& name) const { return supported(file_, name); }
 
 const GgufTensor& ModelWeights::tensor(const std::string& name, std::initializer_list<int64_t> ne) const {
     const GgufTensor& t = get(name);
@@ -44,29 +70,31 @@ const GgufTensor& ModelWeights::tensor(const std::string& name, std::initializer
     return t;
 }
 
-WeightView ModelWeights::matrix(const std::string& name, int64_t rows, int64_t cols) const {
-    const GgufTensor& t = tensor(name, {cols, rows});
-    return {t.type, file_.tensor_data(t), rows, cols, int64_t(t.row_bytes)};
+Tensor ModelWeights::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+    return store_.whole(tensor(name, {cols, rows}));
 }
 
-WeightView ModelWeights::stacked(const std::string& name, int64_t n, int64_t e, int64_t rows, int64_t cols) const {
-    const GgufTensor& t = get(name);
-    if (t.n_dims != 3 || int64_t(t.ne[0]) != cols || int64_t(t.ne[1]) != rows || int64_t(t.ne[2]) != n)
-        bad_shape(name, t, "[" + std::to_string(cols) + ", " + std::to_string(rows) + ", " + std::to_string(n) + "]");
-    const int64_t matrix_bytes = rows * int64_t(t.row_bytes);
-    return {t.type, file_.tensor_data(t) + e * matrix_bytes, rows, cols, int64_t(t.row_bytes)};
+Tensor ModelWeights::stacked(const std::string& name, int64_t n, int64_t e, int64_t rows, int64_t cols) const {
+    return store_.whole(stacked_tensor(file_, name, n, rows, cols)).row_range(e * rows, rows);
 }
 
-const float* ModelWeights::f32(const std::string& name, int64_t n) const {
+Tensor ModelWeights::f32(const std::string& name, int64_t n) const {
     const GgufTensor& t = get(name);
     if (t.type != RG_TYPE_F32) throw ModelFormatError("tensor '" + name + "' must be F32");
     if (int64_t(t.n_elements) != n) bad_shape(name, t, std::to_string(n) + " elements");
-    return reinterpret_cast<const float*>(file_.tensor_data(t));
+    return store_.whole(t).reshaped(1, n);
 }
 
-const float* ModelWeights::f32_vector(const std::string& name, int64_t n) const {
+Tensor ModelWeights::f32_vector(const std::string& name, int64_t n) const {
     const GgufTensor& t = tensor(name, {n});
     if (t.type != RG_TYPE_F32) throw ModelFormatError("tensor '" + name + "' must be F32");
+    return store_.whole(t).reshaped(1, n);
+}
+
+const float* ModelWeights::host_f32(const std::string& name, int64_t n) const {
+    const GgufTensor& t = get(name);
+    if (t.type != RG_TYPE_F32) throw ModelFormatError("tensor '" + name + "' must be F32");
+    if (int64_t(t.n_elements) != n) bad_shape(name, t, std::to_string(n) + " elements");
     return reinterpret_cast<const float*>(file_.tensor_data(t));
 }
 
@@ -78,13 +106,13 @@ void ModelWeights::convert(const std::string& name, const GgufTensor& t, float* 
     }
 }
 
-const float* ModelWeights::f32_or_convert(const std::string& name, std::initializer_list<int64_t> ne,
-                                          std::vector<std::vector<float>>& owned) const {
+Tensor ModelWeights::f32_converted(const std::string& name, std::initializer_list<int64_t> ne) const {
     const GgufTensor& t = tensor(name, ne);
-    if (t.type == RG_TYPE_F32) return reinterpret_cast<const float*>(file_.tensor_data(t));
-    std::vector<float>& v = owned.emplace_back(size_t(t.n_elements));
+    const int64_t n = int64_t(t.n_elements);
+    if (t.type == RG_TYPE_F32) return store_.whole(t).reshaped(1, n);
+    std::vector<float> v(static_cast<size_t>(n));
     convert(name, t, v.data());
-    return v.data();
+    return store_.upload(RG_TYPE_F32, 1, n, v.data());
 }
 
 void ModelWeights::to_f32(const std::string& name, int64_t n, float* dst) const {

@@ -1,21 +1,51 @@
-// Typed, validated access to a model file's tensors by llama.cpp name.
+// Typed, validated access to a model file's tensors by llama.cpp name, as backend tensors.
+//
+// A WeightStore imports the tensors a model uses into its backend (the CPU wraps the file mapping, other
+// backends copy) and owns the buffers; ModelWeights is the loaders' view of it.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "core/backend.h"
+#include "core/buffers.h"
 #include "core/gguf.h"
-#include "core/ops.h"
 
 namespace regolith {
 
-class ModelWeights {
+class WeightStore {
 public:
-    explicit ModelWeights(const GgufFile& file) : file_(file) {}
+    WeightStore(const GgufFile& file, Backend& be) : file_(file), be_(be) {}
+    WeightStore(const WeightStore&) = delete;
+    WeightStore& operator=(const WeightStore&) = delete;
 
     const GgufFile& file() const { return file_; }
+    Backend& backend() const { return be_; }
+    // Tensor t's data as a backend buffer (imported once): [ne1 * ne2 * ne3][ne0].
+    Tensor whole(const GgufTensor& t);
+    // rows x cols of `type` copied from host memory into a new backend buffer the store owns.
+    Tensor upload(uint32_t type, int64_t rows, int64_t cols, const void* data);
+
+private:
+    const GgufFile& file_;
+    Backend& be_;
+    std::unordered_map<const GgufTensor*, Buffer> imported_;
+    std::vector<OwnedTensor> uploaded_;
+};
+
+// Tensor `name` of `file` checked to be a stacked 3-D tensor of numpy shape (n, rows, cols) of a type regolith
+// computes with (llama.cpp's *_exps tensors). Throws ModelFormatError.
+const GgufTensor& stacked_tensor(const GgufFile& file, const std::string& name, int64_t n, int64_t rows, int64_t cols);
+
+class ModelWeights {
+public:
+    explicit ModelWeights(WeightStore& store) : store_(store), file_(store.file()) {}
+
+    const GgufFile& file() const { return file_; }
+    WeightStore& store() const { return store_; }
     bool has(const std::string& name) const { return file_.find_tensor(name) != nullptr; }
 
     // The tensor `name` of a type regolith computes with and of ggml shape `ne` ({ne0} or {ne0, ne1}, ...):
@@ -23,23 +53,26 @@ public:
     // stored 1-D).
     const GgufTensor& tensor(const std::string& name, std::initializer_list<int64_t> ne) const;
     // A matrix of numpy shape (rows, cols): ggml ne = {cols, rows}. Any supported type.
-    WeightView matrix(const std::string& name, int64_t rows, int64_t cols) const;
+    Tensor matrix(const std::string& name, int64_t rows, int64_t cols) const;
     // Matrix `e` of a stacked 3-D tensor of numpy shape (n, rows, cols) (llama.cpp's *_exps tensors).
-    WeightView stacked(const std::string& name, int64_t n, int64_t e, int64_t rows, int64_t cols) const;
-    // An F32 tensor of exactly n elements, any dimensionality (norm weights, biases, conv kernels).
-    const float* f32(const std::string& name, int64_t n) const;
+    Tensor stacked(const std::string& name, int64_t n, int64_t e, int64_t rows, int64_t cols) const;
+    // An F32 tensor of exactly n elements, any dimensionality (norm weights, biases, conv kernels): [1][n].
+    Tensor f32(const std::string& name, int64_t n) const;
     // An F32 vector of ggml shape [n] (1-D): stricter than f32(name, n).
-    const float* f32_vector(const std::string& name, int64_t n) const;
-    // The tensor `name` of ggml shape `ne` (as tensor()) as f32: F32 data in place; any other type dequantized
-    // into a new vector appended to `owned` (the caller keeps it alive; its buffers do not move).
-    const float* f32_or_convert(const std::string& name, std::initializer_list<int64_t> ne,
-                                std::vector<std::vector<float>>& owned) const;
-    // The n elements (any dimensionality, as f32()) of tensor `name`, of any supported type, as f32 into dst[n].
+    Tensor f32_vector(const std::string& name, int64_t n) const;
+    // The tensor `name` of ggml shape `ne` (as tensor()) as f32 [1][elements]: F32 data as stored, any other
+    // type dequantized at load.
+    Tensor f32_converted(const std::string& name, std::initializer_list<int64_t> ne) const;
+    // The n elements (any dimensionality, as f32()) of tensor `name`, of any supported type, as f32 into
+    // host memory dst[n] (for weights transformed at load).
     void to_f32(const std::string& name, int64_t n, float* dst) const;
+    // The file's own F32 data of tensor `name` (n elements), in host memory (load-time transforms).
+    const float* host_f32(const std::string& name, int64_t n) const;
 
 private:
     const GgufTensor& get(const std::string& name) const;
     void convert(const std::string& name, const GgufTensor& t, float* dst) const;
+    WeightStore& store_;
     const GgufFile& file_;
 };
 

@@ -1,6 +1,7 @@
 #include "model/window_state.h"
 
 #include "core/errors.h"
+#include "core/types.h"
 
 namespace regolith {
 
@@ -19,6 +20,42 @@ std::string state_part_name(StateKind kind, uint32_t layer) {
             return "logits";
     }
     return "part kind " + std::to_string(uint32_t(kind)) + " layer " + std::to_string(layer);
+}
+
+HostStateParts::HostStateParts(Backend& be, const std::vector<TensorPart>& parts) : be_(be) {
+    size_t n_staged = 0;
+    for (const TensorPart& p : parts)
+        for (const StateItem& it : p.items) n_staged += it.tensor && !be.host_address(it.tensor.buffer);
+    staged_.reserve(n_staged);  // spans point into the staged bytes: they must not move
+    for (const TensorPart& p : parts) {
+        StatePart& h = host_.emplace_back(StatePart{p.kind, p.layer, p.dtype, {}});
+        for (const StateItem& it : p.items) {
+            if (!it.tensor) {
+                h.spans.push_back(it.host);
+                continue;
+            }
+            const Tensor& t = it.tensor;
+            const size_t row = size_t(type_row_bytes(*type_traits(t.type), t.cols));
+            if (auto* base = static_cast<uint8_t*>(be.host_address(t.buffer))) {
+                if (t.rows > 0 && (t.rows == 1 || t.row_bytes == int64_t(row)))
+                    h.spans.push_back({base + t.offset, row * size_t(t.rows)});
+                else
+                    for (int64_t r = 0; r < t.rows; ++r) h.spans.push_back({base + t.offset + uint64_t(r * t.row_bytes), row});
+                continue;
+            }
+            Staged& st = staged_.emplace_back(Staged{t, std::vector<uint8_t>(row * size_t(t.rows))});
+            h.spans.push_back({st.bytes.data(), st.bytes.size()});
+        }
+    }
+}
+
+void HostStateParts::download() {
+    for (Staged& s : staged_) be_.read(s.tensor, s.bytes.data());
+}
+
+void HostStateParts::upload() {
+    for (Staged& s : staged_) be_.write(s.tensor, s.bytes.data());
+    be_.submit();
 }
 
 void check_state_import(int64_t from, int64_t n, int64_t n_past, int64_t max_ctx) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
+
 namespace regolith {
 
 enum class StateKind : uint32_t {
@@ -39,6 +41,38 @@ struct StatePart {
         for (const StateSpan& s : spans) n += s.bytes;
         return n;
     }
+};
+
+// A part as the window holds it: each item a view of a backend tensor (packed rows, in order) or host bytes.
+struct StateItem {
+    Tensor tensor;
+    StateSpan host{nullptr, 0};
+};
+struct TensorPart {
+    StateKind kind;
+    uint32_t layer;
+    StateDtype dtype;
+    std::vector<StateItem> items;
+};
+
+// The host spans of a window's parts, for the state file. Views of host-addressable backend memory are
+// used in place; the others go through host staging, filled from the backend before a save (download) and
+// written back after a restore (upload).
+class HostStateParts {
+public:
+    HostStateParts(Backend& be, const std::vector<TensorPart>& parts);
+    std::vector<StatePart>& parts() { return host_; }
+    void download();
+    void upload();
+
+private:
+    struct Staged {
+        Tensor tensor;
+        std::vector<uint8_t> bytes;
+    };
+    Backend& be_;
+    std::vector<StatePart> host_;
+    std::vector<Staged> staged_;
 };
 
 // "blk.3 kv" (or "logits"), for messages.

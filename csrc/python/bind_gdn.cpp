@@ -6,45 +6,52 @@
 #include <string>
 
 #include "bindings.h"
-#include "numpy_out.h"
-#include "core/gguf.h"
-#include "core/ops.h"
+#include "component.h"
 #include "model/gated_delta_net.h"
+#include "numpy_out.h"
 
 using regolith::GdnShape;
-using regolith::GdnState;
+using regolith::GdnStates;
 
 namespace {
 
-using In = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using Out = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
-
 struct PyGdnState {
+    regolith::Backend* be;
     GdnShape shape;
-    GdnState state;
+    std::shared_ptr<GdnStates> state;  // one row
+
+    PyGdnState(regolith::Backend& b, const GdnShape& s) : be(&b), shape(s), state(std::make_shared<GdnStates>(b, s, 1)) {
+        state->zero(b);
+    }
+    PyGdnState copy() const {
+        PyGdnState c(*be, shape);
+        c.state->copy_row(*be, *state, 0, 0);
+        return c;
+    }
 };
 
 class PyGdnLayer {
 public:
     PyGdnLayer(const std::string& path, int64_t layer, const std::string& gate)
-        : file_(std::make_unique<regolith::GgufFile>(path)),
-          layer_(regolith::load_gdn_layer(*file_, layer, parse_gate(gate))),
-          net_(layer_.shape, layer_.weights, regolith::cpu_backend()) {}
+        : c_(path), net_(c_.weights(), layer, parse_gate(gate)) {}
 
-    const GdnShape& shape() const { return layer_.shape; }
-    PyGdnState new_state() const { return {layer_.shape, net_.new_state()}; }
+    const GdnShape& shape() const { return net_.shape(); }
+    PyGdnState new_state() const { return PyGdnState(*c_.be, net_.shape()); }
 
-    Out forward(In x, PyGdnState& st) {
-        const GdnShape& s = layer_.shape;
+    F32Out forward(F32Rows x, PyGdnState& st) {
+        const GdnShape& s = net_.shape();
         if (int64_t(x.shape(1)) != s.hidden)
             throw nb::value_error(("x must have shape (ntok, " + std::to_string(s.hidden) + ")").c_str());
+        if (st.state->conv.t.cols != s.conv_state() || st.state->recurrent.t.cols != s.recurrent_state())
+            throw nb::value_error("the state was made for another layer shape");
         const int64_t ntok = int64_t(x.shape(0));
-        float* y;
-        Out out = new_array({size_t(ntok), size_t(s.hidden)}, &y);
+        const regolith::Tensor xt = c_.upload(x.data(), ntok, s.hidden), y = c_.ws->f32(ntok, s.hidden);
         {
             nb::gil_scoped_release release;
-            net_.forward(x.data(), ntok, st.state, y);
+            net_.forward(*c_.ws, xt, *st.state, 0, y);
         }
+        F32Out out = c_.download(y);
+        c_.ws->reset();
         return out;
     }
 
@@ -55,15 +62,18 @@ private:
         throw nb::value_error("gate must be 'sigmoid' or 'silu'");
     }
 
-    std::unique_ptr<regolith::GgufFile> file_;
-    regolith::GdnLayer layer_;
+    ComponentFile c_;
     regolith::GatedDeltaNet net_;
 };
 
-// A writable numpy view of a state vector, kept alive by the state object.
+// A new numpy array holding a copy of the backend tensor t, shaped `shape`.
 template <size_t N>
-nb::ndarray<nb::numpy, float, nb::ndim<N>> view(std::vector<float>& v, const size_t (&shape)[N], nb::handle owner) {
-    return nb::ndarray<nb::numpy, float, nb::ndim<N>>(v.data(), N, shape, owner);
+nb::ndarray<nb::numpy, float, nb::ndim<N>> read_copy(regolith::Backend& be, const regolith::Tensor& t,
+                                                      const size_t (&shape)[N]) {
+    float* p;
+    auto a = new_array(shape, &p);
+    be.read(t, p);
+    return a;
 }
 
 }  // namespace
@@ -72,24 +82,23 @@ void init_gdn(nb::module_& m) {
     nb::class_<PyGdnState>(m, "GdnState", "Decoding state of one Gated DeltaNet layer (conv + recurrent).")
         .def_prop_ro(
             "conv",
-            [](nb::handle self) {
-                auto& s = nb::cast<PyGdnState&>(self);
+            [](const PyGdnState& s) {
                 const size_t shape[2] = {size_t(s.shape.conv_kernel - 1), size_t(s.shape.conv_dim())};
-                return view(s.state.conv, shape, self);
+                return read_copy(*s.be, s.state->conv.t, shape);
             },
-            "float32 (kernel-1, conv_dim) view: the last conv inputs, oldest first, GGUF channel order.")
+            nb::rv_policy::move, "float32 (kernel-1, conv_dim) copy: the last conv inputs, oldest first, GGUF channel order.")
         .def_prop_ro(
             "recurrent",
-            [](nb::handle self) {
-                auto& s = nb::cast<PyGdnState&>(self);
+            [](const PyGdnState& s) {
                 const size_t shape[3] = {size_t(s.shape.n_v_heads), size_t(s.shape.k_dim), size_t(s.shape.v_dim)};
-                return view(s.state.recurrent, shape, self);
+                return read_copy(*s.be, s.state->recurrent.t, shape);
             },
-            "float32 (n_v_heads, k_dim, v_dim) view of the delta-rule state, GGUF (tiled) head order.")
-        .def("reset", [](PyGdnState& s) { s.state.reset(); })
-        .def("copy", [](const PyGdnState& s) { return PyGdnState(s); })
+            nb::rv_policy::move, "float32 (n_v_heads, k_dim, v_dim) copy of the delta-rule state, GGUF (tiled) head order.")
+        .def("reset", [](PyGdnState& s) { s.state->zero(*s.be); })
+        .def("copy", &PyGdnState::copy)
         .def(
-            "copy_from", [](PyGdnState& s, const PyGdnState& o) { s.state.copy_from(o.state); }, nb::arg("other"));
+            "copy_from", [](PyGdnState& s, const PyGdnState& o) { s.state->copy_row(*s.be, *o.state, 0, 0); },
+            nb::arg("other"));
 
     nb::class_<PyGdnLayer>(m, "GatedDeltaNetLayer", "One qwen4exp Gated DeltaNet layer read from a GGUF (internal).")
         .def(nb::init<const std::string&, int64_t, const std::string&>(), nb::arg("gguf_path"), nb::arg("layer"),

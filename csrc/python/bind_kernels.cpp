@@ -8,11 +8,11 @@
 
 #include "bindings.h"
 #include "numpy_out.h"
-#include "core/ops.h"
 #include "core/block_decode.h"
 #include "core/thread_pool.h"
 #include "core/types.h"
 #include "cpu/isa.h"
+#include "cpu/kernels.h"
 #include "cpu/matmul.h"
 #include "cpu/membench.h"
 
@@ -33,8 +33,8 @@ Out matmul(uint32_t type, Weights w, int64_t cols, Acts x) {
     Out out = new_array({size_t(ntok), size_t(rows)}, &y);
     {
         nb::gil_scoped_release release;
-        regolith::WeightView view{type, w.data(), rows, cols, int64_t(w.shape(1))};
-        regolith::cpu_backend().matmul(view, x.data(), ntok, y);
+        const regolith::cpu::WeightView view{type, w.data(), rows, cols, int64_t(w.shape(1))};
+        regolith::cpu::matmul(view, x.data(), ntok, y);
     }
     return out;
 }
@@ -83,8 +83,8 @@ double time_matmul(uint32_t type, Weights pool, int64_t rows, int64_t cols, Acts
     nb::gil_scoped_release release;
     const auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < iters; ++i) {
-        regolith::WeightView view{type, pool.data() + (i % n_mats) * rows * row_bytes, rows, cols, row_bytes};
-        regolith::cpu_backend().matmul(view, x.data(), ntok, y.data());
+        const regolith::cpu::WeightView view{type, pool.data() + (i % n_mats) * rows * row_bytes, rows, cols, row_bytes};
+        regolith::cpu::matmul(view, x.data(), ntok, y.data());
     }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -93,7 +93,7 @@ double time_matmul(uint32_t type, Weights pool, int64_t rows, int64_t cols, Acts
 
 void init_kernels(nb::module_& m) {
     m.def("matmul", &matmul, nb::arg("type_id"), nb::arg("w"), nb::arg("cols"), nb::arg("x"),
-          "y[t, r] = sum_c W[r, c] x[t, c] on the CPU backend. w: uint8 (rows, row_bytes); x: float32 (ntok, cols).");
+          "y[t, r] = sum_c W[r, c] x[t, c] by the CPU kernels. w: uint8 (rows, row_bytes); x: float32 (ntok, cols).");
     m.def("decode_blocks", &decode_blocks, nb::arg("type_id"), nb::arg("data"), nb::arg("n"),
           "Decode quantized data into (int8 codes, scale per group, bias per group or None, group size).");
     m.def("time_matmul", &time_matmul, nb::arg("type_id"), nb::arg("pool"), nb::arg("rows"), nb::arg("cols"),

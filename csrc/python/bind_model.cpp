@@ -8,6 +8,7 @@
 
 #include "bind_state.h"
 #include "bindings.h"
+#include "component.h"
 #include "numpy_out.h"
 #include "model/dense_lm.h"
 #include "model/qwen4exp.h"
@@ -89,19 +90,14 @@ Logits eval(ModelWindow& w, Tokens tokens, bool all_logits) {
     return logits;
 }
 
-using F32Rows = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using F32Out = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
-
-F32Out new_rows(int64_t rows, int64_t cols, float** data) { return new_array({size_t(rows), size_t(cols)}, data); }
-
 // Component handles over a GGUF, for tests against the reference layer by layer.
 struct HyperConnectionHandle {
-    std::unique_ptr<regolith::GgufFile> file;
+    ComponentFile c;
     regolith::HyperConnection hc;
 };
 
 struct MoeHandle {
-    std::unique_ptr<regolith::GgufFile> file;
+    ComponentFile c;
     regolith::SparseMoe moe;
 };
 
@@ -169,12 +165,11 @@ void init_model(nb::module_& m) {
     nb::class_<HyperConnectionHandle>(m, "HyperConnectionBlock")
         .def("__init__",
              [](HyperConnectionHandle* self, const std::string& path, const std::string& prefix, bool with_inject) {
-                 auto file = std::make_unique<regolith::GgufFile>(path);
-                 const auto cfg = regolith::Qwen4ExpConfig::from_gguf(*file);
-                 regolith::ModelWeights w(*file);
-                 auto hc = regolith::HyperConnection::load(w, prefix, cfg.hidden, cfg.hc, cfg.hc_rank, cfg.eps,
-                                                           with_inject);
-                 new (self) HyperConnectionHandle{std::move(file), hc};
+                 ComponentFile c(path);
+                 const auto cfg = regolith::Qwen4ExpConfig::from_gguf(*c.file);
+                 auto hc = regolith::HyperConnection::load(c.weights(), prefix, cfg.hidden, cfg.hc, cfg.hc_rank,
+                                                           cfg.eps, with_inject);
+                 new (self) HyperConnectionHandle{std::move(c), hc};
              },
              nb::arg("path"), nb::arg("prefix"), nb::arg("with_inject"))
         .def(
@@ -182,21 +177,22 @@ void init_model(nb::module_& m) {
             [](HyperConnectionHandle& h, F32Rows streams) {
                 if (int64_t(streams.shape(1)) != h.hc.hc * h.hc.hidden) throw nb::value_error("streams must be [n, hc*hidden]");
                 const int64_t n = int64_t(streams.shape(0));
-                float *mixed, *inject;
-                F32Out m_out = new_rows(n, h.hc.hidden, &mixed);
-                F32Out i_out = new_rows(n, h.hc.hc, &inject);
-                h.hc.read(regolith::cpu_backend(), streams.data(), n, mixed, h.hc.inject.rows ? inject : nullptr);
-                return nb::make_tuple(m_out, i_out);
+                const regolith::Tensor s = h.c.upload(streams.data(), n, h.hc.hc * h.hc.hidden);
+                const regolith::Tensor mixed = h.c.ws->f32(n, h.hc.hidden), inject = h.c.ws->f32(n, h.hc.hc);
+                h.hc.read(*h.c.ws, s, mixed, h.hc.inject ? inject : regolith::Tensor{});
+                if (!h.hc.inject) h.c.be->zero(inject);
+                nb::tuple out = nb::make_tuple(h.c.download(mixed), h.c.download(inject));
+                h.c.ws->reset();
+                return out;
             },
             nb::arg("streams"), "streams [n, hc*hidden] -> (mixed [n, hidden], inject weights [n, hc])");
     nb::class_<MoeHandle>(m, "MoeLayer")
         .def("__init__",
              [](MoeHandle* self, const std::string& path, int layer) {
-                 auto file = std::make_unique<regolith::GgufFile>(path);
-                 const auto cfg = regolith::Qwen4ExpConfig::from_gguf(*file);
-                 regolith::ModelWeights w(*file);
-                 auto moe = regolith::SparseMoe::load(w, layer, cfg.moe);
-                 new (self) MoeHandle{std::move(file), std::move(moe)};
+                 ComponentFile c(path);
+                 const auto cfg = regolith::Qwen4ExpConfig::from_gguf(*c.file);
+                 auto moe = regolith::SparseMoe::load(c.weights(), layer, cfg.moe);
+                 new (self) MoeHandle{std::move(c), std::move(moe)};
              },
              nb::arg("path"), nb::arg("layer"))
         .def(
@@ -204,9 +200,11 @@ void init_model(nb::module_& m) {
             [](MoeHandle& h, F32Rows x) {
                 if (int64_t(x.shape(1)) != h.moe.shape().hidden) throw nb::value_error("x must be [n, hidden]");
                 const int64_t n = int64_t(x.shape(0));
-                float* y;
-                F32Out out = new_rows(n, h.moe.shape().hidden, &y);
-                h.moe.forward(regolith::cpu_backend(), x.data(), n, y);
+                const regolith::Tensor xt = h.c.upload(x.data(), n, h.moe.shape().hidden);
+                const regolith::Tensor y = h.c.ws->f32(n, h.moe.shape().hidden);
+                h.moe.forward(*h.c.ws, xt, y);
+                F32Out out = h.c.download(y);
+                h.c.ws->reset();
                 return out;
             },
             nb::arg("x"));
@@ -241,7 +239,8 @@ void init_model(nb::module_& m) {
         .def("__init__",
              [](Qwen4ExpModel* self, const std::string& path, const std::string& experts_path, int64_t arena_slots,
                 int io_threads, bool direct, bool lock, double hot_fraction, bool lookahead, bool moce,
-                float moce_bonus, int64_t moce_protect, const std::string& ple_path, int64_t ple_cache_bytes) {
+                float moce_bonus, int64_t moce_protect, const std::string& ple_path, int64_t ple_cache_bytes,
+                const std::string& backend) {
                  regolith::Qwen4ExpLoadOptions o;
                  o.experts_path = experts_path;
                  o.arena.slots = arena_slots;
@@ -255,17 +254,20 @@ void init_model(nb::module_& m) {
                  o.ple.direct = direct;
                  o.ple.cache_bytes = ple_cache_bytes;
                  o.ple.io_threads = io_threads;
+                 regolith::Backend& be = regolith::backend_by_name(backend);
                  nb::gil_scoped_release release;
-                 new (self) Qwen4ExpModel(path, o);
+                 new (self) Qwen4ExpModel(path, o, be);
              },
              nb::arg("path"), nb::arg("experts_path") = "", nb::arg("arena_slots") = 0, nb::arg("io_threads") = 4,
              nb::arg("direct") = true, nb::arg("lock") = true, nb::arg("hot_fraction") = 0.75,
              nb::arg("lookahead") = true, nb::arg("moce") = false, nb::arg("moce_bonus") = 2.0f,
              nb::arg("moce_protect") = 2, nb::arg("ple_path") = "", nb::arg("ple_cache_bytes") = 0,
-             "A qwen4exp model. arena_slots > 0 streams the routed experts (from experts_path, a packed "
+             nb::arg("backend") = "",
+             "A qwen4exp model on `backend` ('' = $REGOLITH_BACKEND or 'cpu'). arena_slots > 0 streams the routed experts (from experts_path, a packed "
              "experts.bin, or the GGUF in place) through an arena of that many slots; ple_path reads the PLE "
              "table from a packed ple.bin.")
         .def("config", &config_dict)
+        .def_prop_ro("backend", [](const Qwen4ExpModel& m) { return std::string(m.backend().name()); })
         .def("arena_info", &arena_info, "None when the experts are resident, else the arena's geometry.")
         .def("stats", &model_stats, "Expert arena and PLE counters since load or reset_stats().")
         .def("reset_stats", &reset_model_stats)
@@ -279,12 +281,14 @@ void init_model(nb::module_& m) {
         .def("new_window", &Qwen4ExpModel::new_window, nb::arg("max_ctx"), nb::keep_alive<0, 1>());
     nb::class_<DenseModel>(m, "DenseModel", "A gemma3 or qwen2 model (dense decoder-only transformer).")
         .def("__init__",
-             [](DenseModel* self, const std::string& path) {
+             [](DenseModel* self, const std::string& path, const std::string& backend) {
+                 regolith::Backend& be = regolith::backend_by_name(backend);
                  nb::gil_scoped_release release;
-                 new (self) DenseModel(path);
+                 new (self) DenseModel(path, be);
              },
-             nb::arg("path"))
+             nb::arg("path"), nb::arg("backend") = "")
         .def("config", &dense_config_dict)
+        .def_prop_ro("backend", [](const DenseModel& m) { return std::string(m.backend().name()); })
         .def(
             "new_window",
             [](const DenseModel& m, int64_t max_ctx, const std::string& kv) {

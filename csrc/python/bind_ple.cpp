@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "component.h"
 #include "numpy_out.h"
 #include "core/gguf.h"
 #include "model/ple.h"
@@ -27,9 +28,9 @@ using Hidden = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::c
 using Rows = nb::ndarray<nb::numpy, int64_t, nb::ndim<2>>;
 using Out = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 
-// A PLE layer together with the mapped file its weights point into.
+// A PLE layer together with the mapped file and backend weights it uses.
 struct PyPleLayer {
-    std::unique_ptr<GgufFile> file;
+    std::unique_ptr<ComponentFile> c;
     std::unique_ptr<PleLayer> layer;
 };
 
@@ -66,12 +67,13 @@ Out forward(PyPleLayer& self, Tokens tokens, Hidden hidden, PleState& state) {
         throw nb::value_error(("hidden must have shape (ntok, hc*hidden) = (" + std::to_string(ntok) + ", " +
                                std::to_string(C) + ")")
                                   .c_str());
-    float* out = nullptr;
-    Out result = new_array({size_t(ntok), size_t(C)}, &out);
+    const regolith::Tensor h = self.c->upload(hidden.data(), ntok, C), out = self.c->ws->f32(ntok, C);
     {
         nb::gil_scoped_release release;
-        self.layer->forward(tokens.data(), hidden.data(), ntok, state, out);
+        self.layer->forward(*self.c->ws, tokens.data(), h, state, out);
     }
+    Out result = self.c->download(out);
+    self.c->ws->reset();
     return result;
 }
 
@@ -105,15 +107,16 @@ void init_ple(nb::module_& m) {
                 regolith::PleReadOptions read;
                 read.cache_bytes = cache_bytes;
                 read.direct = direct;
-                auto ple = std::make_unique<PleLayer>(*file, path, layer, read);
+                auto c = std::make_unique<ComponentFile>(std::move(file));
+                auto ple = std::make_unique<PleLayer>(c->weights(), path, layer, read);
                 new (self) PyPleLayer();
-                self->file = std::move(file);
+                self->c = std::move(c);
                 self->layer = std::move(ple);
             },
             nb::arg("gguf_path"), nb::arg("layer"), nb::arg("cache_bytes") = 0, nb::arg("direct") = true,
             "Load the PLE of decoder layer `layer`; raises ModelFormatError when the file lacks or "
             "contradicts it.")
-        .def("new_state", [](const PyPleLayer& s) { return s.layer->new_state(); })
+        .def("new_state", [](const PyPleLayer& s) { return s.layer->new_state(*s.c->be); })
         .def("forward", &forward, nb::arg("token_ids"), nb::arg("hidden"), nb::arg("state"),
              "PLE addend (ntok, hc*hidden) float32 for int32 token_ids (ntok,) and streams hidden (ntok, "
              "hc*hidden); "

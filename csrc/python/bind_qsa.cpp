@@ -4,48 +4,41 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "bindings.h"
-#include "numpy_out.h"
-#include "core/gguf.h"
-#include "core/ops.h"
+#include "component.h"
 #include "model/qsa_attention.h"
+#include "numpy_out.h"
 
 namespace {
 
 using regolith::QsaAttention;
 using regolith::QsaState;
 
-using Hidden = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using Positions = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using Out = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 
-// Owns the mapped file the layer's weights point into.
 struct QsaAttentionLayer {
-    QsaAttentionLayer(const std::string& path, int64_t layer)
-        : file(std::make_shared<regolith::GgufFile>(path)),
-          attn(make(*file, layer)) {}
+    QsaAttentionLayer(const std::string& path, int64_t layer) : c(path), attn(c.weights(), layer) {}
 
-    static QsaAttention make(const regolith::GgufFile& f, int64_t layer) {
-        const regolith::QsaShape shape = regolith::qsa_shape_from_gguf(f, layer);
-        return QsaAttention(shape, regolith::qsa_weights_from_gguf(f, layer, shape), regolith::cpu_backend());
-    }
-
-    Out forward(Hidden x, Positions positions, QsaState& state) const {
+    F32Out forward(F32Rows x, Positions positions, QsaState& state) {
         const int64_t ntok = int64_t(x.shape(0)), hidden = attn.shape().hidden;
         if (int64_t(x.shape(1)) != hidden)
             throw nb::value_error(("x must have shape (ntok, " + std::to_string(hidden) + ")").c_str());
         if (int64_t(positions.shape(0)) != ntok) throw nb::value_error("positions must have shape (ntok,)");
-        float* y;
-        Out out = new_array({size_t(ntok), size_t(hidden)}, &y);
+        std::vector<int64_t> pos3(size_t(3 * ntok));  // text: the position on every M-RoPE section
+        for (int64_t t = 0; t < ntok; ++t) std::fill_n(&pos3[size_t(3 * t)], 3, positions.data()[t]);
+        const regolith::Tensor xt = c.upload(x.data(), ntok, hidden), y = c.ws->f32(ntok, hidden);
         {
             nb::gil_scoped_release release;
-            attn.forward(x.data(), positions.data(), ntok, state, y);
+            attn.forward(*c.ws, xt, pos3.data(), state, y);
         }
+        F32Out out = c.download(y);
+        c.ws->reset();
         return out;
     }
 
-    std::shared_ptr<regolith::GgufFile> file;
+    ComponentFile c;
     QsaAttention attn;
 };
 
@@ -61,7 +54,7 @@ void init_qsa(nb::module_& m) {
     nb::class_<QsaAttentionLayer>(m, "QsaAttentionLayer", "QSA attention layer `layer` of a qwen4exp GGUF.")
         .def(nb::init<const std::string&, int64_t>(), nb::arg("gguf_path"), nb::arg("layer"))
         .def(
-            "new_state", [](const QsaAttentionLayer& l, int64_t max_ctx) { return l.attn.new_state(max_ctx); },
+            "new_state", [](const QsaAttentionLayer& l, int64_t max_ctx) { return l.attn.new_state(*l.c.be, max_ctx); },
             nb::arg("max_ctx"))
         .def("forward", &QsaAttentionLayer::forward, nb::arg("x"), nb::arg("positions"), nb::arg("state"),
              nb::sig("def forward(self, x: numpy.ndarray[float32], positions: numpy.ndarray[int64], state: QsaState) "

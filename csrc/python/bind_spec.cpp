@@ -26,6 +26,7 @@ using Out = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 struct MtpHeadHandle {
     std::unique_ptr<regolith::Qwen4ExpModel> model;
     regolith::QsaState state;
+    std::unique_ptr<regolith::Workspace> ws;
 };
 
 }  // namespace
@@ -53,8 +54,9 @@ void init_spec(nb::module_& m) {
              [](MtpHeadHandle* self, const std::string& path, int64_t max_ctx) {
                  auto model = std::make_unique<regolith::Qwen4ExpModel>(path);
                  if (!model->mtp()) throw regolith::ModelFormatError(path + " has no MTP head");
-                 regolith::QsaState st = model->mtp()->new_state(max_ctx);
-                 new (self) MtpHeadHandle{std::move(model), std::move(st)};
+                 regolith::QsaState st = model->mtp()->new_state(model->backend(), max_ctx);
+                 auto ws = std::make_unique<regolith::Workspace>(model->backend());
+                 new (self) MtpHeadHandle{std::move(model), std::move(st), std::move(ws)};
              },
              nb::arg("path"), nb::arg("max_ctx"))
         .def(
@@ -64,11 +66,18 @@ void init_spec(nb::module_& m) {
                 const int64_t n = int64_t(tokens.shape(0)), H = head.hidden();
                 if (int64_t(h.shape(0)) != n || int64_t(h.shape(1)) != H || int64_t(positions.shape(0)) != n)
                     throw nb::value_error("h must be [n][hidden] and positions [n] for n tokens");
-                float *o, *logits;
-                Out o_arr = new_array({size_t(n), size_t(H)}, &o);
-                Out l_arr = new_array({size_t(n), size_t(head.vocab())}, &logits);
-                head.forward(h.data(), tokens.data(), positions.data(), n, self.state, o);
-                head.logits(o, n, logits);
+                regolith::Backend& be = self.model->backend();
+                regolith::Workspace& ws = *self.ws;
+                const regolith::Tensor ht = ws.f32(n, H), o = ws.f32(n, H), lg = ws.f32(n, head.vocab());
+                be.write(ht, h.data());
+                head.forward(ws, ht, tokens.data(), positions.data(), self.state, o);
+                head.logits(ws, o, lg);
+                float *o_out, *l_out;
+                Out o_arr = new_array({size_t(n), size_t(H)}, &o_out);
+                Out l_arr = new_array({size_t(n), size_t(head.vocab())}, &l_out);
+                be.read(o, o_out);
+                be.read(lg, l_out);
+                ws.reset();
                 return nb::make_tuple(o_arr, l_arr);
             },
             nb::arg("h"), nb::arg("tokens"), nb::arg("positions"),

@@ -74,11 +74,12 @@ Out eval_multimodal(regolith::ModelWindow& w, Tokens tokens, F32Rows embd, I64Ve
 void init_vision(nb::module_& m) {
     nb::class_<VisionEncoder>(m, "VisionEncoder", "The qwen4_exp vision tower from a projector (mmproj) GGUF.")
         .def("__init__",
-             [](VisionEncoder* self, const std::string& path) {
+             [](VisionEncoder* self, const std::string& path, const std::string& backend) {
+                 regolith::Backend& be = regolith::backend_by_name(backend);
                  nb::gil_scoped_release release;
-                 new (self) VisionEncoder(path);
+                 new (self) VisionEncoder(path, be);
              },
-             nb::arg("path"))
+             nb::arg("path"), nb::arg("backend") = "")
         .def("config", &vision_config)
         .def("encode", &encode, nb::arg("pixel_values"), nb::arg("grid_thw"),
              "pixel_values [patches, C*T*p*p] float32, grid_thw [images, 3] int64 -> embeddings "

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _core
+from . import backends as _backends
 from . import gguf as _gguf
 from . import memory_plan as _plan
 from . import pack as _pack
@@ -123,6 +124,7 @@ class Model:
         lock_memory: bool = True,
         mmproj: str | os.PathLike[str] | None = None,
         vision_idle_unload: float | None = 300.0,
+        backend: str | None = None,
     ) -> Model:
         """Load a GGUF file, a packed model directory (``regolith pack``), or a known model name (default: the
         default model).
@@ -141,12 +143,16 @@ class Model:
         changes the output, off by default); ``lookahead`` prefetches each layer's predicted experts;
         ``io_threads`` read experts; ``lock_memory`` mlocks the arena (a warning once where the OS refuses).
 
+        ``backend`` names the compute engine (:func:`regolith.backends.available` lists this build's; default:
+        ``$REGOLITH_BACKEND`` or ``"cpu"``).
+
         Raises :class:`regolith.GGUFError` for a malformed file, :class:`regolith.ModelFormatError` for an
         architecture regolith does not run, missing / mis-shaped tensors or a corrupt pack, and
         :class:`regolith.MemoryPlanError` when the plan cannot fit (before anything large is allocated).
         """
         if n_ctx is not None and n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        backend = _backends.resolve(backend)
         overhead = _plan.process_rss()
         resolved = str(resolve_model(path))
         packed = _pack.open_packed(resolved) if _pack.is_packed(resolved) else None
@@ -170,7 +176,7 @@ class Model:
         )
         _log.info("memory plan for %s:\n%s", resolved, plan.render())
         if arch != "qwen4exp":
-            core = _ARCHITECTURES[arch](gguf_path)
+            core = _ARCHITECTURES[arch](gguf_path, backend=backend)
         else:
             moce_opts = dict(moce) if isinstance(moce, Mapping) else {}
             core = _core.Qwen4ExpModel(
@@ -185,6 +191,7 @@ class Model:
                 moce_protect=int(moce_opts.get("protect", 2)),
                 ple_path=str(packed.ple) if packed and packed.ple else "",
                 ple_cache_bytes=plan.ple_cache_bytes,
+                backend=backend,
             )
             info = core.arena_info()
             if info is not None and lock_memory and not info["locked"]:
@@ -193,7 +200,7 @@ class Model:
         if mmproj is not None:
             if arch != "qwen4exp":
                 raise ModelFormatError(f"images need a qwen4exp model, not {arch!r}")
-            vision = VisionTower(os.fspath(mmproj), idle_unload=vision_idle_unload)
+            vision = VisionTower(os.fspath(mmproj), idle_unload=vision_idle_unload, backend=backend)
         model = cls(
             core,
             resolved,

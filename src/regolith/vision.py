@@ -264,12 +264,15 @@ def mrope_positions(spans: Sequence[ImageSpan], start: int, n: int) -> np.ndarra
 
 class VisionTower:
     """The vision encoder of a projector GGUF, loaded on the first image and unloaded after ``idle_unload``
-    seconds without one (None: kept), with image embeddings cached by content hash up to ``cache_bytes``.
+    seconds without one (None: kept), with image embeddings cached by content hash up to ``cache_bytes``,
+    computed on ``backend`` (as :meth:`regolith.Model.load` names it; "" for the default).
 
     Thread-safe: encodings run one at a time; unloading waits for a running one.
     """
 
-    def __init__(self, path: str, *, idle_unload: float | None = 300.0, cache_bytes: int = 256 << 20):
+    def __init__(
+        self, path: str, *, idle_unload: float | None = 300.0, cache_bytes: int = 256 << 20, backend: str = ""
+    ):
         from . import gguf as _gguf
 
         if idle_unload is not None and idle_unload <= 0:
@@ -277,6 +280,7 @@ class VisionTower:
         self.path = path
         self.idle_unload = idle_unload
         self.cache_bytes = cache_bytes
+        self.backend = backend
         with _gguf.open(path) as f:
             md = f.metadata
             if f.architecture != "clip":
@@ -319,7 +323,7 @@ class VisionTower:
                 self._touch()
                 return hit
             if self._encoder is None:
-                self._encoder = _core.VisionEncoder(self.path)
+                self._encoder = _core.VisionEncoder(self.path, backend=self.backend)
                 self.loads += 1
             emb = self._encoder.encode(pixels, np.array([grid], np.int64))
             out = ImageEmbedding(emb, grid, digest)

@@ -1,5 +1,5 @@
-// Small float32 building blocks shared by the model layers (row-wise, single-threaded; the heavy work is
-// in Backend::matmul). Results match the torch reference up to float rounding.
+// Small float32 building blocks of the CPU kernels (row-wise, single-threaded). Results match the torch
+// reference up to float rounding; every kernel that computes one of these uses this one definition.
 #pragma once
 
 #include <cmath>

@@ -1,0 +1,282 @@
+// The backend: a complete compute engine behind one interface, and the only way the core reaches memory
+// or kernels.
+//
+// The core (model graphs, arena, streamer, state, sessions, speculation) records ops on a Backend over
+// Tensors (core/tensor.h: handles into backend buffers) and never includes a backend header. Ops run in the
+// order they are recorded and may run asynchronously: their results are visible to the host only through
+// read(), which waits for everything recorded before it. submit() hands what has been recorded to the device
+// (a GPU backend's command buffer / stream); the core calls it where it must wait on the host anyway (expert
+// misses, sampling). Host data reaches ops only through write(); ops take handles and plain values, never
+// host pointers, so a backend may record an op and run it later.
+//
+// The CPU backend implements every op and is the reference other backends are compared against op by op
+// (regolith.backends.check); "cpu-opaque" is the same CPU backend with memory the host cannot address
+// outside backend calls and ops deferred until submit, which proves the core never depends on either.
+//
+// Multi-sequence steps: ops over rows (matmul, norms, elementwise, MoE) do not care which sequence a row
+// belongs to; the ops that read or write a sequence's state (attention caches, Gated DeltaNet and PLE
+// states, QSA keys) take a list of per-sequence entries, each with its state tensors and its token range in
+// the step's rows. A step over several windows is therefore the same op stream with longer lists.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace regolith {
+
+// What a buffer is for. Arena buffers hold streamed expert records: where the backend can, they are locked
+// in RAM (mlock) and host-visible, so the streamer reads straight into them.
+enum class MemoryUse { Device, Arena };
+
+enum class Unary : uint8_t {
+    Silu,            // x / (1 + e^-x)
+    Sigmoid,         // 1 / (1 + e^-x)
+    SiluDiv,         // silu(x / p)
+    TwoSigmoidDiv,   // 2 sigmoid(x / p)
+    GeluTanhExp,     // GELU, tanh form evaluated as 0.5 x (1 + tanh u) with e^(-2|u|) (the vision tower's)
+    GeluErf,         // 0.5 x (1 + erf(x / sqrt 2))
+    Softcap,         // p tanh(x / p)
+    Scale,           // x p
+};
+
+enum class Glu : uint8_t {
+    Silu,      // silu(g) * u
+    GeluTanh,  // gelu_tanh(g) * u, as x sigmoid(2u) (the dense models' FFN)
+};
+
+// y[t][r] = sum_c W[r][c] x[t][c], x: [ntok][cols] F32, y: [ntok][rows] F32 (both packed), ntok = x.rows.
+// A batch of jobs is one dispatch: a MoE layer's routed experts are one batch of jobs, each an expert's
+// matrix (a view of its arena slot or of the stacked resident tensor) times its rows of the packed
+// activations.
+// ntok 1..8 is the decode / speculative-verify path; larger ntok is prefill. y[t][r] depends on W row r and
+// x[t] only (bit for bit, whatever ntok or the other jobs of a batch). For F32 / F16 / BF16 weights the sum
+// over c is periodic in at most 16 lanes: appending zero columns in multiples of 16 leaves it unchanged bit
+// for bit.
+struct MatmulJob {
+    Tensor w, x, y;
+};
+
+// The per-sequence parts of stateful ops. t0 / ntok: the sequence's rows in the step's activations.
+struct ConvSeq {  // causal depthwise conv (Gated DeltaNet): state [kernel-1][channels] in, updated in place
+    Tensor state;
+    Tensor after;  // optional [ntok][(kernel-1) * channels]: the state after each token (checkpoints)
+    int64_t t0 = 0, ntok = 0;
+};
+struct GdnSeq {  // delta rule: state [n_v_heads][k_dim * v_dim], updated in place
+    Tensor state;
+    Tensor after;  // optional [ntok][n_v_heads * k_dim * v_dim]: the state after each token
+    int64_t t0 = 0, ntok = 0;
+};
+struct PleConvSeq {  // dilated causal conv (PLE): state [history][channels], updated in place
+    Tensor state;
+    int64_t t0 = 0, ntok = 0;
+};
+// A QSA layer's keys of one sequence, tokens [0, n0 + ntok) (this step's already appended):
+// k, v [cap * n_head_kv][head_dim] (normed, rotated keys), index_k [cap][index_head_dim] (raw),
+// block_k [cap / ratio][index_head_dim] (pooled), pos [cap][3] I64 (M-RoPE positions).
+struct QsaSeq {
+    Tensor k, v, index_k, block_k, pos;
+    int64_t n0 = 0, t0 = 0, ntok = 0;
+};
+// A dense attention cache of one sequence: k [n_head_kv * cap][head_dim], vt [n_head_kv * head_dim][cap]
+// (values transposed), F16 or F32; positions [0, n0 + ntok) valid after kv_append.
+struct KvSeq {
+    Tensor k, vt;
+    int64_t n0 = 0, t0 = 0, ntok = 0;
+};
+
+struct GdnDims {
+    int64_t n_k_heads = 0, n_v_heads = 0, k_dim = 0, v_dim = 0;
+    int64_t key_dim() const { return n_k_heads * k_dim; }
+    int64_t value_dim() const { return n_v_heads * v_dim; }
+    int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+struct QsaDims {
+    int64_t n_head = 0, n_head_kv = 0, head_dim = 0;
+    int64_t index_n_head = 0, index_head_dim = 0;
+    int64_t ratio = 0;  // tokens per indexer block
+    int64_t topk = 0;   // blocks kept per query
+    int64_t n_rot = 0;  // rotated leading dims of the indexer keys
+    float eps = 0.0f;   // RMSNorm of the pooled block keys
+};
+
+struct AttentionShape {
+    int64_t n_head = 0;
+    int64_t n_head_kv = 0;  // divides n_head; query head h reads kv head h / (n_head / n_head_kv)
+    int64_t head_dim = 0;   // key and value length
+    int64_t window = 0;     // sliding window: a query at position p sees keys p-window+1..p; 0: all keys
+    float scale = 1.0f;     // applied to q·k before the softmax
+};
+
+// Routing of a MoE layer: softmax over the router logits, the top `k` experts (ties to the lower id),
+// weights renormalised when `norm_topk`. With a `resident` mask (MoCE), the top `protect` stay and the other
+// k - protect are chosen by logit + `bonus` for resident experts.
+struct MoeRouting {
+    int64_t k = 0;
+    bool norm_topk = true;
+    float bonus = 0.0f;
+    int64_t protect = 0;
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual const char* name() const = 0;
+
+    // ---- memory -------------------------------------------------------------------------------------
+    // A new buffer of `bytes` bytes (contents undefined). Throws Error when the memory is not available.
+    virtual BackendBuffer* alloc(uint64_t bytes, MemoryUse use = MemoryUse::Device) = 0;
+    // A read-only buffer holding `bytes` bytes of host memory (weights from a mapped file): the CPU wraps the
+    // memory, which must outlive the buffer; other backends copy it.
+    virtual BackendBuffer* import_host(const void* data, uint64_t bytes) = 0;
+    virtual void free(BackendBuffer* buffer) = 0;
+    // The buffer's memory as host memory, where it is host memory (CPU, unified memory); nullptr otherwise.
+    // The core uses it only to read files straight into buffers (expert records, saved states) and must work
+    // the same when it is null.
+    virtual void* host_address(BackendBuffer* buffer) = 0;
+    // Locks an Arena buffer in RAM; false (with the reason in *error) when the OS refuses.
+    virtual bool lock(BackendBuffer* buffer, std::string* error) = 0;
+
+    // Host <-> backend copies of a tensor's rows; the host side is packed (rows of the type's row bytes).
+    // write() is recorded like an op (ops recorded before it see the old contents, ops after it the new) and
+    // takes the host data before it returns; it may be called from any thread. read() waits for every op
+    // recorded before it.
+    virtual void write(const Tensor& dst, const void* src) = 0;
+    virtual void read(const Tensor& src, void* dst) = 0;
+    virtual void copy(const Tensor& src, const Tensor& dst) = 0;  // same type and shape
+    virtual void zero(const Tensor& dst) = 0;
+    virtual void submit() = 0;
+
+    // ---- products -----------------------------------------------------------------------------------
+    virtual void matmul(const MatmulJob* jobs, int64_t n_jobs) = 0;
+    void matmul(const Tensor& w, const Tensor& x, const Tensor& y) {
+        const MatmulJob job{w, x, y};
+        matmul(&job, 1);
+    }
+
+    // ---- rows ---------------------------------------------------------------------------------------
+    // out[i] = dequantized table row ids[i] (I32) times scale, written `repeat` times side by side:
+    // out [n][repeat * table.cols].
+    virtual void get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat, const Tensor& out) = 0;
+    // out[i] = x[rows[i]] (rows I32 [1][m]).
+    virtual void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) = 0;
+    // ids [rows][k] I32: the k largest columns of each row of x, largest first (ties to the lower id);
+    // values [rows][k] F32 (either may be empty).
+    virtual void top_k(const Tensor& x, int64_t k, const Tensor& ids, const Tensor& values) = 0;
+
+    // ---- norms --------------------------------------------------------------------------------------
+    // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w[r % w.rows] (no scale without w): the sum of squares in
+    // double, its mean rounded to float, then one rounding (transformers' float32 RMSNorm).
+    virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) = 0;
+    // Gated DeltaNet's output norm per row: y = w * (x * inv) * act(z), inv = 1 / sqrt(x.x / n + eps) in float.
+    virtual void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Unary act,
+                                const Tensor& y) = 0;
+    // torch LayerNorm per row: mean and variance in double, the rest in float.
+    virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y) = 0;
+
+    // ---- rotary embeddings ---------------------------------------------------------------------------
+    // table[i] = (cos a_j, sin a_j) for pairs j < freq.cols, a_j = float(pos[i][axis[j]]) * freq[j];
+    // pos [n][3] I64, freq [1][half] F32, axis [1][half] I32, table [n][2 * half] F32 (all cos, then all sin).
+    virtual void rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis, const Tensor& table) = 0;
+    // Rotates, in place, the leading 2 * half dims of x's rows (NEOX pairs j, j + half) by table row
+    // r / rows_per_pos: (a, b) -> (a cos - b sin, b cos + a sin).
+    virtual void rope(const Tensor& x, const Tensor& table, int64_t rows_per_pos) = 0;
+
+    // ---- elementwise --------------------------------------------------------------------------------
+    virtual void unary(const Tensor& x, Unary op, float p, const Tensor& y) = 0;
+    virtual void glu(const Tensor& gate, const Tensor& up, Glu act, const Tensor& y) = 0;
+    // y = a + b, b either of a's shape or one row added to every row.
+    virtual void add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+
+    // ---- hyper-connections --------------------------------------------------------------------------
+    // mixed[t][i] = (sum_s sigmoid(gate[t][s][i]) * xn[t][s][i]) / hc; gate, xn [ntok][hc * hidden].
+    virtual void hc_mix(const Tensor& gate, const Tensor& xn, int64_t hc, const Tensor& mixed) = 0;
+    // streams[t][s][:] += w[t][s] * out[t][:]; streams [ntok][hc * hidden], w [ntok][hc].
+    virtual void hc_write(const Tensor& out, const Tensor& w, int64_t hc, const Tensor& streams) = 0;
+
+    // ---- Gated DeltaNet -----------------------------------------------------------------------------
+    // out[t][c] = silu(sum_i w_t[i][c] * ext[t + i][c]), ext = the sequence's state rows then its x rows;
+    // x, out [ntok][channels], w_t [kernel][channels]. The state keeps the last kernel-1 inputs.
+    virtual void ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, int64_t n_seqs,
+                          const Tensor& out) = 0;
+    // In place: q and k (the first 2 * key_dim channels of qkv [ntok][conv_dim]) L2-normalised per head
+    // (q also by k_dim^-1/2); g [ntok][n_v] <- a * softplus(g + dt_bias); beta <- sigmoid(beta).
+    virtual void gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a,
+                             const Tensor& dt_bias, const GdnDims& d) = 0;
+    // The delta rule per value head (v head h reads k head h % n_k_heads): one token at a time for single
+    // tokens and with per-token states, else in chunks of `chunk` tokens. out [ntok][value_dim].
+    virtual void gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs,
+                          int64_t n_seqs, const GdnDims& d, int64_t chunk, const Tensor& out) = 0;
+
+    // ---- QSA sparse attention -----------------------------------------------------------------------
+    // Pooled keys of the blocks this step completes: block_k[b] = rope(rms_norm(mean of index_k rows of
+    // block b) * norm, at pos[b * ratio]) with the rope pairs' freq / axis.
+    virtual void qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq,
+                          const Tensor& axis, const QsaDims& d) = 0;
+    // sel [ntok][topk] I32: per query the top min(topk, complete blocks) blocks by sum_h relu(iq_h . bk) /
+    // sqrt(index_head_dim) (ties: lower block), in increasing order; n_sel [1][ntok] I32.
+    virtual void qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d,
+                            const Tensor& sel, const Tensor& n_sel) = 0;
+    // out[t][h] = sigmoid(gate[t][h]) * softmax attention of q[t][h] over the selected blocks' tokens and
+    // the tail; q, gate, out as rows ntok * n_head of head_dim.
+    virtual void qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel,
+                            const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& out) = 0;
+
+    // ---- dense attention ----------------------------------------------------------------------------
+    // Appends keys and values k, v [ntok][n_head_kv * head_dim] at positions n0.. of each sequence's cache
+    // (rounded to f16 for an F16 cache).
+    virtual void kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs,
+                           int64_t n_head_kv) = 0;
+    // Causal GQA attention of q [ntok][n_head * head_dim] at positions n0.. over each sequence's cache.
+    virtual void attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s,
+                           const Tensor& out) = 0;
+
+    // ---- mixture of experts -------------------------------------------------------------------------
+    // ids [ntok][k] I32 and weights [ntok][k] from router logits [ntok][n_expert]; resident: I8 [1][n_expert]
+    // (MoCE) or empty.
+    virtual void moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
+                           const Tensor& weights) = 0;
+    // y[t] = sum of weights[p] * ys[i] over the rows i whose pairs[i] = p names token t (p = t * k + j), in
+    // row order, plus sigmoid(shared_gate[t]) * shared[t] when `shared` is given. ys [rows][hidden], pairs
+    // [1][rows] I32, weights [ntok][k].
+    virtual void moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,
+                             const Tensor& shared_gate, const Tensor& y) = 0;
+
+    // ---- PLE ----------------------------------------------------------------------------------------
+    // Per token and stream s: g = <norm_key(key), norm_query(query)> / sqrt(hidden) (double sum), signed
+    // square root, gated = sigmoid(g) * value; normed = rms_norm(gated) * norm_conv.
+    // key, query, gated, normed [ntok][hc * hidden], value [ntok][hidden], norms [1][hc * hidden].
+    virtual void ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, const Tensor& norm_key,
+                          const Tensor& norm_query, const Tensor& norm_conv, int64_t hc, float eps,
+                          const Tensor& gated, const Tensor& normed) = 0;
+    // out[t][c] += silu(sum_k w[c][k] * ext[hist + t - (K-1-k) * dilation][c]), ext = state rows then the
+    // sequence's normed rows; w [channels][K]. The state keeps the last hist = (K-1) * dilation inputs.
+    virtual void ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs,
+                          int64_t n_seqs, const Tensor& out) = 0;
+
+    // ---- vision tower -------------------------------------------------------------------------------
+    // x[r] += sum_j w[r][j] * table[idx[r][j]] over 4 taps (bilinear resampling); idx I32, w F32 [n][4].
+    virtual void add_interpolated(const Tensor& table, const Tensor& idx, const Tensor& w, const Tensor& x) = 0;
+    // qkv [n][3 * n_head * head_dim] -> q, k rotated by table [n][head_dim] (pairs j, j + head_dim/2) into
+    // [n_head * n][stride] rows zero-padded to q.cols, and vt [n_head * head_dim][n] (values transposed).
+    virtual void vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q,
+                            const Tensor& k, const Tensor& vt) = 0;
+    // In place per row: softmax(scale * x) (max in 8 lanes, e^x by exp_nonpos, the sum in double lanes).
+    virtual void softmax_scaled(const Tensor& x, float scale) = 0;
+};
+
+// The CPU backend (the reference), and the same kernels over memory the host cannot address outside backend
+// calls, with ops deferred until submit ("cpu-opaque", for proving the core never touches device memory).
+Backend& cpu_backend();
+Backend& cpu_opaque_backend();
+
+// A backend by name ("cpu", "cpu-opaque"; "" = the default: $REGOLITH_BACKEND or "cpu"). Throws Error naming
+// the backends this build has.
+Backend& backend_by_name(const std::string& name);
+std::vector<std::string> backend_names();
+
+}  // namespace regolith

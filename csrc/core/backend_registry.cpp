@@ -1,0 +1,23 @@
+#include <cstdlib>
+
+#include "core/backend.h"
+#include "core/errors.h"
+
+namespace regolith {
+
+std::vector<std::string> backend_names() { return {"cpu", "cpu-opaque"}; }
+
+Backend& backend_by_name(const std::string& name) {
+    std::string n = name;
+    if (n.empty()) {
+        const char* env = std::getenv("REGOLITH_BACKEND");
+        n = env && *env ? env : "cpu";
+    }
+    if (n == "cpu") return cpu_backend();
+    if (n == "cpu-opaque") return cpu_opaque_backend();
+    std::string known;
+    for (const std::string& b : backend_names()) known += (known.empty() ? "" : ", ") + b;
+    throw Error("unknown backend '" + n + "'; this build has " + known);
+}
+
+}  // namespace regolith
