@@ -6,6 +6,7 @@
 namespace nb = nanobind;
 
 void init_types(nb::module_& m);
+void init_backends(nb::module_& m);
 void init_arena(nb::module_& m);
 void init_gguf(nb::module_& m);
 void init_dequant(nb::module_& m);

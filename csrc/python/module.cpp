@@ -37,6 +37,7 @@ NB_MODULE(_core, m) {
         }
     });
     init_types(m);
+    init_backends(m);
     init_gguf(m);
     init_dequant(m);
     init_quantize(m);

@@ -1,0 +1,38 @@
+// The backends of this build and their conformance suite (regolith.backends wraps them).
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+
+#include "bindings.h"
+#include "core/backend.h"
+#include "core/backend_check.h"
+
+void init_backends(nb::module_& m) {
+    m.def("backend_names", &regolith::backend_names, "The backends this build has, the reference first.");
+    m.def(
+        "check_backend",
+        [](const std::string& name, const std::string& filter, uint64_t seed, uint64_t ref_seed) {
+            regolith::Backend& be = regolith::backend_by_name(name);
+            std::vector<regolith::OpCheck> results;
+            {
+                nb::gil_scoped_release release;
+                results = regolith::check_backend(be, regolith::cpu_backend(), filter, seed, ref_seed);
+            }
+            nb::list out;
+            for (const regolith::OpCheck& r : results) {
+                nb::dict d;
+                d["op"] = r.op;
+                d["case"] = r.shape;
+                d["nmse"] = r.nmse;
+                d["tolerance"] = r.tolerance;
+                d["passed"] = r.passed;
+                d["error"] = r.error;
+                out.append(d);
+            }
+            return out;
+        },
+        nb::arg("backend"), nb::arg("filter") = "", nb::arg("seed") = 1, nb::arg("ref_seed") = 0,
+        "Run the conformance cases whose op contains `filter` on `backend` and on the CPU (inputs from `seed`; "
+        "`ref_seed`, if not 0, for the CPU's): a list of {op, case, nmse, tolerance, passed, error}.");
+}

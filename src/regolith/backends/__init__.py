@@ -1,0 +1,31 @@
+"""The compute engines this build has.
+
+Every op of every model runs on a backend (``csrc/core/backend.h``): ``"cpu"`` is the reference;
+``"cpu-opaque"`` runs the same kernels on memory the host cannot address outside backend calls, with ops
+deferred until the core waits on them, which proves the engine never touches device memory from the host.
+``python -m regolith.backends.check`` compares a backend with the CPU op by op.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import _core
+
+__all__ = ["DEFAULT", "available", "resolve"]
+
+DEFAULT = "cpu"
+
+
+def available() -> list[str]:
+    """The backends this build has, the reference ("cpu") first."""
+    return list(_core.backend_names())
+
+
+def resolve(name: str | None) -> str:
+    """The backend a model loads on: ``name``, else ``$REGOLITH_BACKEND``, else ``"cpu"``. Raises ValueError
+    for a backend this build does not have."""
+    chosen = name or os.environ.get("REGOLITH_BACKEND") or DEFAULT
+    if chosen not in available():
+        raise ValueError(f"unknown backend {chosen!r}; this build has {', '.join(available())}")
+    return chosen
