@@ -112,6 +112,21 @@ struct AttentionShape {
     float scale = 1.0f;     // applied to q·k before the softmax
 };
 
+// A MoE layer's routed experts resident on the backend: llama.cpp's stacked tensors, expert e's matrices
+// rows [e * ff, (e+1) * ff) of gate and up ([n_expert * ff][hidden]) and [e * hidden, (e+1) * hidden) of down
+// ([n_expert * hidden][ff]).
+struct ExpertSet {
+    Tensor gate, up, down;
+    int64_t n_expert = 0;
+};
+
+// The shared expert of a MoE layer, its gate and up products already computed (with the router's).
+struct SharedExpert {
+    Tensor gate, up;     // [ntok][ff_shared]
+    Tensor down;         // the weight [hidden][ff_shared]
+    Tensor gate_logit;   // [ntok][1]: its output is scaled by sigmoid of this
+};
+
 // Routing of a MoE layer: softmax over the router logits, the top `k` experts (ties to the lower id),
 // weights renormalised when `norm_topk`. With a `resident` mask (MoCE), the top `protect` stay and the other
 // k - protect are chosen by logit + `bonus` for resident experts.
@@ -240,6 +255,12 @@ public:
     // (MoCE) or empty.
     virtual void moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
                            const Tensor& weights) = 0;
+    // The routed experts of a layer without a host round trip: y[t] = sum over j of weights[t][j] *
+    // down_e(silu(gate_e x_t) * up_e x_t), e = ids[t][j] (I32 [ntok][k]), summed in expert-id order, plus
+    // sigmoid(gate_logit[t]) * down_s(silu(gate[t]) * up[t]) for the shared expert when given. The backend
+    // groups the tokens by expert itself; each product is the matmul contract's.
+    virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertSet& experts,
+                             const SharedExpert* shared, const Tensor& y) = 0;
     // y[t] = sum of weights[p] * ys[i] over the rows i whose pairs[i] = p names token t (p = t * k + j), in
     // row order, plus sigmoid(shared_gate[t]) * shared[t] when `shared` is given. ys [rows][hidden], pairs
     // [1][rows] I32, weights [ntok][k].

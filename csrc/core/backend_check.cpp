@@ -56,6 +56,8 @@ std::vector<int> fp16_fields(uint32_t type) {
     }
 }
 
+std::string type_name(uint32_t type) { return std::string(type_traits(type)->name); }
+
 class Run {
 public:
     Run(Backend& be, uint64_t seed) : be_(be), ws_(be), rng_(seed) {}
@@ -92,6 +94,8 @@ public:
     // are zeroed.
     Tensor weights(uint32_t type, int64_t rows, int64_t cols) {
         const TypeTraits* t = type_traits(type);
+        if (cols % t->block_elems != 0)
+            throw Error(type_name(type) + " rows of " + std::to_string(cols) + " elements are not whole blocks");
         const int64_t row = type_row_bytes(*t, cols), nb = rows * cols / t->block_elems;
         std::vector<uint8_t> bytes(static_cast<size_t>(rows * row));
         if (type == RG_TYPE_F32 || type == RG_TYPE_F16 || type == RG_TYPE_BF16) {
@@ -175,8 +179,6 @@ struct Case {
     double tolerance;
     std::function<void(Run&)> run;
 };
-
-std::string type_name(uint32_t type) { return std::string(type_traits(type)->name); }
 
 void add_matmul_cases(std::vector<Case>& cs) {
     for (uint32_t type = 0; type < RG_TYPE_COUNT; ++type) {
@@ -463,6 +465,25 @@ void add_moe_cases(std::vector<Case>& cs) {
                           r.be().moe_route(logits, resident, {4, mode != 1, 2.0f, 2}, ids, w);
                           r.out(ids), r.out(w);
                       }});
+    for (uint32_t type : {RG_TYPE_Q8_0, RG_TYPE_IQ2_XS})
+        for (bool shared : {false, true})
+            cs.push_back({"moe_experts", type_name(type) + " experts, top 3 of 8" + (shared ? ", shared expert" : ""),
+                          kQuantMatmul, [=](Run& r) {
+                              const int64_t ntok = 6, h = 256, ff = 256, ne = 8, k = 3, fs = 256;
+                              std::vector<int32_t> ids;
+                              std::vector<int32_t> all(static_cast<size_t>(ne));
+                              for (int64_t t = 0; t < ntok; ++t) {
+                                  std::iota(all.begin(), all.end(), 0);
+                                  std::shuffle(all.begin(), all.end(), r.rng());
+                                  ids.insert(ids.end(), all.begin(), all.begin() + k);
+                              }
+                              const ExpertSet experts{r.weights(type, ne * ff, h), r.weights(type, ne * ff, h),
+                                                      r.weights(type, ne * h, ff), ne};
+                              const Tensor x = r.f32(ntok, h), w = r.f32(ntok, k, 0.0f, 1.0f), y = r.zeros(RG_TYPE_F32, ntok, h);
+                              const SharedExpert sh{r.f32(ntok, fs), r.f32(ntok, fs), r.weights(type, h, fs), r.f32(ntok, 1)};
+                              r.be().moe_experts(x, r.ints(RG_TYPE_I32, ntok, k, ids), w, experts, shared ? &sh : nullptr, y);
+                              r.out(y);
+                          }});
     for (bool shared : {false, true})
         cs.push_back({"moe_combine", shared ? "with the shared expert" : "routed only", kElementwise, [=](Run& r) {
                           const int64_t ntok = 5, k = 3, rows = ntok * k;

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -522,6 +523,40 @@ void CpuBackend::moe_route(const Tensor& logits, const Tensor& resident, const M
     if (resident) need(resident.type == RG_TYPE_I8 && resident.cols == logits.cols, "moe_route", "resident must be I8 [1][n_expert]");
     resolve(logits), resolve(resident), resolve(ids), resolve(weights);
     exec([=] { cpu::moe_route(resolve(logits), resolve(resident), r, resolve(ids), resolve(weights)); });
+}
+
+void CpuBackend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertSet& experts,
+                             const SharedExpert* shared, const Tensor& y) {
+    need_f32("moe_experts", {{"x", &x}, {"weights", &weights}, {"y", &y}});
+    need_type(ids, RG_TYPE_I32, "moe_experts", "ids");
+    same_shape(x, y, "moe_experts");
+    const int64_t ne = experts.n_expert;
+    need(ne > 0 && experts.gate.rows % ne == 0 && experts.up.rows == experts.gate.rows && experts.down.rows == ne * x.cols &&
+             experts.gate.cols == x.cols && experts.down.cols == experts.gate.rows / ne,
+         "moe_experts", "the stacked experts must be [n_expert * ff][hidden] twice and [n_expert * hidden][ff]");
+    need(ids.rows == x.rows && weights.rows == x.rows && weights.cols == ids.cols, "moe_experts",
+         "ids and weights must be [ntok][k]");
+    std::optional<SharedExpert> sh;
+    if (shared) {
+        need_f32("moe_experts", {{"shared gate", &shared->gate}, {"shared up", &shared->up}, {"shared gate logit", &shared->gate_logit}});
+        need(shared->gate.contiguous() && shared->gate.rows == x.rows && shared->down.rows == x.cols &&
+                 shared->down.cols == shared->gate.cols,
+             "moe_experts", "the shared expert's products must be packed [ntok][ff_shared], its down [hidden][ff_shared]");
+        sh = *shared;
+        resolve(sh->gate), resolve(sh->up), resolve(sh->down), resolve(sh->gate_logit);
+    }
+    resolve(x), resolve(ids), resolve(weights), resolve(experts.gate), resolve(experts.up), resolve(experts.down), resolve(y);
+    exec([=] {
+        const Rows ids_rows = resolve(ids);
+        for (int64_t i = 0; i < ids_rows.rows * ids_rows.cols; ++i) {
+            const int32_t e = ids_rows.row<int32_t>(i / ids_rows.cols)[i % ids_rows.cols];
+            if (e < 0 || e >= ne) throw Error("moe_experts: expert id " + std::to_string(e) + " out of range");
+        }
+        SharedExpertRows sr;
+        if (sh) sr = {resolve(sh->gate), resolve(sh->up), resolve(sh->down), resolve(sh->gate_logit)};
+        cpu::moe_experts(resolve(x), ids_rows, resolve(weights), resolve(experts.gate), resolve(experts.up),
+                         resolve(experts.down), ne, sh ? &sr : nullptr, resolve(y));
+    });
 }
 
 void CpuBackend::moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,

@@ -71,6 +71,8 @@ public:
                    const Tensor& out) override;
     void moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
                    const Tensor& weights) override;
+    void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertSet& experts,
+                     const SharedExpert* shared, const Tensor& y) override;
     void moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,
                      const Tensor& shared_gate, const Tensor& y) override;
     void ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, const Tensor& norm_key,

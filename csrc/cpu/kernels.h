@@ -101,6 +101,11 @@ void kv_append(const Rows& k, const Rows& v, const std::vector<KvSeqRows>& seqs,
 void attention(const Rows& q, const std::vector<KvSeqRows>& seqs, const AttentionShape& s, const Rows& out);
 
 void moe_route(const Rows& logits, const Rows& resident, const MoeRouting& r, const Rows& ids, const Rows& weights);
+struct SharedExpertRows {
+    Rows gate, up, down, gate_logit;
+};
+void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const Rows& gate, const Rows& up,
+                 const Rows& down, int64_t n_expert, const SharedExpertRows* shared, const Rows& y);
 void moe_combine(const Rows& ys, const Rows& pairs, const Rows& weights, const Rows& shared, const Rows& shared_gate,
                  const Rows& y);
 

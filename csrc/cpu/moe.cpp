@@ -42,6 +42,69 @@ void moe_route(const Rows& logits, const Rows& resident, const MoeRouting& rt, c
     }
 }
 
+namespace {
+
+WeightView view(const Rows& r, int64_t row0, int64_t n) {
+    return {r.type, r.base + row0 * r.stride, n, r.cols, r.stride};
+}
+
+}  // namespace
+
+// The resident experts of a layer, as model/moe.cpp ran them before they moved here: the tokens grouped by
+// expert (ascending ids), every expert's gate and up in one batch, every down product (the shared one's
+// too) in the next, then the sum in expert-id order.
+void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const Rows& gate, const Rows& up,
+                 const Rows& down, int64_t n_expert, const SharedExpertRows* shared, const Rows& y) {
+    const int64_t ntok = x.rows, h = x.cols, k = ids.cols, ff = gate.rows / n_expert;
+    std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(n_expert));
+    for (int64_t t = 0; t < ntok; ++t)
+        for (int64_t j = 0; j < k; ++j) by_expert[size_t(ids.row<int32_t>(t)[j])].push_back(int32_t(t * k + j));
+    std::vector<int64_t> active, offset, count;
+    std::vector<int32_t> pairs;
+    for (int64_t e = 0; e < n_expert; ++e) {
+        if (by_expert[size_t(e)].empty()) continue;
+        active.push_back(e);
+        offset.push_back(int64_t(pairs.size()));
+        count.push_back(int64_t(by_expert[size_t(e)].size()));
+        pairs.insert(pairs.end(), by_expert[size_t(e)].begin(), by_expert[size_t(e)].end());
+    }
+    const int64_t rows = int64_t(pairs.size());
+    thread_local std::vector<float> xs, g, u, ys, sh;
+    xs.resize(size_t(rows * h)), g.resize(size_t(rows * ff)), u.resize(size_t(rows * ff)), ys.resize(size_t(rows * h));
+    for (int64_t i = 0; i < rows; ++i) std::copy_n(x.row(pairs[size_t(i)] / k), h, &xs[size_t(i * h)]);
+
+    std::vector<MatmulJob> jobs;
+    for (size_t a = 0; a < active.size(); ++a) {
+        const int64_t e = active[a], n = count[a], o = offset[a];
+        jobs.push_back({view(gate, e * ff, ff), &xs[size_t(o * h)], n, &g[size_t(o * ff)]});
+        jobs.push_back({view(up, e * ff, ff), &xs[size_t(o * h)], n, &u[size_t(o * ff)]});
+    }
+    matmul_batch(jobs.data(), int64_t(jobs.size()));
+    for (size_t i = 0; i < g.size(); ++i) g[i] = nn::silu(g[i]) * u[i];
+    if (shared) {
+        const int64_t fs = shared->gate.cols;
+        for (int64_t t = 0; t < ntok; ++t) {
+            float* sg = shared->gate.row(t);
+            const float* su = shared->up.row(t);
+            for (int64_t i = 0; i < fs; ++i) sg[i] = nn::silu(sg[i]) * su[i];
+        }
+    }
+    jobs.clear();
+    for (size_t a = 0; a < active.size(); ++a) {
+        const int64_t e = active[a], n = count[a], o = offset[a];
+        jobs.push_back({view(down, e * h, h), &g[size_t(o * ff)], n, &ys[size_t(o * h)]});
+    }
+    if (shared) {
+        sh.resize(size_t(ntok * h));
+        jobs.push_back({view(shared->down, 0, shared->down.rows), shared->gate.row(0), ntok, sh.data()});
+    }
+    matmul_batch(jobs.data(), int64_t(jobs.size()));
+    const Rows ys_rows{reinterpret_cast<uint8_t*>(ys.data()), RG_TYPE_F32, rows, h, h * 4};
+    const Rows pairs_rows{reinterpret_cast<uint8_t*>(pairs.data()), RG_TYPE_I32, 1, rows, rows * 4};
+    const Rows sh_rows = shared ? Rows{reinterpret_cast<uint8_t*>(sh.data()), RG_TYPE_F32, ntok, h, h * 4} : Rows{};
+    moe_combine(ys_rows, pairs_rows, weights, sh_rows, shared ? shared->gate_logit : Rows{}, y);
+}
+
 void moe_combine(const Rows& ys, const Rows& pairs, const Rows& weights, const Rows& shared, const Rows& shared_gate,
                  const Rows& y) {
     const int64_t h = y.cols, k = weights.cols;

@@ -88,10 +88,12 @@ SparseMoe SparseMoe::load(const ModelWeights& w, int layer, const MoeShape& shap
     m.shape_ = shape;
     const std::string p = "blk." + std::to_string(layer) + ".";
     m.router_ = w.matrix(p + "ffn_gate_inp.weight", shape.n_expert, shape.hidden);
-    for (int64_t e = 0; routed && e < shape.n_expert; ++e) {
-        m.gate_.push_back(w.stacked(p + "ffn_gate_exps.weight", shape.n_expert, e, shape.ff_expert, shape.hidden));
-        m.up_.push_back(w.stacked(p + "ffn_up_exps.weight", shape.n_expert, e, shape.ff_expert, shape.hidden));
-        m.down_.push_back(w.stacked(p + "ffn_down_exps.weight", shape.n_expert, e, shape.hidden, shape.ff_expert));
+    if (routed) {
+        const int64_t ne = shape.n_expert;
+        m.experts_.gate = w.stacked_all(p + "ffn_gate_exps.weight", ne, shape.ff_expert, shape.hidden);
+        m.experts_.up = w.stacked_all(p + "ffn_up_exps.weight", ne, shape.ff_expert, shape.hidden);
+        m.experts_.down = w.stacked_all(p + "ffn_down_exps.weight", ne, shape.hidden, shape.ff_expert);
+        m.experts_.n_expert = ne;
     }
     if (shape.ff_shared > 0) {
         m.sh_gate_ = w.matrix(p + "ffn_gate_shexp.weight", shape.ff_shared, shape.hidden);
@@ -142,8 +144,8 @@ void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y) const {
     if (fs > 0) shg = ws.f32(ntok, fs), shu = ws.f32(ntok, fs), sh = ws.f32(ntok, h), sg = ws.f32(ntok, 1);
 
     if (!arena_) {
-        // the router and the shared expert's gate, up and router in one batch, every expert's gate and up in
-        // the next, and every down product (the shared one's too) in the last
+        // the router and the shared expert's gate, up and router in one batch; then the experts (and the
+        // shared expert's down product) on the backend, without a host round trip
         std::vector<MatmulJob> jobs{{router_, x, logits}};
         if (fs > 0) {
             jobs.push_back({sh_gate_, x, shg});
@@ -151,27 +153,10 @@ void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y) const {
             jobs.push_back({sh_router_, x, sg});
         }
         be.matmul(jobs.data(), int64_t(jobs.size()));
-        const ExpertBatch b = group_by_expert(route(ws, logits, false, weights), shape_.n_expert, k);
-        const PackedRows packed = pack(ws, b, x);
-        const Tensor g = ws.f32(b.rows, ff), u = ws.f32(b.rows, ff), ys = ws.f32(b.rows, h);
-        jobs.clear();
-        for (size_t a = 0; a < b.active.size(); ++a) {
-            const size_t e = size_t(b.active[a]);
-            const int64_t n = b.count[a], o = b.offset[a];
-            jobs.push_back({gate_[e], packed.xs.row_range(o, n), g.row_range(o, n)});
-            jobs.push_back({up_[e], packed.xs.row_range(o, n), u.row_range(o, n)});
-        }
-        be.matmul(jobs.data(), int64_t(jobs.size()));
-        be.glu(g, u, Glu::Silu, g);
-        if (fs > 0) be.glu(shg, shu, Glu::Silu, shg);
-        jobs.clear();
-        for (size_t a = 0; a < b.active.size(); ++a) {
-            const int64_t n = b.count[a], o = b.offset[a];
-            jobs.push_back({down_[size_t(b.active[a])], g.row_range(o, n), ys.row_range(o, n)});
-        }
-        if (fs > 0) jobs.push_back({sh_down_, shg, sh});
-        be.matmul(jobs.data(), int64_t(jobs.size()));
-        be.moe_combine(ys, packed.pairs, weights, sh, sg, y);
+        const Tensor ids = ws.i32(ntok, k);
+        be.moe_route(logits, Tensor{}, {k, shape_.norm_topk_prob, 0.0f, 0}, ids, weights);
+        const SharedExpert shared{shg, shu, sh_down_, sg};
+        be.moe_experts(x, ids, weights, experts_, fs > 0 ? &shared : nullptr, y);
         return;
     }
 

@@ -45,8 +45,9 @@ public:
     // Run the routed experts through `arena` (layer `layer` of its file).
     void stream_from(ExpertArena* arena, int64_t layer) { arena_ = arena, layer_ = layer; }
     void set_moce(const MoceOptions& moce) { moce_ = moce; }
-    // x: [ntok][hidden] -> y: [ntok][hidden]. The routing ids come to the host once (the arena and the expert
-    // batch are host decisions); everything else stays on the backend.
+    // x: [ntok][hidden] -> y: [ntok][hidden]. Resident experts run on the backend from the routing to the
+    // sum (Backend::moe_experts); streamed ones bring the routing ids to the host once per layer, where the
+    // arena pins and loads the experts and the batch by expert is formed.
     void forward(Workspace& ws, const Tensor& x, const Tensor& y) const;
     // Lookahead: route x (a prediction of this layer's input) and queue prefetch reads of the experts chosen.
     void prefetch(Workspace& ws, const Tensor& x) const;
@@ -56,8 +57,8 @@ private:
     std::vector<int32_t> route(Workspace& ws, const Tensor& logits, bool cache_aware, const Tensor& weights) const;
 
     MoeShape shape_;
-    Tensor router_;                           // [n_expert, hidden]
-    std::vector<Tensor> gate_, up_, down_;    // per expert: [ff, hidden], [ff, hidden], [hidden, ff]
+    Tensor router_;    // [n_expert, hidden]
+    ExpertSet experts_;  // resident: the stacked [n_expert * ff][hidden] (twice), [n_expert * hidden][ff]
     Tensor sh_gate_, sh_up_, sh_down_, sh_router_;  // shared expert and its gate [1, hidden]
     ExpertArena* arena_ = nullptr;
     int64_t layer_ = 0;

@@ -74,8 +74,8 @@ Tensor ModelWeights::matrix(const std::string& name, int64_t rows, int64_t cols)
     return store_.whole(tensor(name, {cols, rows}));
 }
 
-Tensor ModelWeights::stacked(const std::string& name, int64_t n, int64_t e, int64_t rows, int64_t cols) const {
-    return store_.whole(stacked_tensor(file_, name, n, rows, cols)).row_range(e * rows, rows);
+Tensor ModelWeights::stacked_all(const std::string& name, int64_t n, int64_t rows, int64_t cols) const {
+    return store_.whole(stacked_tensor(file_, name, n, rows, cols));
 }
 
 Tensor ModelWeights::f32(const std::string& name, int64_t n) const {

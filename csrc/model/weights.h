@@ -54,8 +54,8 @@ public:
     const GgufTensor& tensor(const std::string& name, std::initializer_list<int64_t> ne) const;
     // A matrix of numpy shape (rows, cols): ggml ne = {cols, rows}. Any supported type.
     Tensor matrix(const std::string& name, int64_t rows, int64_t cols) const;
-    // Matrix `e` of a stacked 3-D tensor of numpy shape (n, rows, cols) (llama.cpp's *_exps tensors).
-    Tensor stacked(const std::string& name, int64_t n, int64_t e, int64_t rows, int64_t cols) const;
+    // A stacked 3-D tensor of numpy shape (n, rows, cols) (llama.cpp's *_exps tensors) as [n * rows][cols].
+    Tensor stacked_all(const std::string& name, int64_t n, int64_t rows, int64_t cols) const;
     // An F32 tensor of exactly n elements, any dimensionality (norm weights, biases, conv kernels): [1][n].
     Tensor f32(const std::string& name, int64_t n) const;
     // An F32 vector of ggml shape [n] (1-D): stricter than f32(name, n).
