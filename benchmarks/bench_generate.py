@@ -8,6 +8,10 @@ flash attention) and one batch for the prompt. Each figure is the best of ``--re
 context after a warm-up (the mapping faulted in), the two engines taking turns.
 
     python benchmarks/bench_generate.py [--qwen] [--prompt 512] [--decode 128] [--threads 2] [--markdown]
+                                        [--baseline DIR]
+
+``--baseline DIR`` adds another regolith build (installed in DIR with ``pip install --no-deps --target``), run
+in its own process and taking turns with this one, and the ratio of this build to it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import regolith
+from benchmarks.baseline import Baseline
 from regolith import _core
 from regolith.models import resolve_model
 
@@ -106,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
+    ap.add_argument("--baseline", help="a directory holding another regolith build to compare with")
     args = ap.parse_args(argv)
     _core.set_threads(args.threads)
     names = ["gemma3-270m"] + (["qwen2.5-coder-0.5b"] if args.qwen else [])
@@ -121,9 +127,13 @@ def main(argv: list[str] | None = None) -> None:
         path = str(resolve_model(name))
         prompt = prompt_ids(name, args.prompt)
         engines = {"regolith": Regolith(path, prompt, args.decode)}
+        if args.baseline:
+            engines["baseline"] = Baseline(args.baseline, path, prompt, args.decode, _core.threads())
         if have_peer:
             engines["llama.cpp"] = LlamaCpp(path, prompt, args.decode, _core.threads())
         rows.append((name, best_rates(engines, args.repeat, args.prompt, args.decode)))
+        if args.baseline:
+            engines["baseline"].close()
 
     head = [
         "model",
@@ -135,9 +145,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, rates in rows:
         for engine, (pre, dec) in rates.items():
             lines.append([name, engine, f"{pre:.1f}", f"{dec:.2f}"])
-        if "llama.cpp" in rates:
-            (p0, d0), (p1, d1) = rates["regolith"], rates["llama.cpp"]
-            lines.append([name, "ratio", f"{p0 / p1:.2f}x", f"{d0 / d1:.2f}x"])
+        for peer in ("baseline", "llama.cpp"):
+            if peer in rates:
+                (p0, d0), (p1, d1) = rates["regolith"], rates[peer]
+                lines.append([name, f"regolith / {peer}", f"{p0 / p1:.3f}x", f"{d0 / d1:.3f}x"])
     title = f"greedy generation, {_core.threads()} threads, kernels: {_core.isa()}"
     if args.markdown:
         print(f"{title}\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))

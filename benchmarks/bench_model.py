@@ -7,10 +7,12 @@ routed experts (random valid blocks), Q8_0 dense matrices, Q6_K LM head, F32 vec
 real table is 51B parameters). Random weights route near-uniformly, which makes decode read more distinct
 experts than a trained model would.
 
-    python benchmarks/bench_model.py [--layers 4] [--prompt 512] [--decode 32]
+    python benchmarks/bench_model.py [--layers 4] [--prompt 512] [--decode 32] [--repeat 1] [--baseline DIR]
 
 Prints a table: prefill and decode tokens/s, and the weight bytes a decode step touches against the
-memory bandwidth measured in the same run.
+memory bandwidth measured in the same run. ``--baseline DIR`` adds another regolith build (installed in DIR
+with ``pip install --no-deps --target``), run in its own process; with ``--repeat`` the builds take turns and
+each figure is the best of the runs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import regolith
+from benchmarks.baseline import Baseline
 from regolith import _core
 from regolith.convert.qwen4exp import gguf_metadata
 from regolith.quant import type_size
@@ -150,19 +153,24 @@ def write_model(path: str, n_layers: int, rng: np.random.Generator) -> int:
     return per_token
 
 
-def time_regolith(path: str, prompt: np.ndarray, n_decode: int) -> tuple[float, float]:
-    """(prefill seconds, decode seconds) for regolith on the GGUF at `path`."""
-    model = regolith.Model.load(path)
-    # warm-up on another window: fault the mapping in, so the timing is of compute and memory reads
-    model.window(len(prompt) + 8).eval(prompt, all_logits=False)
-    window = model.window(len(prompt) + n_decode + 8)
-    t = time.perf_counter()
-    tok = int(np.argmax(window.eval(prompt, all_logits=False)[0]))
-    prefill = time.perf_counter() - t
-    t = time.perf_counter()
-    for _ in range(n_decode):
-        tok = int(np.argmax(window.eval([tok])[0]))
-    return prefill, time.perf_counter() - t
+class Regolith:
+    """This build on the GGUF at `path`; run() -> (prefill seconds, decode seconds) on a fresh window."""
+
+    def __init__(self, path: str, prompt: np.ndarray, n_decode: int):
+        self.model = regolith.Model.load(path)
+        self.prompt, self.n_decode = prompt, n_decode
+        # warm-up on another window: fault the mapping in, so the timing is of compute and memory reads
+        self.model.window(len(prompt) + 8).eval(prompt, all_logits=False)
+
+    def run(self) -> tuple[float, float]:
+        window = self.model.window(len(self.prompt) + self.n_decode + 8)
+        t = time.perf_counter()
+        tok = int(np.argmax(window.eval(self.prompt, all_logits=False)[0]))
+        prefill = time.perf_counter() - t
+        t = time.perf_counter()
+        for _ in range(self.n_decode):
+            tok = int(np.argmax(window.eval([tok])[0]))
+        return prefill, time.perf_counter() - t
 
 
 def time_llamacpp(path: str, prompt: np.ndarray, n_decode: int, threads: int) -> tuple[float, float] | None:
@@ -198,6 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each build, taking turns (best counts)")
+    ap.add_argument("--baseline", help="a directory holding another regolith build to compare with")
     args = ap.parse_args(argv)
     _core.set_threads(args.threads)
     console = Console()
@@ -215,17 +225,31 @@ def main(argv: list[str] | None = None) -> None:
         per_token = write_model(path, args.layers, rng)
         size = os.path.getsize(path)
         prompt = rng.integers(3, V, args.prompt).astype(np.int32)
-        ours = time_regolith(path, prompt, args.decode)
+        builds = {"regolith": Regolith(path, prompt, args.decode)}
+        if args.baseline:
+            builds["baseline"] = Baseline(args.baseline, path, prompt, args.decode, _core.threads())
+        best = {name: (float("inf"), float("inf")) for name in builds}
+        for _ in range(args.repeat):
+            for name, engine in builds.items():
+                pre, dec = engine.run()
+                best[name] = (min(best[name][0], pre), min(best[name][1], dec))
+        if args.baseline:
+            builds["baseline"].close()
+        ours = best["regolith"]
         peer = time_llamacpp(path, prompt, args.decode, _core.threads())
 
     table = Table(title=f"qwen4exp, {args.layers} layers at Flash-Next shapes ({size / 2**30:.2f} GiB), "
                   f"{_core.threads()} threads, kernels: {_core.isa()}")  # fmt: skip
     for col in ("engine", "prefill tok/s", "decode tok/s", "decode weight GB/s", "note"):
         table.add_column(col, justify="left" if col in ("engine", "note") else "right")
-    rows = [("regolith", ours)] + ([("llama.cpp", peer)] if peer else [])
+    rows = [("regolith", ours)] + ([("baseline", best["baseline"])] if args.baseline else [])
+    rows += [("llama.cpp", peer)] if peer else []
     for engine, (pre, dec) in rows:
         rate = args.decode / dec
         note = f"{per_token * rate / bw:.0%} of {bw / 1e9:.1f} GB/s memory bandwidth"
+        if engine == "regolith" and args.baseline:
+            base = best["baseline"]
+            note += f"; vs baseline: prefill {base[0] / pre:.3f}x, decode {base[1] / dec:.3f}x"
         if engine == "regolith" and peer:
             note += f"; vs llama.cpp: prefill {peer[0] / pre:.2f}x, decode {peer[1] / dec:.2f}x"
         table.add_row(

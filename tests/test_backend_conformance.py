@@ -18,7 +18,11 @@ OTHERS = [b for b in backends.available() if b != "cpu"]
 def test_every_op_matches_the_cpu_reference(backend):
     results = check.check(backend)
     assert len(results) > 300
-    failed = [f"{r['op']} {r['case']}: nmse {r['nmse']:.3g} > {r['tolerance']:g} {r['error']}" for r in results if not r["passed"]]
+    failed = [
+        f"{r['op']} {r['case']}: nmse {r['nmse']:.3g} > {r['tolerance']:g} {r['error']}"
+        for r in results
+        if not r["passed"]
+    ]
     assert not failed, "\n".join(failed)
 
 
@@ -51,6 +55,7 @@ def test_every_case_compares_outputs_that_depend_on_its_inputs():
 def test_command_line_prints_a_table_and_exits_zero():
     run = subprocess.run(
         [sys.executable, "-m", "regolith.backends.check", "--backend", "cpu-opaque", "--op", "rms_norm"],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,

@@ -77,7 +77,9 @@ def test_dense_model_logits_bit_identical_to_prerefactor_fixture(case, isa, tmp_
     runs by default only: the other ISAs' kernels are replayed on the tiny, demo and vision models, and the
     real models' prompts take minutes at scalar speed."""
     if isa != ACTIVE:
-        pytest.skip(f"real-model cases replay on the default {ACTIVE} kernels; {isa} is checked on the others")
+        pytest.skip(
+            f"real-model cases replay on the default {ACTIVE} kernels; {isa} is checked on the others"
+        )
     _replay(case, isa, tmp_path)
 
 

@@ -101,7 +101,10 @@ Rows resolve(const Tensor& t) {
 }
 
 CpuBackend::CpuBackend(bool opaque) : opaque_(opaque) {
-    if (opaque_) memory_ = std::make_unique<OpaqueMemory>();
+    if (opaque_) {
+        memory_ = std::make_unique<OpaqueMemory>(PROT_NONE);
+        weights_ = std::make_unique<OpaqueMemory>(PROT_READ);
+    }
 }
 
 CpuBackend::~CpuBackend() = default;
@@ -139,9 +142,12 @@ BackendBuffer* CpuBackend::import_host(const void* data, uint64_t bytes) {
         buf->kind = CpuBuffer::Kind::Wrapped;
         return buf;
     }
-    BackendBuffer* buf = alloc(bytes, MemoryUse::Device);
-    OpaqueMemory::Access access(*memory_);
-    std::memcpy(static_cast<CpuBuffer*>(buf)->data, data, bytes);
+    auto* buf = new CpuBuffer();
+    buf->data = weights_->alloc(bytes);
+    buf->bytes = bytes;
+    buf->kind = CpuBuffer::Kind::OpaqueWeights;
+    OpaqueMemory::Access access(*weights_);
+    std::memcpy(buf->data, data, bytes);
     return buf;
 }
 
@@ -158,6 +164,9 @@ void CpuBackend::free(BackendBuffer* buffer) {
             break;
         case CpuBuffer::Kind::Opaque:
             memory_->release(b->data, b->bytes);
+            break;
+        case CpuBuffer::Kind::OpaqueWeights:
+            weights_->release(b->data, b->bytes);
             break;
         case CpuBuffer::Kind::Wrapped:
             break;
@@ -202,9 +211,7 @@ void CpuBackend::read(const Tensor& src, void* dst) {
             std::memcpy(static_cast<uint8_t*>(dst) + r * row, s.row<uint8_t>(r), size_t(row));
     };
     if (!opaque_) return run();
-    flush();
-    OpaqueMemory::Access access(*memory_);
-    run();
+    flush(run);
 }
 
 void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
@@ -236,13 +243,14 @@ void CpuBackend::enqueue(std::function<void()> fn) {
     queue_.push_back(std::move(fn));
 }
 
-void CpuBackend::flush() {
+void CpuBackend::flush(const std::function<void()>& then) {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (queue_.empty()) return;
+    if (queue_.empty() && !then) return;
     std::vector<std::function<void()>> ops;
     ops.swap(queue_);
     OpaqueMemory::Access access(*memory_);
     for (auto& op : ops) op();  // an op that throws drops the rest: the caller resets its window
+    if (then) then();
 }
 
 // ---- ops --------------------------------------------------------------------------------------------

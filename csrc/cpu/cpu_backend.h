@@ -16,7 +16,7 @@
 namespace regolith::cpu {
 
 struct CpuBuffer final : BackendBuffer {
-    enum class Kind { Heap, Mapped, Wrapped, Opaque };
+    enum class Kind { Heap, Mapped, Wrapped, Opaque, OpaqueWeights };
     uint8_t* data = nullptr;
     uint64_t bytes = 0;
     Kind kind = Kind::Heap;
@@ -93,10 +93,12 @@ private:
         enqueue(std::function<void()>(std::forward<F>(fn)));
     }
     void enqueue(std::function<void()> fn);
-    void flush();
+    // Runs the queued ops and then `then` (a read) with the memory open.
+    void flush(const std::function<void()>& then = {});
 
     bool opaque_;
-    std::unique_ptr<OpaqueMemory> memory_;  // opaque mode
+    std::unique_ptr<OpaqueMemory> memory_;   // opaque mode: state, scratch, arena
+    std::unique_ptr<OpaqueMemory> weights_;  // opaque mode: the copies of imported host memory
     std::mutex queue_mu_;                    // opaque mode: the queue, and running it
     std::vector<std::function<void()>> queue_;
 };

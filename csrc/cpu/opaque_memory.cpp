@@ -20,7 +20,7 @@ uint64_t pages(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 }  // namespace
 
-OpaqueMemory::OpaqueMemory() {
+OpaqueMemory::OpaqueMemory(int closed) : closed_(closed) {
     for (uint64_t size = kReserve; size >= (uint64_t(1) << 30) && !base_; size /= 2) {
         void* p = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p != MAP_FAILED) base_ = static_cast<uint8_t*>(p), reserved_ = size;
@@ -49,7 +49,7 @@ uint8_t* OpaqueMemory::alloc(uint64_t bytes) {
         throw Error("cpu-opaque: out of reserved address space (" + std::to_string(reserved_ >> 20) + " MiB)");
     const uint64_t at = high_;
     high_ += n;
-    if (open_ > 0 && ::mprotect(base_ + at, n, PROT_READ | PROT_WRITE) != 0)
+    if (::mprotect(base_ + at, n, open_ > 0 ? PROT_READ | PROT_WRITE : closed_) != 0)
         throw Error(std::string("cpu-opaque: mprotect failed: ") + std::strerror(errno));
     return base_ + at;
 }
@@ -75,7 +75,7 @@ void OpaqueMemory::open() {
 
 void OpaqueMemory::close() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (--open_ == 0) protect(PROT_NONE);
+    if (--open_ == 0) protect(closed_);
 }
 
 }  // namespace regolith::cpu

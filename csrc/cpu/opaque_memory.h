@@ -1,5 +1,6 @@
-// The memory of the "cpu-opaque" backend: one reserved address range whose pages are inaccessible
-// (PROT_NONE) except while a backend call is running, so any host access from the core faults.
+// The memory of the "cpu-opaque" backend: a reserved address range whose pages are inaccessible outside
+// backend calls (`closed`: PROT_NONE, or PROT_READ for the weights' copies, which the core holds no address
+// of and which are large: toggling them would make every call slow), so a host access from the core faults.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,7 @@ namespace regolith::cpu {
 
 class OpaqueMemory {
 public:
-    OpaqueMemory();
+    explicit OpaqueMemory(int closed);
     ~OpaqueMemory();
     OpaqueMemory(const OpaqueMemory&) = delete;
     OpaqueMemory& operator=(const OpaqueMemory&) = delete;
@@ -31,6 +32,7 @@ public:
 private:
     void protect(int prot);
 
+    int closed_;
     uint8_t* base_ = nullptr;
     uint64_t reserved_ = 0;
     uint64_t high_ = 0;                   // bytes of the range handed out so far (a page multiple)
