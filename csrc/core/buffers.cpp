@@ -12,6 +12,8 @@ namespace {
 
 constexpr uint64_t kAlign = 256;                 // of every workspace tensor (GPU vector loads)
 constexpr uint64_t kMinChunk = uint64_t(1) << 20;  // bytes
+// A step that needed more (a long prefill) gives its memory back; smaller ones (decode) keep it for the next.
+constexpr uint64_t kRetain = uint64_t(32) << 20;
 
 uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
@@ -103,12 +105,15 @@ Tensor Workspace::alloc(uint32_t type, int64_t rows, int64_t cols) {
 }
 
 void Workspace::reset() {
-    if (chunks_.size() > 1) {
+    if (peak_ > kRetain) {
+        chunks_.clear();
+    } else if (chunks_.size() > 1) {
         chunks_.clear();
         chunks_.push_back(Buffer(*be_, round_up(peak_, kMinChunk)));
     }
     chunk_ = 0;
     used_ = 0;
+    peak_ = 0;
 }
 
 }  // namespace regolith

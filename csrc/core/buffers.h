@@ -48,7 +48,8 @@ struct OwnedTensor {
 // Scratch memory of a step. Tensors come from the top of a stack of buffers; a Scope gives back everything
 // taken after it was opened (a layer's intermediates), reset() everything. Memory is reused only by ops
 // recorded later, which run after the earlier ones, so no wait is needed. When a step needed more than the
-// first buffer, reset() replaces the buffers by one large enough for the whole step.
+// first buffer, reset() replaces the buffers by one large enough for the whole step, or, past 32 MiB (a long
+// prefill), frees them.
 class Workspace {
 public:
     explicit Workspace(Backend& be) : be_(&be) {}

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <utility>
 
 #include "core/errors.h"
 #include "core/types.h"
@@ -146,14 +147,21 @@ BackendBuffer* CpuBackend::import_host(const void* data, uint64_t bytes) {
     buf->data = weights_->alloc(bytes);
     buf->bytes = bytes;
     buf->kind = CpuBuffer::Kind::OpaqueWeights;
-    OpaqueMemory::Access access(*weights_);
-    std::memcpy(buf->data, data, bytes);
+    weights_->fill(buf->data, data, bytes);
     return buf;
 }
 
 void CpuBackend::free(BackendBuffer* buffer) {
     if (!buffer) return;
-    if (opaque_) flush();  // queued ops may still name it
+    if (opaque_) {
+        try {
+            flush();  // queued ops may still name it
+        } catch (...) {
+            // freeing must not throw (destructors free): the next flush or read reports the failure
+            std::lock_guard<std::mutex> lock(queue_mu_);
+            if (!failed_) failed_ = std::current_exception();
+        }
+    }
     auto* b = static_cast<CpuBuffer*>(buffer);
     switch (b->kind) {
         case CpuBuffer::Kind::Heap:
@@ -245,6 +253,7 @@ void CpuBackend::enqueue(std::function<void()> fn) {
 
 void CpuBackend::flush(const std::function<void()>& then) {
     std::lock_guard<std::mutex> lock(queue_mu_);
+    if (failed_) std::rethrow_exception(std::exchange(failed_, nullptr));
     if (queue_.empty() && !then) return;
     std::vector<std::function<void()>> ops;
     ops.swap(queue_);

@@ -4,6 +4,7 @@
 // write, so the core must work as it has to on a GPU.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -101,6 +102,7 @@ private:
     std::unique_ptr<OpaqueMemory> weights_;  // opaque mode: the copies of imported host memory
     std::mutex queue_mu_;                    // opaque mode: the queue, and running it
     std::vector<std::function<void()>> queue_;
+    std::exception_ptr failed_;  // an op that failed while a buffer was freed, reported by the next flush
 };
 
 // A checked host view of a tensor (its rows must lie in its buffer); an empty Rows for an empty tensor.

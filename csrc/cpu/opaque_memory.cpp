@@ -65,7 +65,22 @@ void OpaqueMemory::release(uint8_t* p, uint64_t bytes) {
         if (prev->first + prev->second == at) start = prev->first, size += prev->second, free_.erase(prev);
     }
     if (next != free_.end() && next->first == at + n) size += next->second, free_.erase(next);
+    if (start + size == high_) {
+        // the top of the range: hand it back, so that protecting the range stays cheap
+        ::mprotect(base_ + start, size, PROT_NONE);
+        high_ = start;
+        return;
+    }
     free_[start] = size;
+}
+
+void OpaqueMemory::fill(uint8_t* p, const void* src, uint64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t len = pages(n == 0 ? 1 : n);
+    if (::mprotect(p, len, PROT_READ | PROT_WRITE) != 0)
+        throw Error(std::string("cpu-opaque: mprotect failed: ") + std::strerror(errno));
+    std::memcpy(p, src, n);
+    if (open_ == 0) ::mprotect(p, len, closed_);
 }
 
 void OpaqueMemory::open() {

@@ -20,6 +20,8 @@ public:
     uint8_t* alloc(uint64_t bytes);
     void release(uint8_t* p, uint64_t bytes);
 
+    // Copies n bytes into the block at p (from alloc), opening only its pages while it does.
+    void fill(uint8_t* p, const void* src, uint64_t n);
     // Opens the pages to this process while backend code runs (nested and concurrent calls counted).
     void open();
     void close();

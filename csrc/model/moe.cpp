@@ -139,9 +139,9 @@ void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y) const {
     const int64_t ntok = x.rows, h = shape_.hidden, k = shape_.n_used, ff = shape_.ff_expert, fs = shape_.ff_shared;
     const Tensor logits = ws.f32(ntok, shape_.n_expert);  // [ntok][n_expert]
     const Tensor weights = ws.f32(ntok, k);               // [ntok][k]
-    // the shared expert: gate and up [ntok][ff_shared], output [ntok][hidden], gate logits [ntok]
-    Tensor shg, shu, sh, sg;
-    if (fs > 0) shg = ws.f32(ntok, fs), shu = ws.f32(ntok, fs), sh = ws.f32(ntok, h), sg = ws.f32(ntok, 1);
+    // the shared expert: gate and up [ntok][ff_shared], gate logits [ntok]
+    Tensor shg, shu, sg;
+    if (fs > 0) shg = ws.f32(ntok, fs), shu = ws.f32(ntok, fs), sg = ws.f32(ntok, 1);
 
     if (!arena_) {
         // the router and the shared expert's gate, up and router in one batch; then the experts (and the
@@ -164,6 +164,7 @@ void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y) const {
     const ExpertBatch b = group_by_expert(route(ws, logits, true, weights), shape_.n_expert, k);
     const PackedRows packed = pack(ws, b, x);
     const Tensor g = ws.f32(b.rows, ff), u = ws.f32(b.rows, ff), ys = ws.f32(b.rows, h);
+    const Tensor sh = fs > 0 ? ws.f32(ntok, h) : Tensor{};  // the shared expert's output [ntok][hidden]
     const auto shared = [&] {
         if (fs == 0) return;
         be.matmul(sh_gate_, x, shg);
