@@ -28,8 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import regolith
-from benchmarks.baseline import Baseline
+from benchmarks.engines import Baseline, Regolith
 from regolith import _core
 from regolith.models import resolve_model
 
@@ -40,25 +39,6 @@ MODELS = {"gemma3-270m": "dense-gemma3.json", "qwen2.5-coder-0.5b": "dense-qwen2
 def prompt_ids(name: str, n: int) -> np.ndarray:
     ids = json.loads((FIXTURES / MODELS[name]).read_text())["text"]["ids"]
     return np.resize(np.array(ids, dtype=np.int32), n)
-
-
-class Regolith:
-    """regolith on the GGUF at `path`; run() -> (prefill seconds, decode seconds) on a fresh window."""
-
-    def __init__(self, path: str, prompt: np.ndarray, n_decode: int):
-        self.model = regolith.Model.load(path)
-        self.prompt, self.n_decode = prompt, n_decode
-        self.model.window(len(prompt) + 8).eval(prompt, all_logits=False)  # warm-up: fault the mapping in
-
-    def run(self) -> tuple[float, float]:
-        window = self.model.window(len(self.prompt) + self.n_decode + 8)
-        t = time.perf_counter()
-        tok = int(np.argmax(window.eval(self.prompt, all_logits=False)[0]))
-        prefill = time.perf_counter() - t
-        t = time.perf_counter()
-        for _ in range(self.n_decode):
-            tok = int(np.argmax(window.eval([tok], all_logits=False)[0]))
-        return prefill, time.perf_counter() - t
 
 
 class LlamaCpp:
@@ -132,8 +112,9 @@ def main(argv: list[str] | None = None) -> None:
         if have_peer:
             engines["llama.cpp"] = LlamaCpp(path, prompt, args.decode, _core.threads())
         rows.append((name, best_rates(engines, args.repeat, args.prompt, args.decode)))
-        if args.baseline:
-            engines["baseline"].close()
+        for engine in engines.values():
+            if hasattr(engine, "close"):
+                engine.close()
 
     head = [
         "model",

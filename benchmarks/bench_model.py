@@ -29,8 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import regolith
-from benchmarks.baseline import Baseline
+from benchmarks.engines import Baseline, Regolith
 from regolith import _core
 from regolith.convert.qwen4exp import gguf_metadata
 from regolith.quant import type_size
@@ -153,26 +152,6 @@ def write_model(path: str, n_layers: int, rng: np.random.Generator) -> int:
     return per_token
 
 
-class Regolith:
-    """This build on the GGUF at `path`; run() -> (prefill seconds, decode seconds) on a fresh window."""
-
-    def __init__(self, path: str, prompt: np.ndarray, n_decode: int):
-        self.model = regolith.Model.load(path)
-        self.prompt, self.n_decode = prompt, n_decode
-        # warm-up on another window: fault the mapping in, so the timing is of compute and memory reads
-        self.model.window(len(prompt) + 8).eval(prompt, all_logits=False)
-
-    def run(self) -> tuple[float, float]:
-        window = self.model.window(len(self.prompt) + self.n_decode + 8)
-        t = time.perf_counter()
-        tok = int(np.argmax(window.eval(self.prompt, all_logits=False)[0]))
-        prefill = time.perf_counter() - t
-        t = time.perf_counter()
-        for _ in range(self.n_decode):
-            tok = int(np.argmax(window.eval([tok])[0]))
-        return prefill, time.perf_counter() - t
-
-
 def time_llamacpp(path: str, prompt: np.ndarray, n_decode: int, threads: int) -> tuple[float, float] | None:
     """The same for llama.cpp (llama-cpp-python), or None when it is not installed."""
     try:
@@ -233,8 +212,8 @@ def main(argv: list[str] | None = None) -> None:
             for name, engine in builds.items():
                 pre, dec = engine.run()
                 best[name] = (min(best[name][0], pre), min(best[name][1], dec))
-        if args.baseline:
-            builds["baseline"].close()
+        for engine in builds.values():
+            engine.close()
         ours = best["regolith"]
         peer = time_llamacpp(path, prompt, args.decode, _core.threads())
 

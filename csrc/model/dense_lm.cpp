@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "core/errors.h"
+#include "model/lm_head.h"
 #include "model/metadata.h"
 
 namespace regolith {
@@ -14,10 +15,6 @@ namespace {
 // Tokens per forward pass: bounds the activations ([chunk][n_ff] floats) while keeping prefill matmuls
 // large enough to amortise each weight panel's decode.
 constexpr int64_t kChunk = 512;
-// Logits rows computed per LM-head product when all are wanted: bounds their scratch (64 rows of Gemma's
-// 262k vocabulary: 64 MB) while keeping the product on the prefill path.
-constexpr int64_t kLogitRows = 64;
-
 }  // namespace
 
 DenseConfig DenseConfig::from_gguf(const GgufFile& f) {
@@ -317,19 +314,13 @@ void DenseWindow::eval_chunk(const int32_t* tokens, int64_t n, float* logits, bo
         return;
     }
 
-    // LM head on the rows whose logits are wanted: every token, or the last (prefill for generation), in
-    // products of at most kLogitRows rows
+    // LM head on the rows whose logits are wanted: every token, or the last (prefill for generation)
     const int64_t first = all_logits ? 0 : n - 1, rows = n - first;
     be.rms_norm(x.row_range(first, rows), model_.output_norm_, c.eps, xn.row_range(0, rows));
-    for (int64_t r0 = 0; r0 < rows; r0 += kLogitRows) {
-        Workspace::Scope scope(ws);
-        const int64_t m = std::min(kLogitRows, rows - r0);
-        const Tensor lg = ws.f32(m, c.vocab);
-        be.matmul(model_.output_, xn.row_range(r0, m), lg);
+    lm_head(ws, model_.output_, xn.row_range(0, rows), logits, [&](const Tensor& lg) {
         bias(lg, model_.output_bias_);
         if (c.final_softcap > 0.0f) be.unary(lg, Unary::Softcap, c.final_softcap, lg);
-        be.read(lg, logits + r0 * c.vocab);
-    }
+    });
 }
 
 }  // namespace regolith

@@ -60,9 +60,15 @@ void run_experts(Backend& be, const ExpertBatch& b, const std::vector<size_t>& w
         jobs.push_back({w[i].up, xs.row_range(o, n), u.row_range(o, n)});
     }
     be.matmul(jobs.data(), int64_t(jobs.size()));
-    for (size_t i : which) {
-        const Tensor gi = g.row_range(b.offset[i], b.count[i]);
-        be.glu(gi, u.row_range(b.offset[i], b.count[i]), Glu::Silu, gi);
+    // silu(g) * u over the experts' rows, one op per run of adjacent experts (all of them when none waited)
+    std::vector<size_t> sorted(which);
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size();) {
+        size_t j = i + 1;
+        while (j < sorted.size() && sorted[j] == sorted[j - 1] + 1) ++j;
+        const int64_t r0 = b.offset[sorted[i]], n = b.offset[sorted[j - 1]] + b.count[sorted[j - 1]] - r0;
+        be.glu(g.row_range(r0, n), u.row_range(r0, n), Glu::Silu, g.row_range(r0, n));
+        i = j;
     }
     jobs.clear();
     for (size_t i = 0; i < which.size(); ++i) {

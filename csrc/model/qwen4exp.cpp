@@ -4,17 +4,10 @@
 
 #include "core/errors.h"
 #include "model/expert_file.h"
+#include "model/lm_head.h"
 #include "model/metadata.h"
 
 namespace regolith {
-
-namespace {
-
-// Logits rows computed per LM-head product when all are wanted: bounds their scratch (64 rows of a 248k
-// vocabulary: 64 MB) while keeping the product on the prefill path.
-constexpr int64_t kLogitRows = 64;
-
-}  // namespace
 
 Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
     const std::string prefix = meta::require_arch(f, "qwen4exp");
@@ -352,13 +345,7 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, const Multimo
     const Tensor final_h = ws.f32(n - from, h);  // [n - from][hidden]
     model_.out_hc_.read(ws, streams.row_range(from, n - from), final_h, Tensor{});
     if (mtp_) mtp_->append(tokens, final_h);
-    for (int64_t r0 = first; r0 < n; r0 += kLogitRows) {
-        Workspace::Scope scope(ws);
-        const int64_t m = std::min(kLogitRows, n - r0);
-        const Tensor lg = ws.f32(m, c.vocab);
-        be.matmul(model_.output_, final_h.row_range(r0 - from, m), lg);
-        be.read(lg, logits + (r0 - first) * c.vocab);
-    }
+    lm_head(ws, model_.output_, final_h.row_range(first - from, n - first), logits, [](const Tensor&) {});
     if (keep) cp_.base = n_past_;
     n_past_ += n;
     if (arena) arena->warm();
