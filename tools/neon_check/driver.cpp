@@ -1,5 +1,5 @@
-// Runs the CPU backend's matmul on cases written by tools/neon_check/run.py, once per available ISA, and
-// writes the outputs next to them. Built for arm64 and run under qemu to test the NEON kernels on x86.
+// Runs the CPU backend's matmul kernels on cases written by tools/neon_check/run.py, once per available ISA,
+// and writes the outputs next to them. Built for arm64 and run under qemu to test the NEON kernels on x86.
 //
 // case file: uint32 type, int64 rows, cols, ntok, row_bytes; weights; float32 x[ntok][cols]
 // output:    <case>.<isa>.out with float32 y[ntok][rows]
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/ops.h"
 #include "cpu/isa.h"
+#include "cpu/kernels.h"
 
 int main(int argc, char** argv) {
     using namespace regolith;
@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
         std::fclose(f);
         for (cpu::Isa isa : cpu::available_isas()) {
             cpu::set_active_isa(isa);
-            cpu_backend().matmul(WeightView{type, w.data(), rows, cols, row_bytes}, x.data(), ntok, y.data());
+            cpu::matmul(cpu::WeightView{type, w.data(), rows, cols, row_bytes}, x.data(), ntok, y.data());
             const std::string out = std::string(argv[i]) + "." + std::string(cpu::isa_name(isa)) + ".out";
             FILE* o = std::fopen(out.c_str(), "wb");
             if (!o || std::fwrite(y.data(), 4, y.size(), o) != y.size()) return 3;
