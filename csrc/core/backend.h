@@ -162,12 +162,12 @@ public:
     // recorded before it.
     virtual void write(const Tensor& dst, const void* src) = 0;
     virtual void read(const Tensor& src, void* dst) = 0;
-    virtual void copy(const Tensor& src, const Tensor& dst) = 0;  // same type and shape
-    virtual void zero(const Tensor& dst) = 0;
+    void copy(const Tensor& src, const Tensor& dst);  // same type and shape
+    void zero(const Tensor& dst);
     virtual void submit() = 0;
 
     // ---- products -----------------------------------------------------------------------------------
-    virtual void matmul(const MatmulJob* jobs, int64_t n_jobs) = 0;
+    void matmul(const MatmulJob* jobs, int64_t n_jobs);
     void matmul(const Tensor& w, const Tensor& x, const Tensor& y) {
         const MatmulJob job{w, x, y};
         matmul(&job, 1);
@@ -176,118 +176,153 @@ public:
     // ---- rows ---------------------------------------------------------------------------------------
     // out[i] = dequantized table row ids[i] (I32) times scale, written `repeat` times side by side:
     // out [n][repeat * table.cols].
-    virtual void get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat, const Tensor& out) = 0;
+    void get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat, const Tensor& out);
     // out[i] = x[rows[i]] (rows I32 [1][m]).
-    virtual void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) = 0;
+    void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out);
     // ids [rows][k] I32: the k largest columns of each row of x, largest first (ties to the lower id);
     // values [rows][k] F32 (either may be empty).
-    virtual void top_k(const Tensor& x, int64_t k, const Tensor& ids, const Tensor& values) = 0;
+    void top_k(const Tensor& x, int64_t k, const Tensor& ids, const Tensor& values);
 
     // ---- norms --------------------------------------------------------------------------------------
     // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w[r % w.rows] (no scale without w): the sum of squares in
     // double, its mean rounded to float, then one rounding (transformers' float32 RMSNorm).
-    virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) = 0;
+    void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y);
     // Gated DeltaNet's output norm per row: y = w * (x * inv) * act(z), inv = 1 / sqrt(x.x / n + eps) in float.
-    virtual void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Unary act,
-                                const Tensor& y) = 0;
+    void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Unary act,
+                                const Tensor& y);
     // torch LayerNorm per row: mean and variance in double, the rest in float.
-    virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y) = 0;
+    void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y);
 
     // ---- rotary embeddings ---------------------------------------------------------------------------
     // table[i] = (cos a_j, sin a_j) for pairs j < freq.cols, a_j = float(pos[i][axis[j]]) * freq[j];
     // pos [n][3] I64, freq [1][half] F32, axis [1][half] I32, table [n][2 * half] F32 (all cos, then all sin).
-    virtual void rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis, const Tensor& table) = 0;
+    void rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis, const Tensor& table);
     // Rotates, in place, the leading 2 * half dims of x's rows (NEOX pairs j, j + half) by table row
     // r / rows_per_pos: (a, b) -> (a cos - b sin, b cos + a sin).
-    virtual void rope(const Tensor& x, const Tensor& table, int64_t rows_per_pos) = 0;
+    void rope(const Tensor& x, const Tensor& table, int64_t rows_per_pos);
 
     // ---- elementwise --------------------------------------------------------------------------------
-    virtual void unary(const Tensor& x, Unary op, float p, const Tensor& y) = 0;
-    virtual void glu(const Tensor& gate, const Tensor& up, Glu act, const Tensor& y) = 0;
+    void unary(const Tensor& x, Unary op, float p, const Tensor& y);
+    void glu(const Tensor& gate, const Tensor& up, Glu act, const Tensor& y);
     // y = a + b, b either of a's shape or one row added to every row.
-    virtual void add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+    void add(const Tensor& a, const Tensor& b, const Tensor& y);
 
     // ---- hyper-connections --------------------------------------------------------------------------
     // mixed[t][i] = (sum_s sigmoid(gate[t][s][i]) * xn[t][s][i]) / hc; gate, xn [ntok][hc * hidden].
-    virtual void hc_mix(const Tensor& gate, const Tensor& xn, int64_t hc, const Tensor& mixed) = 0;
+    void hc_mix(const Tensor& gate, const Tensor& xn, int64_t hc, const Tensor& mixed);
     // streams[t][s][:] += w[t][s] * out[t][:]; streams [ntok][hc * hidden], w [ntok][hc].
-    virtual void hc_write(const Tensor& out, const Tensor& w, int64_t hc, const Tensor& streams) = 0;
+    void hc_write(const Tensor& out, const Tensor& w, int64_t hc, const Tensor& streams);
 
     // ---- Gated DeltaNet -----------------------------------------------------------------------------
     // out[t][c] = silu(sum_i w_t[i][c] * ext[t + i][c]), ext = the sequence's state rows then its x rows;
     // x, out [ntok][channels], w_t [kernel][channels]. The state keeps the last kernel-1 inputs.
-    virtual void ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, int64_t n_seqs,
-                          const Tensor& out) = 0;
+    void ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, int64_t n_seqs,
+                          const Tensor& out);
     // In place: q and k (the first 2 * key_dim channels of qkv [ntok][conv_dim]) L2-normalised per head
     // (q also by k_dim^-1/2); g [ntok][n_v] <- a * softplus(g + dt_bias); beta <- sigmoid(beta).
-    virtual void gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a,
-                             const Tensor& dt_bias, const GdnDims& d) = 0;
+    void gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a,
+                             const Tensor& dt_bias, const GdnDims& d);
     // The delta rule per value head (v head h reads k head h % n_k_heads): one token at a time for single
     // tokens and with per-token states, else in chunks of `chunk` tokens. out [ntok][value_dim].
-    virtual void gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs,
-                          int64_t n_seqs, const GdnDims& d, int64_t chunk, const Tensor& out) = 0;
+    void gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs,
+                          int64_t n_seqs, const GdnDims& d, int64_t chunk, const Tensor& out);
 
     // ---- QSA sparse attention -----------------------------------------------------------------------
     // Pooled keys of the blocks this step completes: block_k[b] = rope(rms_norm(mean of index_k rows of
     // block b) * norm, at pos[b * ratio]) with the rope pairs' freq / axis.
-    virtual void qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq,
-                          const Tensor& axis, const QsaDims& d) = 0;
+    void qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq,
+                          const Tensor& axis, const QsaDims& d);
     // sel [ntok][topk] I32: per query the top min(topk, complete blocks) blocks by sum_h relu(iq_h . bk) /
     // sqrt(index_head_dim) (ties: lower block), in increasing order; n_sel [1][ntok] I32.
-    virtual void qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d,
-                            const Tensor& sel, const Tensor& n_sel) = 0;
+    void qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d,
+                            const Tensor& sel, const Tensor& n_sel);
     // out[t][h] = sigmoid(gate[t][h]) * softmax attention of q[t][h] over the selected blocks' tokens and
     // the tail; q, gate, out as rows ntok * n_head of head_dim.
-    virtual void qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel,
-                            const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& out) = 0;
+    void qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel,
+                            const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& out);
 
     // ---- dense attention ----------------------------------------------------------------------------
     // Appends keys and values k, v [ntok][n_head_kv * head_dim] at positions n0.. of each sequence's cache
     // (rounded to f16 for an F16 cache).
-    virtual void kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs,
-                           int64_t n_head_kv) = 0;
+    void kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs,
+                           int64_t n_head_kv);
     // Causal GQA attention of q [ntok][n_head * head_dim] at positions n0.. over each sequence's cache.
-    virtual void attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s,
-                           const Tensor& out) = 0;
+    void attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s,
+                           const Tensor& out);
 
     // ---- mixture of experts -------------------------------------------------------------------------
     // ids [ntok][k] I32 and weights [ntok][k] from router logits [ntok][n_expert]; resident: I8 [1][n_expert]
     // (MoCE) or empty.
-    virtual void moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
-                           const Tensor& weights) = 0;
+    void moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
+                           const Tensor& weights);
     // The routed experts of a layer without a host round trip: y[t] = sum over j of weights[t][j] *
     // down_e(silu(gate_e x_t) * up_e x_t), e = ids[t][j] (I32 [ntok][k]), summed in expert-id order, plus
     // sigmoid(gate_logit[t]) * down_s(silu(gate[t]) * up[t]) for the shared expert when given. The backend
     // groups the tokens by expert itself; each product is the matmul contract's.
-    virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertSet& experts,
-                             const SharedExpert* shared, const Tensor& y) = 0;
+    void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertSet& experts,
+                             const SharedExpert* shared, const Tensor& y);
     // y[t] = sum of weights[p] * ys[i] over the rows i whose pairs[i] = p names token t (p = t * k + j), in
     // row order, plus sigmoid(shared_gate[t]) * shared[t] when `shared` is given. ys [rows][hidden], pairs
     // [1][rows] I32, weights [ntok][k].
-    virtual void moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,
-                             const Tensor& shared_gate, const Tensor& y) = 0;
+    void moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,
+                             const Tensor& shared_gate, const Tensor& y);
 
     // ---- PLE ----------------------------------------------------------------------------------------
     // Per token and stream s: g = <norm_key(key), norm_query(query)> / sqrt(hidden) (double sum), signed
     // square root, gated = sigmoid(g) * value; normed = rms_norm(gated) * norm_conv.
     // key, query, gated, normed [ntok][hc * hidden], value [ntok][hidden], norms [1][hc * hidden].
-    virtual void ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, const Tensor& norm_key,
+    void ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, const Tensor& norm_key,
                           const Tensor& norm_query, const Tensor& norm_conv, int64_t hc, float eps,
-                          const Tensor& gated, const Tensor& normed) = 0;
+                          const Tensor& gated, const Tensor& normed);
     // out[t][c] += silu(sum_k w[c][k] * ext[hist + t - (K-1-k) * dilation][c]), ext = state rows then the
     // sequence's normed rows; w [channels][K]. The state keeps the last hist = (K-1) * dilation inputs.
-    virtual void ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs,
-                          int64_t n_seqs, const Tensor& out) = 0;
+    void ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs,
+                          int64_t n_seqs, const Tensor& out);
 
     // ---- vision tower -------------------------------------------------------------------------------
     // x[r] += sum_j w[r][j] * table[idx[r][j]] over 4 taps (bilinear resampling); idx I32, w F32 [n][4].
-    virtual void add_interpolated(const Tensor& table, const Tensor& idx, const Tensor& w, const Tensor& x) = 0;
+    void add_interpolated(const Tensor& table, const Tensor& idx, const Tensor& w, const Tensor& x);
     // qkv [n][3 * n_head * head_dim] -> q, k rotated by table [n][head_dim] (pairs j, j + head_dim/2) into
     // [n_head * n][stride] rows zero-padded to q.cols, and vt [n_head * head_dim][n] (values transposed).
-    virtual void vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q,
-                            const Tensor& k, const Tensor& vt) = 0;
+    void vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q,
+                            const Tensor& k, const Tensor& vt);
     // In place per row: softmax(scale * x) (max in 8 lanes, e^x by exp_nonpos, the sum in double lanes).
-    virtual void softmax_scaled(const Tensor& x, float scale) = 0;
+    void softmax_scaled(const Tensor& x, float scale);
+
+protected:
+    // What each backend implements; the public ops above check their arguments (core/backend.cpp), then call these.
+    virtual void do_matmul(const MatmulJob* jobs, int64_t n_jobs) = 0;
+    virtual void do_get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat, const Tensor& out) = 0;
+    virtual void do_gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) = 0;
+    virtual void do_top_k(const Tensor& x, int64_t k, const Tensor& ids, const Tensor& values) = 0;
+    virtual void do_rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) = 0;
+    virtual void do_rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Unary act, const Tensor& y) = 0;
+    virtual void do_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y) = 0;
+    virtual void do_rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis, const Tensor& table) = 0;
+    virtual void do_rope(const Tensor& x, const Tensor& table, int64_t rows_per_pos) = 0;
+    virtual void do_unary(const Tensor& x, Unary op, float p, const Tensor& y) = 0;
+    virtual void do_glu(const Tensor& gate, const Tensor& up, Glu act, const Tensor& y) = 0;
+    virtual void do_add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+    virtual void do_hc_mix(const Tensor& gate, const Tensor& xn, int64_t hc, const Tensor& mixed) = 0;
+    virtual void do_hc_write(const Tensor& out, const Tensor& w, int64_t hc, const Tensor& streams) = 0;
+    virtual void do_ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, int64_t n_seqs, const Tensor& out) = 0;
+    virtual void do_gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& dt_bias, const GdnDims& d) = 0;
+    virtual void do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs, int64_t n_seqs, const GdnDims& d, int64_t chunk, const Tensor& out) = 0;
+    virtual void do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq, const Tensor& axis, const QsaDims& d) = 0;
+    virtual void do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& sel, const Tensor& n_sel) = 0;
+    virtual void do_qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& out) = 0;
+    virtual void do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs, int64_t n_head_kv) = 0;
+    virtual void do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s, const Tensor& out) = 0;
+    virtual void do_moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids, const Tensor& weights) = 0;
+    virtual void do_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertSet& experts, const SharedExpert* shared, const Tensor& y) = 0;
+    virtual void do_moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared, const Tensor& shared_gate, const Tensor& y) = 0;
+    virtual void do_ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, const Tensor& norm_key, const Tensor& norm_query, const Tensor& norm_conv, int64_t hc, float eps, const Tensor& gated, const Tensor& normed) = 0;
+    virtual void do_ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs, int64_t n_seqs, const Tensor& out) = 0;
+    virtual void do_add_interpolated(const Tensor& table, const Tensor& idx, const Tensor& w, const Tensor& x) = 0;
+    virtual void do_vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q, const Tensor& k, const Tensor& vt) = 0;
+    virtual void do_softmax_scaled(const Tensor& x, float scale) = 0;
+    virtual void do_copy(const Tensor& src, const Tensor& dst) = 0;
+    virtual void do_zero(const Tensor& dst) = 0;
 };
 
 // The CPU backend (the reference), and the same kernels over memory the host cannot address outside backend

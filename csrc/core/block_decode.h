@@ -65,46 +65,46 @@ struct DecoderTraits {
 // ---- helpers: unaligned little-endian loads and 8-bytes-at-a-time (SWAR) code arithmetic ------------
 namespace decode_detail {
 
-inline uint16_t load_u16(const void* p) {
+RG_HD inline uint16_t load_u16(const void* p) {
     uint16_t v;
     std::memcpy(&v, p, 2);
     return v;
 }
-inline uint32_t load_u32(const void* p) {
+RG_HD inline uint32_t load_u32(const void* p) {
     uint32_t v;
     std::memcpy(&v, p, 4);
     return v;
 }
-inline uint64_t load_u64(const void* p) {
+RG_HD inline uint64_t load_u64(const void* p) {
     uint64_t v;
     std::memcpy(&v, p, 8);
     return v;
 }
-inline void store_u64(int8_t* q, uint64_t v) { std::memcpy(q, &v, 8); }
+RG_HD inline void store_u64(int8_t* q, uint64_t v) { std::memcpy(q, &v, 8); }
 
 constexpr uint64_t kOnes = 0x0101010101010101ull;
 constexpr uint64_t kLowNibbles = 0x0f0f0f0f0f0f0f0full;
 constexpr uint64_t bytes_of(uint8_t b) { return kOnes * b; }
 
 // Per byte x - k as int8, for bytes with x + 0x80 - k < 0x100 (so the add never carries out of a byte).
-inline uint64_t sub_bytes(uint64_t x, uint8_t k) {
+RG_HD inline uint64_t sub_bytes(uint64_t x, uint8_t k) {
     return (x + bytes_of(uint8_t(0x80 - k))) ^ bytes_of(0x80);
 }
 
 // Negate the bytes of g where m has 0xFF (two's complement: ~g + 1). Exact per byte provided every byte
 // of g is >= 1: then ~g <= 0xFE and the +1 never carries into the next byte.
-inline uint64_t apply_signs(uint64_t g, uint64_t m) { return (g ^ m) + (m & kOnes); }
+RG_HD inline uint64_t apply_signs(uint64_t g, uint64_t m) { return (g ^ m) + (m & kOnes); }
 
 // Per-byte add without carries between bytes.
-inline uint64_t add_bytes(uint64_t a, uint64_t b) {
+RG_HD inline uint64_t add_bytes(uint64_t a, uint64_t b) {
     constexpr uint64_t hi = bytes_of(0x80), lo = bytes_of(0x7f);
     return ((a & lo) + (b & lo)) ^ ((a ^ b) & hi);
 }
 
-inline float bits_to_f32(uint32_t u) { return f32_from_bits(u); }
+RG_HD inline float bits_to_f32(uint32_t u) { return f32_from_bits(u); }
 
 // 32 packed nibbles (16 bytes) -> q[0..15] = low nibbles, q[16..31] = high nibbles, minus k.
-inline void unpack_nibbles16(const uint8_t* qs, int8_t* q, uint8_t k) {
+RG_HD inline void unpack_nibbles16(const uint8_t* qs, int8_t* q, uint8_t k) {
     for (int c = 0; c < 2; ++c) {
         const uint64_t v = load_u64(qs + 8 * c);
         const uint64_t lo = v & kLowNibbles, hi = (v >> 4) & kLowNibbles;
@@ -114,7 +114,7 @@ inline void unpack_nibbles16(const uint8_t* qs, int8_t* q, uint8_t k) {
 }
 
 // 32 bits of qh -> per element a byte with `bit` set where the element's bit is set.
-inline void or_high_bits32(uint32_t qh, int8_t* q, uint8_t bit) {
+RG_HD inline void or_high_bits32(uint32_t qh, int8_t* q, uint8_t bit) {
     for (int c = 0; c < 4; ++c) {
         uint64_t v = load_u64(q + 8 * c);
         v |= rg_byte_mask[(qh >> (8 * c)) & 0xff] & bytes_of(bit);
@@ -125,7 +125,7 @@ inline void or_high_bits32(uint32_t qh, int8_t* q, uint8_t bit) {
 // Nibble indices into a 16-entry int8 table, laid out as IQ4_NL / IQ4_XS / MXFP4 / NVFP4 do:
 // from N bytes, element l = table[qs[l] & 15] and element N + l = table[qs[l] >> 4]. N = 16 or 8.
 template <int N>
-inline void lookup_nibbles(const uint8_t* qs, const int8_t* table, int8_t* q) {
+RG_HD inline void lookup_nibbles(const uint8_t* qs, const int8_t* table, int8_t* q) {
     static_assert(N == 16 || N == 8, "16 or 8 bytes");
 #if defined(__SSSE3__)
     const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(table));
@@ -160,7 +160,7 @@ inline void lookup_nibbles(const uint8_t* qs, const int8_t* table, int8_t* q) {
 
 // MXFP4 block scale: E8M0 exponent e -> 2^(e - 127) / 2 (the kvalues are doubled), as gguf's
 // e8m0_to_fp32_half: subnormal bit patterns for e < 2, never inf or NaN.
-inline float e8m0_half(uint8_t e) {
+RG_HD inline float e8m0_half(uint8_t e) {
     return bits_to_f32(e < 2 ? (0x00200000u << e) : (uint32_t(e - 1) << 23));
 }
 
@@ -170,7 +170,7 @@ inline float e8m0_half(uint8_t e) {
 // gguf: d * (nibble - 8)
 template <>
 struct BlockDecoder<RG_TYPE_Q4_0> : DecoderTraits<RG_TYPE_Q4_0, block_q4_0, QK4_0, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         scale[0] = fp16_to_fp32(b.d);
         decode_detail::unpack_nibbles16(b.qs, q, 8);
     }
@@ -179,7 +179,7 @@ struct BlockDecoder<RG_TYPE_Q4_0> : DecoderTraits<RG_TYPE_Q4_0, block_q4_0, QK4_
 // gguf: (d * nibble) + m
 template <>
 struct BlockDecoder<RG_TYPE_Q4_1> : DecoderTraits<RG_TYPE_Q4_1, block_q4_1, QK4_1, 32, true> {
-    static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
         scale[0] = fp16_to_fp32(b.d);
         bias[0] = fp16_to_fp32(b.m);
         decode_detail::unpack_nibbles16(b.qs, q, 0);
@@ -189,7 +189,7 @@ struct BlockDecoder<RG_TYPE_Q4_1> : DecoderTraits<RG_TYPE_Q4_1, block_q4_1, QK4_
 // gguf: d * ((nibble | bit4) - 16)
 template <>
 struct BlockDecoder<RG_TYPE_Q5_0> : DecoderTraits<RG_TYPE_Q5_0, block_q5_0, QK5_0, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         scale[0] = fp16_to_fp32(b.d);
         unpack_nibbles16(b.qs, q, 0);
@@ -201,7 +201,7 @@ struct BlockDecoder<RG_TYPE_Q5_0> : DecoderTraits<RG_TYPE_Q5_0, block_q5_0, QK5_
 // gguf: (d * (nibble | bit4)) + m
 template <>
 struct BlockDecoder<RG_TYPE_Q5_1> : DecoderTraits<RG_TYPE_Q5_1, block_q5_1, QK5_1, 32, true> {
-    static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
         using namespace decode_detail;
         scale[0] = fp16_to_fp32(b.d);
         bias[0] = fp16_to_fp32(b.m);
@@ -213,7 +213,7 @@ struct BlockDecoder<RG_TYPE_Q5_1> : DecoderTraits<RG_TYPE_Q5_1, block_q5_1, QK5_
 // gguf: x * d
 template <>
 struct BlockDecoder<RG_TYPE_Q8_0> : DecoderTraits<RG_TYPE_Q8_0, block_q8_0, QK8_0, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         scale[0] = fp16_to_fp32(b.d);
         std::memcpy(q, b.qs, QK);
     }
@@ -222,7 +222,7 @@ struct BlockDecoder<RG_TYPE_Q8_0> : DecoderTraits<RG_TYPE_Q8_0, block_q8_0, QK8_
 // IQ4_NL: d * kvalues[nibble]
 template <>
 struct BlockDecoder<RG_TYPE_IQ4_NL> : DecoderTraits<RG_TYPE_IQ4_NL, block_iq4_nl, QK4_NL, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         scale[0] = fp16_to_fp32(b.d);
         decode_detail::lookup_nibbles<16>(b.qs, rg_kvalues_iq4nl, q);
     }
@@ -232,7 +232,7 @@ struct BlockDecoder<RG_TYPE_IQ4_NL> : DecoderTraits<RG_TYPE_IQ4_NL, block_iq4_nl
 // pattern) computed bit-for-bit as gguf does.
 template <>
 struct BlockDecoder<RG_TYPE_MXFP4> : DecoderTraits<RG_TYPE_MXFP4, block_mxfp4, QK_MXFP4, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         scale[0] = decode_detail::e8m0_half(b.e);
         decode_detail::lookup_nibbles<16>(b.qs, rg_kvalues_e2m1, q);
     }
@@ -242,7 +242,7 @@ struct BlockDecoder<RG_TYPE_MXFP4> : DecoderTraits<RG_TYPE_MXFP4, block_mxfp4, Q
 // decode of every byte (0.5 factor included, 0x7F -> 0, bit 7 ignored).
 template <>
 struct BlockDecoder<RG_TYPE_NVFP4> : DecoderTraits<RG_TYPE_NVFP4, block_nvfp4, QK_NVFP4, 16, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         for (int s = 0; s < 4; ++s) {
             scale[s] = decode_detail::bits_to_f32(rg_ue4m3_half_bits[b.d[s]]);
             decode_detail::lookup_nibbles<8>(b.qs + 8 * s, rg_kvalues_e2m1, q + 16 * s);
@@ -253,7 +253,7 @@ struct BlockDecoder<RG_TYPE_NVFP4> : DecoderTraits<RG_TYPE_NVFP4, block_nvfp4, Q
 // Q1_0 (no gguf class; upstream ggml): bit ? +d : -d == d * (+-1) exactly.
 template <>
 struct BlockDecoder<RG_TYPE_Q1_0> : DecoderTraits<RG_TYPE_Q1_0, block_q1_0, QK1_0, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
         for (int g = 0; g < NG; ++g) scale[g] = d;
@@ -265,7 +265,7 @@ struct BlockDecoder<RG_TYPE_Q1_0> : DecoderTraits<RG_TYPE_Q1_0, block_q1_0, QK1_
 // Q2_0 (upstream ggml type 42): element j = ((qs[j/4] >> 2(j%4)) & 3) - 1, times d.
 template <>
 struct BlockDecoder<RG_TYPE_Q2_0> : DecoderTraits<RG_TYPE_Q2_0, block_q2_0, QK2_0, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         const float d = fp16_to_fp32(b.d);
         scale[0] = scale[1] = d;
         // two bytes at a time, placed at bits 0 and 32: shifting by 6, 12, 18 moves code r of each byte to
@@ -282,7 +282,7 @@ struct BlockDecoder<RG_TYPE_Q2_0> : DecoderTraits<RG_TYPE_Q2_0, block_q2_0, QK2_
 // Q2_K: (d * (sc & 15)) * q - (dmin * (sc >> 4)) per 16; a - b == a + (-b) exactly in IEEE arithmetic.
 template <>
 struct BlockDecoder<RG_TYPE_Q2_K> : DecoderTraits<RG_TYPE_Q2_K, block_q2_K, QK_K, 16, true> {
-    static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
         for (int g = 0; g < NG; ++g) {
@@ -302,7 +302,7 @@ struct BlockDecoder<RG_TYPE_Q2_K> : DecoderTraits<RG_TYPE_Q2_K, block_q2_K, QK_K
 // Q3_K: d * (6-bit scale - 32) per 16; q = low 2 bits - (high bit clear ? 4 : 0) = (low | high << 2) - 4.
 template <>
 struct BlockDecoder<RG_TYPE_Q3_K> : DecoderTraits<RG_TYPE_Q3_K, block_q3_K, QK_K, 16, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
         // scale s: low 4 bits from nibble s/8 of scales[s%8], high 2 bits from bits 2(s/4) of scales[8+s%4]
@@ -327,7 +327,7 @@ struct BlockDecoder<RG_TYPE_Q3_K> : DecoderTraits<RG_TYPE_Q3_K, block_q3_K, QK_K
 };
 
 // 8 (scale, min) pairs of 6 bits packed in 12 bytes (Q4_K, Q5_K).
-inline void k_scale_min(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
+RG_HD inline void k_scale_min(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
     if (j < 4) {
         *sc = s[j] & 63;
         *m = s[j + 4] & 63;
@@ -339,7 +339,7 @@ inline void k_scale_min(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
 
 // Q4_K / Q5_K group parameters: scale = d * sc, bias = -(dmin * m) for the 8 groups of 32.
 template <class B>
-inline void k_scales_biases(const B& b, float* scale, float* bias) {
+RG_HD inline void k_scales_biases(const B& b, float* scale, float* bias) {
     const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
     for (int g = 0; g < 8; ++g) {
         uint8_t sc, m;
@@ -352,7 +352,7 @@ inline void k_scales_biases(const B& b, float* scale, float* bias) {
 // Q4_K: (d * sc) * q - (dmin * m) per 32.
 template <>
 struct BlockDecoder<RG_TYPE_Q4_K> : DecoderTraits<RG_TYPE_Q4_K, block_q4_K, QK_K, 32, true> {
-    static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
         using namespace decode_detail;
         k_scales_biases(b, scale, bias);
         // 64 elements per 32 bytes: low nibbles are group 2k, high nibbles group 2k+1
@@ -368,7 +368,7 @@ struct BlockDecoder<RG_TYPE_Q4_K> : DecoderTraits<RG_TYPE_Q4_K, block_q4_K, QK_K
 // Q5_K: as Q4_K with a 5th bit: element 32i + l takes bit i of qh[l].
 template <>
 struct BlockDecoder<RG_TYPE_Q5_K> : DecoderTraits<RG_TYPE_Q5_K, block_q5_K, QK_K, 32, true> {
-    static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float* bias) {
         using namespace decode_detail;
         k_scales_biases(b, scale, bias);
         for (int c = 0; c < 4; ++c) {
@@ -387,7 +387,7 @@ struct BlockDecoder<RG_TYPE_Q5_K> : DecoderTraits<RG_TYPE_Q5_K, block_q5_K, QK_K
 // low 4 bits = nibble k/2 of ql[64h + 32(k%2) + l], high 2 bits = bits 2k of qh[32h + l].
 template <>
 struct BlockDecoder<RG_TYPE_Q6_K> : DecoderTraits<RG_TYPE_Q6_K, block_q6_K, QK_K, 16, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
         for (int g = 0; g < NG; ++g) scale[g] = d * float(b.scales[g]);
@@ -407,7 +407,7 @@ struct BlockDecoder<RG_TYPE_Q6_K> : DecoderTraits<RG_TYPE_Q6_K, block_q6_K, QK_K
 // Q8_K: float d * int8 (no gguf class; ggml's activation type).
 template <>
 struct BlockDecoder<RG_TYPE_Q8_K> : DecoderTraits<RG_TYPE_Q8_K, block_q8_K, QK_K, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         for (int g = 0; g < NG; ++g) scale[g] = b.d;
         std::memcpy(q, b.qs, QK);
     }
@@ -419,7 +419,7 @@ struct BlockDecoder<RG_TYPE_Q8_K> : DecoderTraits<RG_TYPE_Q8_K, block_q8_K, QK_K
 template <>
 struct BlockDecoder<RG_TYPE_TQ1_0> : DecoderTraits<RG_TYPE_TQ1_0, block_tq1_0, QK_K, 32, false> {
     static int8_t trit(uint8_t v, uint8_t pow3) { return int8_t(((uint8_t(v * pow3) * 3) >> 8) - 1); }
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         const float d = fp16_to_fp32(b.d);
         for (int g = 0; g < NG; ++g) scale[g] = d;
         static constexpr uint8_t pow3[5] = {1, 3, 9, 27, 81};
@@ -435,7 +435,7 @@ struct BlockDecoder<RG_TYPE_TQ1_0> : DecoderTraits<RG_TYPE_TQ1_0, block_tq1_0, Q
 // TQ2_0: element 128h + 32k + l = ((qs[32h + l] >> 2k) & 3) - 1, times d.
 template <>
 struct BlockDecoder<RG_TYPE_TQ2_0> : DecoderTraits<RG_TYPE_TQ2_0, block_tq2_0, QK_K, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
         for (int g = 0; g < NG; ++g) scale[g] = d;

@@ -18,7 +18,7 @@ inline namespace RG_ISA_NS {
 // gguf: db = d * (0.5 + s) * 0.25; x = db * grid * sign.
 template <>
 struct BlockDecoder<RG_TYPE_IQ2_XXS> : DecoderTraits<RG_TYPE_IQ2_XXS, block_iq2_xxs, QK_K, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
         const uint8_t* qs = reinterpret_cast<const uint8_t*>(b.qs);
@@ -37,7 +37,7 @@ struct BlockDecoder<RG_TYPE_IQ2_XXS> : DecoderTraits<RG_TYPE_IQ2_XXS, block_iq2_
 // gguf: db = d * (0.5 + s) * 0.25; x = db * grid * sign.
 template <>
 struct BlockDecoder<RG_TYPE_IQ2_XS> : DecoderTraits<RG_TYPE_IQ2_XS, block_iq2_xs, QK_K, 16, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
         for (int g = 0; g < NG; ++g)
@@ -54,7 +54,7 @@ struct BlockDecoder<RG_TYPE_IQ2_XS> : DecoderTraits<RG_TYPE_IQ2_XS, block_iq2_xs
 // gguf: db = d * (0.5 + s) * 0.25; x = db * grid * sign.
 template <>
 struct BlockDecoder<RG_TYPE_IQ2_S> : DecoderTraits<RG_TYPE_IQ2_S, block_iq2_s, QK_K, 16, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
         for (int g = 0; g < NG; ++g)
@@ -71,7 +71,7 @@ struct BlockDecoder<RG_TYPE_IQ2_S> : DecoderTraits<RG_TYPE_IQ2_S, block_iq2_s, Q
 // indices + 4-bit scale s. gguf: db = d * (0.5 + s) * 0.5; x = db * grid * sign.
 template <>
 struct BlockDecoder<RG_TYPE_IQ3_XXS> : DecoderTraits<RG_TYPE_IQ3_XXS, block_iq3_xxs, QK_K, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
         const uint8_t* idx = b.qs;
@@ -92,7 +92,7 @@ struct BlockDecoder<RG_TYPE_IQ3_XXS> : DecoderTraits<RG_TYPE_IQ3_XXS, block_iq3_
 // scales per 32. gguf: db = d * (1 + 2s); x = db * grid * sign.
 template <>
 struct BlockDecoder<RG_TYPE_IQ3_S> : DecoderTraits<RG_TYPE_IQ3_S, block_iq3_s, QK_K, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
         for (int g = 0; g < NG; ++g)
@@ -114,7 +114,7 @@ struct BlockDecoder<RG_TYPE_IQ3_S> : DecoderTraits<RG_TYPE_IQ3_S, block_iq3_s, Q
 // round(dl * q / 8). We use scale = dl * 0.125, which is exact (a power-of-two scaling of a float32 that
 // is at least 2^-24 in magnitude or zero, far from the subnormal range), and scale * q then rounds the same
 // real number dl * q / 8 once: bit-identical. q is never 0 so signed zeros agree as well.
-inline uint64_t iq1_codes(uint64_t grid, bool negative_delta) {
+RG_HD inline uint64_t iq1_codes(uint64_t grid, bool negative_delta) {
     using namespace decode_detail;
     const uint64_t g8 =
         (grid << 3) & bytes_of(0xf8);  // per byte 8 * g; bits shifted in from below are masked
@@ -127,7 +127,7 @@ inline uint64_t iq1_codes(uint64_t grid, bool negative_delta) {
 // gguf: dl = d * (2s + 1); x = dl * (grid + delta).
 template <>
 struct BlockDecoder<RG_TYPE_IQ1_S> : DecoderTraits<RG_TYPE_IQ1_S, block_iq1_s, QK_K, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
         const uint8_t* qh8 = reinterpret_cast<const uint8_t*>(b.qh);
@@ -148,7 +148,7 @@ struct BlockDecoder<RG_TYPE_IQ1_S> : DecoderTraits<RG_TYPE_IQ1_S, block_iq1_s, Q
 // gguf: dl = d * (2s + 1); x = dl * (grid + delta).
 template <>
 struct BlockDecoder<RG_TYPE_IQ1_M> : DecoderTraits<RG_TYPE_IQ1_M, block_iq1_m, QK_K, 16, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         uint16_t sc[4];
         for (int u = 0; u < 4; ++u) sc[u] = load_u16(b.scales + 2 * u);
@@ -169,7 +169,7 @@ struct BlockDecoder<RG_TYPE_IQ1_M> : DecoderTraits<RG_TYPE_IQ1_M, block_iq1_m, Q
 // gguf: dl = d * (s - 32); x = dl * kvalues[nibble].
 template <>
 struct BlockDecoder<RG_TYPE_IQ4_XS> : DecoderTraits<RG_TYPE_IQ4_XS, block_iq4_xs, QK_K, 32, false> {
-    static void decode(const Block& b, int8_t* q, float* scale, float*) {
+    RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         const float d = fp16_to_fp32(b.d);
         const uint16_t sh = load_u16(&b.scales_h);

@@ -9,20 +9,20 @@
 namespace regolith {
 inline namespace RG_ISA_NS {
 
-inline float f32_from_bits(uint32_t u) {
+RG_HD inline float f32_from_bits(uint32_t u) {
     float f;
     std::memcpy(&f, &u, 4);
     return f;
 }
 
-inline uint32_t f32_bits(float f) {
+RG_HD inline uint32_t f32_bits(float f) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
     return u;
 }
 
 // Exact: every binary16 value (subnormals, inf, NaN payloads) maps to the same float32 value.
-inline float fp16_to_fp32(uint16_t h) {
+RG_HD inline float fp16_to_fp32(uint16_t h) {
     const uint32_t sign = uint32_t(h & 0x8000) << 16;
     const uint32_t exp = (h >> 10) & 0x1f;
     const uint32_t man = h & 0x3ff;
@@ -34,7 +34,7 @@ inline float fp16_to_fp32(uint16_t h) {
 }
 
 // Round to nearest even, overflow to inf, NaN stays NaN (quiet).
-inline uint16_t fp32_to_fp16(float f) {
+RG_HD inline uint16_t fp32_to_fp16(float f) {
     const uint32_t x = f32_bits(f);
     const uint16_t sign = uint16_t((x >> 16) & 0x8000);
     const uint32_t ax = x & 0x7fffffffu;
@@ -53,10 +53,10 @@ inline uint16_t fp32_to_fp16(float f) {
     return uint16_t(sign | (r >> 13));
 }
 
-inline float bf16_to_fp32(uint16_t h) { return f32_from_bits(uint32_t(h) << 16); }
+RG_HD inline float bf16_to_fp32(uint16_t h) { return f32_from_bits(uint32_t(h) << 16); }
 
 // Round to nearest even; NaN stays NaN (quiet bit forced), as torch and gguf do.
-inline uint16_t fp32_to_bf16(float f) {
+RG_HD inline uint16_t fp32_to_bf16(float f) {
     uint32_t x = f32_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40);
     x += 0x7fffu + ((x >> 16) & 1);

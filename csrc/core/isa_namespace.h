@@ -5,7 +5,16 @@
 // regolith::name; the inline namespace is invisible to them.
 #pragma once
 
-#if defined(__AVX2__)
+// Header-defined code that CUDA device code shares (half conversions, block decoders) is RG_HD.
+#if defined(__CUDACC__)
+#define RG_HD __host__ __device__
+#else
+#define RG_HD
+#endif
+
+#if defined(__CUDACC__)
+#define RG_ISA_NS isa_cuda
+#elif defined(__AVX2__)
 #define RG_ISA_NS isa_avx2
 #elif defined(__SSSE3__)
 #define RG_ISA_NS isa_ssse3

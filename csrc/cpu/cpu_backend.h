@@ -37,54 +37,54 @@ public:
     bool lock(BackendBuffer* buffer, std::string* error) override;
     void write(const Tensor& dst, const void* src) override;
     void read(const Tensor& src, void* dst) override;
-    void copy(const Tensor& src, const Tensor& dst) override;
-    void zero(const Tensor& dst) override;
+    void do_copy(const Tensor& src, const Tensor& dst) override;
+    void do_zero(const Tensor& dst) override;
     void submit() override;
 
-    void matmul(const regolith::MatmulJob* jobs, int64_t n_jobs) override;
-    void get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat, const Tensor& out) override;
-    void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override;
-    void top_k(const Tensor& x, int64_t k, const Tensor& ids, const Tensor& values) override;
-    void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
-    void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Unary act,
+    void do_matmul(const regolith::MatmulJob* jobs, int64_t n_jobs) override;
+    void do_get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat, const Tensor& out) override;
+    void do_gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override;
+    void do_top_k(const Tensor& x, int64_t k, const Tensor& ids, const Tensor& values) override;
+    void do_rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
+    void do_rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Unary act,
                         const Tensor& y) override;
-    void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y) override;
-    void rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis, const Tensor& table) override;
-    void rope(const Tensor& x, const Tensor& table, int64_t rows_per_pos) override;
-    void unary(const Tensor& x, Unary op, float p, const Tensor& y) override;
-    void glu(const Tensor& gate, const Tensor& up, Glu act, const Tensor& y) override;
-    void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
-    void hc_mix(const Tensor& gate, const Tensor& xn, int64_t hc, const Tensor& mixed) override;
-    void hc_write(const Tensor& out, const Tensor& w, int64_t hc, const Tensor& streams) override;
-    void ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, int64_t n_seqs, const Tensor& out) override;
-    void gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& dt_bias,
+    void do_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y) override;
+    void do_rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis, const Tensor& table) override;
+    void do_rope(const Tensor& x, const Tensor& table, int64_t rows_per_pos) override;
+    void do_unary(const Tensor& x, Unary op, float p, const Tensor& y) override;
+    void do_glu(const Tensor& gate, const Tensor& up, Glu act, const Tensor& y) override;
+    void do_add(const Tensor& a, const Tensor& b, const Tensor& y) override;
+    void do_hc_mix(const Tensor& gate, const Tensor& xn, int64_t hc, const Tensor& mixed) override;
+    void do_hc_write(const Tensor& out, const Tensor& w, int64_t hc, const Tensor& streams) override;
+    void do_ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, int64_t n_seqs, const Tensor& out) override;
+    void do_gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& dt_bias,
                      const GdnDims& d) override;
-    void gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs, int64_t n_seqs,
+    void do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs, int64_t n_seqs,
                   const GdnDims& d, int64_t chunk, const Tensor& out) override;
-    void qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq, const Tensor& axis,
+    void do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq, const Tensor& axis,
                   const QsaDims& d) override;
-    void qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& sel,
+    void do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& sel,
                     const Tensor& n_sel) override;
-    void qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel, const QsaSeq* seqs,
+    void do_qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel, const QsaSeq* seqs,
                     int64_t n_seqs, const QsaDims& d, const Tensor& out) override;
-    void kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs, int64_t n_head_kv) override;
-    void attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s,
+    void do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs, int64_t n_head_kv) override;
+    void do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s,
                    const Tensor& out) override;
-    void moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
+    void do_moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
                    const Tensor& weights) override;
-    void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertSet& experts,
+    void do_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertSet& experts,
                      const SharedExpert* shared, const Tensor& y) override;
-    void moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,
+    void do_moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,
                      const Tensor& shared_gate, const Tensor& y) override;
-    void ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, const Tensor& norm_key,
+    void do_ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, const Tensor& norm_key,
                   const Tensor& norm_query, const Tensor& norm_conv, int64_t hc, float eps, const Tensor& gated,
                   const Tensor& normed) override;
-    void ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs, int64_t n_seqs,
+    void do_ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs, int64_t n_seqs,
                   const Tensor& out) override;
-    void add_interpolated(const Tensor& table, const Tensor& idx, const Tensor& w, const Tensor& x) override;
-    void vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q, const Tensor& k,
+    void do_add_interpolated(const Tensor& table, const Tensor& idx, const Tensor& w, const Tensor& x) override;
+    void do_vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q, const Tensor& k,
                     const Tensor& vt) override;
-    void softmax_scaled(const Tensor& x, float scale) override;
+    void do_softmax_scaled(const Tensor& x, float scale) override;
 
 private:
     // Runs fn now, or (opaque) queues it until the next flush.
