@@ -31,8 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    parser = argparse.ArgumentParser(prog="python -m regolith.backends.check", description=__doc__.split("\n")[0])
-    parser.add_argument("--backend", action="append", help="a backend to check (repeatable; default: every one)")
+    parser = argparse.ArgumentParser(
+        prog="python -m regolith.backends.check", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--backend", action="append", help="a backend to check (repeatable; default: every one)"
+    )
     parser.add_argument("--op", default="", help="only the ops whose name contains this")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("-v", "--verbose", action="store_true", help="one row per case, not per op")
@@ -59,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print(table)
         bad = [r for r in results if not r["passed"]]
         for r in bad:
-            console.print(f"[red]FAIL[/red] {r['op']} {r['case']}: nmse {r['nmse']:.3g} > {r['tolerance']:.0e} {r['error']}")
+            console.print(
+                f"[red]FAIL[/red] {r['op']} {r['case']}: nmse {r['nmse']:.3g} > {r['tolerance']:.0e} {r['error']}"
+            )
         console.print(f"{name}: {len(results) - len(bad)} of {len(results)} cases pass")
         failed += len(bad)
     return 1 if failed else 0
