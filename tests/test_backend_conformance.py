@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import regolith
 from regolith import backends
 from regolith.backends import check
 
@@ -69,3 +70,11 @@ def test_unknown_backend_is_a_clear_error():
         check.check("metal")
     with pytest.raises(ValueError, match="unknown backend"):
         backends.resolve("cuda-nope")
+
+
+@pytest.mark.skipif("cuda" in backends.available(), reason="this machine has the cuda backend")
+def test_cuda_where_there_is_none_says_what_it_needs():
+    with pytest.raises(ValueError, match="nvcc was found and an NVIDIA GPU; here there are cpu"):
+        backends.resolve("cuda")
+    with pytest.raises(ValueError, match="nvcc"):
+        regolith.Model.load(backend="cuda")

@@ -90,9 +90,9 @@ struct KvSeq {
 
 struct GdnDims {
     int64_t n_k_heads = 0, n_v_heads = 0, k_dim = 0, v_dim = 0;
-    int64_t key_dim() const { return n_k_heads * k_dim; }
-    int64_t value_dim() const { return n_v_heads * v_dim; }
-    int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+    constexpr int64_t key_dim() const { return n_k_heads * k_dim; }
+    constexpr int64_t value_dim() const { return n_v_heads * v_dim; }
+    constexpr int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
 };
 
 struct QsaDims {
@@ -329,9 +329,11 @@ protected:
 // calls, with ops deferred until submit ("cpu-opaque", for proving the core never touches device memory).
 Backend& cpu_backend();
 Backend& cpu_opaque_backend();
+// The CUDA backend on device 0, or null when this build or this machine has none (csrc/cuda/).
+Backend* cuda_backend();
 
-// A backend by name ("cpu", "cpu-opaque"; "" = the default: $REGOLITH_BACKEND or "cpu"). Throws Error naming
-// the backends this build has.
+// A backend by name ("cpu", "cpu-opaque", "cuda"; "" = the default: $REGOLITH_BACKEND or "cpu"). Throws Error
+// naming the backends this build and machine have.
 Backend& backend_by_name(const std::string& name);
 std::vector<std::string> backend_names();
 

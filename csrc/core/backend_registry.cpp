@@ -5,7 +5,11 @@
 
 namespace regolith {
 
-std::vector<std::string> backend_names() { return {"cpu", "cpu-opaque"}; }
+std::vector<std::string> backend_names() {
+    std::vector<std::string> names{"cpu", "cpu-opaque"};
+    if (cuda_backend()) names.push_back("cuda");
+    return names;
+}
 
 Backend& backend_by_name(const std::string& name) {
     std::string n = name;
@@ -15,6 +19,7 @@ Backend& backend_by_name(const std::string& name) {
     }
     if (n == "cpu") return cpu_backend();
     if (n == "cpu-opaque") return cpu_opaque_backend();
+    if (n == "cuda" && cuda_backend()) return *cuda_backend();
     std::string known;
     for (const std::string& b : backend_names()) known += (known.empty() ? "" : ", ") + b;
     throw Error("unknown backend '" + n + "'; this build has " + known);

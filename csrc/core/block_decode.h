@@ -418,7 +418,7 @@ struct BlockDecoder<RG_TYPE_Q8_K> : DecoderTraits<RG_TYPE_Q8_K, block_q8_K, QK_K
 // Elements: 32k + l from qs[l] (k < 5), 160 + 16k + l from qs[32 + l], 240 + 4k + l from qh[l] (k < 4).
 template <>
 struct BlockDecoder<RG_TYPE_TQ1_0> : DecoderTraits<RG_TYPE_TQ1_0, block_tq1_0, QK_K, 32, false> {
-    static int8_t trit(uint8_t v, uint8_t pow3) { return int8_t(((uint8_t(v * pow3) * 3) >> 8) - 1); }
+    RG_HD static int8_t trit(uint8_t v, uint8_t pow3) { return int8_t(((uint8_t(v * pow3) * 3) >> 8) - 1); }
     RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         const float d = fp16_to_fp32(b.d);
         for (int g = 0; g < NG; ++g) scale[g] = d;

@@ -5,9 +5,10 @@
 // regolith::name; the inline namespace is invisible to them.
 #pragma once
 
-// Header-defined code that CUDA device code shares (half conversions, block decoders) is RG_HD.
+// Header-defined code that CUDA kernels share (half conversions, block decoders) is RG_HD: in CUDA files
+// device code only (their tables are __device__ there), elsewhere plain C++.
 #if defined(__CUDACC__)
-#define RG_HD __host__ __device__
+#define RG_HD __device__
 #else
 #define RG_HD
 #endif

@@ -1,8 +1,9 @@
 // Quantized block layouts: the one place they are defined.
 //
 // Included by C++ (csrc/), CUDA (csrc/cuda/) and Metal Shading Language (metal/), so it uses only
-// fixed-width integer types, a per-language half type and static_assert. Layouts are byte-for-byte the
-// ones GGUF files hold (ggml's), so a tensor's bytes can be reinterpreted as an array of these blocks.
+// fixed-width integer types, a half type (Metal's half; raw binary16 bits elsewhere) and static_assert.
+// Layouts are byte-for-byte the ones GGUF files hold (ggml's), so a tensor's bytes can be reinterpreted as
+// an array of these blocks.
 // Type ids are the GGUF ggml_type ids.
 #pragma once
 
@@ -11,15 +12,11 @@
 typedef half rg_half;  // IEEE binary16 as stored
 typedef ushort rg_bf16_bits;
 #define RG_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
-#elif defined(__CUDACC__)
-#include <cuda_fp16.h>
-#include <stdint.h>
-typedef half rg_half;
-typedef uint16_t rg_bf16_bits;
-#define RG_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
 #else
+// C++ and CUDA: raw IEEE binary16 bits, converted with fp16_to_fp32() (CUDA kernels share the C++ block
+// decoders, so a CUDA half here would convert by value).
 #include <stdint.h>
-typedef uint16_t rg_half;  // raw IEEE binary16 bits; convert with fp16_to_fp32()
+typedef uint16_t rg_half;
 typedef uint16_t rg_bf16_bits;
 #ifdef __cplusplus
 #define RG_STATIC_ASSERT(cond, msg) static_assert(cond, msg)

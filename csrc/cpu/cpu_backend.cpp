@@ -341,7 +341,6 @@ void CpuBackend::do_gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor
 
 void CpuBackend::do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs, int64_t n_seqs,
                           const GdnDims& d, int64_t chunk, const Tensor& out) {
-    const int64_t state = d.n_v_heads * d.k_dim * d.v_dim;
     std::vector<GdnSeq> s(seqs, seqs + n_seqs);
     for (const GdnSeq& q : s) {
         resolve(q.state), resolve(q.after);
@@ -443,7 +442,6 @@ void CpuBackend::do_ple_gate(const Tensor& key, const Tensor& query, const Tenso
 
 void CpuBackend::do_ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs,
                           int64_t n_seqs, const Tensor& out) {
-    const int64_t hist = (w.cols - 1) * dilation;
     std::vector<PleConvSeq> s(seqs, seqs + n_seqs);
     for (const PleConvSeq& q : s) {
         resolve(q.state);
@@ -459,7 +457,6 @@ void CpuBackend::do_add_interpolated(const Tensor& table, const Tensor& idx, con
 
 void CpuBackend::do_vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q, const Tensor& k,
                             const Tensor& vt) {
-    const int64_t n = qkv.rows, hd = qkv.cols / 3 / n_head;
     resolve(qkv), resolve(table), resolve(q), resolve(k), resolve(vt);
     exec([=] { cpu::vision_qkv(resolve(qkv), resolve(table), n_head, resolve(q), resolve(k), resolve(vt)); });
 }

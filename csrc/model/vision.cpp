@@ -231,7 +231,7 @@ void VisionEncoder::attention(const Block& b, const Tensor& x, const Tensor& rop
                               const Scratch& sc) const {
     const VisionConfig& c = config_;
     Backend& be = backend_;
-    const int64_t n = x.rows, nh = c.n_head, hd = c.head_dim(), hp = sc.hp;
+    const int64_t n = x.rows, nh = c.n_head, hd = c.head_dim();
     const Tensor qkv = sc.qkv.row_range(0, n), q = sc.q.row_range(0, nh * n), k = sc.k.row_range(0, nh * n);
     const Tensor vt = sc.vt.reshaped(nh * hd, n), heads = sc.heads.row_range(0, nh * n);
     linear(b.qkv, b.qkv_b, x, qkv);

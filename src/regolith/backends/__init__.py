@@ -2,7 +2,8 @@
 
 Every op of every model runs on a backend (``csrc/core/backend.h``): ``"cpu"`` is the reference;
 ``"cpu-opaque"`` runs the same kernels on memory the host cannot address outside backend calls, with ops
-deferred until the core waits on them, which proves the engine never touches device memory from the host.
+deferred until the core waits on them, which proves the engine never touches device memory from the host;
+``"cuda"`` (a build made where nvcc was found, on a machine with an NVIDIA GPU) runs on the GPU.
 ``python -m regolith.backends.check`` compares a backend with the CPU op by op.
 """
 
@@ -27,5 +28,10 @@ def resolve(name: str | None) -> str:
     for a backend this build does not have."""
     chosen = name or os.environ.get("REGOLITH_BACKEND") or DEFAULT
     if chosen not in available():
+        if chosen == "cuda":
+            raise ValueError(
+                "the cuda backend needs a build of regolith made where CUDA's nvcc was found and an NVIDIA GPU; "
+                f"here there are {', '.join(available())}"
+            )
         raise ValueError(f"unknown backend {chosen!r}; this build has {', '.join(available())}")
     return chosen

@@ -1,0 +1,67 @@
+// What every CUDA kernel file shares: error checks, tensor views as kernels see them, launch arithmetic and
+// warp / block reductions.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/backend.h"
+#include "core/errors.h"
+
+namespace regolith::cuda {
+
+// Throws regolith::Error naming `what` when e is not cudaSuccess.
+void check(cudaError_t e, const char* what);
+#define RG_CUDA(call) ::regolith::cuda::check((call), #call)
+// After a launch: the launch's own error (bad configuration), as an Error.
+#define RG_LAUNCHED(name) ::regolith::cuda::check(cudaGetLastError(), name)
+
+// A tensor in device memory: rows of cols elements, row r at base + r * stride bytes.
+struct View {
+    uint8_t* base = nullptr;
+    int64_t rows = 0, cols = 0, stride = 0;
+    uint32_t type = 0;
+
+    template <class T = float>
+    __host__ __device__ T* row(int64_t r) const {
+        return reinterpret_cast<T*>(base + r * stride);
+    }
+    __host__ __device__ explicit operator bool() const { return base != nullptr; }
+};
+
+// The device view of t, checked to lie inside its buffer (Error otherwise); an empty View for an empty tensor.
+View view(const Tensor& t);
+
+inline unsigned grid(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+__device__ inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ inline double warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block's threads (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+template <class T>
+__device__ T block_sum(T v) {
+    __shared__ T part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // part[] may still be read by an earlier call
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    T s = lane < n ? part[lane] : T(0);
+    return warp_sum(s);
+}
+
+__device__ inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ inline float siluf_(float x) { return x / (1.0f + expf(-x)); }
+
+}  // namespace regolith::cuda
