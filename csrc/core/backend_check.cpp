@@ -27,7 +27,8 @@ constexpr double kReduction = 1e-9;
 // Products with float weights (F32 / F16 / BF16): dot products over up to 512 terms summed in another order.
 constexpr double kFloatMatmul = 1e-7;
 // Products with quantized weights: a backend may quantize the activations otherwise (8 bits per 32 or per
-// 256 elements, or not at all), a relative error up to ~1/254 per term; ggml's bound for mul_mat.
+// 256 elements, f16 weights and activations on tensor cores, or not at all), a relative error up to ~1/254
+// per term; ggml's bound for mul_mat.
 constexpr double kQuantMatmul = 5e-4;
 // Chains of the above: attention (softmax over rounded scores), the 70-token delta-rule scan.
 constexpr double kComposite = 1e-6;
@@ -197,6 +198,30 @@ void add_matmul_cases(std::vector<Case>& cs) {
                                   r.out(y);
                               }});
             }
+    }
+    // The matmul contract: y[t][r] depends on W row r and x[t] only. 48 tokens at once against one at a time
+    // and 5 at a time, per type; the output is all + 2^40 (all - parts): the product itself where the two
+    // agree bit for bit, and off by orders of magnitude where they differ by one ulp.
+    for (uint32_t type = 0; type < RG_TYPE_COUNT; ++type) {
+        const TypeTraits* t = type_traits(type);
+        if (!t || !t->supported) continue;
+        const bool fl = type == RG_TYPE_F32 || type == RG_TYPE_F16 || type == RG_TYPE_BF16;
+        cs.push_back({"matmul", type_name(type) + " 37x512: 48 tokens at once = 1 and 5 at a time, bit for bit",
+                      fl ? kFloatMatmul : kQuantMatmul, [=](Run& r) {
+                          const Tensor w = r.weights(type, 37, 512), x = r.f32(48, 512);
+                          const Tensor all = r.zeros(RG_TYPE_F32, 48, 37), parts = r.zeros(RG_TYPE_F32, 48, 37);
+                          r.be().matmul(w, x, all);
+                          for (int64_t t0 = 0; t0 < 48;) {
+                              const int64_t n = t0 < 24 ? 1 : std::min<int64_t>(5, 48 - t0);
+                              r.be().matmul(w, x.row_range(t0, n), parts.row_range(t0, n));
+                              t0 += n;
+                          }
+                          r.be().unary(parts, Unary::Scale, -1.0f, parts);
+                          r.be().add(all, parts, parts);
+                          r.be().unary(parts, Unary::Scale, std::ldexp(1.0f, 40), parts);
+                          r.be().add(all, parts, all);
+                          r.out(all);
+                      }});
     }
     // a MoE layer's batch: experts of different types over row ranges of the packed activations
     cs.push_back({"matmul", "batch of 6 experts (Q4_K, Q8_0, IQ2_XS) over packed rows", kQuantMatmul, [](Run& r) {

@@ -1,12 +1,9 @@
 // Matrix products y[t][r] = sum_c W[r][c] x[t][c] on the GPU, for every weight type the CPU has.
 //
-// Decode (ntok <= 8): one warp per output row, its lanes taking the row's blocks in turn; each block is
-// decoded by the shared BlockDecoder (core/block_decode.h, the CPU's definition of the format) and dotted
-// with every token's float activations, then the warp sums. Float weights (F32 / F16 / BF16) are read
-// 4 elements per lane per step, coalesced.
-// Prefill (ntok > 8) with quantized weights: chunks of rows are dequantized to f16 and multiplied with the
-// activations rounded to f16 on the tensor cores (WMMA 16x16x16, f32 accumulation); float weights take the
-// decode kernel 8 tokens at a time.
+// Quantized weights: the tensor-core steps of cuda/qmma.cuh for every ntok (decode kernel: a block per 64
+// rows and one tile of up to 16 tokens; prefill kernel: a block per 64 rows and 64 tokens), so a row's
+// result does not depend on how many tokens share the product. Float weights (F32 / F16 / BF16): one warp
+// per output row, an element per lane per step, coalesced, 8 tokens per block, in f32.
 #include <cuda_fp16.h>
 #include <mma.h>
 
@@ -15,47 +12,15 @@
 #include "core/block_decode.h"
 #include "core/types.h"
 #include "cuda/kernels.cuh"
+#include "cuda/qmma.cuh"
 
 namespace regolith::cuda {
 
 namespace {
 
-constexpr int kMaxTok = 8;
-constexpr int kRowsPerBlock = 4;  // warps per block, one row each
-
-template <class Dec>
-__global__ void mmv_quant(View w, View x, View y, int ntok) {
-    using Block = typename Dec::Block;
-    const int lane = threadIdx.x & 31;
-    const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-    if (r >= w.rows) return;
-    const int64_t nb = w.cols / Dec::QK;
-    const Block* blocks = w.row<const Block>(r);
-    float acc[kMaxTok] = {};
-    int8_t q[Dec::QK];
-    float scale[Dec::NG], bias[Dec::NG];
-    for (int64_t b = lane; b < nb; b += 32) {
-        Dec::decode(blocks[b], q, scale, Dec::HAS_BIAS ? bias : nullptr);
-        for (int g = 0; g < Dec::NG; ++g) {
-            const float s = scale[g], o = Dec::HAS_BIAS ? bias[g] : 0.0f;
-            const int64_t c0 = b * Dec::QK + g * Dec::G;
-#pragma unroll
-            for (int t = 0; t < kMaxTok; ++t) {
-                if (t >= ntok) break;
-                const float* xt = x.row(t) + c0;
-                float sum = 0.0f;
-                for (int i = 0; i < Dec::G; ++i) sum += (s * float(q[g * Dec::G + i]) + o) * xt[i];
-                acc[t] += sum;
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < kMaxTok; ++t) {
-        if (t >= ntok) break;
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) y.row(t)[r] = v;
-    }
-}
+constexpr int kMaxTok = 8;          // tokens per block (float weights)
+constexpr int kRowsPerBlock = 4;    // warps per block, one row each (float weights)
+constexpr int kFillBlocks = 512;    // decode blocks that keep the GPU's loads in flight (4 per SM of an H200)
 
 __device__ inline float load_float(const uint8_t* row, int64_t c, uint32_t type) {
     if (type == RG_TYPE_F32) return reinterpret_cast<const float*>(row)[c];
@@ -64,10 +29,129 @@ __device__ inline float load_float(const uint8_t* row, int64_t c, uint32_t type)
     return __uint_as_float(uint32_t(h) << 16);  // BF16
 }
 
-__global__ void mmv_float(View w, View x, View y, int ntok) {
+__global__ void acts_f16_k(View x, HalfActs a) {
+    const int64_t t = blockIdx.x, k = x.cols;
+    const float* xr = x.row(t);
+    __half* out = a.xh + t * a.ld;
+    float mx = 0.0f;
+    for (int64_t c = threadIdx.x; c < k; c += blockDim.x) mx = fmaxf(mx, fabsf(xr[c]));
+    __shared__ float part[32];
+    mx = warp_max(mx);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = (threadIdx.x & 31) < (blockDim.x >> 5) ? part[threadIdx.x & 31] : 0.0f;
+    mx = warp_max(mx);
+    // the smallest power of two >= mx (1 for an all-zero row): x / s is exact and |x / s| <= 1
+    int e = 0;
+    const float m = frexpf(mx, &e);
+    const float sc = mx > 0.0f && isfinite(mx) ? ldexpf(1.0f, m == 0.5f ? e - 1 : e) : 1.0f;
+    const float inv = 1.0f / sc;
+    for (int64_t c = threadIdx.x; c < k; c += blockDim.x) out[c] = __float2half(xr[c] * inv);
+    if (threadIdx.x == 0) a.s[t] = sc;
+}
+
+// Decode: a block per 64 rows (a warp per 16), the ntok <= 16 tokens as one tile, and every segment of K (one
+// block along y: it writes y) or segment blockIdx.y (it writes its sums to part [segments][ntok][rows], and
+// sum_segments_k adds them).
+template <class Dec>
+__global__ void qmm_decode(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y, float* part) {
+    __shared__ __align__(32) __half wsm[4][kTileHalves];
+    __shared__ __align__(32) __half tsm[kTileHalves];
+    __shared__ __align__(32) float out[4][256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t r0 = (int64_t(blockIdx.x) * 4 + warp) * 16;
+    constexpr int per_chunk = kChunk / Dec::QK, per_seg = kSegment / Dec::QK;
+    // this block's segments: all of them (one block along y), or segment blockIdx.y
+    const int64_t seg = blockIdx.y, s_lo = gridDim.y == 1 ? 0 : seg;
+    const int64_t s_hi = gridDim.y == 1 ? (nb + per_seg - 1) / per_seg : seg + 1;
+    AccFrag total[1], acc[1];
+    nvcuda::wmma::fill_fragment(total[0], 0.0f);
+    for (int64_t sg = s_lo; sg < s_hi; ++sg) {
+        const int64_t b_end = (sg + 1) * per_seg < nb ? (sg + 1) * per_seg : nb;
+        nvcuda::wmma::fill_fragment(acc[0], 0.0f);
+        for (int64_t b0 = sg * per_seg; b0 < b_end; b0 += per_chunk) {
+            const int nblk = int(b_end - b0 < per_chunk ? b_end - b0 : per_chunk);
+            __syncthreads();  // the previous chunk's products are done with the staged rows
+            stage_tokens(a, 16, [&](int i) { return i < ntok ? int64_t(i) : int64_t(-1); }, b0 * Dec::QK,
+                         nblk * Dec::QK, tsm, threadIdx.x, 128);
+            if (r0 < w.rows) stage_weights<Dec>(w, r0, b0, nblk, wsm[warp], lane, 32);
+            __syncthreads();
+            if (r0 < w.rows) mma_chunk<1>(wsm[warp], tsm, nblk * Dec::QK, 1, acc);
+        }
+        add_frag(total[0], acc[0]);
+    }
+    if (r0 >= w.rows) return;
+    store_tile(total[0], out[warp], r0, w.rows, [&](int i, float& sc) -> float* {
+        if (i >= ntok) return nullptr;
+        if (part) {
+            sc = 1.0f;
+            return part + (seg * ntok + i) * w.rows;
+        }
+        sc = a.s[i];
+        return y.row(i);
+    });
+}
+
+// y[t][r] = s[t] * (((0 + part[0][t][r]) + part[1][t][r]) + ...).
+__global__ void sum_segments_k(const float* part, int64_t n_seg, int64_t ntok, int64_t rows, const float* s, View y) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= ntok * rows) return;
+    float total = 0.0f;
+    for (int64_t g = 0; g < n_seg; ++g) total += part[g * ntok * rows + i];
+    y.row(i / rows)[i % rows] = s[i / rows] * total;
+}
+
+// Prefill: a block per 64 rows x 64 tokens; warp (wr, wt) takes rows 16 wr .. and tokens 32 wt .. (2 tiles).
+constexpr int kPrefillRows = 64, kPrefillTok = 64;
+constexpr size_t kPrefillSmem = size_t(4 + 4) * kTileHalves * sizeof(__half) + 8 * 256 * sizeof(float);
+
+template <class Dec>
+__global__ void qmm_prefill(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y) {
+    extern __shared__ __align__(32) uint8_t smem[];
+    __half* wsm = reinterpret_cast<__half*>(smem);  // [4][kTileHalves]
+    __half* tsm = wsm + 4 * kTileHalves;              // [4][kTileHalves]: 64 tokens
+    float* out = reinterpret_cast<float*>(tsm + 4 * kTileHalves);  // [8][256]
+    const int warp = threadIdx.x >> 5, wr = warp >> 1, wt = warp & 1;
+    const int64_t rb = int64_t(blockIdx.x) * kPrefillRows, r0 = rb + 16 * wr;
+    const int64_t tb = int64_t(blockIdx.y) * kPrefillTok, t0 = tb + 32 * wt;
+    const int nt = t0 >= ntok ? 0 : (ntok - t0 >= 17 ? 2 : 1);
+    AccFrag total[2], acc[2];
+    nvcuda::wmma::fill_fragment(total[0], 0.0f);
+    nvcuda::wmma::fill_fragment(total[1], 0.0f);
+    constexpr int per_chunk = kChunk / Dec::QK, per_seg = kSegment / Dec::QK;
+    for (int64_t s0 = 0; s0 < nb; s0 += per_seg) {
+        const int64_t b_end = s0 + per_seg < nb ? s0 + per_seg : nb;
+        nvcuda::wmma::fill_fragment(acc[0], 0.0f);
+        nvcuda::wmma::fill_fragment(acc[1], 0.0f);
+        for (int64_t b0 = s0; b0 < b_end; b0 += per_chunk) {
+            const int nblk = int(b_end - b0 < per_chunk ? b_end - b0 : per_chunk);
+            __syncthreads();
+            stage_tokens(a, kPrefillTok, [&](int i) { return tb + i < ntok ? tb + i : int64_t(-1); }, b0 * Dec::QK,
+                         nblk * Dec::QK, tsm, threadIdx.x, 256);
+            for (int g = 0; g < 4; ++g)
+                stage_weights<Dec>(w, rb + 16 * g, b0, nblk, wsm + g * kTileHalves, threadIdx.x, 256);
+            __syncthreads();
+            if (r0 < w.rows) mma_chunk<2>(wsm + wr * kTileHalves, tsm + 2 * wt * kTileHalves, nblk * Dec::QK, nt, acc);
+        }
+        add_frag(total[0], acc[0]);
+        add_frag(total[1], acc[1]);
+    }
+    if (r0 >= w.rows) return;
+    for (int j = 0; j < nt; ++j)
+        store_tile(total[j], out + warp * 256, r0, w.rows, [&](int i, float& sc) -> float* {
+            const int64_t t = t0 + 16 * j + i;
+            if (t >= ntok) return nullptr;
+            sc = a.s[t];
+            return y.row(t);
+        });
+}
+
+// Float weights: a warp per output row, tokens [8 by, +8) of the launch's.
+__global__ void mmv_float(View w, View x, View y) {
     const int lane = threadIdx.x & 31;
-    const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5), t0 = int64_t(blockIdx.y) * kMaxTok;
     if (r >= w.rows) return;
+    const int ntok = int(x.rows - t0 < kMaxTok ? x.rows - t0 : kMaxTok);
     const uint8_t* row = w.row<const uint8_t>(r);
     float acc[kMaxTok] = {};
     for (int64_t c = lane; c < w.cols; c += 32) {
@@ -75,70 +159,14 @@ __global__ void mmv_float(View w, View x, View y, int ntok) {
 #pragma unroll
         for (int t = 0; t < kMaxTok; ++t) {
             if (t >= ntok) break;
-            acc[t] += wc * x.row(t)[c];
+            acc[t] += wc * x.row(t0 + t)[c];
         }
     }
 #pragma unroll
     for (int t = 0; t < kMaxTok; ++t) {
         if (t >= ntok) break;
         const float v = warp_sum(acc[t]);
-        if (lane == 0) y.row(t)[r] = v;
-    }
-}
-
-// Rows [r0, r0 + n) of w to f16, [n_pad][cols] (rows past n zero). One thread per block.
-template <class Dec>
-__global__ void dequant_f16(View w, int64_t r0, int64_t n, int64_t n_pad, __half* out) {
-    using Block = typename Dec::Block;
-    const int64_t nb = w.cols / Dec::QK;
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= n_pad * nb) return;
-    const int64_t r = i / nb, b = i % nb;
-    __half* dst = out + r * w.cols + b * Dec::QK;
-    if (r >= n) {
-        for (int k = 0; k < Dec::QK; ++k) dst[k] = __float2half(0.0f);
-        return;
-    }
-    int8_t q[Dec::QK];
-    float scale[Dec::NG], bias[Dec::NG];
-    Dec::decode(w.row<const Block>(r0 + r)[b], q, scale, Dec::HAS_BIAS ? bias : nullptr);
-    for (int k = 0; k < Dec::QK; ++k) {
-        const float v = scale[k / Dec::G] * float(q[k]) + (Dec::HAS_BIAS ? bias[k / Dec::G] : 0.0f);
-        dst[k] = __float2half(v);
-    }
-}
-
-// x [ntok][cols] f32 -> [m_pad][cols] f16 (rows past ntok zero).
-__global__ void to_f16(View x, int64_t m_pad, __half* out) {
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= m_pad * x.cols) return;
-    const int64_t t = i / x.cols, c = i % x.cols;
-    out[i] = __float2half(t < x.rows ? x.row(t)[c] : 0.0f);
-}
-
-// y[t][r0 + n] = A[t] . B[n] for t < M, n < N: A [m_pad][K], B [n_pad][K] f16 row-major. Each warp one 16x16
-// tile of the output, K in steps of 16.
-__global__ void gemm_f16(const __half* A, const __half* B, int64_t K, int64_t M, int64_t N, int64_t m_pad,
-                         int64_t n_pad, View y, int64_t r0) {
-    using namespace nvcuda;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t tm = (int64_t(blockIdx.y) * 2 + (warp >> 1)) * 16, tn = (int64_t(blockIdx.x) * 2 + (warp & 1)) * 16;
-    __shared__ float tile[4][16 * 16];
-    if (tm >= m_pad || tn >= n_pad) return;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, 0.0f);
-    for (int64_t k = 0; k < K; k += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
-        wmma::load_matrix_sync(a, A + tm * K + k, unsigned(K));
-        wmma::load_matrix_sync(b, B + tn * K + k, unsigned(K));
-        wmma::mma_sync(acc, a, b, acc);
-    }
-    wmma::store_matrix_sync(tile[warp], acc, 16, wmma::mem_row_major);
-    __syncwarp();
-    for (int i = lane; i < 256; i += 32) {
-        const int64_t t = tm + i / 16, n = tn + i % 16;
-        if (t < M && n < N) y.row(t)[r0 + n] = tile[warp][i];
+        if (lane == 0) y.row(t0 + t)[r] = v;
     }
 }
 
@@ -157,59 +185,57 @@ void dispatch(uint32_t type, F&& f) {
 
 bool float_type(uint32_t t) { return t == RG_TYPE_F32 || t == RG_TYPE_F16 || t == RG_TYPE_BF16; }
 
-void decode_product(cudaStream_t s, const MatmulView& j) {
-    const unsigned blocks = grid(j.w.rows, kRowsPerBlock);
-    for (int64_t t0 = 0; t0 < j.x.rows; t0 += kMaxTok) {
-        const int nt = int(std::min<int64_t>(kMaxTok, j.x.rows - t0));
-        View x = j.x, y = j.y;
-        x.base += t0 * x.stride, y.base += t0 * y.stride;
-        x.rows = y.rows = nt;
-        if (float_type(j.w.type)) {
-            mmv_float<<<blocks, 32 * kRowsPerBlock, 0, s>>>(j.w, x, y, nt);
-        } else {
-            dispatch(j.w.type, [&](auto dec) {
-                mmv_quant<decltype(dec)><<<blocks, 32 * kRowsPerBlock, 0, s>>>(j.w, x, y, nt);
-            });
-        }
-        RG_LAUNCHED("matmul (decode)");
-    }
+void float_product(cudaStream_t s, const MatmulView& j) {
+    mmv_float<<<dim3(grid(j.w.rows, kRowsPerBlock), grid(j.x.rows, kMaxTok)), 32 * kRowsPerBlock, 0, s>>>(j.w, j.x, j.y);
+    RG_LAUNCHED("matmul (float weights)");
 }
 
-// Rows of W per dequantized chunk: bounds the f16 scratch (8192 x 4096 x 2 bytes = 64 MB).
-constexpr int64_t kChunkElements = int64_t(8192) * 4096;
-
-void prefill_product(cudaStream_t s, const MatmulView& j, Scratch& scratch) {
-    const int64_t M = j.x.rows, K = j.w.cols, m_pad = (M + 15) / 16 * 16;
-    const int64_t chunk = std::max<int64_t>(16, kChunkElements / K / 16 * 16);
-    const int64_t n_chunk = std::min<int64_t>(chunk, (j.w.rows + 15) / 16 * 16);
-    auto* base = static_cast<__half*>(scratch.get(size_t((m_pad + n_chunk) * K) * sizeof(__half), s));
-    __half* A = base;
-    __half* B = base + m_pad * K;
-    to_f16<<<grid(m_pad * K, 256), 256, 0, s>>>(j.x, m_pad, A);
-    RG_LAUNCHED("matmul (activations to f16)");
-    for (int64_t r0 = 0; r0 < j.w.rows; r0 += n_chunk) {
-        const int64_t n = std::min(n_chunk, j.w.rows - r0), n_pad = (n + 15) / 16 * 16;
-        dispatch(j.w.type, [&](auto dec) {
-            using D = decltype(dec);
-            const int64_t work = n_pad * (K / D::QK);
-            dequant_f16<D><<<grid(work, 128), 128, 0, s>>>(j.w, r0, n, n_pad, B);
-        });
-        RG_LAUNCHED("matmul (dequantize)");
-        const dim3 g(unsigned((n_pad / 16 + 1) / 2), unsigned((m_pad / 16 + 1) / 2));
-        gemm_f16<<<g, 128, 0, s>>>(A, B, K, M, n, m_pad, n_pad, j.y, r0);
-        RG_LAUNCHED("matmul (tensor cores)");
+void quant_product(cudaStream_t s, const MatmulView& j, Scratch& scratch) {
+    const int64_t M = j.x.rows, K = j.w.cols, rows = j.w.rows;
+    // segments of K on their own blocks where the rows alone make too few blocks to fill the GPU
+    const int64_t n_seg = M <= 16 && grid(rows, 64) < kFillBlocks ? segments(K) : 1;
+    const size_t acts = half_acts_bytes(M, K);
+    auto* base = static_cast<uint8_t*>(scratch.get(acts + (n_seg > 1 ? size_t(n_seg * M * rows) * 4 : 0), s));
+    const HalfActs a = half_acts_at(base, M, K);
+    float* part = n_seg > 1 ? reinterpret_cast<float*>(base + acts) : nullptr;
+    acts_f16(s, j.x, a);
+    const Rows w{j.w.base, rows, j.w.stride};
+    dispatch(j.w.type, [&](auto dec) {
+        using D = decltype(dec);
+        const int64_t nb = K / D::QK;
+        if (M <= 16) {
+            qmm_decode<D><<<dim3(grid(rows, 64), unsigned(n_seg)), 128, 0, s>>>(w, nb, a, M, j.y, part);
+        } else {
+            static const cudaError_t attr =
+                cudaFuncSetAttribute(qmm_prefill<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPrefillSmem));
+            RG_CUDA(attr);
+            const dim3 g(grid(rows, kPrefillRows), grid(M, kPrefillTok));
+            qmm_prefill<D><<<g, 256, kPrefillSmem, s>>>(w, nb, a, M, j.y);
+        }
+    });
+    if (part) {
+        sum_segments_k<<<grid(M * rows, 256), 256, 0, s>>>(part, n_seg, M, rows, a.s, j.y);
+        RG_LAUNCHED("matmul (segment sums)");
     }
+    RG_LAUNCHED("matmul (tensor cores)");
 }
 
 }  // namespace
 
+void acts_f16(cudaStream_t s, const View& x, const HalfActs& a) {
+    if (x.rows == 0) return;
+    acts_f16_k<<<unsigned(x.rows), 256, 0, s>>>(x, a);
+    RG_LAUNCHED("matmul (activations to f16)");
+}
+
 void matmul(cudaStream_t s, const MatmulView* jobs, int n_jobs, Scratch& scratch) {
     for (int i = 0; i < n_jobs; ++i) {
         const MatmulView& j = jobs[i];
-        if (j.x.rows <= kMaxTok || float_type(j.w.type) || j.w.cols % 16 != 0)
-            decode_product(s, j);
+        if (j.x.rows == 0) continue;
+        if (float_type(j.w.type))
+            float_product(s, j);
         else
-            prefill_product(s, j, scratch);
+            quant_product(s, j, scratch);
     }
 }
 

@@ -2,16 +2,18 @@
 //
 // Routing: one warp per token, softmax over the router logits in shared memory, then the top k (the first
 // `protect` by probability and, with MoCE, the rest by logit plus the resident bonus), ties to the lower id.
-// Resident experts: every (token, slot) pair is its own product against its expert's rows of the stacked
-// tensors (one warp per output row, the row's blocks decoded by the shared BlockDecoder), so the layer needs
-// no grouping by expert and no host round trip; then SwiGLU, the down products, and per token the sum over
-// its experts in expert-id order.
+// Resident experts: the (token, expert) pairs grouped by expert on the device (no host round trip), each
+// expert's rows of the stacked tensors times its pairs with the tensor-core steps of matmul (cuda/qmma.cuh,
+// so the same bits as the streamed path's products); then SwiGLU, the down products, and per token the sum
+// over its experts in expert-id order.
+#include <algorithm>
 #include <cfloat>
 #include <string>
 
 #include "core/block_decode.h"
 #include "core/types.h"
 #include "cuda/kernels.cuh"
+#include "cuda/qmma.cuh"
 
 namespace regolith::cuda {
 
@@ -77,31 +79,104 @@ __global__ void route_k(View logits, View resident, MoeRouting rt, View ids, Vie
 }
 
 // y[p][r] = W_e[r] . x[p / per_x] for pair p of expert e = ids[p] (rows of W_e: stacked rows e * n .. e * n + n).
-template <class Dec>
-__global__ void pair_mmv(View w, int64_t n, View ids, View x, int64_t per_x, View y) {
-    using Block = typename Dec::Block;
-    const int lane = threadIdx.x & 31;
-    const int64_t r = int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5), p = blockIdx.y;
-    if (r >= n) return;
-    const int32_t e = ids.row<const int32_t>(p / ids.cols)[p % ids.cols];
-    const Block* blocks = w.row<const Block>(int64_t(e) * n + r);
-    const float* xr = x.row(p / per_x);
-    const int64_t nb = w.cols / Dec::QK;
-    int8_t q[Dec::QK];
-    float sc[Dec::NG], bi[Dec::NG];
-    float acc = 0.0f;  // summed as matmul's decode kernel sums (per group, then into the row's sum)
-    for (int64_t b = lane; b < nb; b += 32) {
-        Dec::decode(blocks[b], q, sc, Dec::HAS_BIAS ? bi : nullptr);
-        for (int g = 0; g < Dec::NG; ++g) {
-            const float s = sc[g], o = Dec::HAS_BIAS ? bi[g] : 0.0f;
-            const float* xg = xr + b * Dec::QK + g * Dec::G;
-            float sum = 0.0f;
-            for (int i = 0; i < Dec::G; ++i) sum += (s * float(q[g * Dec::G + i]) + o) * xg[i];
-            acc += sum;
+// The routing pairs grouped by expert (one block of kGroupThreads): offset [n_expert + 1], order [pairs] (the
+// pairs of expert e at order[offset[e] .. offset[e + 1]), in no particular order: each product depends on
+// its own row and token only). Counts and cursors in shared memory, [n_expert <= kMaxGroupExperts].
+constexpr int kGroupThreads = 1024, kMaxGroupExperts = 8192;
+
+__global__ void group_k(View ids, int64_t n_expert, int32_t* offset, int32_t* order) {
+    __shared__ int32_t count[kMaxGroupExperts];
+    __shared__ int32_t part[kGroupThreads];
+    const int64_t pairs = ids.rows * ids.cols;
+    const auto id = [&](int64_t p) { return ids.row<const int32_t>(p / ids.cols)[p % ids.cols]; };
+    for (int64_t e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[id(p)], 1);
+    __syncthreads();
+    // exclusive scan: thread i sums its run of experts, the runs' sums are scanned by thread 0
+    const int64_t run = (n_expert + blockDim.x - 1) / blockDim.x, e0 = threadIdx.x * run;
+    int32_t sum = 0;
+    for (int64_t e = e0; e < e0 + run && e < n_expert; ++e) sum += count[e];
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t o = 0;
+        for (int i = 0; i < int(blockDim.x); ++i) {
+            const int32_t c = part[i];
+            part[i] = o;
+            o += c;
         }
+        offset[n_expert] = o;
     }
-    acc = warp_sum(acc);
-    if (lane == 0) y.row(p)[r] = acc;
+    __syncthreads();
+    int32_t o = part[threadIdx.x];
+    for (int64_t e = e0; e < e0 + run && e < n_expert; ++e) {
+        const int32_t c = count[e];
+        offset[e] = o;
+        count[e] = o;  // now the cursor
+        o += c;
+    }
+    __syncthreads();
+    for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) order[atomicAdd(&count[id(p)], 1)] = int32_t(p);
+}
+
+// The quantized products of expert e = blockIdx.z: rows [64 bx, +64) of e (rows e * n .. of the stacked w, a
+// warp per 16) times its pairs [16 tile, +16), each pair p's activations the row p / per_x of `a`; y[p] takes
+// the result. blockIdx.y = tile * gridDim-segments + segment: with one segment the block sums every segment
+// of K and writes y; with n_seg = segments(K) it writes segment blockIdx.y % n_seg to part [n_seg][pairs][n]
+// (sum_pair_segments_k adds them). The steps of matmul's kernels (cuda/qmma.cuh): the same bits.
+template <class Dec>
+__global__ void qmm_grouped(Rows w, int64_t n, int64_t nb, const int32_t* offset, const int32_t* order, HalfActs a,
+                            int64_t per_x, View y, int64_t n_seg, int64_t pairs, float* part) {
+    const int64_t e = blockIdx.z, tile = blockIdx.y / n_seg, seg = blockIdx.y % n_seg;
+    const int64_t p0 = offset[e] + tile * 16, p1 = offset[e + 1];
+    if (p0 >= p1) return;
+    __shared__ __align__(32) __half wsm[4][kTileHalves];
+    __shared__ __align__(32) __half tsm[kTileHalves];
+    __shared__ __align__(32) float out[4][256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t r0 = (int64_t(blockIdx.x) * 4 + warp) * 16;
+    const Rows we{w.base + e * n * w.stride, n, w.stride};
+    const auto pair = [&](int i) { return p0 + i < p1 ? int64_t(order[p0 + i]) : int64_t(-1); };
+    AccFrag total[1], acc[1];
+    nvcuda::wmma::fill_fragment(total[0], 0.0f);
+    constexpr int per_chunk = kChunk / Dec::QK, per_seg = kSegment / Dec::QK;
+    const int64_t s_lo = n_seg == 1 ? 0 : seg * per_seg, s_hi = n_seg == 1 ? nb : s_lo + 1;
+    for (int64_t s0 = s_lo; s0 < s_hi; s0 += per_seg) {
+        const int64_t b_end = s0 + per_seg < nb ? s0 + per_seg : nb;
+        nvcuda::wmma::fill_fragment(acc[0], 0.0f);
+        for (int64_t b0 = s0; b0 < b_end; b0 += per_chunk) {
+            const int nblk = int(b_end - b0 < per_chunk ? b_end - b0 : per_chunk);
+            __syncthreads();
+            stage_tokens(a, 16, [&](int i) { const int64_t p = pair(i); return p < 0 ? p : p / per_x; }, b0 * Dec::QK,
+                         nblk * Dec::QK, tsm, threadIdx.x, 128);
+            if (r0 < n) stage_weights<Dec>(we, r0, b0, nblk, wsm[warp], lane, 32);
+            __syncthreads();
+            if (r0 < n) mma_chunk<1>(wsm[warp], tsm, nblk * Dec::QK, 1, acc);
+        }
+        add_frag(total[0], acc[0]);
+    }
+    if (r0 >= n) return;
+    store_tile(total[0], out[warp], r0, n, [&](int i, float& sc) -> float* {
+        const int64_t p = pair(i);
+        if (p < 0) return nullptr;
+        if (part) {
+            sc = 1.0f;
+            return part + (seg * pairs + p) * n;
+        }
+        sc = a.s[p / per_x];
+        return y.row(p);
+    });
+}
+
+// y[p][r] = s[p / per_x] * (((0 + part[0][p][r]) + part[1][p][r]) + ...).
+__global__ void sum_pair_segments_k(const float* part, int64_t n_seg, int64_t pairs, int64_t n, const float* s,
+                                    int64_t per_x, View y) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= pairs * n) return;
+    float total = 0.0f;
+    for (int64_t g = 0; g < n_seg; ++g) total += part[g * pairs * n + i];
+    y.row(i / n)[i % n] = s[i / n / per_x] * total;
 }
 
 __global__ void pair_mmv_float(View w, int64_t n, View ids, View x, int64_t per_x, View y) {
@@ -126,17 +201,30 @@ __global__ void pair_mmv_float(View w, int64_t n, View ids, View x, int64_t per_
     if (lane == 0) y.row(p)[r] = acc;
 }
 
-void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, const View& x, int64_t per_x, const View& y) {
-    const dim3 g(grid(n, 4), unsigned(ids.rows * ids.cols));
+// The pairs' grouping by expert, in device memory.
+struct Groups {
+    const int32_t *offset, *order;
+};
+
+// y[p] = W_e x[p / per_x] for every pair p: x f32 for float weights, its f16 form `a` for quantized ones.
+void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, const View& x, const HalfActs& a,
+                   const Groups& gr, int64_t n_expert, int64_t per_x, const View& y, float* part) {
+    const int64_t pairs = ids.rows * ids.cols, tiles = (ids.rows + 15) / 16;
+    // decode: too few experts' rows to fill the GPU, so the segments of K go to blocks of their own
+    const bool float_w = w.type == RG_TYPE_F32 || w.type == RG_TYPE_F16 || w.type == RG_TYPE_BF16;
+    const int64_t n_seg = part && !float_w ? segments(w.cols) : 1;
+    if (n_seg == 1) part = nullptr;
     switch (w.type) {
         case RG_TYPE_F32:
         case RG_TYPE_F16:
         case RG_TYPE_BF16:
-            pair_mmv_float<<<g, 128, 0, s>>>(w, n, ids, x, per_x, y);
+            pair_mmv_float<<<dim3(grid(n, 4), unsigned(pairs)), 128, 0, s>>>(w, n, ids, x, per_x, y);
             break;
-#define RG_CASE_(T)                                                          \
-    case T:                                                                  \
-        pair_mmv<BlockDecoder<T>><<<g, 128, 0, s>>>(w, n, ids, x, per_x, y); \
+#define RG_CASE_(T)                                                                                       \
+    case T:                                                                                               \
+        qmm_grouped<BlockDecoder<T>><<<dim3(grid(n, 64), unsigned(tiles * n_seg), unsigned(n_expert)), 128, 0, s>>>( \
+            Rows{w.base, w.rows, w.stride}, n, w.cols / BlockDecoder<T>::QK, gr.offset, gr.order, a, per_x, y,     \
+            n_seg, pairs, part);                                                                          \
         break;
             RG_FOR_EACH_QUANT_TYPE(RG_CASE_)
 #undef RG_CASE_
@@ -144,6 +232,10 @@ void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, co
             throw Error("CUDA moe_experts: no kernel for type " + std::string(type_traits(w.type)->name));
     }
     RG_LAUNCHED("moe_experts (products)");
+    if (part) {
+        sum_pair_segments_k<<<grid(pairs * n, 256), 256, 0, s>>>(part, n_seg, pairs, n, a.s, per_x, y);
+        RG_LAUNCHED("moe_experts (segment sums)");
+    }
 }
 
 __global__ void swiglu_k(float* g, const float* u, int64_t n) {
@@ -221,17 +313,39 @@ void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& wei
     const int64_t ntok = x.rows, k = ids.cols, pairs = ntok * k, h = x.cols, ff = gate.rows / n_expert;
     if (k > kMaxK) throw Error("CUDA moe_experts: at most 32 experts per token");
     const int64_t fs = shared ? shared->gate.cols : 0;
-    float* base = static_cast<float*>(scratch.get(size_t(2 * pairs * ff + pairs * h + ntok * h) * sizeof(float), s));
-    const View g{reinterpret_cast<uint8_t*>(base), pairs, ff, ff * 4, RG_TYPE_F32};
-    const View u{reinterpret_cast<uint8_t*>(base + pairs * ff), pairs, ff, ff * 4, RG_TYPE_F32};
-    const View ys{reinterpret_cast<uint8_t*>(base + 2 * pairs * ff), pairs, h, h * 4, RG_TYPE_F32};
-    float* sh = base + 2 * pairs * ff + pairs * h;
-    pair_products(s, gate, ff, ids, x, k, g);
-    pair_products(s, up, ff, ids, x, k, u);
+    if (n_expert > kMaxGroupExperts) throw Error("CUDA moe_experts: at most 8192 experts");
+    // g, u [pairs][ff], ys [pairs][h], sh [ntok][h] f32; the f16 forms of x and g; the grouping
+    const size_t f32_bytes = (size_t(2 * pairs * ff + pairs * h + ntok * h) * sizeof(float) + 255) / 256 * 256;
+    const size_t xa_bytes = half_acts_bytes(ntok, h), ga_bytes = half_acts_bytes(pairs, ff);
+    // decode (ntok <= 16): the products' segment sums, [segments][pairs][max(ff, h)]
+    const bool split = ntok <= 16;
+    const size_t part_bytes = split ? size_t(std::max(segments(h), segments(ff)) * pairs * std::max(ff, h)) * 4 : 0;
+    const size_t group_bytes = (size_t(n_expert + 1 + pairs) * 4 + 255) / 256 * 256;
+    auto* base = static_cast<uint8_t*>(scratch.get(f32_bytes + xa_bytes + ga_bytes + group_bytes + part_bytes, s));
+    float* part = split ? reinterpret_cast<float*>(base + f32_bytes + xa_bytes + ga_bytes + group_bytes) : nullptr;
+    float* f = reinterpret_cast<float*>(base);
+    const View g{base, pairs, ff, ff * 4, RG_TYPE_F32};
+    const View u{reinterpret_cast<uint8_t*>(f + pairs * ff), pairs, ff, ff * 4, RG_TYPE_F32};
+    const View ys{reinterpret_cast<uint8_t*>(f + 2 * pairs * ff), pairs, h, h * 4, RG_TYPE_F32};
+    float* sh = f + 2 * pairs * ff + pairs * h;
+    const HalfActs xa = half_acts_at(base + f32_bytes, ntok, h);
+    const HalfActs ga = half_acts_at(base + f32_bytes + xa_bytes, pairs, ff);
+    auto* offset = reinterpret_cast<int32_t*>(base + f32_bytes + xa_bytes + ga_bytes);
+    int32_t* order = offset + n_expert + 1;
+    group_k<<<1, kGroupThreads, 0, s>>>(ids, n_expert, offset, order);
+    RG_LAUNCHED("moe_experts (grouping)");
+    const Groups gr{offset, order};
+    const auto quant = [](const View& w) {
+        return w.type != RG_TYPE_F32 && w.type != RG_TYPE_F16 && w.type != RG_TYPE_BF16;
+    };
+    if (quant(gate) || quant(up)) acts_f16(s, x, xa);
+    pair_products(s, gate, ff, ids, x, xa, gr, n_expert, k, g, part);
+    pair_products(s, up, ff, ids, x, xa, gr, n_expert, k, u, part);
     swiglu_k<<<grid(pairs * ff, 256), 256, 0, s>>>(reinterpret_cast<float*>(g.base), reinterpret_cast<const float*>(u.base),
                                                   pairs * ff);
     RG_LAUNCHED("moe_experts (swiglu)");
-    pair_products(s, down, h, ids, g, 1, ys);
+    if (quant(down)) acts_f16(s, g, ga);
+    pair_products(s, down, h, ids, g, ga, gr, n_expert, 1, ys, part);
     if (shared) {
         swiglu_view_k<<<grid(ntok * fs, 256), 256, 0, s>>>(shared->gate, shared->up);
         RG_LAUNCHED("moe_experts (shared swiglu)");

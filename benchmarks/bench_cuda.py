@@ -1,0 +1,212 @@
+"""qwen4exp on an NVIDIA GPU: regolith's CUDA backend beside llama.cpp's, at Qwen3.8-Flash-Next's shapes.
+
+The model is benchmarks/synthetic_qwen4exp.py's (48 layers, IQ2_XS routed experts, Q8_0 dense matrices, the
+full 248,320-token vocabulary: 24.25 GiB) unless ``--model`` names a GGUF. Rows of the table:
+
+- ``resident``: every weight in VRAM; 512-token prefill and greedy decode, regolith and llama.cpp
+  (``llama-bench -ngl 99``).
+- ``arena``: regolith with the routed experts streamed through a VRAM arena of ``--arena-fraction`` of them
+  (the rest read from disk with O_DIRECT); llama.cpp with every expert on the CPU (``-ncmoe`` all layers), its
+  way of running a model larger than VRAM.
+
+The roofline is measured in the same run: HBM bandwidth (a device-to-device copy, read + write), pinned
+host-to-device bandwidth, and the disk's O_DIRECT bandwidth at the expert record size; each regolith row
+says what share of the bound for its path it reached (resident decode: the weight bytes one token reads
+over HBM bandwidth; arena decode: the expert bytes read over the disk's bandwidth).
+
+    python benchmarks/bench_cuda.py [--model PATH] [--dir DIR] [--llama-bench PATH] [--prompt 512]
+        [--decode 64] [--arena-fraction 0.25]
+
+Needs a regolith build with the CUDA backend and an NVIDIA GPU; torch (for the bandwidth probes) when
+present. ``--llama-bench`` is the llama-bench binary of a llama.cpp CUDA build (``../shared/tools/
+llamacpp-slim-source`` says how to build one); without it the table has no llama.cpp column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import regolith
+from benchmarks import synthetic_qwen4exp
+from benchmarks.bench_stream import disk_bandwidth, drop_page_cache, expert_layout
+from regolith import gguf as rgguf
+
+GiB = 2**30
+
+
+def gpu_bandwidth() -> dict[str, float] | None:
+    """HBM (device-to-device copy, read + write bytes / s) and pinned host-to-device bandwidth, via torch;
+    None where torch has no CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+
+    def timed(fn, reps: int) -> float:
+        fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / reps
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    hbm = 2 * src.numel() / timed(lambda: dst.copy_(src), 20)
+    h2d = host.numel() / timed(lambda: dst.copy_(host, non_blocking=True), 10)
+    src = dst = host = None
+    torch.cuda.empty_cache()
+    return {"hbm": hbm, "h2d": h2d}
+
+
+def decode_bytes(path: str) -> tuple[int, int]:
+    """(weight bytes one decode token reads with every expert resident, routed-expert bytes of one token):
+    every tensor but the token embedding and the routed experts, plus top-k of n experts of each layer."""
+    with rgguf.open(path) as f:
+        k = int(f.metadata["qwen4exp.expert_used_count"])
+        n = int(f.metadata["qwen4exp.expert_count"])
+        dense = sum(
+            t.nbytes for t in f.tensors.values() if "_exps." not in t.name and t.name != "token_embd.weight"
+        )
+        experts = sum(t.nbytes for t in f.tensors.values() if "_exps." in t.name) * k // n
+    return dense + experts, experts
+
+
+def regolith_run(path: str, prompt: np.ndarray, n_decode: int, **load) -> dict[str, float]:
+    """Prefill seconds, decode seconds (greedy) and the arena's counters over the decode."""
+    model = regolith.Model.load(path, backend="cuda", **load)
+    model.window(len(prompt) + 8).eval(prompt, all_logits=False)  # warm-up: kernels loaded, arena filled
+    window = model.window(len(prompt) + n_decode + 8)
+    t = time.perf_counter()
+    tok = int(np.argmax(window.eval(prompt, all_logits=False)[0]))
+    prefill = time.perf_counter() - t
+    before = model.stats()
+    t = time.perf_counter()
+    for _ in range(n_decode):
+        tok = int(np.argmax(window.eval([tok], all_logits=False)[0]))
+    decode = time.perf_counter() - t
+    after = model.stats()
+    out = {"prefill": prefill, "decode": decode}
+    if "hits" in after:
+        out["bytes_read"] = after["bytes_read"] - before["bytes_read"]
+        hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
+        out["hit_rate"] = hits / (hits + misses) if hits + misses else float("nan")
+    return out
+
+
+def llamacpp_run(binary: str, path: str, n_prompt: int, n_decode: int, *extra: str) -> dict[str, float]:
+    """llama-bench's mean tokens/s for pp{n_prompt} and tg{n_decode} (JSON output)."""
+    cmd = [binary, "-m", path, "-p", str(n_prompt), "-n", str(n_decode), "-r", "2", "-o", "json", *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stderr[-2000:]}")
+    rows = json.loads(res.stdout)
+    rate = {}
+    for r in rows:
+        rate["prefill" if r["n_prompt"] > 0 else "decode"] = float(r["avg_ts"])
+    return rate
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="a qwen4exp GGUF (default: write the synthetic Flash-Next model)")
+    ap.add_argument("--dir", help="where to write the synthetic model (default: a temporary directory)")
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--llama-bench", help="llama-bench of a llama.cpp CUDA build")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--arena-fraction", type=float, default=0.25, help="of the routed experts, in VRAM")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["resident", "arena"], help="rows to leave out")
+    args = ap.parse_args(argv)
+    if "cuda" not in regolith.backends.available():
+        raise SystemExit(
+            f"this regolith build has no usable CUDA backend ({', '.join(regolith.backends.available())})"
+        )
+    console = Console()
+    tmp = None
+    path = args.model
+    if path is None:
+        tmp = tempfile.TemporaryDirectory(dir=args.dir)
+        path = os.path.join(tmp.name, "flash-next-synthetic.gguf")
+        t = time.perf_counter()
+        synthetic_qwen4exp.write(path, args.layers, vocab=248320, expert_type="IQ2_XS", dense_type="Q8_0")
+        console.print(
+            f"wrote {path} ({os.path.getsize(path) / GiB:.2f} GiB) in {time.perf_counter() - t:.0f} s"
+        )
+    size = os.path.getsize(path)
+    per_token, expert_per_token = decode_bytes(path)
+    lay = expert_layout(path)
+    bw = gpu_bandwidth()
+    disk = disk_bandwidth(path, lay["record"], (lay["start"], lay["end"]))["random x4"]
+    prompt = np.random.default_rng(0).integers(3, 259, args.prompt).astype(np.int32)
+
+    rows: list[tuple[str, str, float, float, str]] = []  # (row, engine, prefill tok/s, decode tok/s, note)
+
+    def add(*row) -> None:
+        rows.append(row)
+        console.print(
+            f"{row[0]} {row[1]}: pp{args.prompt} {row[2]:.1f} tok/s, decode {row[3]:.2f} tok/s  {row[4]}"
+        )
+
+    if "resident" not in args.skip:
+        r = regolith_run(path, prompt, args.decode)
+        rate = args.decode / r["decode"]
+        note = f"{per_token * rate / bw['hbm']:.1%} of HBM ({per_token / 1e9:.2f} GB/token)" if bw else ""
+        add("resident", "regolith", args.prompt / r["prefill"], rate, note)
+        if args.llama_bench:
+            p = llamacpp_run(args.llama_bench, path, args.prompt, args.decode, "-ngl", "99")
+            add("resident", "llama.cpp", p["prefill"], p["decode"], "-ngl 99")
+    if "arena" not in args.skip:
+        arena_gb = args.arena_fraction * lay["total"] / GiB
+        drop_page_cache(path)
+        r = regolith_run(path, prompt, args.decode, arena_gb=arena_gb)
+        rate = args.decode / r["decode"]
+        read_bps = r["bytes_read"] / r["decode"]
+        note = (
+            f"arena {arena_gb:.1f} GiB ({args.arena_fraction:.0%} of experts), hit rate {r['hit_rate']:.1%}, "
+            f"reads {read_bps / 1e9:.2f} GB/s = {read_bps / disk:.0%} of the disk"
+        )
+        add("arena", "regolith", args.prompt / r["prefill"], rate, note)
+        if args.llama_bench:
+            p = llamacpp_run(
+                args.llama_bench, path, args.prompt, args.decode, "-ngl", "99", "-ncmoe", str(lay["n_layers"])
+            )
+            add("arena", "llama.cpp", p["prefill"], p["decode"], f"-ncmoe {lay['n_layers']}")
+
+    roof = f"disk O_DIRECT {disk / 1e9:.2f} GB/s"
+    if bw:
+        roof = f"HBM {bw['hbm'] / 1e9:.0f} GB/s, pinned host-to-device {bw['h2d'] / 1e9:.1f} GB/s, " + roof
+    table = Table(
+        title=f"qwen4exp at Flash-Next shapes, {lay['n_layers']} layers ({size / GiB:.2f} GiB); {roof}"
+    )
+    for col in ("row", "engine", f"pp{args.prompt} tok/s", "decode tok/s", "vs llama.cpp", "note"):
+        table.add_column(col, justify="right" if "tok/s" in col or col == "vs llama.cpp" else "left")
+    peers = {row: (pre, dec) for row, eng, pre, dec, _ in rows if eng == "llama.cpp"}
+    for row, eng, pre, dec, note in rows:
+        ratio = ""
+        if eng == "regolith" and row in peers:
+            ratio = f"prefill {pre / peers[row][0]:.2f}x, decode {dec / peers[row][1]:.2f}x"
+        table.add_row(row, eng, f"{pre:.1f}", f"{dec:.2f}", ratio, note)
+    console.print(table)
+    console.print(f"routed-expert bytes per decode token: {expert_per_token / 1e6:.1f} MB")
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
