@@ -37,7 +37,8 @@ def build(out: str, dotprod: bool) -> None:
     sources = glob.glob(f"{ROOT}/csrc/core/*.cpp") + [
         s for s in glob.glob(f"{ROOT}/csrc/cpu/*.cpp") if not s.endswith("_avx2.cpp")
     ]
-    sources.append(f"{ROOT}/csrc/cuda/no_cuda.cpp")  # the registry asks for a CUDA backend; this build has none
+    # the backend registry asks for a CUDA backend; this build has none
+    sources.append(f"{ROOT}/csrc/cuda/no_cuda.cpp")
     march = "-march=armv8.2-a+dotprod" if dotprod else "-march=armv8-a"
     cmd = [
         "aarch64-linux-gnu-g++",
