@@ -11,6 +11,7 @@ import pytest
 import regolith
 from regolith import backends
 from regolith.backends import check
+from regolith.cli import main
 
 OTHERS = [b for b in backends.available() if b != "cpu"]
 
@@ -73,8 +74,24 @@ def test_unknown_backend_is_a_clear_error():
 
 
 @pytest.mark.skipif("cuda" in backends.available(), reason="this machine has the cuda backend")
-def test_cuda_where_there_is_none_says_what_it_needs():
+@pytest.mark.skipif("cuda" in backends.available(), reason="this build and machine have a CUDA backend")
+def test_cuda_where_there_is_none_says_what_it_needs(capsys):
     with pytest.raises(ValueError, match="nvcc was found and an NVIDIA GPU; here there are cpu"):
         backends.resolve("cuda")
     with pytest.raises(ValueError, match="nvcc"):
         regolith.Model.load(backend="cuda")
+    assert backends.resolve("auto") == "cpu"
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "-p", "x", "-n", "1", "--backend", "cuda"])
+    assert exit_.value.code == 2
+    assert "argument --backend" in capsys.readouterr().err
+
+
+def test_command_line_runs_on_the_backend_it_is_given(capsys):
+    args = ["run", "-p", "class Stack:", "-n", "4", "--temp", "0", "-q", "--spec", "off"]
+    assert main(args + ["--backend", "cpu-opaque"]) == 0
+    opaque = capsys.readouterr().out
+    assert main(args + ["--backend", "cpu"]) == 0
+    assert capsys.readouterr().out == opaque
+    ref = regolith.Model.load().generate("class Stack:", max_tokens=4, temperature=0)
+    assert ref in opaque

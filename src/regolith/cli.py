@@ -223,6 +223,7 @@ def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
         "arena_gb": args.arena_gb,
         "ple_cache_gb": args.ple_cache_gb,
         "moce": args.moce,
+        "backend": args.backend,
     }
 
 
@@ -483,7 +484,22 @@ def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _backend_name(text: str) -> str:
+    from . import backends
+
+    try:
+        return backends.resolve(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _add_memory_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        type=_backend_name,
+        help="compute engine: cpu, cuda, or auto (cuda where this build and machine have it, else cpu); "
+        "default $REGOLITH_BACKEND or cpu",
+    )
     p.add_argument(
         "--memory-gb",
         type=_positive(float),

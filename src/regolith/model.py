@@ -143,8 +143,8 @@ class Model:
         changes the output, off by default); ``lookahead`` prefetches each layer's predicted experts;
         ``io_threads`` read experts; ``lock_memory`` mlocks the arena (a warning once where the OS refuses).
 
-        ``backend`` names the compute engine (:func:`regolith.backends.available` lists this build's; default:
-        ``$REGOLITH_BACKEND`` or ``"cpu"``).
+        ``backend`` names the compute engine (:func:`regolith.backends.available` lists this build's; ``"auto"``:
+        the GPU where there is one, else the CPU; default: ``$REGOLITH_BACKEND`` or ``"cpu"``).
 
         Raises :class:`regolith.GGUFError` for a malformed file, :class:`regolith.ModelFormatError` for an
         architecture regolith does not run, missing / mis-shaped tensors or a corrupt pack, and

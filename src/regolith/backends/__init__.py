@@ -24,9 +24,12 @@ def available() -> list[str]:
 
 
 def resolve(name: str | None) -> str:
-    """The backend a model loads on: ``name``, else ``$REGOLITH_BACKEND``, else ``"cpu"``. Raises ValueError
-    for a backend this build does not have."""
+    """The backend a model loads on: ``name``, else ``$REGOLITH_BACKEND``, else ``"cpu"``; ``"auto"`` is the
+    GPU where this build and machine have one ("cuda"), else "cpu". Raises ValueError for a backend this build
+    does not have."""
     chosen = name or os.environ.get("REGOLITH_BACKEND") or DEFAULT
+    if chosen == "auto":
+        return "cuda" if "cuda" in available() else "cpu"
     if chosen not in available():
         if chosen == "cuda":
             raise ValueError(
