@@ -114,6 +114,45 @@ def test_lookahead_prefetches_are_used(packed):
     assert len(st["per_layer_hit_rate"]) == 4
 
 
+# ---- the host tier behind a device arena --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host_slots", [8, 64])
+@pytest.mark.parametrize("source", ["gguf", "packed"])
+def test_host_tier_is_bit_identical_and_spares_disk_reads(tiny, packed, reference, host_slots, source):
+    """cpu-opaque's arena is memory the host cannot address, as a GPU's is: records land in the host tier
+    and are copied to the device slots; a miss the tier holds is a copy, not a read."""
+    path = tiny if source == "gguf" else packed
+    ids = _ids(304)
+    opts = {"arena_gb": _arena_gb(path, 3), "backend": "cpu-opaque", "lock_memory": False}
+    model = regolith.Model.load(path, host_cache_gb=_arena_gb(path, host_slots), **opts)
+    assert model._core.arena_info()["host_slots"] == host_slots == model.plan.host_slots
+    assert "expert host tier" in model.plan.render()
+    np.testing.assert_array_equal(_run(model, ids), reference)
+    first = model.stats()
+    np.testing.assert_array_equal(_run(model, ids), reference)
+    second = model.stats()
+    # every device miss is a read or a host-tier copy
+    assert second["reads"] + second["host_hits"] >= second["misses"] > 0
+    if host_slots == 64:  # the tier holds every expert: each is read from disk once, then copied
+        assert second["reads"] == first["reads"] <= 64
+        assert second["host_hits"] > first["host_hits"] > 0
+        without = regolith.Model.load(path, **opts)
+        _run(without, ids)
+        _run(without, ids)
+        assert without.stats()["host_hits"] == 0 and without.stats()["reads"] > 4 * second["reads"]
+
+
+def test_host_tier_options_are_checked(tiny):
+    gb = _arena_gb(tiny, 3)
+    with pytest.raises(MemoryPlanError, match="cpu backend"):
+        regolith.Model.load(tiny, arena_gb=gb, host_cache_gb=4 * gb, backend="cpu")
+    with pytest.raises(MemoryPlanError, match="needs arena_gb"):
+        regolith.Model.load(tiny, host_cache_gb=4 * gb, backend="cpu-opaque")
+    with pytest.raises(MemoryPlanError, match="no more than the arena"):
+        regolith.Model.load(tiny, arena_gb=gb, host_cache_gb=gb, backend="cpu-opaque")
+
+
 # ---- the pack format --------------------------------------------------------------------------------
 
 

@@ -42,7 +42,18 @@ ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt, Backe
         throw std::system_error(e.code(), "expert arena: cannot allocate " + std::to_string(bytes) + " bytes");
     }
     host_ = static_cast<uint8_t*>(be_.host_address(memory_.get()));
-    if (!host_) {
+    if (!host_ && opt.host_slots > 0) {
+        // at least one host slot per device slot: every read in flight has somewhere to land
+        n_host_ = std::max(opt.host_slots, n_slots_);
+        const uint64_t host_bytes = uint64_t(n_host_) * slot_bytes_;
+        try {
+            host_tier_ = std::make_unique<AlignedBuffer>(size_t(host_bytes));
+        } catch (const std::bad_alloc&) {
+            throw std::system_error(ENOMEM, std::generic_category(),
+                                    "expert arena: cannot allocate a host tier of " + std::to_string(host_bytes) + " bytes");
+        }
+        host_slots_.resize(size_t(n_host_));
+    } else if (!host_) {
         staging_ = std::make_unique<AlignedBuffer>(size_t(bytes));
         host_ = staging_->data.get();
     }
@@ -57,6 +68,22 @@ ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt, Backe
 
 ExpertArena::~ExpertArena() {
     streamer_.reset();  // joins the I/O threads: no read lands in freed memory
+}
+
+void ExpertArena::upload(int64_t s, const uint8_t* src) {
+    Tensor slot = memory_.tensor(RG_TYPE_I8, 1, int64_t(slot_bytes_), uint64_t(s) * slot_bytes_);
+    be_.write(slot, src);
+}
+
+int64_t ExpertArena::host_victim_locked() {
+    int64_t best = -1;
+    for (int64_t h = 0; h < n_host_; ++h) {
+        const HostSlot& x = host_slots_[size_t(h)];
+        if (x.loading) continue;
+        if (x.key < 0) return h;
+        if (best < 0 || x.last_use < host_slots_[size_t(best)].last_use) best = h;
+    }
+    return best;
 }
 
 int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
@@ -75,6 +102,39 @@ int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
     slot_key_[size_t(s)] = key;
     slot_last_use_[size_t(s)] = policy_.clock();
     where_[key] = s;
+    slot.host = -1;
+
+    if (n_host_ > 0) {
+        auto hit = host_where_.find(key);
+        if (hit != host_where_.end()) {
+            // The host tier has the record: one copy to the device slot, no read.
+            HostSlot& hs = host_slots_[size_t(hit->second)];
+            hs.last_use = ++host_clock_;
+            std::copy(hs.part_offset, hs.part_offset + 3, slot.part_offset);
+            try {
+                upload(s, host_slot_memory(hit->second));
+                slot.state = State::Ready;
+            } catch (...) {
+                where_.erase(key);
+                slot.key = -1;
+                slot_key_[size_t(s)] = -1;
+                slot.state = State::Empty;
+                slot.pins = 0;
+                throw;
+            }
+            ++stats_.host_hits;
+            return s;
+        }
+        // Read into a host-tier slot (there is always one not being read into: see the constructor).
+        const int64_t h = host_victim_locked();
+        HostSlot& hs = host_slots_[size_t(h)];
+        if (hs.key >= 0) host_where_.erase(hs.key);
+        hs.key = key;
+        hs.loading = true;
+        hs.last_use = ++host_clock_;
+        host_where_[key] = h;
+        slot.host = h;
+    }
 
     // The record's extents: one when its parts are adjacent, else one per part, each aligned for O_DIRECT.
     const int64_t layer = key / layout_.n_expert;
@@ -82,7 +142,7 @@ int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
     const uint64_t* off = &layout_.offsets[size_t(key) * 3];
     ReadJob job;
     job.slot = s;
-    job.dst = slot_memory(s);
+    job.dst = slot.host >= 0 ? host_slot_memory(slot.host) : slot_memory(s);
     if (layout_.contiguous) {
         const uint64_t start = align_down(off[0]), end = off[0] + layout_.record_bytes(layer);
         job.extents.push_back({start, align_up(end) - start, 0, end - start});
@@ -96,6 +156,7 @@ int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
             at += align_up(end) - start;
         }
     }
+    if (slot.host >= 0) std::copy(slot.part_offset, slot.part_offset + 3, host_slots_[size_t(slot.host)].part_offset);
     job.done = [this](int64_t slot_index, uint64_t bytes, std::exception_ptr error) {
         on_read(slot_index, bytes, error);
     };
@@ -104,20 +165,21 @@ int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
 }
 
 void ExpertArena::on_read(int64_t s, uint64_t bytes, std::exception_ptr error) {
-    // The slot is Loading, so nobody else touches its memory or its key until this returns.
-    const int64_t key = slots_[size_t(s)].key;
+    // The slot is Loading (and its host-tier slot, if any, loading), so nobody else touches their memory or
+    // keys until this returns.
+    const int64_t key = slots_[size_t(s)].key, h = slots_[size_t(s)].host;
+    const uint8_t* mem = h >= 0 ? host_slot_memory(h) : slot_memory(s);
     if (!error && !layout_.crcs.empty()) {
-        const uint8_t* rec = slot_memory(s) + slots_[size_t(s)].part_offset[0];
+        const uint8_t* rec = mem + slots_[size_t(s)].part_offset[0];
         const int64_t layer = key / layout_.n_expert;
         if (crc32c(0, rec, layout_.record_bytes(layer)) != layout_.crcs[size_t(key)])
             error = std::make_exception_ptr(ModelFormatError(
                 layout_.path + ": the record of layer " + std::to_string(layer) + " expert " +
                 std::to_string(key % layout_.n_expert) + " fails its checksum (the file is corrupt)"));
     }
-    if (!error && staging_) {
+    if (!error && (staging_ || h >= 0)) {
         try {  // the record to the backend's slot, in stream order before any op that reads it
-            Tensor slot = memory_.tensor(RG_TYPE_I8, 1, int64_t(slot_bytes_), uint64_t(s) * slot_bytes_);
-            be_.write(slot, slot_memory(s));
+            upload(s, mem);
         } catch (...) {
             error = std::current_exception();
         }
@@ -128,6 +190,15 @@ void ExpertArena::on_read(int64_t s, uint64_t bytes, std::exception_ptr error) {
         stats_.reads += 1;
         stats_.bytes_read += bytes;
         if (slot.prefetched && prefetch_loading_ > 0 && slot.pins == 0) --prefetch_loading_;
+        if (h >= 0) {
+            HostSlot& hs = host_slots_[size_t(h)];
+            hs.loading = false;
+            if (error) {
+                host_where_.erase(hs.key);
+                hs.key = -1;
+            }
+            slot.host = -1;
+        }
         if (error) {
             // Forget the record; computations pinning the slot see the error, then the slot empties.
             where_.erase(slot.key);
@@ -235,8 +306,9 @@ void ExpertArena::prefetch(int64_t layer, const int32_t* experts, int64_t n) {
         if (experts[i] < 0 || experts[i] >= layout_.n_expert) continue;
         const int64_t key = layer * layout_.n_expert + experts[i];
         if (where_.count(key)) continue;
-        if (load_locked(key, IoPriority::Prefetch, false) < 0) return;
-        ++prefetch_loading_;
+        const int64_t s = load_locked(key, IoPriority::Prefetch, false);
+        if (s < 0) return;
+        if (slots_[size_t(s)].state == State::Loading) ++prefetch_loading_;  // not when the host tier had it
         ++stats_.prefetches;
     }
 }

@@ -8,8 +8,10 @@
 // more than its slots: a layer needing more experts than there are slots runs them in waves.
 //
 // The slots are one backend buffer (MemoryUse::Arena). Where the backend's memory is host memory (the CPU,
-// unified memory) the streamer reads records straight into it; elsewhere into a host staging copy of the
-// slots, written to the backend when the read lands. Ops reading a slot are submitted before its pin is
+// unified memory) the streamer reads records straight into it; elsewhere into host memory that is written
+// to the backend when the read lands: a staging copy of the slots, or, with host_slots > 0, a host tier —
+// a second, larger cache of records in host RAM between the device slots and the disk (a device miss whose
+// record the host tier holds is one copy, no read). Ops reading a slot are submitted before its pin is
 // released, so the slot is not rewritten under them.
 #pragma once
 
@@ -60,11 +62,13 @@ struct ArenaOptions {
     int io_threads = 4;
     bool direct = true;  // O_DIRECT (Linux) / F_NOCACHE (macOS) reads
     bool lock = true;    // mlock the slots
+    int64_t host_slots = 0;  // records the host tier holds, where the slots are not host memory (0: none)
     CachePolicyOptions policy;
 };
 
 struct ArenaStats {
     uint64_t hits = 0, misses = 0;  // acquires that found the record resident / had to wait for a read
+    uint64_t host_hits = 0;         // device slots filled from the host tier (no disk read)
     uint64_t prefetches = 0, prefetch_hits = 0;  // prefetch reads issued / later used by a computation
     uint64_t background_reads = 0;
     uint64_t reads = 0, bytes_read = 0;
@@ -88,6 +92,7 @@ class ExpertArena {
     bool locked() const { return locked_; }
     const std::string& lock_error() const { return lock_error_; }
     bool direct() const { return streamer_->direct(); }
+    int64_t host_slots() const { return n_host_; }
     const ExpertFileLayout& layout() const { return layout_; }
 
     // Computations take turns: hold this for the whole of a layer's expert work (acquire ... release).
@@ -121,10 +126,22 @@ class ExpertArena {
         bool prefetched = false;  // read by a prediction and not yet used
         std::exception_ptr error;
         uint64_t part_offset[3] = {0, 0, 0};  // of gate, up, down in the slot's memory
+        int64_t host = -1;                    // the host-tier slot its record is read into, while Loading
+    };
+    struct HostSlot {
+        int64_t key = -1;
+        bool loading = false;
+        uint64_t last_use = 0;
+        uint64_t part_offset[3] = {0, 0, 0};
     };
 
-    // Where the streamer reads slot s: the slot itself, or its staging copy.
+    // Where the streamer reads slot s without a host tier: the slot itself, or its staging copy.
     uint8_t* slot_memory(int64_t s) const { return host_ + uint64_t(s) * slot_bytes_; }
+    uint8_t* host_slot_memory(int64_t h) const { return host_tier_->data.get() + uint64_t(h) * slot_bytes_; }
+    // Copies `src` (a record's slot bytes in host memory) to device slot s, in stream order.
+    void upload(int64_t s, const uint8_t* src);
+    // A host-tier slot for `key` (locked): the least recently used one not being read into.
+    int64_t host_victim_locked();
     // Claims a slot for `key` (locked) and queues its read; -1 when no slot may be evicted.
     int64_t load_locked(int64_t key, IoPriority priority, bool pin);
     void on_read(int64_t slot, uint64_t bytes, std::exception_ptr error);
@@ -134,7 +151,12 @@ class ExpertArena {
     uint64_t slot_bytes_ = 0;
     Backend& be_;
     Buffer memory_;                      // the slots, [n_slots][slot_bytes]
-    std::unique_ptr<AlignedBuffer> staging_;  // where the backend's memory is not host memory
+    std::unique_ptr<AlignedBuffer> staging_;  // where the backend's memory is not host memory, without a host tier
+    std::unique_ptr<AlignedBuffer> host_tier_;  // [n_host_][slot_bytes]
+    int64_t n_host_ = 0;
+    std::vector<HostSlot> host_slots_;
+    std::unordered_map<int64_t, int64_t> host_where_;  // key -> host-tier slot
+    uint64_t host_clock_ = 0;
     uint8_t* host_ = nullptr;            // the slots' host memory, or staging_
     bool locked_ = false;
     std::string lock_error_;

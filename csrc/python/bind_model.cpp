@@ -107,6 +107,7 @@ nb::object arena_info(const Qwen4ExpModel& m) {
     nb::dict d;
     d["slots"] = a->slots();
     d["slot_bytes"] = a->slot_bytes();
+    d["host_slots"] = a->host_slots();
     d["locked"] = a->locked();
     d["lock_error"] = a->lock_error();
     d["direct"] = a->direct();
@@ -125,6 +126,7 @@ nb::dict model_stats(const Qwen4ExpModel& m) {
         const regolith::ArenaStats s = a->stats();
         d["hits"] = s.hits;
         d["misses"] = s.misses;
+        d["host_hits"] = s.host_hits;
         d["prefetches"] = s.prefetches;
         d["prefetch_hits"] = s.prefetch_hits;
         d["background_reads"] = s.background_reads;
@@ -240,13 +242,14 @@ void init_model(nb::module_& m) {
              [](Qwen4ExpModel* self, const std::string& path, const std::string& experts_path, int64_t arena_slots,
                 int io_threads, bool direct, bool lock, double hot_fraction, bool lookahead, bool moce,
                 float moce_bonus, int64_t moce_protect, const std::string& ple_path, int64_t ple_cache_bytes,
-                const std::string& backend) {
+                const std::string& backend, int64_t host_slots) {
                  regolith::Qwen4ExpLoadOptions o;
                  o.experts_path = experts_path;
                  o.arena.slots = arena_slots;
                  o.arena.io_threads = io_threads;
                  o.arena.direct = direct;
                  o.arena.lock = lock;
+                 o.arena.host_slots = host_slots;
                  o.arena.policy.hot_fraction = hot_fraction;
                  o.lookahead = lookahead;
                  o.moce = {moce, moce_bonus, moce_protect};
@@ -262,9 +265,10 @@ void init_model(nb::module_& m) {
              nb::arg("direct") = true, nb::arg("lock") = true, nb::arg("hot_fraction") = 0.75,
              nb::arg("lookahead") = true, nb::arg("moce") = false, nb::arg("moce_bonus") = 2.0f,
              nb::arg("moce_protect") = 2, nb::arg("ple_path") = "", nb::arg("ple_cache_bytes") = 0,
-             nb::arg("backend") = "",
+             nb::arg("backend") = "", nb::arg("host_slots") = 0,
              "A qwen4exp model on `backend` ('' = $REGOLITH_BACKEND or 'cpu'). arena_slots > 0 streams the routed experts (from experts_path, a packed "
-             "experts.bin, or the GGUF in place) through an arena of that many slots; ple_path reads the PLE "
+             "experts.bin, or the GGUF in place) through an arena of that many slots; host_slots > 0 adds a "
+             "host-RAM tier of that many records where the arena is device memory; ple_path reads the PLE "
              "table from a packed ple.bin.")
         .def("config", &config_dict)
         .def_prop_ro("backend", [](const Qwen4ExpModel& m) { return std::string(m.backend().name()); })

@@ -68,6 +68,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
             memory_gb=args.memory_gb,
             arena_gb=args.arena_gb,
             ple_cache_gb=args.ple_cache_gb,
+            host_cache_gb=args.host_cache_gb,
             overhead_bytes=memory_plan.process_rss(),
         )
         console.print(escape(plan.render()), highlight=False)
@@ -222,6 +223,7 @@ def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
         "memory_gb": args.memory_gb,
         "arena_gb": args.arena_gb,
         "ple_cache_gb": args.ple_cache_gb,
+        "host_cache_gb": args.host_cache_gb,
         "moce": args.moce,
         "backend": args.backend,
     }
@@ -510,6 +512,11 @@ def _add_memory_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--ple-cache-gb", type=_positive(float), help="PLE row cache size in GiB (default 256 MiB)"
+    )
+    p.add_argument(
+        "--host-cache-gb",
+        type=_positive(float),
+        help="with --arena-gb on a GPU backend: keep this many GiB of experts in RAM behind the device arena",
     )
     p.add_argument(
         "--moce",

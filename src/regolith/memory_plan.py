@@ -199,6 +199,7 @@ class MemoryPlan:
     ple_cache_bytes: int
     overhead_bytes: int  # the process before loading (interpreter, libraries)
     budget_bytes: int | None
+    host_slots: int = 0  # records of the host-RAM tier behind a device arena (0: none)
 
     @property
     def streaming(self) -> bool:
@@ -207,6 +208,10 @@ class MemoryPlan:
     @property
     def arena_bytes(self) -> int:
         return self.arena_slots * self.sizes.slot_bytes
+
+    @property
+    def host_tier_bytes(self) -> int:
+        return self.host_slots * self.sizes.slot_bytes
 
     @property
     def resident_expert_bytes(self) -> int:
@@ -223,6 +228,7 @@ class MemoryPlan:
             + self.resident_expert_bytes
             + self.state_bytes
             + self.sizes.scratch_bytes()
+            + self.host_tier_bytes
             + self.ple_cache_bytes
             + self.sizes.ple_index_bytes
             + self.overhead_bytes
@@ -241,6 +247,15 @@ class MemoryPlan:
                         f"{self.arena_slots} of {s.n_experts_total} experts ({share:.1%}); {human_bytes(s.expert_bytes)} on disk",
                     )
                 )
+                if self.host_slots:
+                    share = self.host_slots / s.n_experts_total
+                    rows.append(
+                        (
+                            "expert host tier",
+                            self.host_tier_bytes,
+                            f"{self.host_slots} experts ({share:.1%}) in RAM behind the device arena",
+                        )
+                    )
             else:
                 rows.append(("experts (resident)", s.expert_bytes, f"all {s.n_experts_total}"))
         rows.append((f"KV / state at {self.n_ctx} tokens", self.state_bytes, "one window"))
@@ -284,13 +299,19 @@ def plan_memory(
     memory_gb: float | None = None,
     arena_gb: float | None = None,
     ple_cache_gb: float | None = None,
+    host_cache_gb: float | None = None,
     overhead_bytes: int = 0,
     physical_bytes: int | None = None,
 ) -> MemoryPlan:
     """Decide the arena: ``arena_gb`` when given; else, for a GGUF whose experts fit the budget (``memory_gb``,
     default three quarters of physical memory), every expert resident; else the budget left after everything
-    else. Raises MemoryPlanError when even one arena slot does not fit, or when ``arena_gb`` exceeds the budget.
-    """
+    else. ``host_cache_gb`` (with ``arena_gb``) adds a host-RAM tier of that many GiB of records behind a
+    device arena. Raises MemoryPlanError when even one arena slot does not fit, or when ``arena_gb`` exceeds
+    the budget."""
+    if host_cache_gb is not None and host_cache_gb <= 0:
+        raise MemoryPlanError(f"host_cache_gb must be positive, got {host_cache_gb}")
+    if host_cache_gb is not None and arena_gb is None:
+        raise MemoryPlanError("host_cache_gb needs arena_gb: the host tier sits behind a device arena")
     if memory_gb is not None and memory_gb <= 0:
         raise MemoryPlanError(f"memory_gb must be positive, got {memory_gb}")
     if arena_gb is not None and arena_gb <= 0:
@@ -304,8 +325,8 @@ def plan_memory(
         else (min(256 << 20, sizes.ple_rows * sizes.ple_head_dim * 4) if sizes.ple_rows else 0)
     )
 
-    def plan(slots: int) -> MemoryPlan:
-        return MemoryPlan(sizes, n_ctx, slots, ple_cache, overhead_bytes, budget)
+    def plan(slots: int, host_slots: int = 0) -> MemoryPlan:
+        return MemoryPlan(sizes, n_ctx, slots, ple_cache, overhead_bytes, budget, host_slots)
 
     if not sizes.n_experts_total:
         p = plan(0)
@@ -319,7 +340,14 @@ def plan_memory(
         slots = min(sizes.n_experts_total, int(arena_gb * GIB) // slot)
         if slots < 1:
             raise MemoryPlanError(f"arena_gb={arena_gb} holds no expert: one slot is {human_bytes(slot)}")
-        p = plan(slots)
+        host_slots = 0
+        if host_cache_gb is not None:
+            host_slots = min(sizes.n_experts_total, int(host_cache_gb * GIB) // slot)
+            if host_slots <= slots:
+                raise MemoryPlanError(
+                    f"host_cache_gb={host_cache_gb} holds {host_slots} experts, no more than the arena's {slots}"
+                )
+        p = plan(slots, host_slots)
         if budget is not None and p.total_bytes > budget:
             raise MemoryPlanError(f"arena_gb={arena_gb} does not fit memory_gb={memory_gb}:\n{p.render()}")
         return p

@@ -18,7 +18,7 @@ from . import pack as _pack
 from . import state as _state
 from .antislop import SlopList, SlopMatcher
 from .chat import ChatTemplate, Message, fallback_template
-from .errors import ImageError, ModelFormatError
+from .errors import ImageError, MemoryPlanError, ModelFormatError
 from .generation import Generation, TokenGuide
 from .memory_plan import MemoryPlan
 from .models import resolve_model
@@ -118,6 +118,7 @@ class Model:
         memory_gb: float | None = None,
         arena_gb: float | None = None,
         ple_cache_gb: float | None = None,
+        host_cache_gb: float | None = None,
         moce: bool | Mapping[str, float] = False,
         lookahead: bool = True,
         io_threads: int = 4,
@@ -138,7 +139,10 @@ class Model:
         Mixture-of-experts models (qwen4exp) get a memory plan (:attr:`plan`, logged at load): with ``arena_gb``
         the routed experts stream from disk through an arena of that size; without it, a GGUF whose experts
         fit ``memory_gb`` (default: three quarters of physical memory) keeps them all resident and otherwise
-        the arena takes what the budget leaves. A packed directory always streams. ``ple_cache_gb`` sizes the
+        the arena takes what the budget leaves. A packed directory always streams. Where the arena is device
+        memory (``backend="cuda"``, ``"cpu-opaque"``), ``host_cache_gb`` (with ``arena_gb``) keeps that many
+        GiB of expert records in host RAM behind it, so a miss it holds is a copy, not a disk read; on the CPU
+        the arena is host RAM already and the option is refused. ``ple_cache_gb`` sizes the
         PLE row cache; ``moce`` turns on cache-aware routing (True, or ``{"bonus": 2.0, "protect": 2}``;
         changes the output, off by default); ``lookahead`` prefetches each layer's predicted experts;
         ``io_threads`` read experts; ``lock_memory`` mlocks the arena (a warning once where the OS refuses).
@@ -153,6 +157,8 @@ class Model:
         if n_ctx is not None and n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         backend = _backends.resolve(backend)
+        if host_cache_gb is not None and backend == "cpu":
+            raise MemoryPlanError("host_cache_gb: on the cpu backend the expert arena is host RAM already")
         overhead = _plan.process_rss()
         resolved = str(resolve_model(path))
         packed = _pack.open_packed(resolved) if _pack.is_packed(resolved) else None
@@ -172,6 +178,7 @@ class Model:
             memory_gb=memory_gb,
             arena_gb=arena_gb,
             ple_cache_gb=ple_cache_gb,
+            host_cache_gb=host_cache_gb,
             overhead_bytes=overhead,
         )
         _log.info("memory plan for %s:\n%s", resolved, plan.render())
@@ -192,6 +199,7 @@ class Model:
                 ple_path=str(packed.ple) if packed and packed.ple else "",
                 ple_cache_bytes=plan.ple_cache_bytes,
                 backend=backend,
+                host_slots=plan.host_slots,
             )
             info = core.arena_info()
             if info is not None and lock_memory and not info["locked"]:
@@ -221,7 +229,8 @@ class Model:
     def stats(self) -> dict[str, Any]:
         """Counters since load (or :meth:`reset_stats`): for a model streaming its experts ``hits``,
         ``misses``, ``hit_rate``, ``per_layer_hit_rate``, ``bytes_read``, ``reads``, ``read_stall_s``,
-        ``prefetches`` and ``prefetch_hits``; for PLE models ``ple_rows_read`` (from disk),
+        ``prefetches``, ``prefetch_hits`` and ``host_hits`` (misses the host tier filled without a read:
+        :meth:`load`'s ``host_cache_gb``); for PLE models ``ple_rows_read`` (from disk),
         ``ple_cache_hits`` and ``ple_rows_read_per_token``; ``tokens`` evaluated."""
         out: dict[str, Any] = {"tokens": self._tokens_evaluated}
         if not hasattr(self._core, "stats"):
