@@ -133,7 +133,6 @@ struct QuantKernel {
     // used by all NT tokens. out[t] = sum over the row of scale*q*x (+ bias*sum(x)).
     template <int NT>
     static void dot_row(const DecodedRow& r, const MatmulArgs& a, int64_t t0, float* out) {
-        const int64_t cols = a.cols;
         typename S::Acc acc[NT];
         for (int t = 0; t < NT; ++t) acc[t] = S::zero();
         if constexpr (INT) {
