@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from regolith.server.reply import ReplyParser, parse_tool_calls
@@ -153,6 +153,7 @@ replies = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(pieces=replies, split=st.integers(1, 5), thinks=st.booleans())
+@example(pieces=["<think>", "\n", "\n"], split=1, thinks=True)  # newlines after the tag, cut apart
 def test_streaming_equals_parsing_the_whole_reply(pieces, split, thinks):
     """However a reply is cut into pieces, the released text and the calls are those of the whole reply."""
     reply = "".join(pieces)

@@ -226,6 +226,7 @@ class ReplyParser:
         self._tags = think_tags
         self._phase = "thinking" if (think_tags and thinking) else "start" if think_tags else "answer"
         self._think_buf = ""
+        self._after_open = False  # the open tag was just read: newlines still to be dropped
         self._tools = tool_names
         self._mode = "undecided" if tool_names is not None else "text"
         self._buf = prefix  # answer text not yet released; the prefix (a tool-call opener) never is
@@ -290,10 +291,15 @@ class ReplyParser:
                 self._phase, self._think_buf = "answer", ""
                 return buf
             self._phase = "thinking"
-            buf = head[len(open_tag) :].lstrip("\n")
+            self._after_open = True
+            buf = head[len(open_tag) :]
+        if self._after_open:
+            # the newlines after the open tag are not thinking, however the pieces cut them
+            buf = buf.lstrip("\n")
             if not buf:
                 self._think_buf = ""
                 return ""
+            self._after_open = False
         end = buf.find(close_tag)
         if end >= 0:
             self._emit("thinking", buf[:end], out)
