@@ -357,6 +357,49 @@ def test_plan_errors_before_allocating(tiny, packed):
         )
 
 
+def test_plan_for_a_gpu_sizes_the_arena_by_its_free_memory(tiny):
+    """A backend with memory of its own (a GPU) holds the dense weights, the experts or their arena, the
+    state and scratch; the plan sizes them against 90% of its free memory and the rest against RAM."""
+    sizes = regolith.Model.load(tiny).plan.sizes
+    roomy = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20, device=("cuda", 1 << 40))
+    assert not roomy.streaming
+    assert (
+        roomy.device_bytes
+        == sizes.dense_bytes + sizes.expert_bytes + roomy.state_bytes + sizes.scratch_bytes()
+    )
+    assert roomy.host_bytes == roomy.total_bytes - roomy.device_bytes > 0
+    assert "VRAM" in roomy.render() and "free on cuda" in roomy.render()
+    # free memory whose 90% leaves room for 5.5 slots after the fixed parts: an arena of 5
+    fixed = roomy.device_bytes - sizes.expert_bytes
+    free = int((fixed + 5.5 * sizes.slot_bytes) / 0.9) + 1
+    small = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20, device=("cuda", free))
+    assert small.arena_slots == 5 and small.device_bytes <= free * 0.9
+    # the host tier is RAM, however large the arena
+    tier = mp.plan_memory(
+        sizes,
+        n_ctx=64,
+        overhead_bytes=1 << 20,
+        device=("cuda", free),
+        arena_gb=3 * sizes.slot_bytes / 2**30,
+        host_cache_gb=40 * sizes.slot_bytes / 2**30,
+    )
+    assert tier.device_bytes == fixed + 3 * sizes.slot_bytes and tier.host_bytes >= 40 * sizes.slot_bytes
+    with pytest.raises(MemoryPlanError, match="over 90% of its"):
+        mp.plan_memory(
+            sizes,
+            n_ctx=64,
+            device=("cuda", free),
+            arena_gb=7 * sizes.slot_bytes / 2**30,
+            overhead_bytes=1 << 20,
+        )
+    with pytest.raises(MemoryPlanError, match="on cuda .dense weights, state, one expert slot"):
+        mp.plan_memory(sizes, n_ctx=64, device=("cuda", fixed), overhead_bytes=1 << 20)
+    assert (
+        regolith.backends.device_memory("cpu") is None
+        and regolith.backends.device_memory("cpu-opaque") is None
+    )
+
+
 RSS_SCRIPT = textwrap.dedent(
     """
     import json, sys

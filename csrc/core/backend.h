@@ -155,6 +155,9 @@ public:
     virtual void* host_address(BackendBuffer* buffer) = 0;
     // Locks an Arena buffer in RAM; false (with the reason in *error) when the OS refuses.
     virtual bool lock(BackendBuffer* buffer, std::string* error) = 0;
+    // A device's own memory (a discrete GPU's VRAM): its free and total bytes. False where the backend's
+    // memory is the host's RAM (CPU, unified memory), which the memory plan counts as RAM.
+    virtual bool device_memory(uint64_t* free_bytes, uint64_t* total_bytes) { return false; }
 
     // Host <-> backend copies of a tensor's rows; the host side is packed (rows of the type's row bytes).
     // write() is recorded like an op (ops recorded before it see the old contents, ops after it the new) and

@@ -103,6 +103,12 @@ public:
     }
     void* host_address(BackendBuffer*) override { return nullptr; }
     bool lock(BackendBuffer*, std::string*) override { return true; }  // device memory is never paged out
+    bool device_memory(uint64_t* free_bytes, uint64_t* total_bytes) override {
+        size_t f = 0, t = 0;
+        RG_CUDA(cudaMemGetInfo(&f, &t));
+        *free_bytes = f, *total_bytes = t;
+        return true;
+    }
 
     void write(const Tensor& dst, const void* src) override {
         const View d = cuda::view(dst);

@@ -11,6 +11,16 @@
 void init_backends(nb::module_& m) {
     m.def("backend_names", &regolith::backend_names, "The backends this build has, the reference first.");
     m.def(
+        "device_memory",
+        [](const std::string& name) -> nb::object {
+            uint64_t free_bytes = 0, total_bytes = 0;
+            if (!regolith::backend_by_name(name).device_memory(&free_bytes, &total_bytes)) return nb::none();
+            return nb::make_tuple(free_bytes, total_bytes);
+        },
+        nb::arg("backend"),
+        "(free, total) bytes of the backend's own device memory (a GPU's VRAM); None where its memory is the "
+        "host's RAM.");
+    m.def(
         "check_backend",
         [](const std::string& name, const std::string& filter, uint64_t seed, uint64_t ref_seed) {
             regolith::Backend& be = regolith::backend_by_name(name);

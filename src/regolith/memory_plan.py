@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +201,10 @@ class MemoryPlan:
     overhead_bytes: int  # the process before loading (interpreter, libraries)
     budget_bytes: int | None
     host_slots: int = 0  # records of the host-RAM tier behind a device arena (0: none)
+    device: tuple[str, int] | None = None  # (backend, free bytes) where the backend has memory of its own
+
+    # The parts a backend with its own memory (a GPU) holds there; the rest is host RAM.
+    DEVICE_PARTS = ("dense weights (resident)", "expert arena", "experts (resident)", "KV / state", "scratch")
 
     @property
     def streaming(self) -> bool:
@@ -273,14 +278,35 @@ class MemoryPlan:
         rows.append(("runtime (before load)", self.overhead_bytes, "interpreter and libraries"))
         return rows
 
+    def on_device(self, name: str) -> bool:
+        """Whether the row ``name`` of :meth:`rows` lives in the backend's own memory."""
+        return self.device is not None and name.startswith(self.DEVICE_PARTS)
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes in the backend's own memory (0 where its memory is host RAM)."""
+        return sum(size for name, size, _ in self.rows() if self.on_device(name))
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes in host RAM."""
+        return self.total_bytes - self.device_bytes
+
     def render(self) -> str:
-        """The plan as a text table."""
+        """The plan as a text table (with a column saying where each part lives, for a GPU backend)."""
         width = max(len(r[0]) for r in self.rows())
-        lines = [
-            f"{name:<{width}}  {human_bytes(size):>10}  {note}".rstrip() for name, size, note in self.rows()
-        ]
+        lines = []
+        for name, size, note in self.rows():
+            where = ("VRAM  " if self.on_device(name) else "RAM   ") if self.device else ""
+            lines.append(f"{name:<{width}}  {human_bytes(size):>10}  {where}{note}".rstrip())
         budget = f"  of a {human_bytes(self.budget_bytes)} budget" if self.budget_bytes else ""
-        lines.append(f"{'total':<{width}}  {human_bytes(self.total_bytes):>10}{budget}")
+        if self.device:
+            lines.append(
+                f"{'total':<{width}}  {human_bytes(self.total_bytes):>10}  VRAM {human_bytes(self.device_bytes)} "
+                f"of {human_bytes(self.device[1])} free on {self.device[0]}, RAM {human_bytes(self.host_bytes)}{budget}"
+            )
+        else:
+            lines.append(f"{'total':<{width}}  {human_bytes(self.total_bytes):>10}{budget}")
         return "\n".join(lines)
 
 
@@ -302,12 +328,15 @@ def plan_memory(
     host_cache_gb: float | None = None,
     overhead_bytes: int = 0,
     physical_bytes: int | None = None,
+    device: tuple[str, int] | None = None,
 ) -> MemoryPlan:
     """Decide the arena: ``arena_gb`` when given; else, for a GGUF whose experts fit the budget (``memory_gb``,
     default three quarters of physical memory), every expert resident; else the budget left after everything
     else. ``host_cache_gb`` (with ``arena_gb``) adds a host-RAM tier of that many GiB of records behind a
-    device arena. Raises MemoryPlanError when even one arena slot does not fit, or when ``arena_gb`` exceeds
-    the budget."""
+    device arena. ``device`` = (backend, free bytes) for a backend with memory of its own (a GPU): the dense
+    weights, the experts or their arena, the state and scratch go there and are sized against 90% of its
+    free memory; the rest against the host budget. Raises MemoryPlanError when even one arena slot does not
+    fit, or when ``arena_gb`` exceeds the budget (or the device)."""
     if host_cache_gb is not None and host_cache_gb <= 0:
         raise MemoryPlanError(f"host_cache_gb must be positive, got {host_cache_gb}")
     if host_cache_gb is not None and arena_gb is None:
@@ -326,7 +355,10 @@ def plan_memory(
     )
 
     def plan(slots: int, host_slots: int = 0) -> MemoryPlan:
-        return MemoryPlan(sizes, n_ctx, slots, ple_cache, overhead_bytes, budget, host_slots)
+        return MemoryPlan(sizes, n_ctx, slots, ple_cache, overhead_bytes, budget, host_slots, device)
+
+    if device is not None:
+        return _plan_with_device(sizes, plan, device, arena_gb, host_cache_gb, budget, memory_gb)
 
     if not sizes.n_experts_total:
         p = plan(0)
@@ -362,3 +394,55 @@ def plan_memory(
             f"the budget is {human_bytes(cap)}:\n{plan(1).render()}"
         )
     return plan(slots)
+
+
+def _plan_with_device(
+    sizes: ModelSizes,
+    plan: Callable[..., MemoryPlan],
+    device: tuple[str, int],
+    arena_gb: float | None,
+    host_cache_gb: float | None,
+    budget: int | None,
+    memory_gb: float | None,
+) -> MemoryPlan:
+    """plan_memory for a backend with its own memory: its parts against 90% of the device's free bytes."""
+    name, free = device
+    cap = free * 9 // 10
+    slot = sizes.slot_bytes
+
+    def checked(p: MemoryPlan) -> MemoryPlan:
+        if p.device_bytes > cap:
+            raise MemoryPlanError(
+                f"the model needs {human_bytes(p.device_bytes)} on {name}, over 90% of its "
+                f"{human_bytes(free)} free:\n{p.render()}"
+            )
+        if budget is not None and p.host_bytes > budget:
+            raise MemoryPlanError(
+                f"the model needs {human_bytes(p.host_bytes)} of RAM, over memory_gb={memory_gb}:\n{p.render()}"
+            )
+        return p
+
+    if not sizes.n_experts_total:
+        return checked(plan(0))
+    if arena_gb is not None:
+        slots = min(sizes.n_experts_total, int(arena_gb * GIB) // slot)
+        if slots < 1:
+            raise MemoryPlanError(f"arena_gb={arena_gb} holds no expert: one slot is {human_bytes(slot)}")
+        host_slots = 0
+        if host_cache_gb is not None:
+            host_slots = min(sizes.n_experts_total, int(host_cache_gb * GIB) // slot)
+            if host_slots <= slots:
+                raise MemoryPlanError(
+                    f"host_cache_gb={host_cache_gb} holds {host_slots} experts, no more than the arena's {slots}"
+                )
+        return checked(plan(slots, host_slots))
+    if not sizes.packed and plan(0).device_bytes <= cap:
+        return checked(plan(0))
+    fixed = plan(0).device_bytes - sizes.expert_bytes
+    slots = min(sizes.n_experts_total, max(0, (cap - fixed) // slot))
+    if slots < 1:
+        raise MemoryPlanError(
+            f"the model needs at least {human_bytes(fixed + slot)} on {name} (dense weights, state, one expert "
+            f"slot); 90% of its {human_bytes(free)} free is {human_bytes(cap)}:\n{plan(1).render()}"
+        )
+    return checked(plan(slots))

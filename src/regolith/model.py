@@ -180,6 +180,7 @@ class Model:
             ple_cache_gb=ple_cache_gb,
             host_cache_gb=host_cache_gb,
             overhead_bytes=overhead,
+            device=(backend, dev[0]) if (dev := _backends.device_memory(backend)) else None,
         )
         _log.info("memory plan for %s:\n%s", resolved, plan.render())
         if arch != "qwen4exp":

@@ -13,7 +13,7 @@ import os
 
 from .. import _core
 
-__all__ = ["DEFAULT", "available", "resolve"]
+__all__ = ["DEFAULT", "available", "device_memory", "resolve"]
 
 DEFAULT = "cpu"
 
@@ -38,3 +38,9 @@ def resolve(name: str | None) -> str:
             )
         raise ValueError(f"unknown backend {chosen!r}; this build has {', '.join(available())}")
     return chosen
+
+
+def device_memory(name: str) -> tuple[int, int] | None:
+    """(free, total) bytes of backend ``name``'s own memory (a discrete GPU's VRAM); None where its memory is
+    the host's RAM (the CPU backends), which memory plans count as RAM."""
+    return _core.device_memory(resolve(name))
