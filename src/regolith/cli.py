@@ -58,6 +58,9 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
             f"[bold]packed model[/bold] {escape(str(packed.path))} (source {escape(packed.manifest['source']['name'])})"
         )
     if args.plan:
+        from . import backends
+
+        dev = backends.device_memory(args.backend)  # a GPU backend: its parts against its free memory
         with _gguf.open(path) as f:
             sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, packed.manifest if packed else None)
             arch = f.architecture or ""
@@ -70,6 +73,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
             ple_cache_gb=args.ple_cache_gb,
             host_cache_gb=args.host_cache_gb,
             overhead_bytes=memory_plan.process_rss(),
+            device=(backends.resolve(args.backend), dev[0]) if dev else None,
         )
         console.print(escape(plan.render()), highlight=False)
         return 0
