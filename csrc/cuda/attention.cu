@@ -51,12 +51,7 @@ __global__ void attend_k(View q, KvSeqView s, AttentionShape sh, View out) {
         w[j] = dot * sh.scale;
         mx = fmaxf(mx, w[j]);
     }
-    __shared__ float part[32];
-    mx = warp_max(mx);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    mx = -FLT_MAX;
-    for (int i = 0; i < int(blockDim.x >> 5); ++i) mx = fmaxf(mx, part[i]);
+    mx = block_max(mx);
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
         w[j] = expf(w[j] - mx);

@@ -4,10 +4,13 @@
 
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdint>
 
 #include "core/backend.h"
 #include "core/errors.h"
+#include "core/half.h"
+#include "core/types.h"
 
 namespace regolith::cuda {
 
@@ -59,6 +62,27 @@ __device__ T block_sum(T v) {
     __syncthreads();
     T s = lane < n ? part[lane] : T(0);
     return warp_sum(s);
+}
+
+// Max over the block's threads (as block_sum); every thread gets the result.
+__device__ inline float block_max(float v) {
+    __shared__ float part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();  // part[] may still be read by an earlier call
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    return warp_max(lane < n ? part[lane] : -FLT_MAX);
+}
+
+// F32, F16 and BF16: the weight types products take as floats (the rest are block-quantized).
+inline bool float_type(uint32_t t) { return t == RG_TYPE_F32 || t == RG_TYPE_F16 || t == RG_TYPE_BF16; }
+
+// Element c of a row of F32, F16 or BF16 values, as f32.
+__device__ inline float load_float(const uint8_t* row, int64_t c, uint32_t type) {
+    if (type == RG_TYPE_F32) return reinterpret_cast<const float*>(row)[c];
+    const uint16_t h = reinterpret_cast<const uint16_t*>(row)[c];
+    return type == RG_TYPE_F16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
 }
 
 __device__ inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -22,25 +22,13 @@ constexpr int kMaxTok = 8;          // tokens per block (float weights)
 constexpr int kRowsPerBlock = 4;    // warps per block, one row each (float weights)
 constexpr int kFillBlocks = 512;    // decode blocks that keep the GPU's loads in flight (4 per SM of an H200)
 
-__device__ inline float load_float(const uint8_t* row, int64_t c, uint32_t type) {
-    if (type == RG_TYPE_F32) return reinterpret_cast<const float*>(row)[c];
-    const uint16_t h = reinterpret_cast<const uint16_t*>(row)[c];
-    if (type == RG_TYPE_F16) return __half2float(__ushort_as_half(h));
-    return __uint_as_float(uint32_t(h) << 16);  // BF16
-}
-
 __global__ void acts_f16_k(View x, HalfActs a) {
     const int64_t t = blockIdx.x, k = x.cols;
     const float* xr = x.row(t);
     __half* out = a.xh + t * a.ld;
     float mx = 0.0f;
     for (int64_t c = threadIdx.x; c < k; c += blockDim.x) mx = fmaxf(mx, fabsf(xr[c]));
-    __shared__ float part[32];
-    mx = warp_max(mx);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    mx = (threadIdx.x & 31) < (blockDim.x >> 5) ? part[threadIdx.x & 31] : 0.0f;
-    mx = warp_max(mx);
+    mx = block_max(mx);
     // the smallest power of two >= mx (1 for an all-zero row): x / s is exact and |x / s| <= 1
     int e = 0;
     const float m = frexpf(mx, &e);
@@ -170,21 +158,6 @@ __global__ void mmv_float(View w, View x, View y) {
     }
 }
 
-template <class F>
-void dispatch(uint32_t type, F&& f) {
-    switch (type) {
-#define RG_CASE_(T) \
-    case T:         \
-        return f(BlockDecoder<T>{});
-        RG_FOR_EACH_QUANT_TYPE(RG_CASE_)
-#undef RG_CASE_
-        default:
-            throw Error("CUDA matmul: no kernel for type " + std::string(type_traits(type)->name));
-    }
-}
-
-bool float_type(uint32_t t) { return t == RG_TYPE_F32 || t == RG_TYPE_F16 || t == RG_TYPE_BF16; }
-
 void float_product(cudaStream_t s, const MatmulView& j) {
     mmv_float<<<dim3(grid(j.w.rows, kRowsPerBlock), grid(j.x.rows, kMaxTok)), 32 * kRowsPerBlock, 0, s>>>(j.w, j.x, j.y);
     RG_LAUNCHED("matmul (float weights)");
@@ -200,7 +173,7 @@ void quant_product(cudaStream_t s, const MatmulView& j, Scratch& scratch) {
     float* part = n_seg > 1 ? reinterpret_cast<float*>(base + acts) : nullptr;
     acts_f16(s, j.x, a);
     const Rows w{j.w.base, rows, j.w.stride};
-    dispatch(j.w.type, [&](auto dec) {
+    dispatch_quant_type(j.w.type, [&](auto dec) {
         using D = decltype(dec);
         const int64_t nb = K / D::QK;
         if (M <= 16) {

@@ -188,14 +188,7 @@ __global__ void pair_mmv_float(View w, int64_t n, View ids, View x, int64_t per_
     const float* xr = x.row(p / per_x);
     float acc = 0.0f;
     for (int64_t c = lane; c < w.cols; c += 32) {
-        float wc;
-        if (w.type == RG_TYPE_F32) {
-            wc = reinterpret_cast<const float*>(row)[c];
-        } else {
-            const uint16_t h = reinterpret_cast<const uint16_t*>(row)[c];
-            wc = w.type == RG_TYPE_F16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
-        }
-        acc += wc * xr[c];
+        acc += load_float(row, c, w.type) * xr[c];
     }
     acc = warp_sum(acc);
     if (lane == 0) y.row(p)[r] = acc;
@@ -211,25 +204,16 @@ void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, co
                    const Groups& gr, int64_t n_expert, int64_t per_x, const View& y, float* part) {
     const int64_t pairs = ids.rows * ids.cols, tiles = (ids.rows + 15) / 16;
     // decode: too few experts' rows to fill the GPU, so the segments of K go to blocks of their own
-    const bool float_w = w.type == RG_TYPE_F32 || w.type == RG_TYPE_F16 || w.type == RG_TYPE_BF16;
-    const int64_t n_seg = part && !float_w ? segments(w.cols) : 1;
+    const int64_t n_seg = part && !float_type(w.type) ? segments(w.cols) : 1;
     if (n_seg == 1) part = nullptr;
-    switch (w.type) {
-        case RG_TYPE_F32:
-        case RG_TYPE_F16:
-        case RG_TYPE_BF16:
-            pair_mmv_float<<<dim3(grid(n, 4), unsigned(pairs)), 128, 0, s>>>(w, n, ids, x, per_x, y);
-            break;
-#define RG_CASE_(T)                                                                                       \
-    case T:                                                                                               \
-        qmm_grouped<BlockDecoder<T>><<<dim3(grid(n, 64), unsigned(tiles * n_seg), unsigned(n_expert)), 128, 0, s>>>( \
-            Rows{w.base, w.rows, w.stride}, n, w.cols / BlockDecoder<T>::QK, gr.offset, gr.order, a, per_x, y,     \
-            n_seg, pairs, part);                                                                          \
-        break;
-            RG_FOR_EACH_QUANT_TYPE(RG_CASE_)
-#undef RG_CASE_
-        default:
-            throw Error("CUDA moe_experts: no kernel for type " + std::string(type_traits(w.type)->name));
+    if (float_type(w.type)) {
+        pair_mmv_float<<<dim3(grid(n, 4), unsigned(pairs)), 128, 0, s>>>(w, n, ids, x, per_x, y);
+    } else {
+        dispatch_quant_type(w.type, [&](auto dec) {
+            using D = decltype(dec);
+            qmm_grouped<D><<<dim3(grid(n, 64), unsigned(tiles * n_seg), unsigned(n_expert)), 128, 0, s>>>(
+                Rows{w.base, w.rows, w.stride}, n, w.cols / D::QK, gr.offset, gr.order, a, per_x, y, n_seg, pairs, part);
+        });
     }
     RG_LAUNCHED("moe_experts (products)");
     if (part) {
@@ -335,16 +319,13 @@ void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& wei
     group_k<<<1, kGroupThreads, 0, s>>>(ids, n_expert, offset, order);
     RG_LAUNCHED("moe_experts (grouping)");
     const Groups gr{offset, order};
-    const auto quant = [](const View& w) {
-        return w.type != RG_TYPE_F32 && w.type != RG_TYPE_F16 && w.type != RG_TYPE_BF16;
-    };
-    if (quant(gate) || quant(up)) acts_f16(s, x, xa);
+    if (!float_type(gate.type) || !float_type(up.type)) acts_f16(s, x, xa);
     pair_products(s, gate, ff, ids, x, xa, gr, n_expert, k, g, part);
     pair_products(s, up, ff, ids, x, xa, gr, n_expert, k, u, part);
     swiglu_k<<<grid(pairs * ff, 256), 256, 0, s>>>(reinterpret_cast<float*>(g.base), reinterpret_cast<const float*>(u.base),
                                                   pairs * ff);
     RG_LAUNCHED("moe_experts (swiglu)");
-    if (quant(down)) acts_f16(s, g, ga);
+    if (!float_type(down.type)) acts_f16(s, g, ga);
     pair_products(s, down, h, ids, g, ga, gr, n_expert, 1, ys, part);
     if (shared) {
         swiglu_view_k<<<grid(ntok * fs, 256), 256, 0, s>>>(shared->gate, shared->up);

@@ -38,13 +38,7 @@ __global__ void get_rows_float(View table, View ids, float scale, int64_t repeat
     const int32_t id = ids.row<const int32_t>(r / ids.cols)[r % ids.cols];
     if (id < 0 || id >= table.rows) return;
     const uint8_t* row = table.row<const uint8_t>(id);
-    float v;
-    if (table.type == RG_TYPE_F32) {
-        v = reinterpret_cast<const float*>(row)[c];
-    } else {
-        const uint16_t h = reinterpret_cast<const uint16_t*>(row)[c];
-        v = table.type == RG_TYPE_F16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
-    }
+    float v = load_float(row, c, table.type);
     if (scale != 1.0f) v *= scale;
     for (int64_t rep = 0; rep < repeat; ++rep) out.row(r)[rep * w + c] = v;
 }
@@ -95,7 +89,7 @@ __global__ void top_k_k(View x, int64_t k, View ids, View values) {
 
 void get_rows(cudaStream_t s, const View& table, const View& ids, float scale, int64_t repeat, const View& out) {
     const int64_t n = ids.rows * ids.cols;
-    if (table.type == RG_TYPE_F32 || table.type == RG_TYPE_F16 || table.type == RG_TYPE_BF16) {
+    if (float_type(table.type)) {
         get_rows_float<<<grid(n * table.cols, 256), 256, 0, s>>>(table, ids, scale, repeat, out);
     } else {
         switch (table.type) {

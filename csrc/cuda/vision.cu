@@ -44,12 +44,7 @@ __global__ void softmax_k(View x, float scale) {
     const int64_t n = x.cols;
     float mx = -FLT_MAX;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, s[i] * scale);
-    __shared__ float part[32];
-    mx = warp_max(mx);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    mx = -FLT_MAX;
-    for (int i = 0; i < int(blockDim.x >> 5); ++i) mx = fmaxf(mx, part[i]);
+    mx = block_max(mx);
     double sum = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         s[i] = expf(s[i] * scale - mx);

@@ -369,16 +369,7 @@ def plan_memory(
         return p
     slot = sizes.slot_bytes
     if arena_gb is not None:
-        slots = min(sizes.n_experts_total, int(arena_gb * GIB) // slot)
-        if slots < 1:
-            raise MemoryPlanError(f"arena_gb={arena_gb} holds no expert: one slot is {human_bytes(slot)}")
-        host_slots = 0
-        if host_cache_gb is not None:
-            host_slots = min(sizes.n_experts_total, int(host_cache_gb * GIB) // slot)
-            if host_slots <= slots:
-                raise MemoryPlanError(
-                    f"host_cache_gb={host_cache_gb} holds {host_slots} experts, no more than the arena's {slots}"
-                )
+        slots, host_slots = _given_slots(sizes, arena_gb, host_cache_gb)
         p = plan(slots, host_slots)
         if budget is not None and p.total_bytes > budget:
             raise MemoryPlanError(f"arena_gb={arena_gb} does not fit memory_gb={memory_gb}:\n{p.render()}")
@@ -394,6 +385,22 @@ def plan_memory(
             f"the budget is {human_bytes(cap)}:\n{plan(1).render()}"
         )
     return plan(slots)
+
+
+def _given_slots(sizes: ModelSizes, arena_gb: float, host_cache_gb: float | None) -> tuple[int, int]:
+    """The arena slots of ``arena_gb`` and the host-tier slots of ``host_cache_gb`` (0 without it)."""
+    slot = sizes.slot_bytes
+    slots = min(sizes.n_experts_total, int(arena_gb * GIB) // slot)
+    if slots < 1:
+        raise MemoryPlanError(f"arena_gb={arena_gb} holds no expert: one slot is {human_bytes(slot)}")
+    if host_cache_gb is None:
+        return slots, 0
+    host_slots = min(sizes.n_experts_total, int(host_cache_gb * GIB) // slot)
+    if host_slots <= slots:
+        raise MemoryPlanError(
+            f"host_cache_gb={host_cache_gb} holds {host_slots} experts, no more than the arena's {slots}"
+        )
+    return slots, host_slots
 
 
 def _plan_with_device(
@@ -425,16 +432,7 @@ def _plan_with_device(
     if not sizes.n_experts_total:
         return checked(plan(0))
     if arena_gb is not None:
-        slots = min(sizes.n_experts_total, int(arena_gb * GIB) // slot)
-        if slots < 1:
-            raise MemoryPlanError(f"arena_gb={arena_gb} holds no expert: one slot is {human_bytes(slot)}")
-        host_slots = 0
-        if host_cache_gb is not None:
-            host_slots = min(sizes.n_experts_total, int(host_cache_gb * GIB) // slot)
-            if host_slots <= slots:
-                raise MemoryPlanError(
-                    f"host_cache_gb={host_cache_gb} holds {host_slots} experts, no more than the arena's {slots}"
-                )
+        slots, host_slots = _given_slots(sizes, arena_gb, host_cache_gb)
         return checked(plan(slots, host_slots))
     if not sizes.packed and plan(0).device_bytes <= cap:
         return checked(plan(0))
