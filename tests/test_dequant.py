@@ -63,6 +63,29 @@ def test_dequantize_matches_gguf(name: str) -> None:
     assert_bits_equal(dequantize(data, name), reference(data, name))
 
 
+PART_TYPES = [t for t in QUANT_TYPES if TYPE_IDS[t] in _core.part_decoded_types()]
+
+
+def test_the_gpu_hot_types_decode_in_parts() -> None:
+    # the CUDA products give a block's 32-element parts to separate lanes for these (others: a block a lane)
+    hot = {"IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ1_M", "IQ4_XS", "Q2_0", "Q4_K", "Q6_K"}
+    assert hot <= set(PART_TYPES)
+
+
+@pytest.mark.parametrize("name", PART_TYPES)
+def test_dequantize_by_parts_matches_reference(name: str) -> None:
+    rng = np.random.default_rng(2000 + TYPE_IDS[name])
+    data = np.concatenate([random_blocks(name, 256, rng), special_blocks(name, rng)])
+    got = _core.dequantize_parts(TYPE_IDS[name], data.reshape(-1), data.shape[0] * type_size(name)[0])
+    assert_bits_equal(got.reshape(data.shape[0], -1), reference(data, name))
+
+
+def test_dequantize_by_parts_refuses_a_type_without_parts() -> None:
+    assert TYPE_IDS["Q8_0"] not in _core.part_decoded_types()  # one 32-element block: the block is the part
+    with pytest.raises(RegolithError, match="no 32-element part decoder"):
+        _core.dequantize_parts(TYPE_IDS["Q8_0"], np.zeros(34, np.uint8), 32)
+
+
 @pytest.mark.parametrize("name", OWN_REF_TYPES)
 def test_dequantize_matches_spec_reference(name: str) -> None:
     rng = np.random.default_rng(TYPE_IDS[name])

@@ -21,6 +21,10 @@
 //     static constexpr bool HAS_BIAS;
 //     static void decode(const Block& b, int8_t* q /*[QK]*/, float* scale /*[NG]*/, float* bias /*[NG]*/);
 // (bias is untouched when !HAS_BIAS and may be nullptr). decode never allocates and never throws.
+// Types of more than 32 elements whose 32-element parts decode on their own may also have
+//     static void decode_part(const Block& b, int c, int8_t* q /*[32]*/, float* scale /*[32 / G]*/, float* bias);
+// elements [32c, 32c + 32) with the q, scale and bias decode gives them (the same float operations), so GPU
+// kernels can give a block's parts to separate lanes. has_decode_part<D> says whether D has it.
 //
 // dispatch_quant_type(type, f) (at the end of this file) maps a run-time type id to f(BlockDecoder<T>{}).
 #pragma once
@@ -28,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "core/errors.h"
 #include "core/half.h"
@@ -61,6 +66,11 @@ struct DecoderTraits {
     static constexpr bool HAS_BIAS = HAS_BIAS_;
     static_assert((G == 16 || G == 32) && QK % 32 == 0, "groups of 16 or 32 inside 32-element chunks");
 };
+
+template <class D, class = void>
+struct has_decode_part : std::false_type {};
+template <class D>
+struct has_decode_part<D, std::void_t<decltype(&D::decode_part)>> : std::true_type {};
 
 // ---- helpers: unaligned little-endian loads and 8-bytes-at-a-time (SWAR) code arithmetic ------------
 namespace decode_detail {
@@ -276,6 +286,14 @@ struct BlockDecoder<RG_TYPE_Q2_0> : DecoderTraits<RG_TYPE_Q2_0, block_q2_0, QK2_
             store_u64(q + 8 * c, sub_bytes((y | (y << 6) | (y << 12) | (y << 18)) & bytes_of(3), 1));
         }
     }
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float*) {
+        using namespace decode_detail;
+        scale[0] = fp16_to_fp32(b.d);
+        for (int j = 0; j < 4; ++j) {
+            const uint64_t y = b.qs[8 * c + 2 * j] | (uint64_t(b.qs[8 * c + 2 * j + 1]) << 32);
+            store_u64(q + 8 * j, sub_bytes((y | (y << 6) | (y << 12) | (y << 18)) & bytes_of(3), 1));
+        }
+    }
 };
 
 // ---- k-quants: 256-element super-blocks -----------------------------------------------------------------
@@ -337,6 +355,15 @@ RG_HD inline void k_scale_min(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) 
     }
 }
 
+// Q4_K / Q5_K parameters of group g: scale = d * sc, bias = -(dmin * m).
+template <class B>
+RG_HD inline void k_scale_bias(const B& b, int g, float* scale, float* bias) {
+    uint8_t sc, m;
+    k_scale_min(g, b.scales, &sc, &m);
+    *scale = fp16_to_fp32(b.d) * float(sc);
+    *bias = -(fp16_to_fp32(b.dmin) * float(m));
+}
+
 // Q4_K / Q5_K group parameters: scale = d * sc, bias = -(dmin * m) for the 8 groups of 32.
 template <class B>
 RG_HD inline void k_scales_biases(const B& b, float* scale, float* bias) {
@@ -363,6 +390,14 @@ struct BlockDecoder<RG_TYPE_Q4_K> : DecoderTraits<RG_TYPE_Q4_K, block_q4_K, QK_K
                 store_u64(q + 64 * k + 32 + 8 * c, (v >> 4) & kLowNibbles);
             }
     }
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float* bias) {
+        using namespace decode_detail;
+        k_scale_bias(b, c, scale, bias);
+        for (int j = 0; j < 4; ++j) {
+            const uint64_t v = load_u64(b.qs + 32 * (c >> 1) + 8 * j);
+            store_u64(q + 8 * j, (v >> (4 * (c & 1))) & kLowNibbles);
+        }
+    }
 };
 
 // Q5_K: as Q4_K with a 5th bit: element 32i + l takes bit i of qh[l].
@@ -379,6 +414,14 @@ struct BlockDecoder<RG_TYPE_Q5_K> : DecoderTraits<RG_TYPE_Q5_K, block_q5_K, QK_K
                 store_u64(q + 64 * k + 32 + 8 * c,
                           ((v >> 4) & kLowNibbles) | (((hm >> (2 * k + 1)) & kOnes) << 4));
             }
+        }
+    }
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float* bias) {
+        using namespace decode_detail;
+        k_scale_bias(b, c, scale, bias);
+        for (int j = 0; j < 4; ++j) {
+            const uint64_t v = load_u64(b.qs + 32 * (c >> 1) + 8 * j), hm = load_u64(b.qh + 8 * j);
+            store_u64(q + 8 * j, ((v >> (4 * (c & 1))) & kLowNibbles) | (((hm >> c) & kOnes) << 4));
         }
     }
 };
@@ -401,6 +444,20 @@ struct BlockDecoder<RG_TYPE_Q6_K> : DecoderTraits<RG_TYPE_Q6_K, block_q6_K, QK_K
                     store_u64(q + 128 * h + 32 * k + 8 * c, sub_bytes(code, 32));
                 }
             }
+    }
+    // part c = 4h + k
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float*) {
+        using namespace decode_detail;
+        const float d = fp16_to_fp32(b.d);
+        scale[0] = d * float(b.scales[2 * c]);
+        scale[1] = d * float(b.scales[2 * c + 1]);
+        const int h = c >> 2, k = c & 3;
+        for (int j = 0; j < 4; ++j) {
+            const uint64_t hv = load_u64(b.qh + 32 * h + 8 * j);
+            const uint64_t lv = load_u64(b.ql + 64 * h + 32 * (k & 1) + 8 * j);
+            const uint64_t code = ((lv >> (4 * (k >> 1))) & kLowNibbles) | (((hv >> (2 * k)) & bytes_of(3)) << 4);
+            store_u64(q + 8 * j, sub_bytes(code, 32));
+        }
     }
 };
 

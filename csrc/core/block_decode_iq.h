@@ -31,6 +31,14 @@ struct BlockDecoder<RG_TYPE_IQ2_XXS> : DecoderTraits<RG_TYPE_IQ2_XXS, block_iq2_
             }
         }
     }
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float*) {
+        using namespace decode_detail;
+        const uint8_t* qs = reinterpret_cast<const uint8_t*>(b.qs) + 8 * c;
+        const uint32_t aux1 = load_u32(qs + 4);
+        scale[0] = fp16_to_fp32(b.d) * (0.5f + float(aux1 >> 28)) * 0.25f;
+        for (int k = 0; k < 4; ++k)
+            store_u64(q + 8 * k, apply_signs(rg_iq2xxs_grid[qs[k]], rg_ksigns_mask[(aux1 >> (7 * k)) & 127]));
+    }
 };
 
 // IQ2_XS: per 8 elements a uint16 (9-bit grid index | 7-bit ksigns index); 4-bit scales per 16.
@@ -44,6 +52,16 @@ struct BlockDecoder<RG_TYPE_IQ2_XS> : DecoderTraits<RG_TYPE_IQ2_XS, block_iq2_xs
             scale[g] = d * (0.5f + float((b.scales[g >> 1] >> (4 * (g & 1))) & 0x0f)) * 0.25f;
         const uint8_t* qs = reinterpret_cast<const uint8_t*>(b.qs);
         for (int t = 0; t < QK / 8; ++t) {
+            const uint16_t v = load_u16(qs + 2 * t);
+            store_u64(q + 8 * t, apply_signs(rg_iq2xs_grid[v & 511], rg_ksigns_mask[v >> 9]));
+        }
+    }
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float*) {
+        using namespace decode_detail;
+        const float d = fp16_to_fp32(b.d);
+        for (int j = 0; j < 2; ++j) scale[j] = d * (0.5f + float((b.scales[c] >> (4 * j)) & 0x0f)) * 0.25f;
+        const uint8_t* qs = reinterpret_cast<const uint8_t*>(b.qs) + 8 * c;
+        for (int t = 0; t < 4; ++t) {
             const uint16_t v = load_u16(qs + 2 * t);
             store_u64(q + 8 * t, apply_signs(rg_iq2xs_grid[v & 511], rg_ksigns_mask[v >> 9]));
         }
@@ -63,6 +81,16 @@ struct BlockDecoder<RG_TYPE_IQ2_S> : DecoderTraits<RG_TYPE_IQ2_S, block_iq2_s, Q
         for (int t = 0; t < QK / 8; ++t) {
             const int idx = b.qs[t] | (((b.qh[t >> 2] >> (2 * (t & 3))) & 3) << 8);
             store_u64(q + 8 * t, apply_signs(rg_iq2s_grid[idx], rg_byte_mask[signs[t]]));
+        }
+    }
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float*) {
+        using namespace decode_detail;
+        const float d = fp16_to_fp32(b.d);
+        for (int j = 0; j < 2; ++j) scale[j] = d * (0.5f + float((b.scales[c] >> (4 * j)) & 0x0f)) * 0.25f;
+        const uint8_t* signs = b.qs + QK / 8;
+        for (int t = 4 * c; t < 4 * c + 4; ++t) {
+            const int idx = b.qs[t] | (((b.qh[t >> 2] >> (2 * (t & 3))) & 3) << 8);
+            store_u64(q + 8 * (t - 4 * c), apply_signs(rg_iq2s_grid[idx], rg_byte_mask[signs[t]]));
         }
     }
 };
@@ -86,6 +114,16 @@ struct BlockDecoder<RG_TYPE_IQ3_XXS> : DecoderTraits<RG_TYPE_IQ3_XXS, block_iq3_
             }
         }
     }
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float*) {
+        using namespace decode_detail;
+        const uint32_t a = load_u32(b.qs + QK / 4 + 4 * c);
+        scale[0] = fp16_to_fp32(b.d) * (0.5f + float(a >> 28)) * 0.5f;
+        for (int k = 0; k < 4; ++k) {
+            const int t = 8 * c + 2 * k;
+            const uint64_t g = rg_iq3xxs_grid[b.qs[t]] | (uint64_t(rg_iq3xxs_grid[b.qs[t + 1]]) << 32);
+            store_u64(q + 8 * k, apply_signs(g, rg_ksigns_mask[(a >> (7 * k)) & 127]));
+        }
+    }
 };
 
 // IQ3_S: 9-bit grid index = qs[t] | bit t%8 of qh[t/8] (4 values each); explicit sign bytes; 4-bit
@@ -104,6 +142,18 @@ struct BlockDecoder<RG_TYPE_IQ3_S> : DecoderTraits<RG_TYPE_IQ3_S, block_iq3_s, Q
             const int idx1 = b.qs[i1] | (((h >> (i1 & 7)) & 1) << 8);
             const uint64_t g = rg_iq3s_grid[idx0] | (uint64_t(rg_iq3s_grid[idx1]) << 32);
             store_u64(q + 8 * t, apply_signs(g, rg_byte_mask[b.signs[t]]));
+        }
+    }
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float*) {
+        using namespace decode_detail;
+        scale[0] = fp16_to_fp32(b.d) * float(1 + 2 * ((b.scales[c >> 1] >> (4 * (c & 1))) & 0x0f));
+        for (int t = 4 * c; t < 4 * c + 4; ++t) {
+            const int i0 = 2 * t, i1 = 2 * t + 1;
+            const uint8_t h = b.qh[t >> 2];
+            const int idx0 = b.qs[i0] | (((h >> (i0 & 7)) & 1) << 8);
+            const int idx1 = b.qs[i1] | (((h >> (i1 & 7)) & 1) << 8);
+            const uint64_t g = rg_iq3s_grid[idx0] | (uint64_t(rg_iq3s_grid[idx1]) << 32);
+            store_u64(q + 8 * (t - 4 * c), apply_signs(g, rg_byte_mask[b.signs[t]]));
         }
     }
 };
@@ -141,6 +191,15 @@ struct BlockDecoder<RG_TYPE_IQ1_S> : DecoderTraits<RG_TYPE_IQ1_S, block_iq1_s, Q
             }
         }
     }
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float*) {
+        using namespace decode_detail;
+        const uint16_t qh = load_u16(reinterpret_cast<const uint8_t*>(b.qh) + 2 * c);
+        scale[0] = fp16_to_fp32(b.d) * float(2 * ((qh >> 12) & 7) + 1) * 0.125f;
+        for (int k = 0; k < 4; ++k) {
+            const int idx = b.qs[4 * c + k] | (((qh >> (3 * k)) & 7) << 8);
+            store_u64(q + 8 * k, iq1_codes(rg_iq1s_grid[idx], qh & 0x8000));
+        }
+    }
 };
 
 // IQ1_M: per 8 elements a nibble of qh: 3 high index bits + delta sign (bit 3); 3-bit scales per 16 in
@@ -163,6 +222,23 @@ struct BlockDecoder<RG_TYPE_IQ1_M> : DecoderTraits<RG_TYPE_IQ1_M, block_iq1_m, Q
             store_u64(q + 8 * t, iq1_codes(rg_iq1s_grid[idx], nib & 8));
         }
     }
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float*) {
+        using namespace decode_detail;
+        uint16_t sc[4];
+        for (int u = 0; u < 4; ++u) sc[u] = load_u16(b.scales + 2 * u);
+        const uint16_t dbits =
+            uint16_t((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+        const float d = fp16_to_fp32(dbits);
+        for (int j = 0; j < 2; ++j) {
+            const int s = 2 * c + j;
+            scale[j] = d * float(2 * ((sc[s >> 2] >> (3 * (s & 3))) & 7) + 1) * 0.125f;
+        }
+        for (int t = 4 * c; t < 4 * c + 4; ++t) {
+            const int nib = (b.qh[t >> 1] >> (4 * (t & 1))) & 0x0f;
+            const int idx = b.qs[t] | ((nib & 7) << 8);
+            store_u64(q + 8 * (t - 4 * c), iq1_codes(rg_iq1s_grid[idx], nib & 8));
+        }
+    }
 };
 
 // IQ4_XS: 6-bit scales per 32 (low 4 bits in scales_l nibbles, high 2 in scales_h);
@@ -179,6 +255,13 @@ struct BlockDecoder<RG_TYPE_IQ4_XS> : DecoderTraits<RG_TYPE_IQ4_XS, block_iq4_xs
             scale[ib] = d * float((lo | (hi << 4)) - 32);
             lookup_nibbles<16>(b.qs + 16 * ib, rg_kvalues_iq4nl, q + 32 * ib);
         }
+    }
+    RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float*) {
+        using namespace decode_detail;
+        const int lo = (b.scales_l[c >> 1] >> (4 * (c & 1))) & 0x0f;
+        const int hi = (load_u16(&b.scales_h) >> (2 * c)) & 3;
+        scale[0] = fp16_to_fp32(b.d) * float((lo | (hi << 4)) - 32);
+        lookup_nibbles<16>(b.qs + 16 * c, rg_kvalues_iq4nl, q);
     }
 };
 

@@ -35,7 +35,50 @@ void dequantize_blocks(const uint8_t* src, float* dst, int64_t n_blocks) {
     }
 }
 
+// As dequantize_blocks, through the decoder's 32-element parts (decode_part).
+template <class D>
+void dequantize_parts(const uint8_t* src, float* dst, int64_t n_blocks) {
+    int8_t q[32];
+    float scale[32 / D::G];
+    float bias[32 / D::G] = {};
+    for (int64_t i = 0; i < n_blocks; ++i, src += sizeof(typename D::Block)) {
+        typename D::Block b;
+        std::memcpy(&b, src, sizeof b);
+        for (int c = 0; c < D::QK / 32; ++c, dst += 32) {
+            D::decode_part(b, c, q, scale, bias);
+            for (int j = 0; j < 32; ++j) {
+                const int g = j / D::G;
+                dst[j] = D::HAS_BIAS ? scale[g] * float(q[j]) + bias[g] : scale[g] * float(q[j]);
+            }
+        }
+    }
+}
+
 }  // namespace
+
+std::vector<uint32_t> part_decoded_types() {
+    std::vector<uint32_t> out;
+#define RG_PART_(T) \
+    if (has_decode_part<BlockDecoder<T>>::value) out.push_back(T);
+    RG_FOR_EACH_QUANT_TYPE(RG_PART_)
+#undef RG_PART_
+    return out;
+}
+
+void dequantize_row_by_parts(uint32_t type, const void* src, float* dst, int64_t n) {
+    const TypeTraits* t = type_traits(type);
+    if (!t || !is_quant_type(type)) throw Error("dequantize by parts: unknown quantized type id " + std::to_string(type));
+    if (n < 0 || n % t->block_elems != 0)
+        throw Error(std::string(t->name) + ": element count " + std::to_string(n) +
+                    " is not a multiple of the block size " + std::to_string(t->block_elems));
+    dispatch_quant_type(type, [&](auto dec) {
+        using D = decltype(dec);
+        if constexpr (has_decode_part<D>::value)
+            dequantize_parts<D>(static_cast<const uint8_t*>(src), dst, n / D::QK);
+        else
+            throw Error(std::string(t->name) + " has no 32-element part decoder");
+    });
+}
 
 void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n) {
     const TypeTraits* t = type_traits(type);

@@ -1,4 +1,5 @@
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/vector.h>
 
 #include <string>
 
@@ -12,7 +13,7 @@ namespace {
 using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Floats = nb::ndarray<nb::numpy, float, nb::ndim<1>>;
 
-Floats dequantize(uint32_t type_id, Bytes data, int64_t n) {
+Floats dequantize_impl(uint32_t type_id, Bytes data, int64_t n, bool by_parts) {
     const regolith::TypeTraits* t = regolith::type_traits(type_id);
     if (!t) throw nb::value_error(("unknown ggml type id " + std::to_string(type_id)).c_str());
     if (n < 0 || n % t->block_elems != 0)
@@ -28,10 +29,16 @@ Floats dequantize(uint32_t type_id, Bytes data, int64_t n) {
     Floats result = new_array({size_t(n)}, &out);
     {
         nb::gil_scoped_release release;
-        regolith::dequantize_row(type_id, data.data(), out, n);  // may throw: owner frees out
+        if (by_parts)
+            regolith::dequantize_row_by_parts(type_id, data.data(), out, n);  // may throw: owner frees out
+        else
+            regolith::dequantize_row(type_id, data.data(), out, n);
     }
     return result;
 }
+
+Floats dequantize(uint32_t type_id, Bytes data, int64_t n) { return dequantize_impl(type_id, data, n, false); }
+Floats dequantize_parts(uint32_t type_id, Bytes data, int64_t n) { return dequantize_impl(type_id, data, n, true); }
 
 }  // namespace
 
@@ -39,4 +46,9 @@ void init_dequant(nb::module_& m) {
     m.def("dequantize", &dequantize, nb::arg("type_id"), nb::arg("data"), nb::arg("n"),
           "Decode n elements of a GGUF type from a 1-D C-contiguous uint8 array to float32 (bit-exact with "
           "gguf-py). Raises ValueError when the byte count does not match n.");
+    m.def("dequantize_parts", &dequantize_parts, nb::arg("type_id"), nb::arg("data"), nb::arg("n"),
+          "As dequantize, through the decoders' 32-element parts (the way GPU kernels split a block among lanes); "
+          "RegolithError for a type without them.");
+    m.def("part_decoded_types", &regolith::part_decoded_types,
+          "GGUF type ids whose blocks decode in 32-element parts.");
 }
