@@ -4,11 +4,28 @@
 #include "core/backend.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "core/errors.h"
 
 namespace regolith {
+
+namespace {
+
+std::atomic<bool>& exact_flag() {
+    static std::atomic<bool> flag{[] {
+        const char* env = std::getenv("REGOLITH_EXACT_ACTIVATIONS");
+        return env != nullptr && std::string(env) == "1";
+    }()};
+    return flag;
+}
+
+}  // namespace
+
+void set_exact_activations(bool on) { exact_flag().store(on); }
+bool exact_activations() { return exact_flag().load(); }
 
 namespace {
 

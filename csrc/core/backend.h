@@ -155,6 +155,11 @@ public:
     virtual void* host_address(BackendBuffer* buffer) = 0;
     // Locks an Arena buffer in RAM; false (with the reason in *error) when the OS refuses.
     virtual bool lock(BackendBuffer* buffer, std::string* error) = 0;
+    // Page-locks host memory that uploads copy from (the arena's host tier or staging), so the copies run at
+    // the bus's speed rather than through the driver's bounce buffers; false where the backend has no use for
+    // it or the OS refuses (the memory then works as it is). unpin_host(p) before the memory is freed.
+    virtual bool pin_host(void* p, uint64_t bytes) { return false; }
+    virtual void unpin_host(void* p) {}
     // A device's own memory (a discrete GPU's VRAM): its free and total bytes. False where the backend's
     // memory is the host's RAM (CPU, unified memory), which the memory plan counts as RAM.
     virtual bool device_memory(uint64_t* free_bytes, uint64_t* total_bytes) { return false; }
@@ -164,6 +169,11 @@ public:
     // takes the host data before it returns; it may be called from any thread. read() waits for every op
     // recorded before it.
     virtual void write(const Tensor& dst, const void* src) = 0;
+    // A write from any thread that may run beside the ops being recorded (the expert arena's I/O threads
+    // filling slots): ordered after every op recorded before the last submit() and before every op recorded
+    // after it returns; ops recorded since the last submit() must not use dst. Takes the host data before it
+    // returns. By default write(); the CUDA backend copies on a stream of its own.
+    virtual void upload(const Tensor& dst, const void* src) { write(dst, src); }
     virtual void read(const Tensor& src, void* dst) = 0;
     void copy(const Tensor& src, const Tensor& dst);  // same type and shape
     void zero(const Tensor& dst);
@@ -334,6 +344,13 @@ Backend& cpu_backend();
 Backend& cpu_opaque_backend();
 // The CUDA backend on device 0, or null when this build or this machine has none (csrc/cuda/).
 Backend* cuda_backend();
+
+// Exact products, a process-wide verification mode every backend honours: quantized weights are dequantized to
+// f32 and multiplied with f32 activations the way the backend multiplies an F32 copy of them (slower; for
+// verifying quantized models against a float reference). Off by default; REGOLITH_EXACT_ACTIVATIONS=1 turns
+// it on at start-up.
+void set_exact_activations(bool on);
+bool exact_activations();
 
 // A backend by name ("cpu", "cpu-opaque", "cuda"; "" = the default: $REGOLITH_BACKEND or "cpu"). Throws Error
 // naming the backends this build and machine have.

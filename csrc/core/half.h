@@ -1,10 +1,15 @@
-// IEEE binary16 and bfloat16 conversions, exact and portable (no ISA intrinsics).
+// IEEE binary16 and bfloat16 conversions, exact and portable (no ISA intrinsics; CUDA device code converts
+// finite binary16 values with the hardware instruction, which is exact too).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
 #include "core/isa_namespace.h"
+
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
 
 namespace regolith {
 inline namespace RG_ISA_NS {
@@ -23,6 +28,9 @@ RG_HD inline uint32_t f32_bits(float f) {
 
 // Exact: every binary16 value (subnormals, inf, NaN payloads) maps to the same float32 value.
 RG_HD inline float fp16_to_fp32(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+    if ((h & 0x7c00) != 0x7c00) return __half2float(__ushort_as_half(h));  // finite: the hardware conversion is exact
+#endif
     const uint32_t sign = uint32_t(h & 0x8000) << 16;
     const uint32_t exp = (h >> 10) & 0x1f;
     const uint32_t man = h & 0x3ff;

@@ -61,11 +61,8 @@ struct KernelTable {
     void (*quantize)(const float* x, int64_t n, int block, int8_t* q, float* d, float* s);
 };
 
-// Exact mode: quantized weights are dequantized and multiplied with float activations instead of int8
-// ones (slower; for verifying quantized models against a float reference). Off by default;
-// REGOLITH_EXACT_ACTIVATIONS=1 turns it on at start-up.
-void set_exact_activations(bool on);
-bool exact_activations();
+// Exact mode (regolith::exact_activations(), core/backend.h): quantized weights are dequantized and
+// multiplied with float activations instead of int8 ones.
 
 const KernelTable& kernels_scalar();
 #if defined(RG_HAVE_AVX2)

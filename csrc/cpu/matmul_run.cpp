@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/errors.h"
 #include "core/thread_pool.h"
 #include "core/types.h"
@@ -53,20 +54,6 @@ const KernelTable& active_table() {
 
 }  // namespace
 
-namespace {
-
-std::atomic<bool>& exact_flag() {
-    static std::atomic<bool> flag{[] {
-        const char* env = std::getenv("REGOLITH_EXACT_ACTIVATIONS");
-        return env != nullptr && std::string(env) == "1";
-    }()};
-    return flag;
-}
-
-}  // namespace
-
-void set_exact_activations(bool on) { exact_flag().store(on); }
-bool exact_activations() { return exact_flag().load(); }
 
 int activation_block(uint32_t type) { return type < RG_TYPE_COUNT ? active_table().act_block[type] : 0; }
 

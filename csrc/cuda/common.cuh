@@ -36,6 +36,12 @@ struct View {
 // The device view of t, checked to lie inside its buffer (Error otherwise); an empty View for an empty tensor.
 View view(const Tensor& t);
 
+// Allows `kernel` `bytes` of dynamic shared memory.
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+    RG_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
 inline unsigned grid(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
 __device__ inline float warp_sum(float v) {

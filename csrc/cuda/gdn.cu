@@ -132,11 +132,12 @@ void gdn_scan(cudaStream_t s, const View& qkv, const View& g, const View& beta, 
     for (const GdnSeqView& q : seqs) {
         if (q.ntok == 0) continue;
         switch (d.k_dim) {
+            case 8: scan_k<8><<<unsigned(d.n_v_heads), threads, 0, s>>>(qkv, g, beta, q, d, out); break;
             case 16: scan_k<16><<<unsigned(d.n_v_heads), threads, 0, s>>>(qkv, g, beta, q, d, out); break;
             case 32: scan_k<32><<<unsigned(d.n_v_heads), threads, 0, s>>>(qkv, g, beta, q, d, out); break;
             case 64: scan_k<64><<<unsigned(d.n_v_heads), threads, 0, s>>>(qkv, g, beta, q, d, out); break;
             case 128: scan_k<128><<<unsigned(d.n_v_heads), threads, 0, s>>>(qkv, g, beta, q, d, out); break;
-            default: throw Error("CUDA gdn_scan: key heads of 16, 32, 64 or 128");
+            default: throw Error("CUDA gdn_scan: key heads of 8, 16, 32, 64 or 128");
         }
         RG_LAUNCHED("gdn_scan");
     }

@@ -1,16 +1,17 @@
 // Matrix products y[t][r] = sum_c W[r][c] x[t][c] on the GPU, for every weight type the CPU has.
 //
-// Quantized weights: the tensor-core steps of cuda/qmma.cuh for every ntok (decode kernel: a block per 64
-// rows and one tile of up to 16 tokens; prefill kernel: a block per 64 rows and 64 tokens), so a row's
-// result does not depend on how many tokens share the product. Float weights (F32 / F16 / BF16): one warp
-// per output row, an element per lane per step, coalesced, 8 tokens per block, in f32.
+// Quantized weights: the tensor-core steps of cuda/qmma.cuh for every ntok (decode kernel: a warp per 16 rows
+// and the ntok <= 16 tokens read from the f16 activations directly; prefill kernel: a block per 64 rows and
+// 64 tokens staged in shared memory), so a row's result does not depend on how many tokens share the
+// product. Float weights (F32 / F16 / BF16): a block per output row and 8 tokens, in f32 (cuda/float_dot.cuh).
 #include <cuda_fp16.h>
-#include <mma.h>
 
+#include <algorithm>
 #include <string>
 
 #include "core/block_decode.h"
 #include "core/types.h"
+#include "cuda/float_dot.cuh"
 #include "cuda/kernels.cuh"
 #include "cuda/qmma.cuh"
 
@@ -18,65 +19,68 @@ namespace regolith::cuda {
 
 namespace {
 
-constexpr int kMaxTok = 8;          // tokens per block (float weights)
-constexpr int kRowsPerBlock = 4;    // warps per block, one row each (float weights)
 constexpr int kFillBlocks = 512;    // decode blocks that keep the GPU's loads in flight (4 per SM of an H200)
+constexpr int kActsThreads = 1024;  // acts_f16: threads per token row
+constexpr size_t kExactMaxBytes = size_t(4) << 30;  // exact products: dequantized weights per matrix
 
+// x / s[t] to f16 with s[t] the smallest power of two >= max |x[t]| (1 for an all-zero row): exact, |x / s| <= 1.
 __global__ void acts_f16_k(View x, HalfActs a) {
     const int64_t t = blockIdx.x, k = x.cols;
     const float* xr = x.row(t);
     __half* out = a.xh + t * a.ld;
+    const bool vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(xr) % 16 == 0;
     float mx = 0.0f;
-    for (int64_t c = threadIdx.x; c < k; c += blockDim.x) mx = fmaxf(mx, fabsf(xr[c]));
+    if (vec) {
+#pragma unroll 4
+        for (int64_t c = 4 * threadIdx.x; c < k; c += 4 * blockDim.x) {
+            const float4 v = *reinterpret_cast<const float4*>(xr + c);
+            mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+    } else {
+        for (int64_t c = threadIdx.x; c < k; c += blockDim.x) mx = fmaxf(mx, fabsf(xr[c]));
+    }
     mx = block_max(mx);
-    // the smallest power of two >= mx (1 for an all-zero row): x / s is exact and |x / s| <= 1
     int e = 0;
     const float m = frexpf(mx, &e);
     const float sc = mx > 0.0f && isfinite(mx) ? ldexpf(1.0f, m == 0.5f ? e - 1 : e) : 1.0f;
     const float inv = 1.0f / sc;
-    for (int64_t c = threadIdx.x; c < k; c += blockDim.x) out[c] = __float2half(xr[c] * inv);
+    if (vec) {
+#pragma unroll 4
+        for (int64_t c = 4 * threadIdx.x; c < k; c += 4 * blockDim.x) {
+            const float4 v = *reinterpret_cast<const float4*>(xr + c);
+            __half2 h[2] = {__floats2half2_rn(v.x * inv, v.y * inv), __floats2half2_rn(v.z * inv, v.w * inv)};
+            *reinterpret_cast<uint2*>(out + c) = *reinterpret_cast<const uint2*>(h);
+        }
+    } else {
+        for (int64_t c = threadIdx.x; c < k; c += blockDim.x) out[c] = __float2half(xr[c] * inv);
+    }
     if (threadIdx.x == 0) a.s[t] = sc;
 }
 
-// Decode: a block per 64 rows (a warp per 16), the ntok <= 16 tokens as one tile, and every segment of K (one
-// block along y: it writes y) or segment blockIdx.y (it writes its sums to part [segments][ntok][rows], and
-// sum_segments_k adds them).
-template <class Dec>
+// Decode: a warp per 16 rows (4 per block), the ntok <= 8 NT tokens as NT fragment tiles, and every chunk of K
+// (one block along y: it writes y) or the two chunks of segment blockIdx.y (it writes its sums to part
+// [segments][ntok][rows], and sum_segments_k adds them). No block-wide barrier: warps return as they finish.
+template <class Dec, int NT>
 __global__ void qmm_decode(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y, float* part) {
-    __shared__ __align__(32) __half wsm[4][kTileHalves];
-    __shared__ __align__(32) __half tsm[kTileHalves];
-    __shared__ __align__(32) float out[4][256];
+    extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r0 = (int64_t(blockIdx.x) * 4 + warp) * 16;
-    constexpr int per_chunk = kChunk / Dec::QK, per_seg = kSegment / Dec::QK;
-    // this block's segments: all of them (one block along y), or segment blockIdx.y
-    const int64_t seg = blockIdx.y, s_lo = gridDim.y == 1 ? 0 : seg;
-    const int64_t s_hi = gridDim.y == 1 ? (nb + per_seg - 1) / per_seg : seg + 1;
-    AccFrag total[1], acc[1];
-    nvcuda::wmma::fill_fragment(total[0], 0.0f);
-    for (int64_t sg = s_lo; sg < s_hi; ++sg) {
-        const int64_t b_end = (sg + 1) * per_seg < nb ? (sg + 1) * per_seg : nb;
-        nvcuda::wmma::fill_fragment(acc[0], 0.0f);
-        for (int64_t b0 = sg * per_seg; b0 < b_end; b0 += per_chunk) {
-            const int nblk = int(b_end - b0 < per_chunk ? b_end - b0 : per_chunk);
-            __syncthreads();  // the previous chunk's products are done with the staged rows
-            stage_tokens(a, 16, [&](int i) { return i < ntok ? int64_t(i) : int64_t(-1); }, b0 * Dec::QK,
-                         nblk * Dec::QK, tsm, threadIdx.x, 128);
-            if (r0 < w.rows) stage_weights<Dec>(w, r0, b0, nblk, wsm[warp], lane, 32);
-            __syncthreads();
-            if (r0 < w.rows) mma_chunk<1>(wsm[warp], tsm, nblk * Dec::QK, 1, acc);
-        }
-        add_frag(total[0], acc[0]);
-    }
     if (r0 >= w.rows) return;
-    store_tile(total[0], out[warp], r0, w.rows, [&](int i, float& sc) -> float* {
-        if (i >= ntok) return nullptr;
-        if (part) {
-            sc = 1.0f;
-            return part + (seg * ntok + i) * w.rows;
-        }
-        sc = a.s[i];
-        return y.row(i);
+    uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
+    __half* tile = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
+    const int64_t nc = chunks<Dec>(nb), seg = blockIdx.y;
+    const int64_t c_lo = gridDim.y == 1 ? 0 : 2 * seg, c_hi = gridDim.y == 1 ? nc : (2 * seg + 2 < nc ? 2 * seg + 2 : nc);
+    int64_t tok[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) tok[j] = 8 * j + lane / 4 < ntok ? 8 * j + lane / 4 : -1;
+    float total[NT][4];
+    warp_product<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, raw, tile, total);
+    store_total<NT>(total, r0, w.rows, [&](int i, int64_t r, float v) {
+        if (i >= ntok) return;
+        if (part)
+            part[(seg * ntok + i) * w.rows + r] = v;
+        else
+            y.row(i)[r] = a.s[i] * v;
     });
 }
 
@@ -89,126 +93,200 @@ __global__ void sum_segments_k(const float* part, int64_t n_seg, int64_t ntok, i
     y.row(i / rows)[i % rows] = s[i / rows] * total;
 }
 
-// Prefill: a block per 64 rows x 64 tokens; warp (wr, wt) takes rows 16 wr .. and tokens 32 wt .. (2 tiles).
+// Prefill: a block per 64 rows x 64 tokens; warp (wr, wt) takes rows 16 wr .. and tokens 32 wt .. (4 tiles
+// of 8). Shared memory: the raw chunk [64][kRawLd], its f16 rows [64][kChunkLd], the tokens [64][kChunkLd].
 constexpr int kPrefillRows = 64, kPrefillTok = 64;
-constexpr size_t kPrefillSmem = size_t(4 + 4) * kTileHalves * sizeof(__half) + 8 * 256 * sizeof(float);
+
+template <class Dec>
+constexpr size_t prefill_smem_bytes() {
+    return size_t(kPrefillRows) * Staging<Dec>::kRawLd + size_t(kPrefillRows + kPrefillTok) * kChunkLd * sizeof(__half);
+}
 
 template <class Dec>
 __global__ void qmm_prefill(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y) {
-    extern __shared__ __align__(32) uint8_t smem[];
-    __half* wsm = reinterpret_cast<__half*>(smem);  // [4][kTileHalves]
-    __half* tsm = wsm + 4 * kTileHalves;              // [4][kTileHalves]: 64 tokens
-    float* out = reinterpret_cast<float*>(tsm + 4 * kTileHalves);  // [8][256]
+    using S = Staging<Dec>;
+    extern __shared__ __align__(16) uint8_t smem[];
+    uint8_t* raw = smem;
+    __half* wsm = reinterpret_cast<__half*>(raw + kPrefillRows * S::kRawLd);
+    __half* tsm = wsm + kPrefillRows * kChunkLd;
     const int warp = threadIdx.x >> 5, wr = warp >> 1, wt = warp & 1;
-    const int64_t rb = int64_t(blockIdx.x) * kPrefillRows, r0 = rb + 16 * wr;
-    const int64_t tb = int64_t(blockIdx.y) * kPrefillTok, t0 = tb + 32 * wt;
-    const int nt = t0 >= ntok ? 0 : (ntok - t0 >= 17 ? 2 : 1);
-    AccFrag total[2], acc[2];
-    nvcuda::wmma::fill_fragment(total[0], 0.0f);
-    nvcuda::wmma::fill_fragment(total[1], 0.0f);
-    constexpr int per_chunk = kChunk / Dec::QK, per_seg = kSegment / Dec::QK;
-    for (int64_t s0 = 0; s0 < nb; s0 += per_seg) {
-        const int64_t b_end = s0 + per_seg < nb ? s0 + per_seg : nb;
-        nvcuda::wmma::fill_fragment(acc[0], 0.0f);
-        nvcuda::wmma::fill_fragment(acc[1], 0.0f);
-        for (int64_t b0 = s0; b0 < b_end; b0 += per_chunk) {
-            const int nblk = int(b_end - b0 < per_chunk ? b_end - b0 : per_chunk);
-            __syncthreads();
-            stage_tokens(a, kPrefillTok, [&](int i) { return tb + i < ntok ? tb + i : int64_t(-1); }, b0 * Dec::QK,
-                         nblk * Dec::QK, tsm, threadIdx.x, 256);
-            for (int g = 0; g < 4; ++g)
-                stage_weights<Dec>(w, rb + 16 * g, b0, nblk, wsm + g * kTileHalves, threadIdx.x, 256);
-            __syncthreads();
-            if (r0 < w.rows) mma_chunk<2>(wsm + wr * kTileHalves, tsm + 2 * wt * kTileHalves, nblk * Dec::QK, nt, acc);
+    const int64_t rb = int64_t(blockIdx.x) * kPrefillRows, tb = int64_t(blockIdx.y) * kPrefillTok;
+    const int64_t t0 = tb + 32 * wt;
+    const int nt = t0 >= ntok ? 0 : int((ntok - t0 + 7) / 8 < 4 ? (ntok - t0 + 7) / 8 : 4);  // live 8-token tiles
+    float total[4][4], acc[4][4];
+    for (int j = 0; j < 4; ++j)
+        for (int e = 0; e < 4; ++e) total[j][e] = 0.0f, acc[j][e] = 0.0f;
+    const int64_t nc = chunks<Dec>(nb);
+    for (int64_t c = 0; c < nc; ++c) {
+        const int64_t b0 = c * S::kPerChunk;
+        const int nblk = int(nb - b0 < S::kPerChunk ? nb - b0 : S::kPerChunk), elems = nblk * Dec::QK;
+        __syncthreads();  // the previous chunk's products are done with the staged rows
+        for (int i = threadIdx.x; i < kPrefillRows * S::kGranules; i += blockDim.x)
+            *reinterpret_cast<uint4*>(raw + (i / S::kGranules) * S::kRawLd + (i % S::kGranules) * 16) =
+                raw_piece<Dec>(w, rb, b0, nblk, i / S::kGranules, i % S::kGranules);
+        const int vecs = elems / 8;
+        for (int v = threadIdx.x; v < kPrefillTok * vecs; v += blockDim.x) {
+            const int i = v / vecs, col = (v % vecs) * 8;
+            const int64_t t = tb + i;
+            *reinterpret_cast<uint4*>(tsm + i * kChunkLd + col) =
+                t < ntok ? *reinterpret_cast<const uint4*>(a.xh + t * a.ld + b0 * Dec::QK + col) : uint4{0, 0, 0, 0};
         }
-        add_frag(total[0], acc[0]);
-        add_frag(total[1], acc[1]);
+        __syncthreads();
+        decode_chunk<Dec, kPrefillRows>(w, rb, b0, nblk, raw, wsm, threadIdx.x, blockDim.x);
+        __syncthreads();
+        if (nt > 0 && rb + 16 * wr < w.rows) {
+            for (int k = 0; k < elems; k += 16) {
+                uint32_t af[4], bf[4][2];
+                load_a(wsm + 16 * wr * kChunkLd, k, af);
+                load_b2(tsm + 32 * wt * kChunkLd, k, bf[0], bf[1]);
+                if (nt > 2) load_b2(tsm + (32 * wt + 16) * kChunkLd, k, bf[2], bf[3]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (j < nt) mma16816(acc[j], af, bf[j]);
+            }
+        }
+        if (c % 2 == 1 || c + 1 == nc)  // the end of a segment
+            for (int j = 0; j < 4; ++j)
+                for (int e = 0; e < 4; ++e) total[j][e] += acc[j][e], acc[j][e] = 0.0f;
     }
-    if (r0 >= w.rows) return;
-    for (int j = 0; j < nt; ++j)
-        store_tile(total[j], out + warp * 256, r0, w.rows, [&](int i, float& sc) -> float* {
-            const int64_t t = t0 + 16 * j + i;
-            if (t >= ntok) return nullptr;
-            sc = a.s[t];
-            return y.row(t);
-        });
+    if (nt == 0) return;
+    store_total<4>(total, rb + 16 * wr, w.rows, [&](int i, int64_t r, float v) {
+        const int64_t t = t0 + i;
+        if (t < ntok) y.row(t)[r] = a.s[t] * v;
+    });
 }
 
-// Float weights: a warp per output row, tokens [8 by, +8) of the launch's.
+// Float weights: a block per output row r = blockIdx.x and tokens [8 by, +8) of the launch's (float_row_dot).
 __global__ void mmv_float(View w, View x, View y) {
-    const int lane = threadIdx.x & 31;
-    const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5), t0 = int64_t(blockIdx.y) * kMaxTok;
-    if (r >= w.rows) return;
-    const int ntok = int(x.rows - t0 < kMaxTok ? x.rows - t0 : kMaxTok);
-    const uint8_t* row = w.row<const uint8_t>(r);
-    float acc[kMaxTok] = {};
-    for (int64_t c = lane; c < w.cols; c += 32) {
-        const float wc = load_float(row, c, w.type);
-#pragma unroll
-        for (int t = 0; t < kMaxTok; ++t) {
-            if (t >= ntok) break;
-            acc[t] += wc * x.row(t0 + t)[c];
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < kMaxTok; ++t) {
-        if (t >= ntok) break;
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) y.row(t0 + t)[r] = v;
-    }
+    const int64_t r = blockIdx.x, t0 = int64_t(blockIdx.y) * kFloatTok;
+    const int ntok = int(x.rows - t0 < kFloatTok ? x.rows - t0 : kFloatTok);
+    const float v = float_row_dot(w.row<const uint8_t>(r), w.type, w.cols, ntok, [&](int t) { return x.row(t0 + t); });
+    if (threadIdx.x < unsigned(ntok)) y.row(t0 + threadIdx.x)[r] = v;
 }
 
 void float_product(cudaStream_t s, const MatmulView& j) {
-    mmv_float<<<dim3(grid(j.w.rows, kRowsPerBlock), grid(j.x.rows, kMaxTok)), 32 * kRowsPerBlock, 0, s>>>(j.w, j.x, j.y);
+    mmv_float<<<dim3(unsigned(j.w.rows), grid(j.x.rows, kFloatTok)), 128, 0, s>>>(j.w, j.x, j.y);
     RG_LAUNCHED("matmul (float weights)");
 }
 
-void quant_product(cudaStream_t s, const MatmulView& j, Scratch& scratch) {
-    const int64_t M = j.x.rows, K = j.w.cols, rows = j.w.rows;
-    // segments of K on their own blocks where the rows alone make too few blocks to fill the GPU
-    const int64_t n_seg = M <= 16 && grid(rows, 64) < kFillBlocks ? segments(K) : 1;
-    const size_t acts = half_acts_bytes(M, K);
-    auto* base = static_cast<uint8_t*>(scratch.get(acts + (n_seg > 1 ? size_t(n_seg * M * rows) * 4 : 0), s));
-    const HalfActs a = half_acts_at(base, M, K);
-    float* part = n_seg > 1 ? reinterpret_cast<float*>(base + acts) : nullptr;
-    acts_f16(s, j.x, a);
+// Segments of K on their own blocks where the rows alone make too few blocks to fill the GPU (decode).
+int64_t product_segments(int64_t M, int64_t K, int64_t rows) {
+    return M <= 16 && grid(rows, 64) < kFillBlocks ? segments(K) : 1;
+}
+
+// Scratch of one quantized product: the f16 activations, then the segment sums.
+size_t product_scratch(const MatmulView& j) {
+    const int64_t M = j.x.rows, K = j.w.cols, rows = j.w.rows, n_seg = product_segments(M, K, rows);
+    return half_acts_bytes(M, K) + (n_seg > 1 ? size_t(n_seg * M * rows) * 4 : 0);
+}
+
+// y = W x with x's f16 form `a` already in base (acts_f16); base + its bytes: room for the segment sums.
+void quant_product(cudaStream_t s, const MatmulView& j, const HalfActs& a, uint8_t* base) {
+    const int64_t M = j.x.rows, K = j.w.cols, rows = j.w.rows, n_seg = product_segments(M, K, rows);
+    float* part = n_seg > 1 ? reinterpret_cast<float*>(base + half_acts_bytes(M, K)) : nullptr;
     const Rows w{j.w.base, rows, j.w.stride};
     dispatch_quant_type(j.w.type, [&](auto dec) {
         using D = decltype(dec);
         const int64_t nb = K / D::QK;
-        if (M <= 16) {
-            qmm_decode<D><<<dim3(grid(rows, 64), unsigned(n_seg)), 128, 0, s>>>(w, nb, a, M, j.y, part);
+        constexpr size_t smem = 4 * warp_smem_bytes<D>();
+        if (M <= 8) {
+            qmm_decode<D, 1><<<dim3(grid(rows, 64), unsigned(n_seg)), 128, smem, s>>>(w, nb, a, M, j.y, part);
+        } else if (M <= 16) {
+            qmm_decode<D, 2><<<dim3(grid(rows, 64), unsigned(n_seg)), 128, smem, s>>>(w, nb, a, M, j.y, part);
         } else {
-            static const cudaError_t attr =
-                cudaFuncSetAttribute(qmm_prefill<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPrefillSmem));
-            RG_CUDA(attr);
+            constexpr size_t psmem = prefill_smem_bytes<D>();
             const dim3 g(grid(rows, kPrefillRows), grid(M, kPrefillTok));
-            qmm_prefill<D><<<g, 256, kPrefillSmem, s>>>(w, nb, a, M, j.y);
+            qmm_prefill<D><<<g, 256, psmem, s>>>(w, nb, a, M, j.y);
         }
     });
+    RG_LAUNCHED("matmul (tensor cores)");
     if (part) {
         sum_segments_k<<<grid(M * rows, 256), 256, 0, s>>>(part, n_seg, M, rows, a.s, j.y);
         RG_LAUNCHED("matmul (segment sums)");
     }
-    RG_LAUNCHED("matmul (tensor cores)");
+}
+
+// out [rows][nb QK] = the blocks of w's rows as f32, a thread per block.
+template <class Dec>
+__global__ void dequant_rows_k(View w, int64_t nb, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= w.rows * nb) return;
+    const int64_t r = i / nb, b = i % nb;
+    const auto& blk = reinterpret_cast<const typename Dec::Block*>(w.row<const uint8_t>(r))[b];
+    int8_t q[Dec::QK];
+    float scale[Dec::NG], bias[Dec::NG];
+    Dec::decode(blk, q, scale, Dec::HAS_BIAS ? bias : nullptr);
+    float* y = out + r * nb * Dec::QK + b * Dec::QK;
+    for (int j = 0; j < Dec::QK; ++j) {
+        const float v = __fmul_rn(scale[j / Dec::G], float(q[j]));
+        y[j] = Dec::HAS_BIAS ? __fadd_rn(v, bias[j / Dec::G]) : v;
+    }
+}
+
+bool same_view(const View& a, const View& b) {
+    return a.base == b.base && a.rows == b.rows && a.cols == b.cols && a.stride == b.stride && a.type == b.type;
 }
 
 }  // namespace
 
+void init_matmul_kernels() {
+#define RG_INIT_(T)                                                                                  \
+    {                                                                                                \
+        using D = BlockDecoder<T>;                                                                   \
+        allow_smem(qmm_decode<D, 1>, 4 * warp_smem_bytes<D>());                                      \
+        allow_smem(qmm_decode<D, 2>, 4 * warp_smem_bytes<D>());                                      \
+        allow_smem(qmm_prefill<D>, prefill_smem_bytes<D>());                                         \
+    }
+    RG_FOR_EACH_QUANT_TYPE(RG_INIT_)
+#undef RG_INIT_
+}
+
 void acts_f16(cudaStream_t s, const View& x, const HalfActs& a) {
     if (x.rows == 0) return;
-    acts_f16_k<<<unsigned(x.rows), 256, 0, s>>>(x, a);
+    acts_f16_k<<<unsigned(x.rows), kActsThreads, 0, s>>>(x, a);
     RG_LAUNCHED("matmul (activations to f16)");
 }
 
+View dequantized(cudaStream_t s, const View& w, Scratch& scratch, size_t max_bytes) {
+    const size_t bytes = size_t(w.rows) * size_t(w.cols) * sizeof(float);
+    if (bytes > max_bytes)
+        throw Error("exact activations on cuda: " + std::to_string(bytes) + " bytes of dequantized weights, at most " +
+                    std::to_string(max_bytes) + " (a verification mode for small models)");
+    auto* out = static_cast<float*>(scratch.get(std::max<size_t>(bytes, 256), s));
+    dispatch_quant_type(w.type, [&](auto dec) {
+        using D = decltype(dec);
+        const int64_t nb = w.cols / D::QK;
+        dequant_rows_k<D><<<grid(w.rows * nb, 128), 128, 0, s>>>(w, nb, out);
+    });
+    RG_LAUNCHED("matmul (exact: dequantize)");
+    return View{reinterpret_cast<uint8_t*>(out), w.rows, w.cols, w.cols * int64_t(sizeof(float)), RG_TYPE_F32};
+}
+
 void matmul(cudaStream_t s, const MatmulView* jobs, int n_jobs, Scratch& scratch) {
+    if (exact_activations()) {
+        for (int i = 0; i < n_jobs; ++i) {
+            const MatmulView& j = jobs[i];
+            if (j.x.rows == 0) continue;
+            float_product(s, float_type(j.w.type) ? j : MatmulView{dequantized(s, j.w, scratch, kExactMaxBytes), j.x, j.y});
+        }
+        return;
+    }
+    size_t bytes = 0;
+    for (int i = 0; i < n_jobs; ++i)
+        if (jobs[i].x.rows > 0 && !float_type(jobs[i].w.type)) bytes = std::max(bytes, product_scratch(jobs[i]));
+    auto* base = bytes ? static_cast<uint8_t*>(scratch.get(bytes, s)) : nullptr;
+    const View* converted = nullptr;  // the x whose f16 form is in base (jobs sharing an input convert it once)
     for (int i = 0; i < n_jobs; ++i) {
         const MatmulView& j = jobs[i];
         if (j.x.rows == 0) continue;
-        if (float_type(j.w.type))
+        if (float_type(j.w.type)) {
             float_product(s, j);
-        else
-            quant_product(s, j, scratch);
+            continue;
+        }
+        const HalfActs a = half_acts_at(base, j.x.rows, j.x.cols);
+        if (!converted || !same_view(*converted, j.x)) acts_f16(s, j.x, a);
+        converted = &j.x;
+        quant_product(s, j, a, base);
     }
 }
 

@@ -12,6 +12,7 @@
 
 #include "core/block_decode.h"
 #include "core/types.h"
+#include "cuda/float_dot.cuh"
 #include "cuda/kernels.cuh"
 #include "cuda/qmma.cuh"
 
@@ -23,14 +24,11 @@ constexpr int kMaxK = 32;  // experts per token
 
 __device__ bool better(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
 
-// The lane-wide argmax of v over [0, n) excluding `taken` ids; every lane gets the (value, id).
-__device__ void warp_argmax(const float* v, int64_t n, const int32_t* taken, int n_taken, float& bv, int32_t& bi) {
+// The lane-wide argmax of v over [0, n) excluding ids e with taken[e]; every lane gets the (value, id).
+__device__ void warp_argmax(const float* v, int64_t n, const uint8_t* taken, float& bv, int32_t& bi) {
     bv = -FLT_MAX, bi = INT32_MAX;
-    for (int64_t e = threadIdx.x & 31; e < n; e += 32) {
-        bool skip = false;
-        for (int p = 0; p < n_taken; ++p) skip |= taken[p] == e;
-        if (!skip && better(v[e], int32_t(e), bv, bi)) bv = v[e], bi = int32_t(e);
-    }
+    for (int64_t e = threadIdx.x & 31; e < n; e += 32)
+        if (!taken[e] && better(v[e], int32_t(e), bv, bi)) bv = v[e], bi = int32_t(e);
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -38,11 +36,13 @@ __device__ void warp_argmax(const float* v, int64_t n, const int32_t* taken, int
     }
 }
 
+// One warp per token. Shared memory: p [ne] probabilities, score [ne] logit + bonus, taken [ne] flags.
 __global__ void route_k(View logits, View resident, MoeRouting rt, View ids, View weights) {
     const int64_t t = blockIdx.x, ne = logits.cols, k = rt.k;
     extern __shared__ float sm[];
-    float* p = sm;         // [ne] probabilities
-    float* score = sm + ne;  // [ne] logit + bonus
+    float* p = sm;
+    float* score = sm + ne;
+    auto* taken = reinterpret_cast<uint8_t*>(sm + 2 * ne);
     __shared__ int32_t chosen[kMaxK];
     const float* l = logits.row(t);
     float mx = -FLT_MAX;
@@ -58,14 +58,15 @@ __global__ void route_k(View logits, View resident, MoeRouting rt, View ids, Vie
     for (int64_t e = threadIdx.x; e < ne; e += 32) {
         p[e] *= inv;
         score[e] = l[e] + (resident && resident.row<const int8_t>(0)[e] ? rt.bonus : 0.0f);
+        taken[e] = 0;
     }
     __syncwarp();
     const int64_t keep = resident ? (rt.protect < 0 ? 0 : rt.protect > k ? k : rt.protect) : k;
     for (int64_t j = 0; j < k; ++j) {
         float bv;
         int32_t bi;
-        warp_argmax(j < keep ? p : score, ne, chosen, int(j), bv, bi);
-        if (threadIdx.x == 0) chosen[j] = bi;
+        warp_argmax(j < keep ? p : score, ne, taken, bv, bi);
+        if (threadIdx.x == 0) chosen[j] = bi, taken[bi < ne ? bi : 0] |= bi < ne;
         __syncwarp();
     }
     if (threadIdx.x == 0) {
@@ -81,91 +82,93 @@ __global__ void route_k(View logits, View resident, MoeRouting rt, View ids, Vie
 // y[p][r] = W_e[r] . x[p / per_x] for pair p of expert e = ids[p] (rows of W_e: stacked rows e * n .. e * n + n).
 // The routing pairs grouped by expert (one block of kGroupThreads): offset [n_expert + 1], order [pairs] (the
 // pairs of expert e at order[offset[e] .. offset[e + 1]), in no particular order: each product depends on
-// its own row and token only). Counts and cursors in shared memory, [n_expert <= kMaxGroupExperts].
+// its own row and token only), active [1 + n_expert] (the number of experts with pairs, then those experts in
+// id order). Counts and cursors in shared memory, [n_expert <= kMaxGroupExperts].
 constexpr int kGroupThreads = 1024, kMaxGroupExperts = 8192;
 
-__global__ void group_k(View ids, int64_t n_expert, int32_t* offset, int32_t* order) {
+__global__ void group_k(View ids, int64_t n_expert, int32_t* offset, int32_t* order, int32_t* active) {
     __shared__ int32_t count[kMaxGroupExperts];
-    __shared__ int32_t part[kGroupThreads];
+    __shared__ int32_t part[kGroupThreads / 32], used[kGroupThreads / 32];
     const int64_t pairs = ids.rows * ids.cols;
     const auto id = [&](int64_t p) { return ids.row<const int32_t>(p / ids.cols)[p % ids.cols]; };
     for (int64_t e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
     __syncthreads();
     for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[id(p)], 1);
     __syncthreads();
-    // exclusive scan: thread i sums its run of experts, the runs' sums are scanned by thread 0
+    // exclusive scans of pairs and of experts with pairs: thread i sums its run of experts, the runs' sums are
+    // scanned in warps (shuffles), the warps' totals by warp 0
     const int64_t run = (n_expert + blockDim.x - 1) / blockDim.x, e0 = threadIdx.x * run;
-    int32_t sum = 0;
-    for (int64_t e = e0; e < e0 + run && e < n_expert; ++e) sum += count[e];
-    part[threadIdx.x] = sum;
+    int32_t sum = 0, n_used = 0;
+    for (int64_t e = e0; e < e0 + run && e < n_expert; ++e) sum += count[e], n_used += count[e] > 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int32_t incl = sum, incl_used = n_used;  // inclusive scans within the warp
+    for (int o = 1; o < 32; o <<= 1) {
+        const int32_t a = __shfl_up_sync(0xffffffffu, incl, o), b = __shfl_up_sync(0xffffffffu, incl_used, o);
+        if (lane >= o) incl += a, incl_used += b;
+    }
+    if (lane == 31) part[warp] = incl, used[warp] = incl_used;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t o = 0;
-        for (int i = 0; i < int(blockDim.x); ++i) {
-            const int32_t c = part[i];
-            part[i] = o;
-            o += c;
+    if (warp == 0) {
+        const int nw = int(blockDim.x >> 5);
+        int32_t w = lane < nw ? part[lane] : 0, wu = lane < nw ? used[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int32_t a = __shfl_up_sync(0xffffffffu, w, o), b = __shfl_up_sync(0xffffffffu, wu, o);
+            if (lane >= o) w += a, wu += b;
         }
-        offset[n_expert] = o;
+        if (lane < nw) part[lane] = w, used[lane] = wu;  // inclusive over warps
+        if (lane == nw - 1) offset[n_expert] = w, active[0] = wu;
     }
     __syncthreads();
-    int32_t o = part[threadIdx.x];
+    int32_t o = incl - sum + (warp > 0 ? part[warp - 1] : 0), u = incl_used - n_used + (warp > 0 ? used[warp - 1] : 0);
     for (int64_t e = e0; e < e0 + run && e < n_expert; ++e) {
         const int32_t c = count[e];
         offset[e] = o;
         count[e] = o;  // now the cursor
         o += c;
+        if (c > 0) active[1 + u++] = int32_t(e);
     }
     __syncthreads();
     for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) order[atomicAdd(&count[id(p)], 1)] = int32_t(p);
 }
 
-// The quantized products of expert e = blockIdx.z: rows [64 bx, +64) of e (rows e * n .. of the stacked w, a
-// warp per 16) times its pairs [16 tile, +16), each pair p's activations the row p / per_x of `a`; y[p] takes
-// the result. blockIdx.y = tile * gridDim-segments + segment: with one segment the block sums every segment
-// of K and writes y; with n_seg = segments(K) it writes segment blockIdx.y % n_seg to part [n_seg][pairs][n]
-// (sum_pair_segments_k adds them). The steps of matmul's kernels (cuda/qmma.cuh): the same bits.
-template <class Dec>
-__global__ void qmm_grouped(Rows w, int64_t n, int64_t nb, const int32_t* offset, const int32_t* order, HalfActs a,
-                            int64_t per_x, View y, int64_t n_seg, int64_t pairs, float* part) {
-    const int64_t e = blockIdx.z, tile = blockIdx.y / n_seg, seg = blockIdx.y % n_seg;
-    const int64_t p0 = offset[e] + tile * 16, p1 = offset[e + 1];
-    if (p0 >= p1) return;
-    __shared__ __align__(32) __half wsm[4][kTileHalves];
-    __shared__ __align__(32) __half tsm[kTileHalves];
-    __shared__ __align__(32) float out[4][256];
+// The quantized products of the blockIdx.z-th expert e with pairs (active[1 + z]; blocks past active[0]
+// return): rows [64 bx, +64) of e (rows e * n .. of the stacked w, a warp per 16) times its pairs
+// [8 NT tile, +8 NT), each pair p's activations the row p / per_x of `a`; y[p] takes the result.
+// blockIdx.y = tile * n_seg + segment: with one segment the block sums every segment of K and writes y; with
+// n_seg = segments(K) it writes segment blockIdx.y % n_seg to part [n_seg][pairs][n] (sum_pair_segments_k
+// adds them). The steps of matmul's kernels (cuda/qmma.cuh): the same bits.
+template <class Dec, int NT>
+__global__ void qmm_grouped(Rows w, int64_t n, int64_t nb, const int32_t* offset, const int32_t* order,
+                            const int32_t* active, HalfActs a, int64_t per_x, View y, int64_t n_seg, int64_t pairs,
+                            float* part) {
+    if (int64_t(blockIdx.z) >= active[0]) return;
+    const int64_t e = active[1 + blockIdx.z], tile = blockIdx.y / n_seg, seg = blockIdx.y % n_seg;
+    const int64_t p0 = offset[e] + tile * 8 * NT, p1 = offset[e + 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r0 = (int64_t(blockIdx.x) * 4 + warp) * 16;
+    if (p0 >= p1 || r0 >= n) return;
+    extern __shared__ __align__(16) uint8_t smem[];
+    uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
+    __half* tile_sm = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
     const Rows we{w.base + e * n * w.stride, n, w.stride};
     const auto pair = [&](int i) { return p0 + i < p1 ? int64_t(order[p0 + i]) : int64_t(-1); };
-    AccFrag total[1], acc[1];
-    nvcuda::wmma::fill_fragment(total[0], 0.0f);
-    constexpr int per_chunk = kChunk / Dec::QK, per_seg = kSegment / Dec::QK;
-    const int64_t s_lo = n_seg == 1 ? 0 : seg * per_seg, s_hi = n_seg == 1 ? nb : s_lo + 1;
-    for (int64_t s0 = s_lo; s0 < s_hi; s0 += per_seg) {
-        const int64_t b_end = s0 + per_seg < nb ? s0 + per_seg : nb;
-        nvcuda::wmma::fill_fragment(acc[0], 0.0f);
-        for (int64_t b0 = s0; b0 < b_end; b0 += per_chunk) {
-            const int nblk = int(b_end - b0 < per_chunk ? b_end - b0 : per_chunk);
-            __syncthreads();
-            stage_tokens(a, 16, [&](int i) { const int64_t p = pair(i); return p < 0 ? p : p / per_x; }, b0 * Dec::QK,
-                         nblk * Dec::QK, tsm, threadIdx.x, 128);
-            if (r0 < n) stage_weights<Dec>(we, r0, b0, nblk, wsm[warp], lane, 32);
-            __syncthreads();
-            if (r0 < n) mma_chunk<1>(wsm[warp], tsm, nblk * Dec::QK, 1, acc);
-        }
-        add_frag(total[0], acc[0]);
+    int64_t tok[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const int64_t p = pair(8 * j + lane / 4);
+        tok[j] = p < 0 ? p : p / per_x;
     }
-    if (r0 >= n) return;
-    store_tile(total[0], out[warp], r0, n, [&](int i, float& sc) -> float* {
+    const int64_t nc = chunks<Dec>(nb);
+    const int64_t c_lo = n_seg == 1 ? 0 : 2 * seg, c_hi = n_seg == 1 ? nc : (2 * seg + 2 < nc ? 2 * seg + 2 : nc);
+    float total[NT][4];
+    warp_product<Dec, NT>(we, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, total);
+    store_total<NT>(total, r0, n, [&](int i, int64_t r, float v) {
         const int64_t p = pair(i);
-        if (p < 0) return nullptr;
-        if (part) {
-            sc = 1.0f;
-            return part + (seg * pairs + p) * n;
-        }
-        sc = a.s[p / per_x];
-        return y.row(p);
+        if (p < 0) return;
+        if (part)
+            part[(seg * pairs + p) * n + r] = v;
+        else
+            y.row(p)[r] = a.s[p / per_x] * v;
     });
 }
 
@@ -179,40 +182,48 @@ __global__ void sum_pair_segments_k(const float* part, int64_t n_seg, int64_t pa
     y.row(i / n)[i % n] = s[i / n / per_x] * total;
 }
 
+// Float weights: y[p][r] = W_e[r] . x[p / per_x], a block per (pair p = blockIdx.x, row r = blockIdx.y).
 __global__ void pair_mmv_float(View w, int64_t n, View ids, View x, int64_t per_x, View y) {
-    const int lane = threadIdx.x & 31;
-    const int64_t r = int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5), p = blockIdx.y;
-    if (r >= n) return;
+    const int64_t p = blockIdx.x, r = blockIdx.y;
     const int32_t e = ids.row<const int32_t>(p / ids.cols)[p % ids.cols];
-    const uint8_t* row = w.row<const uint8_t>(int64_t(e) * n + r);
-    const float* xr = x.row(p / per_x);
-    float acc = 0.0f;
-    for (int64_t c = lane; c < w.cols; c += 32) {
-        acc += load_float(row, c, w.type) * xr[c];
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) y.row(p)[r] = acc;
+    const float v = float_row_dot(w.row<const uint8_t>(int64_t(e) * n + r), w.type, w.cols, 1,
+                                  [&](int) { return x.row(p / per_x); });
+    if (threadIdx.x == 0) y.row(p)[r] = v;
 }
 
 // The pairs' grouping by expert, in device memory.
 struct Groups {
-    const int32_t *offset, *order;
+    const int32_t *offset, *order, *active;
 };
 
-// y[p] = W_e x[p / per_x] for every pair p: x f32 for float weights, its f16 form `a` for quantized ones.
+// y[p] = W_e x[p / per_x] for every pair p: x f32 for float weights (and, dequantized in exact_scratch, for
+// quantized ones in exact mode), its f16 form `a` for quantized ones.
 void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, const View& x, const HalfActs& a,
-                   const Groups& gr, int64_t n_expert, int64_t per_x, const View& y, float* part) {
-    const int64_t pairs = ids.rows * ids.cols, tiles = (ids.rows + 15) / 16;
+                   const Groups& gr, int64_t n_expert, int64_t per_x, const View& y, float* part,
+                   Scratch& exact_scratch) {
+    const int64_t pairs = ids.rows * ids.cols;
     // decode: too few experts' rows to fill the GPU, so the segments of K go to blocks of their own
-    const int64_t n_seg = part && !float_type(w.type) ? segments(w.cols) : 1;
+    const bool as_float = float_type(w.type) || exact_activations();
+    const int64_t n_seg = part && !as_float ? segments(w.cols) : 1;
     if (n_seg == 1) part = nullptr;
-    if (float_type(w.type)) {
-        pair_mmv_float<<<dim3(grid(n, 4), unsigned(pairs)), 128, 0, s>>>(w, n, ids, x, per_x, y);
+    // an expert has at most one pair per token; at most min(n_expert, pairs) experts have pairs
+    const unsigned slots = unsigned(std::min(n_expert, pairs));
+    if (as_float) {
+        const View wf = float_type(w.type) ? w : dequantized(s, w, exact_scratch, size_t(4) << 30);
+        pair_mmv_float<<<dim3(unsigned(pairs), unsigned(n)), 128, 0, s>>>(wf, n, ids, x, per_x, y);
     } else {
         dispatch_quant_type(w.type, [&](auto dec) {
             using D = decltype(dec);
-            qmm_grouped<D><<<dim3(grid(n, 64), unsigned(tiles * n_seg), unsigned(n_expert)), 128, 0, s>>>(
-                Rows{w.base, w.rows, w.stride}, n, w.cols / D::QK, gr.offset, gr.order, a, per_x, y, n_seg, pairs, part);
+            constexpr size_t smem = 4 * warp_smem_bytes<D>();
+            const Rows rows{w.base, w.rows, w.stride};
+            const int64_t nb = w.cols / D::QK;
+            if (ids.rows <= 8) {
+                qmm_grouped<D, 1><<<dim3(grid(n, 64), unsigned(grid(ids.rows, 8) * n_seg), slots), 128, smem, s>>>(
+                    rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, pairs, part);
+            } else {
+                qmm_grouped<D, 2><<<dim3(grid(n, 64), unsigned(grid(ids.rows, 16) * n_seg), slots), 128, smem, s>>>(
+                    rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, pairs, part);
+            }
         });
     }
     RG_LAUNCHED("moe_experts (products)");
@@ -283,11 +294,19 @@ __global__ void combine_k(View ys, const int32_t* row_of, View weights, View sha
 
 }  // namespace
 
+void init_moe_kernels() {
+#define RG_INIT_(T)                                                                                  \
+    allow_smem(qmm_grouped<BlockDecoder<T>, 1>, 4 * warp_smem_bytes<BlockDecoder<T>>());             \
+    allow_smem(qmm_grouped<BlockDecoder<T>, 2>, 4 * warp_smem_bytes<BlockDecoder<T>>());
+    RG_FOR_EACH_QUANT_TYPE(RG_INIT_)
+#undef RG_INIT_
+}
+
 void moe_route(cudaStream_t s, const View& logits, const View& resident, const MoeRouting& r, const View& ids,
                const View& weights) {
     if (r.k > kMaxK) throw Error("CUDA moe_route: at most 32 experts per token");
     if (logits.rows == 0) return;
-    route_k<<<unsigned(logits.rows), 32, size_t(2 * logits.cols) * sizeof(float), s>>>(logits, resident, r, ids, weights);
+    route_k<<<unsigned(logits.rows), 32, size_t(2 * logits.cols) * sizeof(float) + size_t(logits.cols), s>>>(logits, resident, r, ids, weights);
     RG_LAUNCHED("moe_route");
 }
 
@@ -304,7 +323,7 @@ void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& wei
     // decode (ntok <= 16): the products' segment sums, [segments][pairs][max(ff, h)]
     const bool split = ntok <= 16;
     const size_t part_bytes = split ? size_t(std::max(segments(h), segments(ff)) * pairs * std::max(ff, h)) * 4 : 0;
-    const size_t group_bytes = (size_t(n_expert + 1 + pairs) * 4 + 255) / 256 * 256;
+    const size_t group_bytes = (size_t(2 * n_expert + 2 + pairs) * 4 + 255) / 256 * 256;
     auto* base = static_cast<uint8_t*>(scratch.get(f32_bytes + xa_bytes + ga_bytes + group_bytes + part_bytes, s));
     float* part = split ? reinterpret_cast<float*>(base + f32_bytes + xa_bytes + ga_bytes + group_bytes) : nullptr;
     float* f = reinterpret_cast<float*>(base);
@@ -316,17 +335,18 @@ void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& wei
     const HalfActs ga = half_acts_at(base + f32_bytes + xa_bytes, pairs, ff);
     auto* offset = reinterpret_cast<int32_t*>(base + f32_bytes + xa_bytes + ga_bytes);
     int32_t* order = offset + n_expert + 1;
-    group_k<<<1, kGroupThreads, 0, s>>>(ids, n_expert, offset, order);
+    int32_t* active = order + pairs;
+    group_k<<<1, kGroupThreads, 0, s>>>(ids, n_expert, offset, order, active);
     RG_LAUNCHED("moe_experts (grouping)");
-    const Groups gr{offset, order};
+    const Groups gr{offset, order, active};
     if (!float_type(gate.type) || !float_type(up.type)) acts_f16(s, x, xa);
-    pair_products(s, gate, ff, ids, x, xa, gr, n_expert, k, g, part);
-    pair_products(s, up, ff, ids, x, xa, gr, n_expert, k, u, part);
+    pair_products(s, gate, ff, ids, x, xa, gr, n_expert, k, g, part, matmul_scratch);
+    pair_products(s, up, ff, ids, x, xa, gr, n_expert, k, u, part, matmul_scratch);
     swiglu_k<<<grid(pairs * ff, 256), 256, 0, s>>>(reinterpret_cast<float*>(g.base), reinterpret_cast<const float*>(u.base),
                                                   pairs * ff);
     RG_LAUNCHED("moe_experts (swiglu)");
     if (!float_type(down.type)) acts_f16(s, g, ga);
-    pair_products(s, down, h, ids, g, ga, gr, n_expert, 1, ys, part);
+    pair_products(s, down, h, ids, g, ga, gr, n_expert, 1, ys, part, matmul_scratch);
     if (shared) {
         swiglu_view_k<<<grid(ntok * fs, 256), 256, 0, s>>>(shared->gate, shared->up);
         RG_LAUNCHED("moe_experts (shared swiglu)");

@@ -10,6 +10,7 @@ __global__ void rms_norm_k(View x, View w, float eps, View y) {
     const int64_t r = blockIdx.x, n = x.cols;
     const float* xr = x.row(r);
     double ss = 0.0;
+#pragma unroll 4
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += double(xr[i]) * double(xr[i]);
     ss = block_sum(ss);
     const float inv = float(1.0 / sqrt(double(float(ss / double(n))) + double(eps)));
@@ -52,7 +53,7 @@ __global__ void layer_norm_k(View x, View w, View b, float eps, View y) {
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] - m) * rstd * wr[i] + br[i];
 }
 
-int threads_for(int64_t n) { return n >= 1024 ? 256 : n >= 256 ? 128 : 64; }
+int threads_for(int64_t n) { return n >= 4096 ? 1024 : n >= 1024 ? 256 : n >= 256 ? 128 : 64; }
 
 }  // namespace
 

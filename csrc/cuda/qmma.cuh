@@ -4,18 +4,18 @@
 //
 // - Activations: each token row x[t] is scaled by a power of two s[t] (the smallest >= max |x[t]|, so no
 //   value overflows half precision and the scaling is exact) and rounded to f16: xh [rows][K] (acts_f16).
-// - Weights: 16 rows at a time, K in chunks of kChunk elements, each block decoded by the shared
-//   BlockDecoder (core/block_decode.h) to scale * q + bias and rounded to f16 in shared memory; the tokens'
-//   f16 rows of the chunk are staged beside them.
+// - Weights: 16 rows at a time, K in chunks of kChunk elements. A chunk's raw blocks are copied to shared
+//   memory with aligned 16-byte loads, then decoded by the shared BlockDecoder (core/block_decode.h) to
+//   scale * q + bias and rounded to f16 in shared memory, 32 elements a lane (decode_part) where the type
+//   has parts, a block a lane otherwise.
 // - y[t][r] = s[t] * the sum over segments of kSegment elements, in order, of the segment's sum over k steps
-//   of 16, in order, of the WMMA 16x16x16 product (f32 accumulation).
-//   An output element of the tensor-core product depends on its row and column only, not on where in the
-//   tile they sit or on the tile's other rows and columns (checked by the conformance suite's "48 tokens
-//   at once = 1 and 5 at a time" cases), so kernels may tile tokens as they like.
+//   of 16, in order, of the tensor-core product mma.m16n8k16 (f16 inputs, f32 accumulation).
+//   An output element of that product depends on its row and column only, not on where in the tile they
+//   sit or on the tile's other rows and columns (checked by the conformance suite's "48 tokens at once =
+//   1 and 5 at a time" cases), so kernels may tile tokens as they like.
 #pragma once
 
 #include <cuda_fp16.h>
-#include <mma.h>
 
 #include "core/block_decode.h"
 #include "cuda/common.cuh"
@@ -23,12 +23,13 @@
 namespace regolith::cuda {
 
 constexpr int kChunk = 256;           // K elements staged per step
-constexpr int kChunkLd = kChunk + 8;  // row stride of staged rows in shared memory (halves; fewer bank conflicts)
+constexpr int kChunkLd = kChunk + 8;  // row stride of staged f16 rows in shared memory (halves: 528 bytes, so
+                                      // 8 rows' 16-byte pieces at one column fall in distinct banks)
 constexpr int kTileHalves = 16 * kChunkLd;
 // K is summed in segments of kSegment elements: each segment's products accumulate from zero, then the
 // segments' sums are added in order (total = ((0 + seg 0) + seg 1) + ...), so a decode kernel may give the
 // segments of few-row matrices to separate blocks and still compute what a kernel summing them in one
-// block computes.
+// block computes. A segment is two chunks.
 constexpr int kSegment = 2 * kChunk;
 inline int64_t segments(int64_t k) { return (k + kSegment - 1) / kSegment; }
 
@@ -54,93 +55,260 @@ inline HalfActs half_acts_at(void* scratch, int64_t m, int64_t k) {
     return {xh, reinterpret_cast<float*>(xh + m * k), k};
 }
 
-// x [rows][cols] f32 -> a.xh / a.s, rows [0, x.rows). A block per row.
+// x [rows][cols] f32 -> a.xh / a.s, rows [0, x.rows).
 void acts_f16(cudaStream_t s, const View& x, const HalfActs& a);
 
-// Stages rows [r0, r0 + 16) x blocks [b0, b0 + nblk) of `w` as f16 into sm [16][kChunkLd] (rows past the
-// matrix: zeros). Run by `threads` threads numbered `tid`; the caller synchronizes.
+// Exact products (exact_activations(), core/backend.h): w's rows dequantized to f32 in scratch, each value
+// scale * q + bias with the CPU's two roundings (no fused multiply-add), so the products of the result are
+// those of an F32 copy of w. at most max_bytes of f32 (an Error past it).
+View dequantized(cudaStream_t s, const View& w, Scratch& scratch, size_t max_bytes);
+
+// How a chunk of type Dec is staged: per row, kRowBytes of raw blocks, read as kGranules aligned 16-byte
+// pieces (one more than the bytes need: the row's blocks may start anywhere in a piece) into kRawLd bytes
+// of shared memory (4 banks past a multiple of 32: the 8 rows a quarter-warp reads fall in distinct banks);
+// then decoded in tasks of kTaskElems elements.
 template <class Dec>
-__device__ inline void stage_weights(const Rows& w, int64_t r0, int64_t b0, int nblk, __half* sm, int tid, int threads) {
+struct Staging {
     using Block = typename Dec::Block;
-    for (int task = tid; task < 16 * nblk; task += threads) {
-        const int rr = task / nblk, bb = task % nblk;
-        __half* dst = sm + rr * kChunkLd + bb * Dec::QK;
-        const int64_t r = r0 + rr;
-        if (r >= w.rows) {
-            for (int i = 0; i < Dec::QK; i += 8) *reinterpret_cast<uint4*>(dst + i) = uint4{0, 0, 0, 0};
-            continue;
+    static constexpr int kPerChunk = kChunk / Dec::QK;  // blocks per chunk
+    static constexpr int kRowBytes = kPerChunk * int(sizeof(Block));
+    static constexpr int kGranules = (kRowBytes + 15) / 16 + 1;
+    static constexpr int kRawLd = (kGranules * 16 + 111) / 128 * 128 + 16;
+    static constexpr bool kParts = has_decode_part<Dec>::value;
+    static constexpr int kTaskElems = kParts ? 32 : Dec::QK;
+    // whole small blocks are read from shared memory as aligned words into registers (fewer, wider loads
+    // than the decoder's byte and halfword reads of a block at any address)
+    static constexpr bool kWordLoad = !kParts && sizeof(Block) <= 64;
+    static_assert(Dec::QK <= kChunk && kChunk % Dec::QK == 0, "whole blocks per chunk");
+};
+
+// The first byte of row r's blocks from b0 on.
+__device__ inline const uint8_t* chunk_start(const Rows& w, int64_t r, int64_t b0, int block_bytes) {
+    return w.base + r * w.stride + b0 * block_bytes;
+}
+
+// Piece g of row rr's raw chunk (rows r0 + rr of w, nblk blocks from b0): the aligned 16 bytes at
+// (start & ~15) + 16 g, or zeros past the row's bytes or the matrix. A piece may extend past the row's
+// last byte, never past its buffer: buffers are allocated in multiples of 256 bytes (CudaBackend::alloc).
+template <class Dec>
+__device__ inline uint4 raw_piece(const Rows& w, int64_t r0, int64_t b0, int nblk, int rr, int g) {
+    using S = Staging<Dec>;
+    const int64_t r = r0 + rr;
+    if (r >= w.rows) return uint4{0, 0, 0, 0};
+    const uint8_t* start = chunk_start(w, r, b0, int(sizeof(typename S::Block)));
+    const uintptr_t first = reinterpret_cast<uintptr_t>(start) & ~uintptr_t(15);
+    const uintptr_t piece = first + 16 * uintptr_t(g);
+    if (piece >= reinterpret_cast<uintptr_t>(start) + uintptr_t(nblk) * sizeof(typename S::Block)) return uint4{0, 0, 0, 0};
+    return __ldg(reinterpret_cast<const uint4*>(piece));
+}
+
+// A block at any address p of shared memory, read as aligned words and shifted into place in registers.
+// Reads up to 4 bytes past the block (inside the raw row: kRawLd leaves at least 16 bytes of slack).
+template <class Block>
+__device__ inline Block load_block_words(const uint8_t* p) {
+    constexpr int kWords = int(sizeof(Block) + 3) / 4;
+    const auto* a = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+    const unsigned shift = unsigned(reinterpret_cast<uintptr_t>(p) & 3) * 8;
+    uint32_t w[kWords + 1];
+#pragma unroll
+    for (int i = 0; i <= kWords; ++i) w[i] = a[i];
+    union {
+        uint32_t u[kWords];
+        Block b;
+    } out;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) out.u[i] = __funnelshift_r(w[i], w[i + 1], shift);
+    return out.b;
+}
+
+// 8 codes q times scale sc as f16 into dst (16 bytes): f16(sc * q + bias), one rounding of the f32 value.
+// Where sc is an f16 value and there is no bias, the product is exact in f32, so the f16 product (HMUL2 of
+// q and sc as f16, one rounding) is the same number: computed that way, without the int-to-float and
+// float-to-half conversions.
+template <bool HAS_BIAS>
+__device__ inline void codes_to_half(const int8_t* q, float sc, float o, __half* dst) {
+    __half2 h[4];
+    const __half hs = __float2half_rn(sc);
+    if (!HAS_BIAS && __half2float(hs) == sc) {
+        uint32_t b[2];
+        memcpy(b, q, 8);
+        const __half2 s2 = __half2half2(hs), off = __float2half2_rn(1152.0f);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            // bytes 2j, 2j + 1 as the f16 values 1024 + (q + 128), then minus 1152: q exactly
+            const uint32_t u = b[j >> 1] ^ 0x80808080u;
+            const uint32_t f = __byte_perm(u, 0x64646464u, (j & 1) ? 0x7372 : 0x7170);
+            h[j] = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&f), off), s2);
         }
-        const Block& blk = reinterpret_cast<const Block*>(w.base + r * w.stride)[b0 + bb];
-        int8_t q[Dec::QK];
-        float scale[Dec::NG], bias[Dec::NG];
-        Dec::decode(blk, q, scale, Dec::HAS_BIAS ? bias : nullptr);
+    } else {
 #pragma unroll
-        for (int i = 0; i < Dec::QK; i += 8) {
-            const int g = i / Dec::G;
-            const float sc = scale[g], o = Dec::HAS_BIAS ? bias[g] : 0.0f;
-            __half2 h[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                h[j] = __floats2half2_rn(sc * float(q[i + 2 * j]) + o, sc * float(q[i + 2 * j + 1]) + o);
-            *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(h);
+        for (int j = 0; j < 4; ++j) h[j] = __floats2half2_rn(sc * float(q[2 * j]) + o, sc * float(q[2 * j + 1]) + o);
+    }
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(h);
+}
+
+// Decodes the raw chunk of ROWS rows (raw [ROWS][kRawLd], rows r0.. of w, nblk blocks from b0) into f16
+// rows tile [ROWS][kChunkLd], tasks shared by `threads` threads numbered `tid`. Rows past the matrix are
+// left as they are (their products are never stored).
+template <class Dec, int ROWS>
+__device__ inline void decode_chunk(const Rows& w, int64_t r0, int64_t b0, int nblk, const uint8_t* raw, __half* tile,
+                                    int tid, int threads) {
+    using S = Staging<Dec>;
+    using Block = typename S::Block;
+    constexpr int QK = Dec::QK, TE = S::kTaskElems, NGT = TE / Dec::G;
+    const int per_row = nblk * QK / TE;
+    for (int task = tid; task < ROWS * per_row; task += threads) {
+        const int rr = task % ROWS, part = task / ROWS;
+        if (r0 + rr >= w.rows) continue;
+        const int off = int(reinterpret_cast<uintptr_t>(chunk_start(w, r0 + rr, b0, int(sizeof(Block)))) & 15);
+        const int blk = part * TE / QK, c = (part * TE % QK) / 32;
+        const uint8_t* at = raw + rr * S::kRawLd + off + blk * int(sizeof(Block));
+        int8_t q[TE];
+        float scale[NGT], bias[NGT];
+        if constexpr (S::kParts) {
+            Dec::decode_part(*reinterpret_cast<const Block*>(at), c, q, scale, Dec::HAS_BIAS ? bias : nullptr);
+        } else if constexpr (S::kWordLoad) {
+            const Block b = load_block_words<Block>(at);
+            Dec::decode(b, q, scale, Dec::HAS_BIAS ? bias : nullptr);
+        } else {
+            Dec::decode(*reinterpret_cast<const Block*>(at), q, scale, Dec::HAS_BIAS ? bias : nullptr);
         }
-    }
-}
-
-// Stages columns [k0, k0 + elems) of n rows of f16 activations into sm [n][kChunkLd]: row i is xh row
-// row_of(i), or zeros where row_of(i) < 0. elems is a multiple of 16; 16-byte copies.
-template <class RowOf>
-__device__ inline void stage_tokens(const HalfActs& a, int n, RowOf row_of, int64_t k0, int elems, __half* sm, int tid,
-                                    int threads) {
-    const int vecs = elems / 8;
-    for (int v = tid; v < n * vecs; v += threads) {
-        const int i = v / vecs, c = (v % vecs) * 8;
-        const int64_t r = row_of(i);
-        *reinterpret_cast<uint4*>(sm + i * kChunkLd + c) =
-            r < 0 ? uint4{0, 0, 0, 0} : *reinterpret_cast<const uint4*>(a.xh + r * a.ld + k0 + c);
-    }
-}
-
-using AccFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
-
-// acc[j] += the staged weights (wsm [16][kChunkLd]) times staged tokens 16 j .. 16 j + 15 (tsm), for j < nt,
-// over the chunk's `elems` columns in steps of 16.
-template <int NT>
-__device__ inline void mma_chunk(const __half* wsm, const __half* tsm, int elems, int nt, AccFrag (&acc)[NT]) {
-    using namespace nvcuda;
-    for (int k = 0; k < elems; k += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-        wmma::load_matrix_sync(a, wsm + k, unsigned(kChunkLd));
+        __half* dst = tile + rr * kChunkLd + part * TE;
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            if (j >= nt) break;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
-            wmma::load_matrix_sync(b, tsm + j * kTileHalves + k, unsigned(kChunkLd));
-            wmma::mma_sync(acc[j], a, b, acc[j]);
+        for (int i = 0; i < TE; i += 8)
+            codes_to_half<Dec::HAS_BIAS>(q + i, scale[i / Dec::G], Dec::HAS_BIAS ? bias[i / Dec::G] : 0.0f, dst + i);
+    }
+}
+
+// c += a b: the tensor cores' 16 x 8 x 16 product, f16 inputs and f32 accumulation, in the PTX fragment
+// layout (lane l = 4 g + t: a = A rows g, g + 8 x columns 2t, 2t + 1, 2t + 8, 2t + 9; b = B columns g x rows
+// 2t, 2t + 1, 2t + 8, 2t + 9; c = C rows g, g + 8 x columns 2t, 2t + 1).
+__device__ inline void mma16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The A fragment of rows [0, 16) x columns [k, k + 16) of an f16 tile [16][kChunkLd] in shared memory.
+__device__ inline void load_a(const __half* tile, int k, uint32_t (&a)[4]) {
+    const int lane = threadIdx.x & 31;
+    const __half* p = tile + (lane & 15) * kChunkLd + k + (lane >> 4) * 8;
+    const unsigned addr = unsigned(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(addr));
+}
+
+// The B fragments of two 8-token tiles, tokens [0, 16) x columns [k, k + 16) of a token-major f16 tile
+// [16][kChunkLd] in shared memory: b0 for tokens 0..7, b1 for 8..15.
+__device__ inline void load_b2(const __half* tile, int k, uint32_t (&b0)[2], uint32_t (&b1)[2]) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    const __half* p = tile + ((m >> 1) * 8 + (lane & 7)) * kChunkLd + k + (m & 1) * 8;
+    const unsigned addr = unsigned(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
+                 : "r"(addr));
+}
+
+// One warp's product of 16 weight rows (r0.. of w) with up to 8 NT tokens whose f16 rows this lane reads
+// for its fragment column: tok[j] = the xh row of token 8 j + lane / 4, or -1 (a zero column). K chunks
+// [c_lo, c_hi) (chunk c = blocks [c kPerChunk, +kPerChunk) clipped to nb), summed per segment (two chunks)
+// and the segments added in order into total. raw / tile: the warp's shared memory ([16][kRawLd] bytes,
+// [16][kChunkLd] halves). The next chunk's raw pieces are loaded while this one is decoded and multiplied.
+template <class Dec, int NT>
+__device__ inline void warp_product(const Rows& w, int64_t r0, int64_t nb, int64_t c_lo, int64_t c_hi,
+                                    const HalfActs& a, const int64_t (&tok)[NT], uint8_t* raw, __half* tile,
+                                    float (&total)[NT][4]) {
+    using S = Staging<Dec>;
+    constexpr int kLoads = (16 * S::kGranules + 31) / 32;  // raw pieces per lane
+    const int lane = threadIdx.x & 31, t4 = lane & 3;
+    uint4 pieces[kLoads];
+    const auto load = [&](int64_t c) {
+        const int64_t b0 = c * S::kPerChunk;
+        const int nblk = int(nb - b0 < S::kPerChunk ? nb - b0 : S::kPerChunk);
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+            const int idx = lane + 32 * i;
+            pieces[i] = idx < 16 * S::kGranules
+                            ? raw_piece<Dec>(w, r0, b0, nblk, idx / S::kGranules, idx % S::kGranules)
+                            : uint4{0, 0, 0, 0};
         }
-    }
-}
-
-// total += seg, element by element (fragments of one type hold the same elements in the same threads).
-__device__ inline void add_frag(AccFrag& total, const AccFrag& seg) {
+    };
+    float acc[NT][4];
 #pragma unroll
-    for (int i = 0; i < total.num_elements; ++i) total.x[i] += seg.x[i];
+    for (int j = 0; j < NT; ++j)
+        for (int e = 0; e < 4; ++e) total[j][e] = 0.0f, acc[j][e] = 0.0f;
+    if (c_lo < c_hi) load(c_lo);
+    for (int64_t c = c_lo; c < c_hi; ++c) {
+        const int64_t b0 = c * S::kPerChunk;
+        const int nblk = int(nb - b0 < S::kPerChunk ? nb - b0 : S::kPerChunk), elems = nblk * Dec::QK;
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+            const int idx = lane + 32 * i;
+            if (idx < 16 * S::kGranules)
+                *reinterpret_cast<uint4*>(raw + (idx / S::kGranules) * S::kRawLd + (idx % S::kGranules) * 16) = pieces[i];
+        }
+        __syncwarp();
+        if (c + 1 < c_hi) load(c + 1);
+        // the chunk's B fragments, loaded before the decode so their latency hides behind it
+        const int64_t k0 = b0 * Dec::QK;
+        uint32_t bf[NT][kChunk / 16][2];
+#pragma unroll
+        for (int ks = 0; ks < kChunk / 16; ++ks)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                bf[j][ks][0] = bf[j][ks][1] = 0;
+                if (16 * ks < elems && tok[j] >= 0) {
+                    const __half* x = a.xh + tok[j] * a.ld + k0 + 16 * ks + 2 * t4;
+                    bf[j][ks][0] = *reinterpret_cast<const uint32_t*>(x);
+                    bf[j][ks][1] = *reinterpret_cast<const uint32_t*>(x + 8);
+                }
+            }
+        decode_chunk<Dec, 16>(w, r0, b0, nblk, raw, tile, lane, 32);
+        __syncwarp();
+#pragma unroll
+        for (int ks = 0; ks < kChunk / 16; ++ks) {
+            if (16 * ks >= elems) break;
+            uint32_t af[4];
+            load_a(tile, 16 * ks, af);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma16816(acc[j], af, bf[j][ks]);
+        }
+        if (c % 2 == 1 || c + 1 == c_hi) {  // the end of a segment
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                for (int e = 0; e < 4; ++e) total[j][e] += acc[j][e], acc[j][e] = 0.0f;
+        }
+        __syncwarp();  // the tile and raw are rewritten next chunk
+    }
 }
 
-// For the tile's columns i < n_cols with out_row(i) = (y row pointer, scale) not null: y[r0 + e] = scale *
-// acc[e][i] for rows < n_rows. `out` is 256 floats of the warp's shared memory.
-template <class OutRow>
-__device__ inline void store_tile(const AccFrag& acc, float* out, int64_t r0, int64_t n_rows, OutRow out_row) {
-    nvcuda::wmma::store_matrix_sync(out, acc, 16, nvcuda::wmma::mem_col_major);  // out[column][row]
-    __syncwarp();
-    for (int e = threadIdx.x & 31; e < 256; e += 32) {
-        const int i = e / 16;
-        const int64_t r = r0 + e % 16;
-        float scale;
-        float* y = out_row(i, scale);
-        if (y && r < n_rows) y[r] = scale * out[e];
-    }
-    __syncwarp();
+// Chunks of a matrix of nb blocks per row, and the chunks of segment sg.
+template <class Dec>
+__host__ __device__ inline int64_t chunks(int64_t nb) {
+    return (nb + Staging<Dec>::kPerChunk - 1) / Staging<Dec>::kPerChunk;
+}
+
+// Shared memory of one warp_product warp: raw chunk + f16 tile, rounded to 16 bytes.
+template <class Dec>
+constexpr size_t warp_smem_bytes() {
+    return size_t(16 * Staging<Dec>::kRawLd) + size_t(kTileHalves) * sizeof(__half);
+}
+
+// Stores a warp's total (NT 8-token tiles of 16 rows from r0): out(i, r, v) for token column i < 8 NT of
+// the fragment and row r < n_rows.
+template <int NT, class Out>
+__device__ inline void store_total(const float (&total)[NT][4], int64_t r0, int64_t n_rows, Out out) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int64_t r = r0 + g + (e >> 1) * 8;
+            if (r < n_rows) out(8 * j + 2 * t4 + (e & 1), r, total[j][e]);
+        }
 }
 
 }  // namespace regolith::cuda

@@ -108,11 +108,22 @@ __global__ void attend_k(View q, View gate, View sel, View n_sel, QsaSeqView s, 
     const auto key = [&](int64_t j) { return j < nsel * r ? int64_t(blocks[j / r]) * r + j % r : tail0 + (j - nsel * r); };
     const float* qh = q.row(row * H + h);
     const float scale = 1.0f / sqrtf(float(D));
-    for (int64_t j = lane; j < n_keys; j += 32) {
-        const float* kj = s.k.row(key(j) * KV + kvh);
-        float dot = 0.0f;
-        for (int64_t e = 0; e < D; ++e) dot += qh[e] * kj[e];
-        w[j] = dot * scale;
+    // scores: the lanes split each key's dot product (coalesced rows), 4 keys at a time so the sums' shuffles
+    // overlap
+    for (int64_t j0 = 0; j0 < n_keys; j0 += 4) {
+        float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const float* kj[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) kj[u] = j0 + u < n_keys ? s.k.row(key(j0 + u) * KV + kvh) : nullptr;
+        for (int64_t e = lane; e < D; e += 32) {
+            const float qe = qh[e];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (kj[u]) dot[u] += qe * kj[u][e];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) dot[u] = warp_sum(dot[u]);
+        if (lane < 4 && j0 + lane < n_keys) w[j0 + lane] = (lane == 0 ? dot[0] : lane == 1 ? dot[1] : lane == 2 ? dot[2] : dot[3]) * scale;
     }
     __syncwarp();
     float mx = -FLT_MAX;

@@ -8,6 +8,7 @@
 
 #include "bindings.h"
 #include "numpy_out.h"
+#include "core/backend.h"
 #include "core/block_decode.h"
 #include "core/thread_pool.h"
 #include "core/types.h"
@@ -109,9 +110,10 @@ void init_kernels(nb::module_& m) {
         for (auto isa : regolith::cpu::available_isas()) out.emplace_back(regolith::cpu::isa_name(isa));
         return out;
     });
-    m.def("set_exact_activations", &regolith::cpu::set_exact_activations, nb::arg("on"),
-          "Multiply quantized weights with float activations (dequantize-then-float; slow, for verification).");
-    m.def("exact_activations", &regolith::cpu::exact_activations);
+    m.def("set_exact_activations", &regolith::set_exact_activations, nb::arg("on"),
+          "Multiply quantized weights with float activations on every backend (dequantize-then-float; slow, for "
+          "verification).");
+    m.def("exact_activations", &regolith::exact_activations);
     m.def("set_threads", &regolith::set_default_threads, nb::arg("n"), "Threads for CPU kernels (0: all cores).");
     m.def("threads", &regolith::default_threads);
     m.def(

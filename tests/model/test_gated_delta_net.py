@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+import regolith
 from regolith import _core
 from regolith.errors import ModelFormatError, RegolithError
 
@@ -280,9 +281,13 @@ def test_gdn_q8_0_matches_dequantized_transformers(tmp_path):
     ref = reference(m, x)
     for h in hooks:
         h.remove()
+    # the CPU rounds activations to q8 as the reference's hooks do; a GPU backend rounds them to f16 instead,
+    # so there only the distance to the unrounded reference is checked
+    cpu = regolith.backends.resolve(None) in ("cpu", "cpu-opaque")
     for sizes in ([100], uneven(100), [1] * 100):
         y = run_in_pieces(layer, x, sizes)[0]
-        assert rel_err(y, ref) <= TOL_F32
+        if cpu:
+            assert rel_err(y, ref) <= TOL_F32
         assert rel_err(y, plain) <= TOL_Q8_0_PLAIN
 
 
