@@ -120,11 +120,14 @@ def test_lookahead_prefetches_are_used(packed):
 @pytest.mark.parametrize("host_slots", [8, 64])
 @pytest.mark.parametrize("source", ["gguf", "packed"])
 def test_host_tier_is_bit_identical_and_spares_disk_reads(tiny, packed, reference, host_slots, source):
-    """cpu-opaque's arena is memory the host cannot address, as a GPU's is: records land in the host tier
-    and are copied to the device slots; a miss the tier holds is a copy, not a read."""
+    """A device arena (a GPU's, or cpu-opaque's memory the host cannot address, as a GPU's is): records land
+    in the host tier and are copied to the device slots; a miss the tier holds is a copy, not a read."""
     path = tiny if source == "gguf" else packed
     ids = _ids(304)
-    opts = {"arena_gb": _arena_gb(path, 3), "backend": "cpu-opaque", "lock_memory": False}
+    # the backend the suite runs on where it has memory of its own (a GPU), else cpu-opaque
+    chosen = regolith.backends.resolve(None)
+    backend = chosen if regolith.backends.device_memory(chosen) else "cpu-opaque"
+    opts = {"arena_gb": _arena_gb(path, 3), "backend": backend, "lock_memory": False}
     model = regolith.Model.load(path, host_cache_gb=_arena_gb(path, host_slots), **opts)
     assert model._core.arena_info()["host_slots"] == host_slots == model.plan.host_slots
     assert "expert host tier" in model.plan.render()
@@ -404,9 +407,10 @@ RSS_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from regolith import memory_plan as mp
-    before = mp.process_rss()
     import regolith
+    from regolith import memory_plan as mp
+    regolith.backends.device_memory(regolith.backends.resolve(None))  # a GPU's driver state: before the baseline
+    before = mp.process_rss()
     model = regolith.Model.load(sys.argv[1], n_ctx=64, arena_gb=float(sys.argv[2]))
     w = model.window(64)
     ids = np.random.default_rng(0).integers(3, model.config["vocab_size"], 48).astype(np.int32)

@@ -57,6 +57,8 @@ ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt, Backe
         staging_ = std::make_unique<AlignedBuffer>(size_t(bytes));
         host_ = staging_->data.get();
     }
+    if (AlignedBuffer* from = host_tier_ ? host_tier_.get() : staging_.get())
+        if (be_.pin_host(from->data.get(), from->size)) pinned_ = from->data.get();
     if (opt.lock) locked_ = be_.lock(memory_.get(), &lock_error_);
     slots_.resize(size_t(n_slots_));
     slot_key_.assign(size_t(n_slots_), -1);
@@ -68,11 +70,12 @@ ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt, Backe
 
 ExpertArena::~ExpertArena() {
     streamer_.reset();  // joins the I/O threads: no read lands in freed memory
+    if (pinned_) be_.unpin_host(pinned_);
 }
 
 void ExpertArena::upload(int64_t s, const uint8_t* src) {
     Tensor slot = memory_.tensor(RG_TYPE_I8, 1, int64_t(slot_bytes_), uint64_t(s) * slot_bytes_);
-    be_.write(slot, src);
+    be_.upload(slot, src);  // the slot's last readers were submitted before it was released
 }
 
 int64_t ExpertArena::host_victim_locked() {

@@ -153,6 +153,7 @@ class ExpertArena {
     Buffer memory_;                      // the slots, [n_slots][slot_bytes]
     std::unique_ptr<AlignedBuffer> staging_;  // where the backend's memory is not host memory, without a host tier
     std::unique_ptr<AlignedBuffer> host_tier_;  // [n_host_][slot_bytes]
+    void* pinned_ = nullptr;                    // host_tier_ or staging_, page-locked by the backend
     int64_t n_host_ = 0;
     std::vector<HostSlot> host_slots_;
     std::unordered_map<int64_t, int64_t> host_where_;  // key -> host-tier slot

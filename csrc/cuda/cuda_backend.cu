@@ -1,12 +1,25 @@
-// The CUDA backend: buffers in device memory (cudaMalloc), one stream per backend on which every op, copy
-// and upload is recorded in order (so submit() has nothing to do and read() synchronizes the stream), the
-// op families' kernels in the other files of this folder.
+// The CUDA backend: buffers in device memory (cudaMalloc), one stream per backend on which every op and
+// write is recorded in order, the op families' kernels in the other files of this folder.
+//
+// Submission: the ops between two points where the host must wait or decide (read(), submit(), buffer
+// allocation) are captured from the stream into a CUDA graph and launched as one graph, its executable kept
+// and updated in place while the ops keep their shape (a decode step: one launch instead of one per
+// kernel). Small writes inside a capture are staged in pinned host memory and copied by a kernel; copies
+// and fills are kernels too, so a step's graph is kernels only and updates in place.
+// REGOLITH_CUDA_GRAPHS=0 launches every kernel directly instead.
+//
+// Uploads (expert records from the arena's I/O threads) go on a copy stream of their own, after everything
+// submitted (an event at each submit()); the op stream waits for them before its next op.
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/errors.h"
@@ -53,10 +66,16 @@ Scratch::~Scratch() {
 
 void* Scratch::get(size_t bytes, cudaStream_t stream) {
     if (bytes <= bytes_ && stream == stream_) return ptr_;
-    if (ptr_) RG_CUDA(cudaFreeAsync(ptr_, stream_));  // after the launches recorded before it
-    bytes_ = std::max(bytes, 2 * bytes_);
-    stream_ = stream;
-    RG_CUDA(cudaMallocAsync(&ptr_, bytes_, stream));
+    const auto grow = [&] {
+        if (ptr_) RG_CUDA(cudaFreeAsync(ptr_, stream_));  // after the launches recorded before it
+        bytes_ = std::max(bytes, 2 * bytes_);
+        stream_ = stream;
+        RG_CUDA(cudaMallocAsync(&ptr_, bytes_, stream));
+    };
+    if (outside)
+        outside(grow);
+    else
+        grow();
     return ptr_;
 }
 
@@ -69,20 +88,173 @@ std::vector<SeqView> views(const Seq* seqs, int64_t n, F f) {
     return out;
 }
 
+// Pinned host memory that small writes inside a graph capture are staged in: two halves, one filled while the
+// other's copies may still be pending on the device (each half's last graph launch is followed by an event).
+class WriteStaging {
+public:
+    static constexpr size_t kHalf = 4u << 20, kMaxWrite = 256u << 10;
+    WriteStaging() {
+        RG_CUDA(cudaMallocHost(&mem_, 2 * kHalf));
+        for (cudaEvent_t& e : done_) RG_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    ~WriteStaging() {
+        for (cudaEvent_t e : done_) cudaEventDestroy(e);
+        cudaFreeHost(mem_);
+    }
+    // bytes of the current half (nullptr when it is full)
+    uint8_t* take(size_t bytes) {
+        const size_t at = (used_ + 15) / 16 * 16;
+        if (at + bytes > kHalf) return nullptr;
+        used_ = at + bytes;
+        return mem_ + half_ * kHalf + at;
+    }
+    // After the current half's copies were launched on `s`: switch halves, waiting for the other's copies.
+    void launched(cudaStream_t s) {
+        if (used_ == 0) return;
+        RG_CUDA(cudaEventRecord(done_[half_], s));
+        half_ ^= 1, used_ = 0;
+        RG_CUDA(cudaEventSynchronize(done_[half_]));
+    }
+
+private:
+    uint8_t* mem_ = nullptr;
+    cudaEvent_t done_[2] = {};
+    int half_ = 0;
+    size_t used_ = 0;
+};
+
+// Pinned host memory that grows to the largest request (reads bounce through it).
+class PinnedBuffer {
+public:
+    ~PinnedBuffer() {
+        if (mem_) cudaFreeHost(mem_);
+    }
+    uint8_t* get(size_t bytes) {
+        if (bytes > bytes_) {
+            if (mem_) RG_CUDA(cudaFreeHost(mem_));
+            mem_ = nullptr, bytes_ = 0;
+            RG_CUDA(cudaMallocHost(&mem_, bytes));
+            bytes_ = bytes;
+        }
+        return static_cast<uint8_t*>(mem_);
+    }
+
+private:
+    void* mem_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// Launches the stream's captured ops as graphs. A step's ops arrive as a sequence of captures (cut every
+// kChunkOps ops, so the device starts on the first while the host captures the next, and at every read), and
+// the i-th capture since the last read keeps executable i, updated in place while its graph keeps its shape.
+// verbose: each launch on stderr (REGOLITH_CUDA_GRAPHS=verbose).
+class GraphLauncher {
+public:
+    static constexpr int kChunkOps = 32;
+    explicit GraphLauncher(bool verbose) : verbose_(verbose) {}
+    ~GraphLauncher() {
+        for (Exec& e : execs_)
+            if (e.exec) cudaGraphExecDestroy(e.exec);
+    }
+    void launch(cudaGraph_t graph, cudaStream_t s) {
+        size_t nodes = 0;
+        RG_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+        if (nodes == 0) return;
+        const size_t i = next_++;
+        if (i >= kMaxExecs) {  // past the cached ones: a one-off executable
+            cudaGraphExec_t exec = nullptr;
+            RG_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+            const cudaError_t e = cudaGraphLaunch(exec, s);
+            cudaGraphExecDestroy(exec);  // released once the launch completes
+            RG_CUDA(e);
+            return;
+        }
+        if (execs_.size() <= i) execs_.resize(i + 1);
+        Exec& x = execs_[i];
+        int why = -1;
+        bool updated = false;
+        if (x.exec && x.nodes == nodes) {
+            cudaGraphExecUpdateResultInfo info;
+            updated = cudaGraphExecUpdate(x.exec, graph, &info) == cudaSuccess;
+            if (!updated) {
+                why = int(info.result);
+                (void)cudaGetLastError();  // a failed update is not an error: the graph differs
+            }
+        }
+        if (!updated) {
+            if (x.exec) cudaGraphExecDestroy(x.exec);
+            x.exec = nullptr;
+            RG_CUDA(cudaGraphInstantiate(&x.exec, graph, 0));
+            x.nodes = nodes;
+        }
+        if (verbose_)
+            std::fprintf(stderr, "regolith cuda: graph %zu of %zu nodes %s (update result %d)\n", i, nodes,
+                         updated ? "updated" : "instantiated", why);
+        RG_CUDA(cudaGraphLaunch(x.exec, s));
+    }
+    // A read: the next capture is the first of a new sequence.
+    void restart() { next_ = 0; }
+
+private:
+    static constexpr size_t kMaxExecs = 256;
+    const bool verbose_;
+    struct Exec {
+        cudaGraphExec_t exec = nullptr;
+        size_t nodes = 0;
+    };
+    std::vector<Exec> execs_;
+    size_t next_ = 0;
+};
+
+// REGOLITH_CUDA_GRAPHS: unset or 1 graphs, 0 direct launches, verbose graphs with each launch on stderr.
+std::string graphs_setting() {
+    const char* v = std::getenv("REGOLITH_CUDA_GRAPHS");
+    return v ? v : "1";
+}
+
 class CudaBackend final : public Backend {
 public:
-    CudaBackend() {
+    CudaBackend() : graphs_(graphs_setting() != "0"), launcher_(graphs_setting() == "verbose") {
         RG_CUDA(cudaSetDevice(0));
         RG_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        RG_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+        RG_CUDA(cudaEventCreateWithFlags(&submitted_, cudaEventDisableTiming));
+        RG_CUDA(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
+        cuda::init_matmul_kernels();
+        cuda::init_moe_kernels();
+        const auto outside = [this](const std::function<void()>& f) {
+            end_capture();
+            {
+                std::lock_guard<std::mutex> lock(capture_mu_);
+                f();
+            }
+            if (graphs_) begin();  // the rest of the op is captured again
+        };
+        matmul_scratch_.outside = outside;
+        op_scratch_.outside = outside;
     }
-    ~CudaBackend() override { cudaStreamDestroy(stream_); }
+    ~CudaBackend() override {
+        try {
+            end_capture();
+        } catch (const Error&) {  // nothing left to report it to
+        }
+        cudaStreamSynchronize(copy_);
+        cudaStreamSynchronize(stream_);
+        cudaEventDestroy(submitted_);
+        cudaEventDestroy(uploaded_);
+        cudaStreamDestroy(copy_);
+        cudaStreamDestroy(stream_);
+    }
 
     const char* name() const override { return "cuda"; }
 
     BackendBuffer* alloc(uint64_t bytes, MemoryUse) override {
+        end_capture();
         auto b = std::make_unique<CudaBuffer>();
         b->bytes = bytes;
-        const cudaError_t e = cudaMalloc(&b->ptr, std::max<uint64_t>(bytes, 1));
+        // whole 256-byte units: the products read a row's blocks in aligned 16-byte pieces (cuda/qmma.cuh),
+        // the last of which may extend past the tensor's last byte
+        const cudaError_t e = cudaMalloc(&b->ptr, std::max<uint64_t>((bytes + 255) / 256 * 256, 256));
         if (e != cudaSuccess)
             throw Error("CUDA: cannot allocate " + std::to_string(bytes) + " bytes of device memory: " +
                         cudaGetErrorString(e));
@@ -90,20 +262,40 @@ public:
     }
     BackendBuffer* import_host(const void* data, uint64_t bytes) override {
         BackendBuffer* b = alloc(bytes, MemoryUse::Device);
-        RG_CUDA(cudaMemcpyAsync(static_cast<CudaBuffer*>(b)->ptr, data, bytes, cudaMemcpyHostToDevice, stream_));
-        RG_CUDA(cudaStreamSynchronize(stream_));
+        outside_capture([&] {
+            RG_CUDA(cudaMemcpyAsync(static_cast<CudaBuffer*>(b)->ptr, data, bytes, cudaMemcpyHostToDevice, stream_));
+            RG_CUDA(cudaStreamSynchronize(stream_));
+        });
         return b;
     }
     void free(BackendBuffer* buffer) override {
         if (!buffer) return;
         auto* b = static_cast<CudaBuffer*>(buffer);
-        cudaStreamSynchronize(stream_);  // ops recorded before may still read it
+        outside_capture([&] {
+            cudaStreamSynchronize(copy_);
+            cudaStreamSynchronize(stream_);  // ops recorded before may still read it
+        });
         cudaFree(b->ptr);
         delete b;
     }
     void* host_address(BackendBuffer*) override { return nullptr; }
     bool lock(BackendBuffer*, std::string*) override { return true; }  // device memory is never paged out
+    bool pin_host(void* p, uint64_t bytes) override {
+        bool ok = false;
+        outside_capture([&] {
+            ok = cudaHostRegister(p, size_t(bytes), cudaHostRegisterDefault) == cudaSuccess;
+            if (!ok) (void)cudaGetLastError();  // not an error: the memory works unpinned
+        });
+        return ok;
+    }
+    void unpin_host(void* p) override {
+        outside_capture([&] {
+            cudaStreamSynchronize(copy_);  // no upload still reads it
+            cudaHostUnregister(p);
+        });
+    }
     bool device_memory(uint64_t* free_bytes, uint64_t* total_bytes) override {
+        end_capture();
         size_t f = 0, t = 0;
         RG_CUDA(cudaMemGetInfo(&f, &t));
         *free_bytes = f, *total_bytes = t;
@@ -112,82 +304,119 @@ public:
 
     void write(const Tensor& dst, const void* src) override {
         const View d = cuda::view(dst);
+        const size_t row = size_t(packed_row_bytes(dst)), bytes = row * size_t(d.rows);
+        if (d.rows == 0) return;
+        if (graphs_ && bytes <= WriteStaging::kMaxWrite) {
+            uint8_t* staged = nullptr;
+            begin();
+            if (!(staged = staging_.take(bytes))) {  // the half is full: launch what it holds, then the other
+                end_capture();
+                begin();
+                staged = staging_.take(bytes);
+            }
+            std::memcpy(staged, src, bytes);
+            cuda::copy_2d(stream_, d.base, size_t(d.stride), staged, row, row, size_t(d.rows));  // reads pinned memory
+            return;
+        }
+        outside_capture([&] {
+            RG_CUDA(cudaMemcpy2DAsync(d.base, size_t(d.stride), src, row, row, size_t(d.rows), cudaMemcpyHostToDevice,
+                                      stream_));
+        });
+    }
+    void upload(const Tensor& dst, const void* src) override {
+        const View d = cuda::view(dst);
         const size_t row = size_t(packed_row_bytes(dst));
         if (d.rows == 0) return;
+        std::lock_guard<std::mutex> lock(upload_mu_);
+        RG_CUDA(cudaStreamWaitEvent(copy_, submitted_, 0));
         RG_CUDA(cudaMemcpy2DAsync(d.base, size_t(d.stride), src, row, row, size_t(d.rows), cudaMemcpyHostToDevice,
-                                  stream_));
+                                  copy_));
+        RG_CUDA(cudaEventRecord(uploaded_, copy_));
+        uploads_pending_.store(true, std::memory_order_release);
     }
     void read(const Tensor& src, void* dst) override {
         const View s = cuda::view(src);
-        const size_t row = size_t(packed_row_bytes(src));
-        if (s.rows > 0)
-            RG_CUDA(cudaMemcpy2DAsync(dst, row, s.base, size_t(s.stride), row, size_t(s.rows), cudaMemcpyDeviceToHost,
-                                      stream_));
-        RG_CUDA(cudaStreamSynchronize(stream_));
+        const size_t row = size_t(packed_row_bytes(src)), bytes = row * size_t(s.rows);
+        wait_uploads();
+        outside_capture([&] {
+            launcher_.restart();
+            // up to kMaxBounce bytes through pinned memory (logits, routing ids): a copy to pageable memory
+            // is several times slower
+            uint8_t* bounce = bytes && bytes <= kMaxBounce ? read_bounce_.get(bytes) : nullptr;
+            if (bytes)
+                RG_CUDA(cudaMemcpy2DAsync(bounce ? bounce : dst, row, s.base, size_t(s.stride), row, size_t(s.rows),
+                                          cudaMemcpyDeviceToHost, stream_));
+            RG_CUDA(cudaStreamSynchronize(stream_));
+            if (bounce) std::memcpy(dst, bounce, bytes);
+        });
     }
-    void submit() override {}
+    void submit() override {
+        outside_capture([&] {
+            std::lock_guard<std::mutex> lock(upload_mu_);
+            RG_CUDA(cudaEventRecord(submitted_, stream_));
+        });
+    }
 
 protected:
     void do_copy(const Tensor& src, const Tensor& dst) override {
         const View s = cuda::view(src), d = cuda::view(dst);
         const size_t row = size_t(packed_row_bytes(src));
         if (s.rows == 0) return;
-        RG_CUDA(cudaMemcpy2DAsync(d.base, size_t(d.stride), s.base, size_t(s.stride), row, size_t(s.rows),
-                                  cudaMemcpyDeviceToDevice, stream_));
+        cuda::copy_2d(op_stream(), d.base, size_t(d.stride), s.base, size_t(s.stride), row, size_t(s.rows));
     }
     void do_zero(const Tensor& dst) override {
         const View d = cuda::view(dst);
         if (d.rows == 0) return;
-        RG_CUDA(cudaMemset2DAsync(d.base, size_t(d.stride), 0, size_t(packed_row_bytes(dst)), size_t(d.rows), stream_));
+        cuda::zero_2d(op_stream(), d.base, size_t(d.stride), size_t(packed_row_bytes(dst)), size_t(d.rows));
     }
     void do_matmul(const MatmulJob* jobs, int64_t n_jobs) override {
         std::vector<MatmulView> v;
         for (int64_t i = 0; i < n_jobs; ++i) v.push_back({cuda::view(jobs[i].w), cuda::view(jobs[i].x), cuda::view(jobs[i].y)});
-        cuda::matmul(stream_, v.data(), int(v.size()), matmul_scratch_);
+        cuda::matmul(op_stream(), v.data(), int(v.size()), matmul_scratch_);
     }
     void do_get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat, const Tensor& out) override {
-        cuda::get_rows(stream_, cuda::view(table), cuda::view(ids), scale, repeat, cuda::view(out));
+        cuda::get_rows(op_stream(), cuda::view(table), cuda::view(ids), scale, repeat, cuda::view(out));
     }
     void do_gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override {
-        cuda::gather_rows(stream_, cuda::view(x), cuda::view(rows), cuda::view(out));
+        cuda::gather_rows(op_stream(), cuda::view(x), cuda::view(rows), cuda::view(out));
     }
     void do_top_k(const Tensor& x, int64_t k, const Tensor& ids, const Tensor& values) override {
-        cuda::top_k(stream_, cuda::view(x), k, cuda::view(ids), cuda::view(values));
+        cuda::top_k(op_stream(), cuda::view(x), k, cuda::view(ids), cuda::view(values));
     }
     void do_rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override {
-        cuda::rms_norm(stream_, cuda::view(x), cuda::view(w), eps, cuda::view(y));
+        cuda::rms_norm(op_stream(), cuda::view(x), cuda::view(w), eps, cuda::view(y));
     }
     void do_rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Unary act,
                            const Tensor& y) override {
-        cuda::rms_norm_gated(stream_, cuda::view(x), cuda::view(z), cuda::view(w), eps, act == Unary::Sigmoid,
+        cuda::rms_norm_gated(op_stream(), cuda::view(x), cuda::view(z), cuda::view(w), eps, act == Unary::Sigmoid,
                              cuda::view(y));
     }
     void do_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y) override {
-        cuda::layer_norm(stream_, cuda::view(x), cuda::view(w), cuda::view(b), eps, cuda::view(y));
+        cuda::layer_norm(op_stream(), cuda::view(x), cuda::view(w), cuda::view(b), eps, cuda::view(y));
     }
     void do_rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis, const Tensor& table) override {
-        cuda::rope_table(stream_, cuda::view(pos), cuda::view(freq), cuda::view(axis), cuda::view(table));
+        cuda::rope_table(op_stream(), cuda::view(pos), cuda::view(freq), cuda::view(axis), cuda::view(table));
     }
     void do_rope(const Tensor& x, const Tensor& table, int64_t rows_per_pos) override {
-        cuda::rope(stream_, cuda::view(x), cuda::view(table), rows_per_pos);
+        cuda::rope(op_stream(), cuda::view(x), cuda::view(table), rows_per_pos);
     }
     void do_unary(const Tensor& x, Unary op, float p, const Tensor& y) override {
-        cuda::unary(stream_, cuda::view(x), op, p, cuda::view(y));
+        cuda::unary(op_stream(), cuda::view(x), op, p, cuda::view(y));
     }
     void do_glu(const Tensor& gate, const Tensor& up, Glu act, const Tensor& y) override {
-        cuda::glu(stream_, cuda::view(gate), cuda::view(up), act, cuda::view(y));
+        cuda::glu(op_stream(), cuda::view(gate), cuda::view(up), act, cuda::view(y));
     }
     void do_add(const Tensor& a, const Tensor& b, const Tensor& y) override {
-        cuda::add(stream_, cuda::view(a), cuda::view(b), cuda::view(y));
+        cuda::add(op_stream(), cuda::view(a), cuda::view(b), cuda::view(y));
     }
     void do_hc_mix(const Tensor& gate, const Tensor& xn, int64_t hc, const Tensor& mixed) override {
-        cuda::hc_mix(stream_, cuda::view(gate), cuda::view(xn), hc, cuda::view(mixed));
+        cuda::hc_mix(op_stream(), cuda::view(gate), cuda::view(xn), hc, cuda::view(mixed));
     }
     void do_hc_write(const Tensor& out, const Tensor& w, int64_t hc, const Tensor& streams) override {
-        cuda::hc_write(stream_, cuda::view(out), cuda::view(w), hc, cuda::view(streams));
+        cuda::hc_write(op_stream(), cuda::view(out), cuda::view(w), hc, cuda::view(streams));
     }
     void do_ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, int64_t n_seqs, const Tensor& out) override {
-        cuda::ssm_conv(stream_, cuda::view(x), cuda::view(w_t),
+        cuda::ssm_conv(op_stream(), cuda::view(x), cuda::view(w_t),
                        views<ConvSeq, ConvSeqView>(seqs, n_seqs, [](const ConvSeq& q) {
                            return ConvSeqView{cuda::view(q.state), cuda::view(q.after), q.t0, q.ntok};
                        }),
@@ -195,11 +424,11 @@ protected:
     }
     void do_gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& dt_bias,
                         const GdnDims& d) override {
-        cuda::gdn_prepare(stream_, cuda::view(qkv), cuda::view(g), cuda::view(beta), cuda::view(a), cuda::view(dt_bias), d);
+        cuda::gdn_prepare(op_stream(), cuda::view(qkv), cuda::view(g), cuda::view(beta), cuda::view(a), cuda::view(dt_bias), d);
     }
     void do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs, int64_t n_seqs,
                      const GdnDims& d, int64_t, const Tensor& out) override {
-        cuda::gdn_scan(stream_, cuda::view(qkv), cuda::view(g), cuda::view(beta),
+        cuda::gdn_scan(op_stream(), cuda::view(qkv), cuda::view(g), cuda::view(beta),
                        views<GdnSeq, GdnSeqView>(seqs, n_seqs, [](const GdnSeq& q) {
                            return GdnSeqView{cuda::view(q.state), cuda::view(q.after), q.t0, q.ntok};
                        }),
@@ -213,15 +442,15 @@ protected:
     }
     void do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq, const Tensor& axis,
                      const QsaDims& d) override {
-        cuda::qsa_pool(stream_, qsa(seqs, n_seqs), cuda::view(norm), cuda::view(freq), cuda::view(axis), d);
+        cuda::qsa_pool(op_stream(), qsa(seqs, n_seqs), cuda::view(norm), cuda::view(freq), cuda::view(axis), d);
     }
     void do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& sel,
                        const Tensor& n_sel) override {
-        cuda::qsa_select(stream_, cuda::view(iq), qsa(seqs, n_seqs), d, cuda::view(sel), cuda::view(n_sel));
+        cuda::qsa_select(op_stream(), cuda::view(iq), qsa(seqs, n_seqs), d, cuda::view(sel), cuda::view(n_sel));
     }
     void do_qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel, const QsaSeq* seqs,
                        int64_t n_seqs, const QsaDims& d, const Tensor& out) override {
-        cuda::qsa_attend(stream_, cuda::view(q), cuda::view(gate), cuda::view(sel), cuda::view(n_sel), qsa(seqs, n_seqs),
+        cuda::qsa_attend(op_stream(), cuda::view(q), cuda::view(gate), cuda::view(sel), cuda::view(n_sel), qsa(seqs, n_seqs),
                          d, cuda::view(out));
     }
     static std::vector<KvSeqView> kv(const KvSeq* seqs, int64_t n) {
@@ -230,55 +459,118 @@ protected:
         });
     }
     void do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs, int64_t n_head_kv) override {
-        cuda::kv_append(stream_, cuda::view(k), cuda::view(v), kv(seqs, n_seqs), n_head_kv);
+        cuda::kv_append(op_stream(), cuda::view(k), cuda::view(v), kv(seqs, n_seqs), n_head_kv);
     }
     void do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s,
                       const Tensor& out) override {
-        cuda::attention(stream_, cuda::view(q), kv(seqs, n_seqs), s, cuda::view(out));
+        cuda::attention(op_stream(), cuda::view(q), kv(seqs, n_seqs), s, cuda::view(out));
     }
     void do_moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
                       const Tensor& weights) override {
-        cuda::moe_route(stream_, cuda::view(logits), cuda::view(resident), r, cuda::view(ids), cuda::view(weights));
+        cuda::moe_route(op_stream(), cuda::view(logits), cuda::view(resident), r, cuda::view(ids), cuda::view(weights));
     }
     void do_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertSet& e,
                         const SharedExpert* shared, const Tensor& y) override {
         SharedExpertView sh;
         if (shared)
             sh = {cuda::view(shared->gate), cuda::view(shared->up), cuda::view(shared->down), cuda::view(shared->gate_logit)};
-        cuda::moe_experts(stream_, cuda::view(x), cuda::view(ids), cuda::view(weights), cuda::view(e.gate),
+        cuda::moe_experts(op_stream(), cuda::view(x), cuda::view(ids), cuda::view(weights), cuda::view(e.gate),
                           cuda::view(e.up), cuda::view(e.down), e.n_expert, shared ? &sh : nullptr, cuda::view(y),
                           op_scratch_, matmul_scratch_);
     }
     void do_moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,
                         const Tensor& shared_gate, const Tensor& y) override {
-        cuda::moe_combine(stream_, cuda::view(ys), cuda::view(pairs), cuda::view(weights), cuda::view(shared),
+        cuda::moe_combine(op_stream(), cuda::view(ys), cuda::view(pairs), cuda::view(weights), cuda::view(shared),
                           cuda::view(shared_gate), cuda::view(y), op_scratch_);
     }
     void do_ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, const Tensor& norm_key,
                      const Tensor& norm_query, const Tensor& norm_conv, int64_t hc, float eps, const Tensor& gated,
                      const Tensor& normed) override {
-        cuda::ple_gate(stream_, cuda::view(key), cuda::view(query), cuda::view(value), cuda::view(norm_key),
+        cuda::ple_gate(op_stream(), cuda::view(key), cuda::view(query), cuda::view(value), cuda::view(norm_key),
                        cuda::view(norm_query), cuda::view(norm_conv), hc, eps, cuda::view(gated), cuda::view(normed));
     }
     void do_ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs, int64_t n_seqs,
                      const Tensor& out) override {
-        cuda::ple_conv(stream_, cuda::view(normed), cuda::view(w), dilation,
+        cuda::ple_conv(op_stream(), cuda::view(normed), cuda::view(w), dilation,
                        views<PleConvSeq, PleConvSeqView>(seqs, n_seqs, [](const PleConvSeq& q) {
                            return PleConvSeqView{cuda::view(q.state), q.t0, q.ntok};
                        }),
                        cuda::view(out));
     }
     void do_add_interpolated(const Tensor& table, const Tensor& idx, const Tensor& w, const Tensor& x) override {
-        cuda::add_interpolated(stream_, cuda::view(table), cuda::view(idx), cuda::view(w), cuda::view(x));
+        cuda::add_interpolated(op_stream(), cuda::view(table), cuda::view(idx), cuda::view(w), cuda::view(x));
     }
     void do_vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q, const Tensor& k,
                        const Tensor& vt) override {
-        cuda::vision_qkv(stream_, cuda::view(qkv), cuda::view(table), n_head, cuda::view(q), cuda::view(k), cuda::view(vt));
+        cuda::vision_qkv(op_stream(), cuda::view(qkv), cuda::view(table), n_head, cuda::view(q), cuda::view(k), cuda::view(vt));
     }
-    void do_softmax_scaled(const Tensor& x, float scale) override { cuda::softmax_scaled(stream_, cuda::view(x), scale); }
+    void do_softmax_scaled(const Tensor& x, float scale) override { cuda::softmax_scaled(op_stream(), cuda::view(x), scale); }
 
 private:
-    cudaStream_t stream_ = nullptr;
+    // The stream for an op: uploads waited for, and the op captured where graphs are on.
+    cudaStream_t op_stream() {
+        if (graphs_ && owner_.load() == std::this_thread::get_id() && ++captured_ops_ >= GraphLauncher::kChunkOps)
+            end_capture();
+        begin();
+        return stream_;
+    }
+    // Before an op: the op stream waits for the uploads since the last op; a capture begins (graphs on).
+    void begin() {
+        wait_uploads();
+        if (!graphs_ || owner_.load() == std::this_thread::get_id()) return;
+        capture_mu_.lock();  // another thread's capture ends first
+        const cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
+        if (e != cudaSuccess) {
+            capture_mu_.unlock();
+            RG_CUDA(e);
+        }
+        owner_.store(std::this_thread::get_id());
+        captured_ops_ = 0;
+    }
+    // Ends this thread's capture, if any, and launches what it captured.
+    void end_capture() {
+        if (owner_.load() != std::this_thread::get_id()) return;
+        cudaGraph_t graph = nullptr;
+        cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+        owner_.store(std::thread::id());
+        std::string failure;
+        try {
+            if (e == cudaSuccess) launcher_.launch(graph, stream_);
+            staging_.launched(stream_);
+        } catch (const Error& err) {
+            failure = err.what();
+        }
+        if (graph) cudaGraphDestroy(graph);
+        capture_mu_.unlock();
+        RG_CUDA(e);
+        if (!failure.empty()) throw Error(failure);
+    }
+    // Runs f on the stream out of capture: this thread's capture launched, another thread's waited for.
+    template <class F>
+    void outside_capture(F f) {
+        end_capture();
+        std::lock_guard<std::mutex> lock(capture_mu_);
+        f();
+    }
+    void wait_uploads() {
+        if (!uploads_pending_.exchange(false, std::memory_order_acq_rel)) return;
+        outside_capture([&] {
+            std::lock_guard<std::mutex> lock(upload_mu_);
+            RG_CUDA(cudaStreamWaitEvent(stream_, uploaded_, 0));
+        });
+    }
+
+    static constexpr size_t kMaxBounce = 16u << 20;
+    const bool graphs_;
+    cudaStream_t stream_ = nullptr, copy_ = nullptr;
+    cudaEvent_t submitted_ = nullptr, uploaded_ = nullptr;
+    std::mutex capture_mu_, upload_mu_;  // taken in this order
+    std::atomic<std::thread::id> owner_{};  // the thread capturing the stream, if any
+    std::atomic<bool> uploads_pending_{false};
+    int captured_ops_ = 0;  // ops in this thread's capture
+    WriteStaging staging_;
+    PinnedBuffer read_bounce_;
+    GraphLauncher launcher_;
     Scratch matmul_scratch_, op_scratch_;
 };
 

@@ -1,10 +1,11 @@
-// The CUDA backend's kernel launchers, one file per op family (matmul, rows, norm, rope, elementwise, gdn,
+// The CUDA backend's kernel launchers, one file per op family (matmul, copy, rows, norm, rope, elementwise, gdn,
 // qsa, attention, moe, ple, vision). CudaBackend (cuda/cuda_backend.cu) checks an op's arguments, makes the
 // views and calls these on its stream; each computes what Backend (core/backend.h) documents.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -12,11 +13,13 @@
 namespace regolith::cuda {
 
 // Scratch device memory for launches on one stream: get() returns at least `bytes`, growing with stream-ordered
-// allocation (the old memory is freed after the launches before it), never shrinking.
+// allocation (the old memory is freed after the launches before it), never shrinking. `outside`, where set,
+// runs the growth with the stream out of graph capture (allocations are not captured).
 class Scratch {
 public:
     ~Scratch();
     void* get(size_t bytes, cudaStream_t stream);
+    std::function<void(const std::function<void()>&)> outside;
 
 private:
     void* ptr_ = nullptr;
@@ -24,11 +27,19 @@ private:
     cudaStream_t stream_ = nullptr;
 };
 
+// Set the dynamic shared memory limits of the products' kernels (more than the default 48 KiB), once, before
+// any launch: attribute calls stay out of graph capture.
+void init_matmul_kernels();
+void init_moe_kernels();
+
 struct MatmulView {
     View w, x, y;
 };
 
 void matmul(cudaStream_t s, const MatmulView* jobs, int n_jobs, Scratch& scratch);
+// height rows of width bytes, row r at dst + r * dpitch (from src + r * spitch, device or pinned host memory).
+void copy_2d(cudaStream_t s, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
+void zero_2d(cudaStream_t s, void* dst, size_t dpitch, size_t width, size_t height);
 void get_rows(cudaStream_t s, const View& table, const View& ids, float scale, int64_t repeat, const View& out);
 void gather_rows(cudaStream_t s, const View& x, const View& rows, const View& out);
 void top_k(cudaStream_t s, const View& x, int64_t k, const View& ids, const View& values);
