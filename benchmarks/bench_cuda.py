@@ -5,14 +5,17 @@ full 248,320-token vocabulary: 24.25 GiB) unless ``--model`` names a GGUF. Rows 
 
 - ``resident``: every weight in VRAM; 512-token prefill and greedy decode, regolith and llama.cpp
   (``llama-bench -ngl 99``).
-- ``arena``: regolith with the routed experts streamed through a VRAM arena of ``--arena-fraction`` of them
-  (the rest read from disk with O_DIRECT); llama.cpp with every expert on the CPU (``-ncmoe`` all layers), its
-  way of running a model larger than VRAM.
+- ``host``: regolith with the routed experts streamed through a VRAM arena of ``--arena-fraction`` of them
+  and a host-RAM tier holding every expert (misses are copies from RAM, after the first read from disk);
+  llama.cpp with every expert in RAM and computed by the CPU (``-ncmoe`` all layers), its way of running a
+  model larger than VRAM.
+- ``disk``: the same VRAM arena with no host tier: every miss is an O_DIRECT read from disk.
 
 The roofline is measured in the same run: HBM bandwidth (a device-to-device copy, read + write), pinned
 host-to-device bandwidth, and the disk's O_DIRECT bandwidth at the expert record size; each regolith row
 says what share of the bound for its path it reached (resident decode: the weight bytes one token reads
-over HBM bandwidth; arena decode: the expert bytes read over the disk's bandwidth).
+over HBM bandwidth; host: the expert bytes copied from RAM over the host-to-device bandwidth; disk: the
+expert bytes read over the disk's bandwidth).
 
     python benchmarks/bench_cuda.py [--model PATH] [--dir DIR] [--llama-bench PATH] [--prompt 512]
         [--decode 64] [--arena-fraction 0.25]
@@ -106,6 +109,8 @@ def regolith_run(path: str, prompt: np.ndarray, n_decode: int, **load) -> dict[s
         out["bytes_read"] = after["bytes_read"] - before["bytes_read"]
         hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
         out["hit_rate"] = hits / (hits + misses) if hits + misses else float("nan")
+        out["host_hits"] = after["host_hits"] - before["host_hits"]
+        out["misses"] = misses
     return out
 
 
@@ -131,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--arena-fraction", type=float, default=0.25, help="of the routed experts, in VRAM")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["resident", "arena"], help="rows to leave out")
+    ap.add_argument(
+        "--skip", nargs="*", default=[], choices=["resident", "host", "disk"], help="rows to leave out"
+    )
     args = ap.parse_args(argv)
     if "cuda" not in regolith.backends.available():
         raise SystemExit(
@@ -171,22 +178,39 @@ def main(argv: list[str] | None = None) -> None:
         if args.llama_bench:
             p = llamacpp_run(args.llama_bench, path, args.prompt, args.decode, "-ngl", "99")
             add("resident", "llama.cpp", p["prefill"], p["decode"], "-ngl 99")
-    if "arena" not in args.skip:
-        arena_gb = args.arena_fraction * lay["total"] / GiB
-        drop_page_cache(path)
-        r = regolith_run(path, prompt, args.decode, arena_gb=arena_gb)
-        rate = args.decode / r["decode"]
-        read_bps = r["bytes_read"] / r["decode"]
-        note = (
-            f"arena {arena_gb:.1f} GiB ({args.arena_fraction:.0%} of experts), hit rate {r['hit_rate']:.1%}, "
-            f"reads {read_bps / 1e9:.2f} GB/s = {read_bps / disk:.0%} of the disk"
+    arena_gb = args.arena_fraction * lay["total"] / GiB
+    arena = f"arena {arena_gb:.1f} GiB ({args.arena_fraction:.0%} of experts)"
+    if "host" not in args.skip:
+        r = regolith_run(
+            path, prompt, args.decode, arena_gb=arena_gb, host_cache_gb=1.01 * lay["total"] / GiB
         )
-        add("arena", "regolith", args.prompt / r["prefill"], rate, note)
+        rate = args.decode / r["decode"]
+        copy_bps = r["host_hits"] * lay["record"] / r["decode"]
+        note = (
+            f"{arena}, hit rate {r['hit_rate']:.1%} ({r['misses']} misses), {r['host_hits']} slots filled from RAM "
+            "(misses and prefetches)"
+        )
+        if bw:
+            note += f", copies {copy_bps / 1e9:.2f} GB/s = {copy_bps / bw['h2d']:.0%} of host-to-device"
+        add("host", "regolith", args.prompt / r["prefill"], rate, note)
         if args.llama_bench:
             p = llamacpp_run(
                 args.llama_bench, path, args.prompt, args.decode, "-ngl", "99", "-ncmoe", str(lay["n_layers"])
             )
-            add("arena", "llama.cpp", p["prefill"], p["decode"], f"-ncmoe {lay['n_layers']}")
+            add(
+                "host",
+                "llama.cpp",
+                p["prefill"],
+                p["decode"],
+                f"-ncmoe {lay['n_layers']}: experts on the CPU",
+            )
+    if "disk" not in args.skip:
+        drop_page_cache(path)
+        r = regolith_run(path, prompt, args.decode, arena_gb=arena_gb)
+        rate = args.decode / r["decode"]
+        read_bps = r["bytes_read"] / r["decode"]
+        note = f"{arena}, hit rate {r['hit_rate']:.1%}, reads {read_bps / 1e9:.2f} GB/s = {read_bps / disk:.0%} of the disk"
+        add("disk", "regolith", args.prompt / r["prefill"], rate, note)
 
     roof = f"disk O_DIRECT {disk / 1e9:.2f} GB/s"
     if bw:

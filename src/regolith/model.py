@@ -230,8 +230,8 @@ class Model:
     def stats(self) -> dict[str, Any]:
         """Counters since load (or :meth:`reset_stats`): for a model streaming its experts ``hits``,
         ``misses``, ``hit_rate``, ``per_layer_hit_rate``, ``bytes_read``, ``reads``, ``read_stall_s``,
-        ``prefetches``, ``prefetch_hits`` and ``host_hits`` (misses the host tier filled without a read:
-        :meth:`load`'s ``host_cache_gb``); for PLE models ``ple_rows_read`` (from disk),
+        ``prefetches``, ``prefetch_hits`` and ``host_hits`` (device slots the host tier filled without a read,
+        for misses and prefetches: :meth:`load`'s ``host_cache_gb``); for PLE models ``ple_rows_read`` (from disk),
         ``ple_cache_hits`` and ``ple_rows_read_per_token``; ``tokens`` evaluated."""
         out: dict[str, Any] = {"tokens": self._tokens_evaluated}
         if not hasattr(self._core, "stats"):
