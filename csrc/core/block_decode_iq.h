@@ -207,13 +207,17 @@ struct BlockDecoder<RG_TYPE_IQ1_S> : DecoderTraits<RG_TYPE_IQ1_S, block_iq1_s, Q
 // gguf: dl = d * (2s + 1); x = dl * (grid + delta).
 template <>
 struct BlockDecoder<RG_TYPE_IQ1_M> : DecoderTraits<RG_TYPE_IQ1_M, block_iq1_m, QK_K, 16, false> {
+    // The 4 uint16 of scales into sc; returns d, the fp16 their top nibbles hold.
+    RG_HD static float scales_and_d(const Block& b, uint16_t (&sc)[4]) {
+        using namespace decode_detail;
+        for (int u = 0; u < 4; ++u) sc[u] = load_u16(b.scales + 2 * u);
+        return fp16_to_fp32(
+            uint16_t((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000)));
+    }
     RG_HD static void decode(const Block& b, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         uint16_t sc[4];
-        for (int u = 0; u < 4; ++u) sc[u] = load_u16(b.scales + 2 * u);
-        const uint16_t dbits =
-            uint16_t((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
-        const float d = fp16_to_fp32(dbits);
+        const float d = scales_and_d(b, sc);
         for (int s = 0; s < NG; ++s)
             scale[s] = d * float(2 * ((sc[s >> 2] >> (3 * (s & 3))) & 7) + 1) * 0.125f;
         for (int t = 0; t < QK / 8; ++t) {
@@ -225,10 +229,7 @@ struct BlockDecoder<RG_TYPE_IQ1_M> : DecoderTraits<RG_TYPE_IQ1_M, block_iq1_m, Q
     RG_HD static void decode_part(const Block& b, int c, int8_t* q, float* scale, float*) {
         using namespace decode_detail;
         uint16_t sc[4];
-        for (int u = 0; u < 4; ++u) sc[u] = load_u16(b.scales + 2 * u);
-        const uint16_t dbits =
-            uint16_t((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
-        const float d = fp16_to_fp32(dbits);
+        const float d = scales_and_d(b, sc);
         for (int j = 0; j < 2; ++j) {
             const int s = 2 * c + j;
             scale[j] = d * float(2 * ((sc[s >> 2] >> (3 * (s & 3))) & 7) + 1) * 0.125f;

@@ -285,13 +285,13 @@ __device__ inline void warp_product(const Rows& w, int64_t r0, int64_t nb, int64
     }
 }
 
-// Chunks of a matrix of nb blocks per row, and the chunks of segment sg.
+// Chunks of a matrix of nb blocks per row (segment sg: chunks 2 sg and 2 sg + 1).
 template <class Dec>
 __host__ __device__ inline int64_t chunks(int64_t nb) {
     return (nb + Staging<Dec>::kPerChunk - 1) / Staging<Dec>::kPerChunk;
 }
 
-// Shared memory of one warp_product warp: raw chunk + f16 tile, rounded to 16 bytes.
+// Shared memory of one warp_product warp: its raw chunk, then its f16 tile (both multiples of 16 bytes).
 template <class Dec>
 constexpr size_t warp_smem_bytes() {
     return size_t(16 * Staging<Dec>::kRawLd) + size_t(kTileHalves) * sizeof(__half);
