@@ -57,28 +57,26 @@ __device__ inline float warp_max(float v) {
     return v;
 }
 
-// Sum over the block's threads (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-template <class T>
-__device__ T block_sum(T v) {
+// A reduction over the block's threads (blockDim.x a multiple of 32, at most 1024) by warp_op (a warp-wide
+// reduction), `identity` for the missing warps; every thread gets the result.
+template <class T, class WarpOp>
+__device__ T block_reduce(T v, WarpOp warp_op, T identity) {
     __shared__ T part[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = warp_op(v);
     __syncthreads();  // part[] may still be read by an earlier call
     if (lane == 0) part[warp] = v;
     __syncthreads();
-    T s = lane < n ? part[lane] : T(0);
-    return warp_sum(s);
+    return warp_op(lane < n ? part[lane] : identity);
 }
 
-// Max over the block's threads (as block_sum); every thread gets the result.
+template <class T>
+__device__ T block_sum(T v) {
+    return block_reduce(v, [](T x) { return warp_sum(x); }, T(0));
+}
+
 __device__ inline float block_max(float v) {
-    __shared__ float part[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();  // part[] may still be read by an earlier call
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    return warp_max(lane < n ? part[lane] : -FLT_MAX);
+    return block_reduce(v, [](float x) { return warp_max(x); }, -FLT_MAX);
 }
 
 // F32, F16 and BF16: the weight types products take as floats (the rest are block-quantized).

@@ -69,7 +69,8 @@ __global__ void qmm_decode(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y,
     uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
     __half* tile = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
     const int64_t nc = chunks<Dec>(nb), seg = blockIdx.y;
-    const int64_t c_lo = gridDim.y == 1 ? 0 : 2 * seg, c_hi = gridDim.y == 1 ? nc : (2 * seg + 2 < nc ? 2 * seg + 2 : nc);
+    int64_t c_lo, c_hi;
+    segment_chunks(nc, gridDim.y > 1, seg, c_lo, c_hi);
     int64_t tok[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) tok[j] = 8 * j + lane / 4 < ntok ? 8 * j + lane / 4 : -1;

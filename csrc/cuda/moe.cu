@@ -159,7 +159,8 @@ __global__ void qmm_grouped(Rows w, int64_t n, int64_t nb, const int32_t* offset
         tok[j] = p < 0 ? p : p / per_x;
     }
     const int64_t nc = chunks<Dec>(nb);
-    const int64_t c_lo = n_seg == 1 ? 0 : 2 * seg, c_hi = n_seg == 1 ? nc : (2 * seg + 2 < nc ? 2 * seg + 2 : nc);
+    int64_t c_lo, c_hi;
+    segment_chunks(nc, n_seg > 1, seg, c_lo, c_hi);
     float total[NT][4];
     warp_product<Dec, NT>(we, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, total);
     store_total<NT>(total, r0, n, [&](int i, int64_t r, float v) {

@@ -291,6 +291,12 @@ __host__ __device__ inline int64_t chunks(int64_t nb) {
     return (nb + Staging<Dec>::kPerChunk - 1) / Staging<Dec>::kPerChunk;
 }
 
+// The chunks [lo, hi) of nc a block sums: all of them (split false), or those of segment seg.
+__device__ inline void segment_chunks(int64_t nc, bool split, int64_t seg, int64_t& lo, int64_t& hi) {
+    lo = split ? 2 * seg : 0;
+    hi = split ? (2 * seg + 2 < nc ? 2 * seg + 2 : nc) : nc;
+}
+
 // Shared memory of one warp_product warp: its raw chunk, then its f16 tile (both multiples of 16 bytes).
 template <class Dec>
 constexpr size_t warp_smem_bytes() {
