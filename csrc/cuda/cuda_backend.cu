@@ -307,9 +307,9 @@ public:
         const size_t row = size_t(packed_row_bytes(dst)), bytes = row * size_t(d.rows);
         if (d.rows == 0) return;
         if (graphs_ && bytes <= WriteStaging::kMaxWrite) {
-            uint8_t* staged = nullptr;
             begin();
-            if (!(staged = staging_.take(bytes))) {  // the half is full: launch what it holds, then the other
+            uint8_t* staged = staging_.take(bytes);
+            if (!staged) {  // the half is full: launch what it holds, then fill the other
                 end_capture();
                 begin();
                 staged = staging_.take(bytes);
