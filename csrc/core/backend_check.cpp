@@ -456,6 +456,23 @@ void add_qsa_cases(std::vector<Case>& cs) {
                                         seqs, 2, kQsa, out);
                       r.out(out);
                   }});
+    // Flash-Next's attention heads (16 of 256, 2 KV heads) over a few hundred keys: 16 selected blocks and a tail
+    cs.push_back({"qsa_attend", "head_dim 256, 8 query heads per KV head, 259 keys", kComposite, [](Run& r) {
+                      constexpr QsaDims d{16, 2, 256, 1, 16, 16, 16, 8, 1e-6f};
+                      const int64_t cap = 320, n0 = 290, ntok = 2;
+                      const QsaSeq seq{r.f32(cap * d.n_head_kv, d.head_dim), r.f32(cap * d.n_head_kv, d.head_dim),
+                                       r.f32(cap, d.index_head_dim), r.f32(cap / d.ratio, d.index_head_dim),
+                                       r.zeros(RG_TYPE_I64, cap, 3), n0, 0, ntok};
+                      std::vector<int32_t> sel(static_cast<size_t>(ntok * d.topk)), n_sel(ntok, int32_t(d.topk));
+                      for (int64_t t = 0; t < ntok; ++t)
+                          for (int64_t b = 0; b < d.topk; ++b) sel[size_t(t * d.topk + b)] = int32_t(b + b / 8);
+                      const int64_t rows = ntok * d.n_head;
+                      const Tensor q = r.f32(rows, d.head_dim), gate = r.f32(rows, d.head_dim, -3.0f, 3.0f);
+                      const Tensor out = r.zeros(RG_TYPE_F32, rows, d.head_dim);
+                      r.be().qsa_attend(q, gate, r.ints(RG_TYPE_I32, ntok, d.topk, sel), r.ints(RG_TYPE_I32, 1, ntok, n_sel),
+                                        &seq, 1, d, out);
+                      r.out(out);
+                  }});
 }
 
 void add_attention_cases(std::vector<Case>& cs) {
@@ -476,6 +493,16 @@ void add_attention_cases(std::vector<Case>& cs) {
                               for (const KvSeq& s : seqs) r.out(s.k), r.out(s.vt);
                               r.out(out);
                           }});
+    // gemma3's heads (head_dim 256) over a few hundred keys
+    for (uint32_t type : {RG_TYPE_F32, RG_TYPE_F16})
+        cs.push_back({"attention", type_name(type) + " cache, head_dim 256, 2 tokens after 300", kComposite, [=](Run& r) {
+                          const int64_t KV = 1, H = 4, D = 256, cap = 320;
+                          const KvSeq seq{r.weights(type, KV * cap, D), r.weights(type, KV * D, cap), 300, 0, 2};
+                          r.be().kv_append(r.f32(2, KV * D), r.f32(2, KV * D), &seq, 1, KV);
+                          const Tensor q = r.f32(2, H * D), out = r.zeros(RG_TYPE_F32, 2, H * D);
+                          r.be().attention(q, &seq, 1, {H, KV, D, 0, 0.0625f}, out);
+                          r.out(out);
+                      }});
 }
 
 void add_moe_cases(std::vector<Case>& cs) {

@@ -1,7 +1,7 @@
 // Causal grouped-query attention over a dense KV cache (model/causal_attention.h): appending keys and values
 // (rounded to f16 for an F16 cache), then one block per (query, head): the scores of the visible keys in
 // shared memory, the softmax (probabilities rounded to f16 for an F16 cache, as the CPU's f16 products do)
-// and the weighted sum of the values, whose cache is transposed.
+// and the weighted sum of the values, whose cache is transposed (attend_k says how the warps share it).
 #include <cuda_fp16.h>
 
 #include <cfloat>
@@ -25,6 +25,7 @@ __device__ inline void cache_put(const View& t, int64_t r, int64_t c, float v) {
 __device__ inline float round_f16(float v) { return __half2float(__float2half_rn(v)); }
 
 __global__ void append_k(View k, View v, KvSeqView s, int64_t KV) {
+    pdl_begin();
     const int64_t D = k.cols / KV, cap = s.k.rows / KV;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= s.ntok * KV * D) return;
@@ -33,9 +34,18 @@ __global__ void append_k(View k, View v, KvSeqView s, int64_t KV) {
     cache_put(s.vt, h * D + e, pos, v.row(s.t0 + t)[h * D + e]);
 }
 
+// One block of kAttendWarps warps per (query, head). Scores: warp w takes keys w, w + kAttendWarps, ..., 4 at
+// a time, its lanes splitting each dot product; the softmax over the block; values: warp w takes value rows
+// (elements) e = w, w + kAttendWarps, ... of the transposed cache, its lanes splitting the keys (coalesced
+// reads), each row's lane sums added by a warp reduction. What a (query, head) computes depends on its keys
+// only, not on the launch.
+constexpr int kAttendWarps = 8;
+
 __global__ void attend_k(View q, KvSeqView s, AttentionShape sh, View out) {
+    pdl_begin();
     const int64_t H = sh.n_head, KV = sh.n_head_kv, D = sh.head_dim, cap = s.k.rows / KV;
     const int64_t t = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV), pos = s.n0 + t;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool f16 = s.k.type == RG_TYPE_F16;
     const int64_t a = sh.window > 0 ? (pos - sh.window + 1 > 0 ? pos - sh.window + 1 : 0) : 0, n = pos + 1 - a;
     extern __shared__ float sm[];
@@ -44,13 +54,21 @@ __global__ void attend_k(View q, KvSeqView s, AttentionShape sh, View out) {
     const float* qr = q.row(s.t0 + t) + h * D;
     for (int64_t e = threadIdx.x; e < D; e += blockDim.x) qs[e] = f16 ? round_f16(qr[e]) : qr[e];
     __syncthreads();
-    float mx = -FLT_MAX;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-        float dot = 0.0f;
-        for (int64_t e = 0; e < D; ++e) dot += qs[e] * cache_at(s.k, kvh * cap + a + j, e);
-        w[j] = dot * sh.scale;
-        mx = fmaxf(mx, w[j]);
+    for (int64_t j0 = 4 * warp; j0 < n; j0 += 4 * kAttendWarps) {
+        float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t e = lane; e < D; e += 32) {
+            const float qe = qs[e];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (j0 + u < n) dot[u] += qe * cache_at(s.k, kvh * cap + a + j0 + u, e);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) dot[u] = warp_sum(dot[u]);
+        if (lane < 4 && j0 + lane < n) w[j0 + lane] = (lane == 0 ? dot[0] : lane == 1 ? dot[1] : lane == 2 ? dot[2] : dot[3]) * sh.scale;
     }
+    __syncthreads();
+    float mx = -FLT_MAX;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, w[j]);
     mx = block_max(mx);
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
@@ -62,10 +80,11 @@ __global__ void attend_k(View q, KvSeqView s, AttentionShape sh, View out) {
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) w[j] = f16 ? round_f16(w[j] * inv) : w[j] * inv;
     __syncthreads();
     float* o = out.row(s.t0 + t) + h * D;
-    for (int64_t e = threadIdx.x; e < D; e += blockDim.x) {
+    for (int64_t e = warp; e < D; e += kAttendWarps) {
         float acc = 0.0f;
-        for (int64_t j = 0; j < n; ++j) acc += w[j] * cache_at(s.vt, kvh * D + e, a + j);
-        o[e] = acc;
+        for (int64_t j = lane; j < n; j += 32) acc += w[j] * cache_at(s.vt, kvh * D + e, a + j);
+        acc = warp_sum(acc);
+        if (lane == 0) o[e] = acc;
     }
 }
 
@@ -74,7 +93,7 @@ __global__ void attend_k(View q, KvSeqView s, AttentionShape sh, View out) {
 void kv_append(cudaStream_t s, const View& k, const View& v, const std::vector<KvSeqView>& seqs, int64_t n_head_kv) {
     for (const KvSeqView& q : seqs) {
         if (q.ntok == 0) continue;
-        append_k<<<grid(q.ntok * k.cols, 256), 256, 0, s>>>(k, v, q, n_head_kv);
+        launch(append_k, grid(q.ntok * k.cols, 256), 256, 0, s, k, v, q, n_head_kv);
         RG_LAUNCHED("kv_append");
     }
 }
@@ -87,7 +106,7 @@ void attention(cudaStream_t s, const View& q, const std::vector<KvSeqView>& seqs
         if (shared > 48 * 1024) {
             RG_CUDA(cudaFuncSetAttribute(attend_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
         }
-        attend_k<<<unsigned(v.ntok * sh.n_head), 128, shared, s>>>(q, v, sh, out);
+        launch(attend_k, unsigned(v.ntok * sh.n_head), 32 * kAttendWarps, shared, s, q, v, sh, out);
         RG_LAUNCHED("attention");
     }
 }

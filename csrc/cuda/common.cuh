@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include <cfloat>
 #include <cstdint>
 
@@ -40,6 +42,32 @@ View view(const Tensor& t);
 template <class Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
     RG_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+// Programmatic dependent launch (sm_90 and newer): kernels are launched with launch(), which lets a kernel's
+// blocks be scheduled while the kernel before it on the stream finishes; every kernel begins with
+// pdl_begin(), which waits until that kernel has completed and its writes are visible, then lets the next
+// kernel be launched. So the gap between dependent kernels (launch and ramp-up) overlaps the previous one's
+// tail. Off where the device is older (there pdl_begin compiles to nothing) or REGOLITH_CUDA_PDL=0.
+__device__ inline void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+bool pdl_enabled();
+
+// Launches kernel(args...) on s as the triple-chevron launch would, with programmatic dependent launch where
+// pdl_enabled(); a launch error is left for the caller's RG_LAUNCHED.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 blocks, dim3 threads, size_t smem, cudaStream_t s, Args&&... args) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = blocks, cfg.blockDim = threads, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cfg.attrs = &attr, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 inline unsigned grid(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }

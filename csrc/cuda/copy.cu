@@ -13,6 +13,7 @@ namespace {
 // address, pitch and the width are multiples of sizeof(T). A null src fills with zeros.
 template <class T>
 __global__ void copy_2d_k(uint8_t* dst, size_t dpitch, const uint8_t* src, size_t spitch, size_t width, size_t height) {
+    pdl_begin();
     const size_t per_row = width / sizeof(T), n = per_row * height;
     for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
         const size_t r = i / per_row, c = (i % per_row) * sizeof(T);
@@ -34,11 +35,11 @@ void launch_copy(cudaStream_t s, void* dst, size_t dpitch, const void* src, size
     const size_t n = width / unit * height;
     const unsigned blocks = unsigned(std::min<size_t>((n + 255) / 256, 4096));
     if (unit == 16)
-        copy_2d_k<uint4><<<blocks, 256, 0, s>>>(d, dpitch, sp, spitch, width, height);
+        launch(copy_2d_k<uint4>, blocks, 256, 0, s, d, dpitch, sp, spitch, width, height);
     else if (unit == 4)
-        copy_2d_k<uint32_t><<<blocks, 256, 0, s>>>(d, dpitch, sp, spitch, width, height);
+        launch(copy_2d_k<uint32_t>, blocks, 256, 0, s, d, dpitch, sp, spitch, width, height);
     else
-        copy_2d_k<uint8_t><<<blocks, 256, 0, s>>>(d, dpitch, sp, spitch, width, height);
+        launch(copy_2d_k<uint8_t>, blocks, 256, 0, s, d, dpitch, sp, spitch, width, height);
     RG_LAUNCHED("copy");
 }
 

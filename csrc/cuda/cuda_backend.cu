@@ -30,6 +30,17 @@ namespace regolith {
 
 namespace cuda {
 
+bool pdl_enabled() {
+    static const bool on = [] {
+        const char* v = std::getenv("REGOLITH_CUDA_PDL");
+        if (v && std::string(v) == "0") return false;
+        int dev = 0, major = 0;
+        return cudaGetDevice(&dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+    }();
+    return on;
+}
+
 void check(cudaError_t e, const char* what) {
     if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
@@ -88,38 +99,41 @@ std::vector<SeqView> views(const Seq* seqs, int64_t n, F f) {
     return out;
 }
 
-// Pinned host memory that small writes inside a graph capture are staged in: two halves, one filled while the
-// other's copies may still be pending on the device (each half's last graph launch is followed by an event).
+// Pinned host memory that small writes inside a graph capture are staged in: a ring of kSlots slots, one
+// filled while the graphs that read the others may still be pending on the device (each slot's last graph
+// launch is followed by an event), so the host runs up to kSlots graphs with writes ahead of the device.
 class WriteStaging {
 public:
-    static constexpr size_t kHalf = 4u << 20, kMaxWrite = 256u << 10;
+    static constexpr int kSlots = 16;
+    static constexpr size_t kSlot = 1u << 20, kMaxWrite = 256u << 10;
     WriteStaging() {
-        RG_CUDA(cudaMallocHost(&mem_, 2 * kHalf));
+        RG_CUDA(cudaMallocHost(&mem_, kSlots * kSlot));
         for (cudaEvent_t& e : done_) RG_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
     ~WriteStaging() {
         for (cudaEvent_t e : done_) cudaEventDestroy(e);
         cudaFreeHost(mem_);
     }
-    // bytes of the current half (nullptr when it is full)
+    // bytes of the current slot (nullptr when it is full)
     uint8_t* take(size_t bytes) {
         const size_t at = (used_ + 15) / 16 * 16;
-        if (at + bytes > kHalf) return nullptr;
+        if (at + bytes > kSlot) return nullptr;
         used_ = at + bytes;
-        return mem_ + half_ * kHalf + at;
+        return mem_ + slot_ * kSlot + at;
     }
-    // After the current half's copies were launched on `s`: switch halves, waiting for the other's copies.
+    // After the current slot's copies were launched on `s`: on to the next slot, once the copies that read
+    // it last are done.
     void launched(cudaStream_t s) {
         if (used_ == 0) return;
-        RG_CUDA(cudaEventRecord(done_[half_], s));
-        half_ ^= 1, used_ = 0;
-        RG_CUDA(cudaEventSynchronize(done_[half_]));
+        RG_CUDA(cudaEventRecord(done_[slot_], s));
+        slot_ = (slot_ + 1) % kSlots, used_ = 0;
+        RG_CUDA(cudaEventSynchronize(done_[slot_]));
     }
 
 private:
     uint8_t* mem_ = nullptr;
-    cudaEvent_t done_[2] = {};
-    int half_ = 0;
+    cudaEvent_t done_[kSlots] = {};
+    int slot_ = 0;
     size_t used_ = 0;
 };
 
@@ -309,7 +323,7 @@ public:
         if (graphs_ && bytes <= WriteStaging::kMaxWrite) {
             begin();
             uint8_t* staged = staging_.take(bytes);
-            if (!staged) {  // the half is full: launch what it holds, then fill the other
+            if (!staged) {  // the slot is full: launch what it holds, then fill the next
                 end_capture();
                 begin();
                 staged = staging_.take(bytes);
@@ -451,7 +465,7 @@ protected:
     void do_qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel, const QsaSeq* seqs,
                        int64_t n_seqs, const QsaDims& d, const Tensor& out) override {
         cuda::qsa_attend(op_stream(), cuda::view(q), cuda::view(gate), cuda::view(sel), cuda::view(n_sel), qsa(seqs, n_seqs),
-                         d, cuda::view(out));
+                         d, cuda::view(out), op_scratch_);
     }
     static std::vector<KvSeqView> kv(const KvSeq* seqs, int64_t n) {
         return views<KvSeq, KvSeqView>(seqs, n, [](const KvSeq& q) {

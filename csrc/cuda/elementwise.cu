@@ -19,6 +19,7 @@ __device__ float gelu_tanh_exp(float x) {  // the vision tower's: 0.5 x (1 + tan
 }
 
 __global__ void unary_k(View x, Unary op, float p, View y) {
+    pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= x.rows * x.cols) return;
     const int64_t r = i / x.cols, c = i % x.cols;
@@ -38,6 +39,7 @@ __global__ void unary_k(View x, Unary op, float p, View y) {
 }
 
 __global__ void glu_k(View g, View u, Glu act, View y) {
+    pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= g.rows * g.cols) return;
     const int64_t r = i / g.cols, c = i % g.cols;
@@ -46,6 +48,7 @@ __global__ void glu_k(View g, View u, Glu act, View y) {
 }
 
 __global__ void add_k(View a, View b, View y) {
+    pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= a.rows * a.cols) return;
     const int64_t r = i / a.cols, c = i % a.cols;
@@ -53,6 +56,7 @@ __global__ void add_k(View a, View b, View y) {
 }
 
 __global__ void hc_mix_k(View gate, View xn, int64_t hc, View mixed) {
+    pdl_begin();
     const int64_t hidden = mixed.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= mixed.rows * hidden) return;
@@ -65,6 +69,7 @@ __global__ void hc_mix_k(View gate, View xn, int64_t hc, View mixed) {
 }
 
 __global__ void hc_write_k(View out, View w, int64_t hc, View streams) {
+    pdl_begin();
     const int64_t hidden = out.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= out.rows * hc * hidden) return;
@@ -76,31 +81,31 @@ __global__ void hc_write_k(View out, View w, int64_t hc, View streams) {
 
 void unary(cudaStream_t s, const View& x, Unary op, float p, const View& y) {
     if (x.rows * x.cols == 0) return;
-    unary_k<<<grid(x.rows * x.cols, 256), 256, 0, s>>>(x, op, p, y);
+    launch(unary_k, grid(x.rows * x.cols, 256), 256, 0, s, x, op, p, y);
     RG_LAUNCHED("unary");
 }
 
 void glu(cudaStream_t s, const View& gate, const View& up, Glu act, const View& y) {
     if (gate.rows * gate.cols == 0) return;
-    glu_k<<<grid(gate.rows * gate.cols, 256), 256, 0, s>>>(gate, up, act, y);
+    launch(glu_k, grid(gate.rows * gate.cols, 256), 256, 0, s, gate, up, act, y);
     RG_LAUNCHED("glu");
 }
 
 void add(cudaStream_t s, const View& a, const View& b, const View& y) {
     if (a.rows * a.cols == 0) return;
-    add_k<<<grid(a.rows * a.cols, 256), 256, 0, s>>>(a, b, y);
+    launch(add_k, grid(a.rows * a.cols, 256), 256, 0, s, a, b, y);
     RG_LAUNCHED("add");
 }
 
 void hc_mix(cudaStream_t s, const View& gate, const View& xn, int64_t hc, const View& mixed) {
     if (mixed.rows == 0) return;
-    hc_mix_k<<<grid(mixed.rows * mixed.cols, 256), 256, 0, s>>>(gate, xn, hc, mixed);
+    launch(hc_mix_k, grid(mixed.rows * mixed.cols, 256), 256, 0, s, gate, xn, hc, mixed);
     RG_LAUNCHED("hc_mix");
 }
 
 void hc_write(cudaStream_t s, const View& out, const View& w, int64_t hc, const View& streams) {
     if (out.rows == 0) return;
-    hc_write_k<<<grid(out.rows * hc * out.cols, 256), 256, 0, s>>>(out, w, hc, streams);
+    launch(hc_write_k, grid(out.rows * hc * out.cols, 256), 256, 0, s, out, w, hc, streams);
     RG_LAUNCHED("hc_write");
 }
 

@@ -10,6 +10,7 @@ namespace {
 
 // out[t0 + t][c] = silu(sum_i w_t[i][c] * ext[t + i][c]), ext = the state's K-1 rows, then the x rows.
 __global__ void conv_k(View x, View w_t, ConvSeqView s, View out) {
+    pdl_begin();
     const int64_t cd = x.cols, K = w_t.rows, hist = K - 1;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= s.ntok * cd) return;
@@ -26,6 +27,7 @@ __global__ void conv_k(View x, View w_t, ConvSeqView s, View out) {
 // Per channel: the states after each token (ext rows t+1 .. t+K-1), then the new state (the last K-1 rows),
 // in increasing row order so that a row of the old state is read before it is overwritten.
 __global__ void conv_state_k(View x, ConvSeqView s, int64_t hist) {
+    pdl_begin();
     const int64_t cd = x.cols;
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c >= cd) return;
@@ -37,6 +39,7 @@ __global__ void conv_state_k(View x, ConvSeqView s, int64_t hist) {
 }
 
 __global__ void l2norm_k(View qkv, int64_t nk, int64_t dk) {
+    pdl_begin();
     const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (w >= qkv.rows * 2 * nk) return;
@@ -50,6 +53,7 @@ __global__ void l2norm_k(View qkv, int64_t nk, int64_t dk) {
 }
 
 __global__ void gates_k(View g, View beta, View a, View dt) {
+    pdl_begin();
     const int64_t nv = g.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= g.rows * nv) return;
@@ -62,6 +66,7 @@ __global__ void gates_k(View g, View beta, View a, View dt) {
 
 template <int DK>
 __global__ void scan_k(View qkv, View g, View beta, GdnSeqView s, GdnDims d, View out) {
+    pdl_begin();
     const int64_t h = blockIdx.x, j = threadIdx.x, dv = d.v_dim, kh = h % d.n_k_heads, kd = d.key_dim();
     __shared__ float q[DK], k[DK];
     float S[DK];
@@ -107,10 +112,10 @@ __global__ void scan_k(View qkv, View g, View beta, GdnSeqView s, GdnDims d, Vie
 void ssm_conv(cudaStream_t s, const View& x, const View& w_t, const std::vector<ConvSeqView>& seqs, const View& out) {
     for (const ConvSeqView& q : seqs) {
         if (q.ntok == 0) continue;
-        conv_k<<<grid(q.ntok * x.cols, 256), 256, 0, s>>>(x, w_t, q, out);
+        launch(conv_k, grid(q.ntok * x.cols, 256), 256, 0, s, x, w_t, q, out);
         RG_LAUNCHED("ssm_conv");
         if (w_t.rows > 1) {
-            conv_state_k<<<grid(x.cols, 256), 256, 0, s>>>(x, q, w_t.rows - 1);
+            launch(conv_state_k, grid(x.cols, 256), 256, 0, s, x, q, w_t.rows - 1);
             RG_LAUNCHED("ssm_conv (state)");
         }
     }
@@ -119,9 +124,9 @@ void ssm_conv(cudaStream_t s, const View& x, const View& w_t, const std::vector<
 void gdn_prepare(cudaStream_t s, const View& qkv, const View& g, const View& beta, const View& a, const View& dt_bias,
                  const GdnDims& d) {
     if (qkv.rows == 0) return;
-    l2norm_k<<<grid(qkv.rows * 2 * d.n_k_heads, 4), 128, 0, s>>>(qkv, d.n_k_heads, d.k_dim);
+    launch(l2norm_k, grid(qkv.rows * 2 * d.n_k_heads, 4), 128, 0, s, qkv, d.n_k_heads, d.k_dim);
     RG_LAUNCHED("gdn_prepare (norms)");
-    gates_k<<<grid(g.rows * g.cols, 256), 256, 0, s>>>(g, beta, a, dt_bias);
+    launch(gates_k, grid(g.rows * g.cols, 256), 256, 0, s, g, beta, a, dt_bias);
     RG_LAUNCHED("gdn_prepare (gates)");
 }
 
@@ -132,11 +137,11 @@ void gdn_scan(cudaStream_t s, const View& qkv, const View& g, const View& beta, 
     for (const GdnSeqView& q : seqs) {
         if (q.ntok == 0) continue;
         switch (d.k_dim) {
-            case 8: scan_k<8><<<unsigned(d.n_v_heads), threads, 0, s>>>(qkv, g, beta, q, d, out); break;
-            case 16: scan_k<16><<<unsigned(d.n_v_heads), threads, 0, s>>>(qkv, g, beta, q, d, out); break;
-            case 32: scan_k<32><<<unsigned(d.n_v_heads), threads, 0, s>>>(qkv, g, beta, q, d, out); break;
-            case 64: scan_k<64><<<unsigned(d.n_v_heads), threads, 0, s>>>(qkv, g, beta, q, d, out); break;
-            case 128: scan_k<128><<<unsigned(d.n_v_heads), threads, 0, s>>>(qkv, g, beta, q, d, out); break;
+            case 8: launch(scan_k<8>, unsigned(d.n_v_heads), threads, 0, s, qkv, g, beta, q, d, out); break;
+            case 16: launch(scan_k<16>, unsigned(d.n_v_heads), threads, 0, s, qkv, g, beta, q, d, out); break;
+            case 32: launch(scan_k<32>, unsigned(d.n_v_heads), threads, 0, s, qkv, g, beta, q, d, out); break;
+            case 64: launch(scan_k<64>, unsigned(d.n_v_heads), threads, 0, s, qkv, g, beta, q, d, out); break;
+            case 128: launch(scan_k<128>, unsigned(d.n_v_heads), threads, 0, s, qkv, g, beta, q, d, out); break;
             default: throw Error("CUDA gdn_scan: key heads of 8, 16, 32, 64 or 128");
         }
         RG_LAUNCHED("gdn_scan");

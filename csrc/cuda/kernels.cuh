@@ -80,7 +80,7 @@ void qsa_pool(cudaStream_t s, const std::vector<QsaSeqView>& seqs, const View& n
 void qsa_select(cudaStream_t s, const View& iq, const std::vector<QsaSeqView>& seqs, const QsaDims& d, const View& sel,
                 const View& n_sel);
 void qsa_attend(cudaStream_t s, const View& q, const View& gate, const View& sel, const View& n_sel,
-                const std::vector<QsaSeqView>& seqs, const QsaDims& d, const View& out);
+                const std::vector<QsaSeqView>& seqs, const QsaDims& d, const View& out, Scratch& scratch);
 
 struct KvSeqView {
     View k, vt;

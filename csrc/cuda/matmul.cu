@@ -25,6 +25,7 @@ constexpr size_t kExactMaxBytes = size_t(4) << 30;  // exact products: dequantiz
 
 // x / s[t] to f16 with s[t] the smallest power of two >= max |x[t]| (1 for an all-zero row): exact, |x / s| <= 1.
 __global__ void acts_f16_k(View x, HalfActs a) {
+    pdl_begin();
     const int64_t t = blockIdx.x, k = x.cols;
     const float* xr = x.row(t);
     __half* out = a.xh + t * a.ld;
@@ -59,39 +60,44 @@ __global__ void acts_f16_k(View x, HalfActs a) {
 
 // Decode: a warp per 16 rows (4 per block), the ntok <= 8 NT tokens as NT fragment tiles, and every chunk of K
 // (one block along y: it writes y) or the two chunks of segment blockIdx.y (it writes its sums to part
-// [segments][ntok][rows], and sum_segments_k adds them). No block-wide barrier: warps return as they finish.
+// [segments][ntok][rows], and the tile's last block adds them: last_of_segments). Without segments, no
+// block-wide barrier: warps return as they finish.
 template <class Dec, int NT>
-__global__ void qmm_decode(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y, float* part) {
+__global__ void qmm_decode(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y, float* part, unsigned* counters) {
+    pdl_begin();
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t r0 = (int64_t(blockIdx.x) * 4 + warp) * 16;
-    if (r0 >= w.rows) return;
-    uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
-    __half* tile = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
-    const int64_t nc = chunks<Dec>(nb), seg = blockIdx.y;
-    int64_t c_lo, c_hi;
-    segment_chunks(nc, gridDim.y > 1, seg, c_lo, c_hi);
-    int64_t tok[NT];
+    const int64_t r0 = (int64_t(blockIdx.x) * 4 + warp) * 16, seg = blockIdx.y;
+    if (r0 < w.rows) {
+        uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
+        __half* tile = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
+        int64_t c_lo, c_hi;
+        segment_chunks(chunks<Dec>(nb), part != nullptr, seg, c_lo, c_hi);
+        int64_t tok[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) tok[j] = 8 * j + lane / 4 < ntok ? 8 * j + lane / 4 : -1;
-    float total[NT][4];
-    warp_product<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, raw, tile, total);
-    store_total<NT>(total, r0, w.rows, [&](int i, int64_t r, float v) {
-        if (i >= ntok) return;
-        if (part)
-            part[(seg * ntok + i) * w.rows + r] = v;
-        else
-            y.row(i)[r] = a.s[i] * v;
-    });
-}
-
-// y[t][r] = s[t] * (((0 + part[0][t][r]) + part[1][t][r]) + ...).
-__global__ void sum_segments_k(const float* part, int64_t n_seg, int64_t ntok, int64_t rows, const float* s, View y) {
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= ntok * rows) return;
-    float total = 0.0f;
-    for (int64_t g = 0; g < n_seg; ++g) total += part[g * ntok * rows + i];
-    y.row(i / rows)[i % rows] = s[i / rows] * total;
+        for (int j = 0; j < NT; ++j) tok[j] = 8 * j + lane / 4 < ntok ? 8 * j + lane / 4 : -1;
+        float total[NT][4];
+        warp_product<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, raw, tile, total);
+        store_total<NT>(total, r0, w.rows, [&](int i, int64_t r, float v) {
+            if (i >= ntok) return;
+            if (part)
+                part[(seg * ntok + i) * w.rows + r] = v;
+            else
+                y.row(i)[r] = a.s[i] * v;
+        });
+    } else if (!part) {
+        return;
+    }
+    if (!part || !last_of_segments(counters + blockIdx.x, gridDim.y)) return;
+    // y[t][r] = s[t] * (((0 + part[0][t][r]) + part[1][t][r]) + ...) for the block's 64 rows
+    const int64_t rb = int64_t(blockIdx.x) * 64, n_seg = gridDim.y;
+    for (int64_t i = threadIdx.x; i < 64 * ntok; i += blockDim.x) {
+        const int64_t t = i / 64, r = rb + i % 64;
+        if (r >= w.rows) continue;
+        float sum = 0.0f;
+        for (int64_t g = 0; g < n_seg; ++g) sum += __ldcg(part + (g * ntok + t) * w.rows + r);
+        y.row(t)[r] = a.s[t] * sum;
+    }
 }
 
 // Prefill: a block per 64 rows x 64 tokens; warp (wr, wt) takes rows 16 wr .. and tokens 32 wt .. (4 tiles
@@ -105,6 +111,7 @@ constexpr size_t prefill_smem_bytes() {
 
 template <class Dec>
 __global__ void qmm_prefill(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y) {
+    pdl_begin();
     using S = Staging<Dec>;
     extern __shared__ __align__(16) uint8_t smem[];
     uint8_t* raw = smem;
@@ -159,6 +166,7 @@ __global__ void qmm_prefill(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y
 
 // Float weights: a block per output row r = blockIdx.x and tokens [8 by, +8) of the launch's (float_row_dot).
 __global__ void mmv_float(View w, View x, View y) {
+    pdl_begin();
     const int64_t r = blockIdx.x, t0 = int64_t(blockIdx.y) * kFloatTok;
     const int ntok = int(x.rows - t0 < kFloatTok ? x.rows - t0 : kFloatTok);
     const float v = float_row_dot(w.row<const uint8_t>(r), w.type, w.cols, ntok, [&](int t) { return x.row(t0 + t); });
@@ -166,13 +174,13 @@ __global__ void mmv_float(View w, View x, View y) {
 }
 
 void float_product(cudaStream_t s, const MatmulView& j) {
-    mmv_float<<<dim3(unsigned(j.w.rows), grid(j.x.rows, kFloatTok)), 128, 0, s>>>(j.w, j.x, j.y);
+    launch(mmv_float, dim3(unsigned(j.w.rows), grid(j.x.rows, kFloatTok)), 128, 0, s, j.w, j.x, j.y);
     RG_LAUNCHED("matmul (float weights)");
 }
 
 // Segments of K on their own blocks where the rows alone make too few blocks to fill the GPU (decode).
 int64_t product_segments(int64_t M, int64_t K, int64_t rows) {
-    return M <= 16 && grid(rows, 64) < kFillBlocks ? segments(K) : 1;
+    return M <= 16 && grid(rows, 64) < kFillBlocks && grid(rows, 64) <= kSegmentCounters ? segments(K) : 1;
 }
 
 // Scratch of one quantized product: the f16 activations, then the segment sums.
@@ -191,25 +199,24 @@ void quant_product(cudaStream_t s, const MatmulView& j, const HalfActs& a, uint8
         const int64_t nb = K / D::QK;
         constexpr size_t smem = 4 * warp_smem_bytes<D>();
         if (M <= 8) {
-            qmm_decode<D, 1><<<dim3(grid(rows, 64), unsigned(n_seg)), 128, smem, s>>>(w, nb, a, M, j.y, part);
+            launch(qmm_decode<D, 1>, dim3(grid(rows, 64), unsigned(n_seg)), 128, smem, s, w, nb, a, M, j.y, part,
+                                                                                     segment_counters());
         } else if (M <= 16) {
-            qmm_decode<D, 2><<<dim3(grid(rows, 64), unsigned(n_seg)), 128, smem, s>>>(w, nb, a, M, j.y, part);
+            launch(qmm_decode<D, 2>, dim3(grid(rows, 64), unsigned(n_seg)), 128, smem, s, w, nb, a, M, j.y, part,
+                                                                                     segment_counters());
         } else {
             constexpr size_t psmem = prefill_smem_bytes<D>();
             const dim3 g(grid(rows, kPrefillRows), grid(M, kPrefillTok));
-            qmm_prefill<D><<<g, 256, psmem, s>>>(w, nb, a, M, j.y);
+            launch(qmm_prefill<D>, g, 256, psmem, s, w, nb, a, M, j.y);
         }
     });
     RG_LAUNCHED("matmul (tensor cores)");
-    if (part) {
-        sum_segments_k<<<grid(M * rows, 256), 256, 0, s>>>(part, n_seg, M, rows, a.s, j.y);
-        RG_LAUNCHED("matmul (segment sums)");
-    }
 }
 
 // out [rows][nb QK] = the blocks of w's rows as f32, a thread per block.
 template <class Dec>
 __global__ void dequant_rows_k(View w, int64_t nb, float* out) {
+    pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= w.rows * nb) return;
     const int64_t r = i / nb, b = i % nb;
@@ -230,7 +237,19 @@ bool same_view(const View& a, const View& b) {
 
 }  // namespace
 
+unsigned* segment_counters() {
+    static unsigned* counters = [] {
+        unsigned* c = nullptr;
+        RG_CUDA(cudaMalloc(&c, kSegmentCounters * sizeof(unsigned)));
+        RG_CUDA(cudaMemset(c, 0, kSegmentCounters * sizeof(unsigned)));
+        RG_CUDA(cudaDeviceSynchronize());
+        return c;
+    }();
+    return counters;
+}
+
 void init_matmul_kernels() {
+    segment_counters();
 #define RG_INIT_(T)                                                                                  \
     {                                                                                                \
         using D = BlockDecoder<T>;                                                                   \
@@ -244,7 +263,7 @@ void init_matmul_kernels() {
 
 void acts_f16(cudaStream_t s, const View& x, const HalfActs& a) {
     if (x.rows == 0) return;
-    acts_f16_k<<<unsigned(x.rows), kActsThreads, 0, s>>>(x, a);
+    launch(acts_f16_k, unsigned(x.rows), kActsThreads, 0, s, x, a);
     RG_LAUNCHED("matmul (activations to f16)");
 }
 
@@ -257,7 +276,7 @@ View dequantized(cudaStream_t s, const View& w, Scratch& scratch, size_t max_byt
     dispatch_quant_type(w.type, [&](auto dec) {
         using D = decltype(dec);
         const int64_t nb = w.cols / D::QK;
-        dequant_rows_k<D><<<grid(w.rows * nb, 128), 128, 0, s>>>(w, nb, out);
+        launch(dequant_rows_k<D>, grid(w.rows * nb, 128), 128, 0, s, w, nb, out);
     });
     RG_LAUNCHED("matmul (exact: dequantize)");
     return View{reinterpret_cast<uint8_t*>(out), w.rows, w.cols, w.cols * int64_t(sizeof(float)), RG_TYPE_F32};

@@ -38,6 +38,7 @@ __device__ void warp_argmax(const float* v, int64_t n, const uint8_t* taken, flo
 
 // One warp per token. Shared memory: p [ne] probabilities, score [ne] logit + bonus, taken [ne] flags.
 __global__ void route_k(View logits, View resident, MoeRouting rt, View ids, View weights) {
+    pdl_begin();
     const int64_t t = blockIdx.x, ne = logits.cols, k = rt.k;
     extern __shared__ float sm[];
     float* p = sm;
@@ -87,6 +88,7 @@ __global__ void route_k(View logits, View resident, MoeRouting rt, View ids, Vie
 constexpr int kGroupThreads = 1024, kMaxGroupExperts = 8192;
 
 __global__ void group_k(View ids, int64_t n_expert, int32_t* offset, int32_t* order, int32_t* active) {
+    pdl_begin();
     __shared__ int32_t count[kMaxGroupExperts];
     __shared__ int32_t part[kGroupThreads / 32], used[kGroupThreads / 32];
     const int64_t pairs = ids.rows * ids.cols;
@@ -135,56 +137,62 @@ __global__ void group_k(View ids, int64_t n_expert, int32_t* offset, int32_t* or
 // return): rows [64 bx, +64) of e (rows e * n .. of the stacked w, a warp per 16) times its pairs
 // [8 NT tile, +8 NT), each pair p's activations the row p / per_x of `a`; y[p] takes the result.
 // blockIdx.y = tile * n_seg + segment: with one segment the block sums every segment of K and writes y; with
-// n_seg = segments(K) it writes segment blockIdx.y % n_seg to part [n_seg][pairs][n] (sum_pair_segments_k
-// adds them). The steps of matmul's kernels (cuda/qmma.cuh): the same bits.
+// n_seg = segments(K) it writes segment blockIdx.y % n_seg to part [n_seg][pairs][n], and the last of the
+// tile's blocks adds them (last_of_segments). The steps of matmul's kernels (cuda/qmma.cuh): the same bits.
 template <class Dec, int NT>
 __global__ void qmm_grouped(Rows w, int64_t n, int64_t nb, const int32_t* offset, const int32_t* order,
                             const int32_t* active, HalfActs a, int64_t per_x, View y, int64_t n_seg, int64_t pairs,
-                            float* part) {
+                            float* part, unsigned* counters) {
+    pdl_begin();
     if (int64_t(blockIdx.z) >= active[0]) return;
     const int64_t e = active[1 + blockIdx.z], tile = blockIdx.y / n_seg, seg = blockIdx.y % n_seg;
     const int64_t p0 = offset[e] + tile * 8 * NT, p1 = offset[e + 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r0 = (int64_t(blockIdx.x) * 4 + warp) * 16;
-    if (p0 >= p1 || r0 >= n) return;
-    extern __shared__ __align__(16) uint8_t smem[];
-    uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
-    __half* tile_sm = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
-    const Rows we{w.base + e * n * w.stride, n, w.stride};
+    if (p0 >= p1) return;
     const auto pair = [&](int i) { return p0 + i < p1 ? int64_t(order[p0 + i]) : int64_t(-1); };
-    int64_t tok[NT];
+    if (r0 < n) {
+        extern __shared__ __align__(16) uint8_t smem[];
+        uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
+        __half* tile_sm = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
+        const Rows we{w.base + e * n * w.stride, n, w.stride};
+        int64_t tok[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const int64_t p = pair(8 * j + lane / 4);
-        tok[j] = p < 0 ? p : p / per_x;
+        for (int j = 0; j < NT; ++j) {
+            const int64_t p = pair(8 * j + lane / 4);
+            tok[j] = p < 0 ? p : p / per_x;
+        }
+        int64_t c_lo, c_hi;
+        segment_chunks(chunks<Dec>(nb), part != nullptr, seg, c_lo, c_hi);
+        float total[NT][4];
+        warp_product<Dec, NT>(we, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, total);
+        store_total<NT>(total, r0, n, [&](int i, int64_t r, float v) {
+            const int64_t p = pair(i);
+            if (p < 0) return;
+            if (part)
+                part[(seg * pairs + p) * n + r] = v;
+            else
+                y.row(p)[r] = a.s[p / per_x] * v;
+        });
+    } else if (!part) {
+        return;
     }
-    const int64_t nc = chunks<Dec>(nb);
-    int64_t c_lo, c_hi;
-    segment_chunks(nc, n_seg > 1, seg, c_lo, c_hi);
-    float total[NT][4];
-    warp_product<Dec, NT>(we, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, total);
-    store_total<NT>(total, r0, n, [&](int i, int64_t r, float v) {
-        const int64_t p = pair(i);
-        if (p < 0) return;
-        if (part)
-            part[(seg * pairs + p) * n + r] = v;
-        else
-            y.row(p)[r] = a.s[p / per_x] * v;
-    });
-}
-
-// y[p][r] = s[p / per_x] * (((0 + part[0][p][r]) + part[1][p][r]) + ...).
-__global__ void sum_pair_segments_k(const float* part, int64_t n_seg, int64_t pairs, int64_t n, const float* s,
-                                    int64_t per_x, View y) {
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= pairs * n) return;
-    float total = 0.0f;
-    for (int64_t g = 0; g < n_seg; ++g) total += part[g * pairs * n + i];
-    y.row(i / n)[i % n] = s[i / n / per_x] * total;
+    const int64_t tiles = gridDim.y / n_seg;
+    if (!part || !last_of_segments(counters + (blockIdx.z * tiles + tile) * gridDim.x + blockIdx.x, n_seg)) return;
+    // y[p][r] = s[p / per_x] * (((0 + part[0][p][r]) + part[1][p][r]) + ...) for the block's rows and pairs
+    const int64_t rb = int64_t(blockIdx.x) * 64;
+    for (int i = threadIdx.x; i < 64 * 8 * NT; i += blockDim.x) {
+        const int64_t p = pair(i / 64), r = rb + i % 64;
+        if (p < 0 || r >= n) continue;
+        float sum = 0.0f;
+        for (int64_t g = 0; g < n_seg; ++g) sum += __ldcg(part + (g * pairs + p) * n + r);
+        y.row(p)[r] = a.s[p / per_x] * sum;
+    }
 }
 
 // Float weights: y[p][r] = W_e[r] . x[p / per_x], a block per (pair p = blockIdx.x, row r = blockIdx.y).
 __global__ void pair_mmv_float(View w, int64_t n, View ids, View x, int64_t per_x, View y) {
+    pdl_begin();
     const int64_t p = blockIdx.x, r = blockIdx.y;
     const int32_t e = ids.row<const int32_t>(p / ids.cols)[p % ids.cols];
     const float v = float_row_dot(w.row<const uint8_t>(int64_t(e) * n + r), w.type, w.cols, 1,
@@ -205,13 +213,14 @@ void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, co
     const int64_t pairs = ids.rows * ids.cols;
     // decode: too few experts' rows to fill the GPU, so the segments of K go to blocks of their own
     const bool as_float = float_type(w.type) || exact_activations();
-    const int64_t n_seg = part && !as_float ? segments(w.cols) : 1;
-    if (n_seg == 1) part = nullptr;
     // an expert has at most one pair per token; at most min(n_expert, pairs) experts have pairs
     const unsigned slots = unsigned(std::min(n_expert, pairs));
+    const int64_t tiles = grid(ids.rows, ids.rows <= 8 ? 8 : 16) * slots * grid(n, 64);
+    const int64_t n_seg = part && !as_float && tiles <= kSegmentCounters ? segments(w.cols) : 1;
+    if (n_seg == 1) part = nullptr;
     if (as_float) {
         const View wf = float_type(w.type) ? w : dequantized(s, w, exact_scratch, size_t(4) << 30);
-        pair_mmv_float<<<dim3(unsigned(pairs), unsigned(n)), 128, 0, s>>>(wf, n, ids, x, per_x, y);
+        launch(pair_mmv_float, dim3(unsigned(pairs), unsigned(n)), 128, 0, s, wf, n, ids, x, per_x, y);
     } else {
         dispatch_quant_type(w.type, [&](auto dec) {
             using D = decltype(dec);
@@ -219,27 +228,25 @@ void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, co
             const Rows rows{w.base, w.rows, w.stride};
             const int64_t nb = w.cols / D::QK;
             if (ids.rows <= 8) {
-                qmm_grouped<D, 1><<<dim3(grid(n, 64), unsigned(grid(ids.rows, 8) * n_seg), slots), 128, smem, s>>>(
-                    rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, pairs, part);
+                launch(qmm_grouped<D, 1>, dim3(grid(n, 64), unsigned(grid(ids.rows, 8) * n_seg), slots), 128, smem, s, 
+                    rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, pairs, part, segment_counters());
             } else {
-                qmm_grouped<D, 2><<<dim3(grid(n, 64), unsigned(grid(ids.rows, 16) * n_seg), slots), 128, smem, s>>>(
-                    rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, pairs, part);
+                launch(qmm_grouped<D, 2>, dim3(grid(n, 64), unsigned(grid(ids.rows, 16) * n_seg), slots), 128, smem, s, 
+                    rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, pairs, part, segment_counters());
             }
         });
     }
     RG_LAUNCHED("moe_experts (products)");
-    if (part) {
-        sum_pair_segments_k<<<grid(pairs * n, 256), 256, 0, s>>>(part, n_seg, pairs, n, a.s, per_x, y);
-        RG_LAUNCHED("moe_experts (segment sums)");
-    }
 }
 
 __global__ void swiglu_k(float* g, const float* u, int64_t n) {
+    pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) g[i] = siluf_(g[i]) * u[i];
 }
 
 __global__ void swiglu_view_k(View g, View u) {
+    pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= g.rows * g.cols) return;
     float& v = g.row(i / g.cols)[i % g.cols];
@@ -248,6 +255,7 @@ __global__ void swiglu_view_k(View g, View u) {
 
 // y[t][c] = sum over the token's k pairs in expert-id order of w * ys[pair row] (+ sigmoid(sg) * sh).
 __global__ void sum_pairs_k(View ys, View ids, View weights, const float* sh, View sg, View y) {
+    pdl_begin();
     const int64_t h = y.cols, k = ids.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= y.rows * h) return;
@@ -268,6 +276,7 @@ __global__ void sum_pairs_k(View ys, View ids, View weights, const float* sh, Vi
 
 // Where each routing pair lies among the rows: row_of[pairs[i]] = i.
 __global__ void invert_k(View pairs, int32_t* row_of) {
+    pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < pairs.cols) row_of[pairs.row<const int32_t>(0)[i]] = int32_t(i);
 }
@@ -275,6 +284,7 @@ __global__ void invert_k(View pairs, int32_t* row_of) {
 // y[t][c] = sum over the token's pairs in row order (expert-id order: the rows are grouped by expert) of
 // w * ys[row] (+ sigmoid(sg) * sh).
 __global__ void combine_k(View ys, const int32_t* row_of, View weights, View shared, View sg, View y) {
+    pdl_begin();
     const int64_t h = y.cols, k = weights.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= y.rows * h) return;
@@ -307,7 +317,7 @@ void moe_route(cudaStream_t s, const View& logits, const View& resident, const M
                const View& weights) {
     if (r.k > kMaxK) throw Error("CUDA moe_route: at most 32 experts per token");
     if (logits.rows == 0) return;
-    route_k<<<unsigned(logits.rows), 32, size_t(2 * logits.cols) * sizeof(float) + size_t(logits.cols), s>>>(logits, resident, r, ids, weights);
+    launch(route_k, unsigned(logits.rows), 32, size_t(2 * logits.cols) * sizeof(float) + size_t(logits.cols), s, logits, resident, r, ids, weights);
     RG_LAUNCHED("moe_route");
 }
 
@@ -337,24 +347,24 @@ void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& wei
     auto* offset = reinterpret_cast<int32_t*>(base + f32_bytes + xa_bytes + ga_bytes);
     int32_t* order = offset + n_expert + 1;
     int32_t* active = order + pairs;
-    group_k<<<1, kGroupThreads, 0, s>>>(ids, n_expert, offset, order, active);
+    launch(group_k, 1, kGroupThreads, 0, s, ids, n_expert, offset, order, active);
     RG_LAUNCHED("moe_experts (grouping)");
     const Groups gr{offset, order, active};
     if (!float_type(gate.type) || !float_type(up.type)) acts_f16(s, x, xa);
     pair_products(s, gate, ff, ids, x, xa, gr, n_expert, k, g, part, matmul_scratch);
     pair_products(s, up, ff, ids, x, xa, gr, n_expert, k, u, part, matmul_scratch);
-    swiglu_k<<<grid(pairs * ff, 256), 256, 0, s>>>(reinterpret_cast<float*>(g.base), reinterpret_cast<const float*>(u.base),
+    launch(swiglu_k, grid(pairs * ff, 256), 256, 0, s, reinterpret_cast<float*>(g.base), reinterpret_cast<const float*>(u.base),
                                                   pairs * ff);
     RG_LAUNCHED("moe_experts (swiglu)");
     if (!float_type(down.type)) acts_f16(s, g, ga);
     pair_products(s, down, h, ids, g, ga, gr, n_expert, 1, ys, part, matmul_scratch);
     if (shared) {
-        swiglu_view_k<<<grid(ntok * fs, 256), 256, 0, s>>>(shared->gate, shared->up);
+        launch(swiglu_view_k, grid(ntok * fs, 256), 256, 0, s, shared->gate, shared->up);
         RG_LAUNCHED("moe_experts (shared swiglu)");
         const MatmulView job{shared->down, shared->gate, View{reinterpret_cast<uint8_t*>(sh), ntok, h, h * 4, RG_TYPE_F32}};
         matmul(s, &job, 1, matmul_scratch);
     }
-    sum_pairs_k<<<grid(ntok * h, 256), 256, 0, s>>>(ys, ids, weights, shared ? sh : nullptr,
+    launch(sum_pairs_k, grid(ntok * h, 256), 256, 0, s, ys, ids, weights, shared ? sh : nullptr,
                                                    shared ? shared->gate_logit : View{}, y);
     RG_LAUNCHED("moe_experts (sum)");
 }
@@ -364,9 +374,9 @@ void moe_combine(cudaStream_t s, const View& ys, const View& pairs, const View& 
     if (weights.cols > kMaxK) throw Error("CUDA moe_combine: at most 32 experts per token");
     // the inverse of the pair list, [ntok * k]
     auto* row_of = static_cast<int32_t*>(scratch.get(size_t(weights.rows * weights.cols) * sizeof(int32_t), s));
-    invert_k<<<grid(pairs.cols, 256), 256, 0, s>>>(pairs, row_of);
+    launch(invert_k, grid(pairs.cols, 256), 256, 0, s, pairs, row_of);
     RG_LAUNCHED("moe_combine (pairs)");
-    combine_k<<<grid(y.rows * y.cols, 256), 256, 0, s>>>(ys, row_of, weights, shared, shared_gate, y);
+    launch(combine_k, grid(y.rows * y.cols, 256), 256, 0, s, ys, row_of, weights, shared, shared_gate, y);
     RG_LAUNCHED("moe_combine");
 }
 

@@ -7,6 +7,7 @@ namespace regolith::cuda {
 namespace {
 
 __global__ void rms_norm_k(View x, View w, float eps, View y) {
+    pdl_begin();
     const int64_t r = blockIdx.x, n = x.cols;
     const float* xr = x.row(r);
     double ss = 0.0;
@@ -20,6 +21,7 @@ __global__ void rms_norm_k(View x, View w, float eps, View y) {
 }
 
 __global__ void rms_norm_gated_k(View x, View z, View w, float eps, bool sigmoid_gate, View y) {
+    pdl_begin();
     const int64_t r = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= x.rows) return;
@@ -39,6 +41,7 @@ __global__ void rms_norm_gated_k(View x, View z, View w, float eps, bool sigmoid
 }
 
 __global__ void layer_norm_k(View x, View w, View b, float eps, View y) {
+    pdl_begin();
     const int64_t r = blockIdx.x, n = x.cols;
     const float* xr = x.row(r);
     double s = 0.0;
@@ -59,19 +62,19 @@ int threads_for(int64_t n) { return n >= 4096 ? 1024 : n >= 1024 ? 256 : n >= 25
 
 void rms_norm(cudaStream_t s, const View& x, const View& w, float eps, const View& y) {
     if (x.rows == 0) return;
-    rms_norm_k<<<unsigned(x.rows), threads_for(x.cols), 0, s>>>(x, w, eps, y);
+    launch(rms_norm_k, unsigned(x.rows), threads_for(x.cols), 0, s, x, w, eps, y);
     RG_LAUNCHED("rms_norm");
 }
 
 void rms_norm_gated(cudaStream_t s, const View& x, const View& z, const View& w, float eps, bool sigmoid_gate, const View& y) {
     if (x.rows == 0) return;
-    rms_norm_gated_k<<<grid(x.rows, 4), 128, 0, s>>>(x, z, w, eps, sigmoid_gate, y);
+    launch(rms_norm_gated_k, grid(x.rows, 4), 128, 0, s, x, z, w, eps, sigmoid_gate, y);
     RG_LAUNCHED("rms_norm_gated");
 }
 
 void layer_norm(cudaStream_t s, const View& x, const View& w, const View& b, float eps, const View& y) {
     if (x.rows == 0) return;
-    layer_norm_k<<<unsigned(x.rows), threads_for(x.cols), 0, s>>>(x, w, b, eps, y);
+    launch(layer_norm_k, unsigned(x.rows), threads_for(x.cols), 0, s, x, w, b, eps, y);
     RG_LAUNCHED("layer_norm");
 }
 

@@ -16,6 +16,7 @@ __device__ float inv_rms_warp(const float* x, int64_t n, float eps) {
 
 __global__ void gate_k(View key, View query, View value, View nk, View nq, View nc, int64_t hc, float eps, View gated,
                        View normed) {
+    pdl_begin();
     const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (w >= key.rows * hc) return;
@@ -43,6 +44,7 @@ __global__ void gate_k(View key, View query, View value, View nk, View nq, View 
 }
 
 __global__ void conv_k(View normed, View w, int64_t dil, PleConvSeqView s, View out) {
+    pdl_begin();
     const int64_t C = normed.cols, K = w.cols, hist = (K - 1) * dil;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= s.ntok * C) return;
@@ -56,6 +58,7 @@ __global__ void conv_k(View normed, View w, int64_t dil, PleConvSeqView s, View 
 }
 
 __global__ void history_k(View normed, PleConvSeqView s, int64_t hist) {
+    pdl_begin();
     const int64_t C = normed.cols;
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -70,7 +73,7 @@ __global__ void history_k(View normed, PleConvSeqView s, int64_t hist) {
 void ple_gate(cudaStream_t s, const View& key, const View& query, const View& value, const View& norm_key,
               const View& norm_query, const View& norm_conv, int64_t hc, float eps, const View& gated, const View& normed) {
     if (key.rows == 0) return;
-    gate_k<<<grid(key.rows * hc, 4), 128, 0, s>>>(key, query, value, norm_key, norm_query, norm_conv, hc, eps, gated, normed);
+    launch(gate_k, grid(key.rows * hc, 4), 128, 0, s, key, query, value, norm_key, norm_query, norm_conv, hc, eps, gated, normed);
     RG_LAUNCHED("ple_gate");
 }
 
@@ -79,10 +82,10 @@ void ple_conv(cudaStream_t s, const View& normed, const View& w, int64_t dilatio
     const int64_t hist = (w.cols - 1) * dilation;
     for (const PleConvSeqView& q : seqs) {
         if (q.ntok == 0) continue;
-        conv_k<<<grid(q.ntok * normed.cols, 256), 256, 0, s>>>(normed, w, dilation, q, out);
+        launch(conv_k, grid(q.ntok * normed.cols, 256), 256, 0, s, normed, w, dilation, q, out);
         RG_LAUNCHED("ple_conv");
         if (hist > 0) {
-            history_k<<<grid(normed.cols, 256), 256, 0, s>>>(normed, q, hist);
+            launch(history_k, grid(normed.cols, 256), 256, 0, s, normed, q, hist);
             RG_LAUNCHED("ple_conv (history)");
         }
     }

@@ -297,6 +297,26 @@ __device__ inline void segment_chunks(int64_t nc, bool split, int64_t seg, int64
     hi = split ? (2 * seg + 2 < nc ? 2 * seg + 2 : nc) : nc;
 }
 
+// Split-K decode: the blocks of one tile each write their segment's sums, and the last of them to finish adds
+// the segments in order (so no second kernel). Each tile has a counter in segment_counters() (zero between
+// kernels: the last block resets it). Call after the block's partial sums are written, from every thread of
+// the block; true in the block that is last (its reads of the others' sums must bypass L1: __ldcg).
+unsigned* segment_counters();
+constexpr int64_t kSegmentCounters = 1 << 18;
+
+__device__ inline bool last_of_segments(unsigned* counter, int64_t n_seg) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) == unsigned(n_seg - 1);
+        if (last) *counter = 0;  // every block of the tile has counted
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // Shared memory of one warp_product warp: its raw chunk, then its f16 tile (both multiples of 16 bytes).
 template <class Dec>
 constexpr size_t warp_smem_bytes() {

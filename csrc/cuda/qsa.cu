@@ -1,9 +1,11 @@
 // QSA sparse attention (model/qsa_attention.h has the semantics): pooling the keys of the blocks a step
 // completes (one block of threads per pooled block), block selection per query (one block of threads per
 // query: scores in shared memory, then top-k rounds with ties to the lower block), and gated attention
-// over the selected blocks and the tail (one warp per query head: the scores in shared memory, softmax,
-// weighted sum of the values).
+// over the selected blocks and the tail (the keys in splits, attend_part_k: each split's scores, softmax
+// terms and value sum; the splits combined in order).
+#include <algorithm>
 #include <cfloat>
+#include <string>
 
 #include "cuda/kernels.cuh"
 
@@ -12,6 +14,7 @@ namespace regolith::cuda {
 namespace {
 
 __global__ void pool_k(QsaSeqView s, View norm, View freq, View axis, QsaDims d, int64_t b0) {
+    pdl_begin();
     const int64_t b = b0 + blockIdx.x, r = d.ratio, ID = d.index_head_dim, half = d.n_rot / 2;
     extern __shared__ float mean[];  // [ID]
     for (int64_t i = threadIdx.x; i < ID; i += blockDim.x) {
@@ -40,6 +43,7 @@ __global__ void pool_k(QsaSeqView s, View norm, View freq, View axis, QsaDims d,
 }
 
 __global__ void select_k(View iq, QsaSeqView s, QsaDims d, View sel, View n_sel) {
+    pdl_begin();
     const int64_t t = blockIdx.x, row = s.t0 + t, IH = d.index_n_head, ID = d.index_head_dim;
     const int64_t nb = (s.n0 + t + 1) / d.ratio, k = nb < d.topk ? nb : d.topk;
     if (threadIdx.x == 0) n_sel.row<int32_t>(0)[row] = int32_t(k);
@@ -94,55 +98,124 @@ __global__ void select_k(View iq, QsaSeqView s, QsaDims d, View sel, View n_sel)
             }
 }
 
-__global__ void attend_k(View q, View gate, View sel, View n_sel, QsaSeqView s, QsaDims d, View out, int64_t max_keys) {
-    const int64_t H = d.n_head, KV = d.n_head_kv, D = d.head_dim, r = d.ratio;
+// Attention of a query head over its keys (the selected blocks, then the tail) in splits of kSplitKeys keys:
+// attend_part_k computes each split's max score m, sum of exponentials l and weighted value sum o (one block
+// of kAttendWarps warps per (query, head, split)), attend_combine_k adds the splits in order, rescaled to
+// the largest m. Every (query, head) is computed that way whatever the launch, so its result depends on its
+// keys only.
+constexpr int kAttendWarps = 8;
+constexpr int kSplitKeys = 64;
+constexpr int kMaxLaneElems = 16;  // head_dim <= 32 * kMaxLaneElems
+constexpr int64_t kAttendGroup = 64;  // queries per launch pair: bounds the splits' scratch
+
+struct AttendKeys {
+    const int32_t* blocks;
+    int64_t nsel, tail0, n_keys, r;
+    __device__ int64_t operator()(int64_t j) const { return j < nsel * r ? int64_t(blocks[j / r]) * r + j % r : tail0 + (j - nsel * r); }
+};
+
+__device__ inline AttendKeys attend_keys(const View& sel, const View& n_sel, const QsaSeqView& s, const QsaDims& d, int64_t t) {
+    const int64_t row = s.t0 + t, i = s.n0 + t, r = d.ratio, nsel = n_sel.row<const int32_t>(0)[row], tail0 = (i + 1) / r * r;
+    return {sel.row<const int32_t>(row), nsel, tail0, nsel * r + (i + 1 - tail0), r};
+}
+
+// part [(t - t_lo) H + h][split][2 + D]: m, l, o[D] of queries t in [t_lo, t_lo + gridDim.x / H).
+__global__ void attend_part_k(View q, View sel, View n_sel, QsaSeqView s, QsaDims d, int64_t t_lo, int64_t n_split,
+                              float* part) {
+    pdl_begin();
+    const int64_t H = d.n_head, KV = d.n_head_kv, D = d.head_dim;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t p = int64_t(blockIdx.x) * (blockDim.x >> 5) + warp;
-    if (p >= s.ntok * H) return;
-    const int64_t t = p / H, h = p % H, row = s.t0 + t, i = s.n0 + t, kvh = h / (H / KV);
-    extern __shared__ float w_all[];
-    float* w = w_all + int64_t(warp) * max_keys;
-    const int32_t* blocks = sel.row<const int32_t>(row);
-    const int64_t nsel = n_sel.row<const int32_t>(0)[row], tail0 = (i + 1) / r * r;
-    const int64_t n_keys = nsel * r + (i + 1 - tail0);
-    const auto key = [&](int64_t j) { return j < nsel * r ? int64_t(blocks[j / r]) * r + j % r : tail0 + (j - nsel * r); };
-    const float* qh = q.row(row * H + h);
+    const int64_t qh_i = blockIdx.x, t = t_lo + qh_i / H, h = qh_i % H, kvh = h / (H / KV), split = blockIdx.y;
+    const AttendKeys key = attend_keys(sel, n_sel, s, d, t);
+    const int64_t j_lo = split * kSplitKeys, j_hi = key.n_keys < j_lo + kSplitKeys ? key.n_keys : j_lo + kSplitKeys;
+    if (j_lo >= j_hi) return;
+    __shared__ float w[kSplitKeys];
+    __shared__ float sums[kAttendWarps][32 * kMaxLaneElems];
+    const float* qh = q.row((s.t0 + t) * H + h);
     const float scale = 1.0f / sqrtf(float(D));
-    // scores: the lanes split each key's dot product (coalesced rows), 4 keys at a time so the sums' shuffles
-    // overlap
-    for (int64_t j0 = 0; j0 < n_keys; j0 += 4) {
+    float qe[kMaxLaneElems];
+#pragma unroll
+    for (int m = 0; m < kMaxLaneElems; ++m) qe[m] = lane + 32 * m < D ? qh[lane + 32 * m] : 0.0f;
+    // scores: warp w takes keys j_lo + 8 w .. + 8, 4 at a time, the lanes splitting each dot product
+    constexpr int kPerWarp = kSplitKeys / kAttendWarps;
+    for (int u0 = 0; u0 < kPerWarp; u0 += 4) {
+        const int64_t j0 = j_lo + warp * kPerWarp + u0;
         float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         const float* kj[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) kj[u] = j0 + u < n_keys ? s.k.row(key(j0 + u) * KV + kvh) : nullptr;
-        for (int64_t e = lane; e < D; e += 32) {
-            const float qe = qh[e];
+        for (int u = 0; u < 4; ++u) kj[u] = j0 + u < j_hi ? s.k.row(key(j0 + u) * KV + kvh) : nullptr;
+#pragma unroll
+        for (int m = 0; m < kMaxLaneElems; ++m) {
+            const int64_t e = lane + 32 * m;
+            if (e >= D) break;
 #pragma unroll
             for (int u = 0; u < 4; ++u)
-                if (kj[u]) dot[u] += qe * kj[u][e];
+                if (kj[u]) dot[u] += qe[m] * kj[u][e];
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) dot[u] = warp_sum(dot[u]);
-        if (lane < 4 && j0 + lane < n_keys) w[j0 + lane] = (lane == 0 ? dot[0] : lane == 1 ? dot[1] : lane == 2 ? dot[2] : dot[3]) * scale;
+        if (lane < 4) w[warp * kPerWarp + u0 + lane] = j0 + lane < j_hi ? (lane == 0 ? dot[0] : lane == 1 ? dot[1] : lane == 2 ? dot[2] : dot[3]) * scale : -FLT_MAX;
     }
-    __syncwarp();
-    float mx = -FLT_MAX;
-    for (int64_t j = lane; j < n_keys; j += 32) mx = fmaxf(mx, w[j]);
-    mx = warp_max(mx);
-    double sum = 0.0;
-    for (int64_t j = lane; j < n_keys; j += 32) {
-        w[j] = expf(w[j] - mx);
-        sum += w[j];
+    __syncthreads();
+    const float mx = block_max(threadIdx.x < unsigned(kSplitKeys) ? w[threadIdx.x] : -FLT_MAX);
+    const float ex = threadIdx.x < unsigned(kSplitKeys) && j_lo + int64_t(threadIdx.x) < j_hi ? expf(w[threadIdx.x] - mx) : 0.0f;
+    const double l = block_sum(double(ex));  // its barriers: every w read before the exponentials are written
+    if (threadIdx.x < unsigned(kSplitKeys)) w[threadIdx.x] = ex;
+    __syncthreads();
+    // values: warp w sums its 8 keys' rows, 4 at a time, lanes over the elements
+    float acc[kMaxLaneElems];
+#pragma unroll
+    for (int m = 0; m < kMaxLaneElems; ++m) acc[m] = 0.0f;
+    for (int u0 = 0; u0 < kPerWarp; u0 += 4) {
+        const int64_t j0 = j_lo + warp * kPerWarp + u0;
+        const float* vj[4];
+        float pj[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            vj[u] = j0 + u < j_hi ? s.v.row(key(j0 + u) * KV + kvh) : nullptr;
+            pj[u] = w[warp * kPerWarp + u0 + u];
+        }
+#pragma unroll
+        for (int m = 0; m < kMaxLaneElems; ++m) {
+            const int64_t e = lane + 32 * m;
+            if (e >= D) break;
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (vj[u]) acc[m] += pj[u] * vj[u][e];
+        }
     }
-    sum = warp_sum(sum);
-    __syncwarp();
-    const float inv = float(1.0 / sum);
-    float* o = out.row(row * H + h);
-    const float* g = gate.row(row * H + h);
-    for (int64_t e = lane; e < D; e += 32) {
+#pragma unroll
+    for (int m = 0; m < kMaxLaneElems; ++m)
+        if (lane + 32 * m < D) sums[warp][lane + 32 * m] = acc[m];
+    __syncthreads();
+    float* out = part + (qh_i * n_split + split) * (2 + D);
+    if (threadIdx.x == 0) out[0] = mx, out[1] = float(l);
+    for (int64_t e = threadIdx.x; e < D; e += blockDim.x) {
+        float total = 0.0f;
+        for (int wi = 0; wi < kAttendWarps; ++wi) total += sums[wi][e];
+        out[2 + e] = total;
+    }
+}
+
+// out = sigmoid(gate) * (sum over splits in order of exp(m_s - M) o_s) / (sum of exp(m_s - M) l_s), M the
+// largest m_s: one block per (query, head).
+__global__ void attend_combine_k(View gate, View sel, View n_sel, QsaSeqView s, QsaDims d, int64_t t_lo, int64_t n_split,
+                                 const float* part, View out) {
+    pdl_begin();
+    const int64_t H = d.n_head, D = d.head_dim, qh_i = blockIdx.x, t = t_lo + qh_i / H, h = qh_i % H;
+    const int64_t ns = (attend_keys(sel, n_sel, s, d, t).n_keys + kSplitKeys - 1) / kSplitKeys;
+    const float* p = part + qh_i * n_split * (2 + D);
+    float M = -FLT_MAX;
+    for (int64_t sp = 0; sp < ns; ++sp) M = fmaxf(M, p[sp * (2 + D)]);
+    double L = 0.0;
+    for (int64_t sp = 0; sp < ns; ++sp) L += double(p[sp * (2 + D) + 1]) * double(expf(p[sp * (2 + D)] - M));
+    const float inv = float(1.0 / L);
+    float* o = out.row((s.t0 + t) * H + h);
+    const float* g = gate.row((s.t0 + t) * H + h);
+    for (int64_t e = threadIdx.x; e < D; e += blockDim.x) {
         float acc = 0.0f;
-        for (int64_t j = 0; j < n_keys; ++j) acc += (w[j] * inv) * s.v.row(key(j) * KV + kvh)[e];
-        o[e] = acc * sigmoidf_(g[e]);
+        for (int64_t sp = 0; sp < ns; ++sp) acc += p[sp * (2 + D) + 2 + e] * expf(p[sp * (2 + D)] - M);
+        o[e] = acc * inv * sigmoidf_(g[e]);
     }
 }
 
@@ -153,7 +226,7 @@ void qsa_pool(cudaStream_t s, const std::vector<QsaSeqView>& seqs, const View& n
     for (const QsaSeqView& q : seqs) {
         const int64_t b0 = q.n0 / d.ratio, b1 = (q.n0 + q.ntok) / d.ratio;
         if (b1 <= b0) continue;
-        pool_k<<<unsigned(b1 - b0), 64, size_t(d.index_head_dim) * sizeof(float), s>>>(q, norm, freq, axis, d, b0);
+        launch(pool_k, unsigned(b1 - b0), 64, size_t(d.index_head_dim) * sizeof(float), s, q, norm, freq, axis, d, b0);
         RG_LAUNCHED("qsa_pool");
     }
 }
@@ -163,20 +236,27 @@ void qsa_select(cudaStream_t s, const View& iq, const std::vector<QsaSeqView>& s
     for (const QsaSeqView& q : seqs) {
         if (q.ntok == 0) continue;
         const int64_t nb = (q.n0 + q.ntok) / d.ratio;
-        select_k<<<unsigned(q.ntok), 128, size_t(nb + 1) * sizeof(float), s>>>(iq, q, d, sel, n_sel);
+        launch(select_k, unsigned(q.ntok), 128, size_t(nb + 1) * sizeof(float), s, iq, q, d, sel, n_sel);
         RG_LAUNCHED("qsa_select");
     }
 }
 
 void qsa_attend(cudaStream_t s, const View& q, const View& gate, const View& sel, const View& n_sel,
-                const std::vector<QsaSeqView>& seqs, const QsaDims& d, const View& out) {
-    const int64_t max_keys = (d.topk + 1) * d.ratio;
-    constexpr int kWarps = 4;
+                const std::vector<QsaSeqView>& seqs, const QsaDims& d, const View& out, Scratch& scratch) {
+    if (d.head_dim > 32 * kMaxLaneElems)
+        throw Error("qsa_attend on cuda: head_dim " + std::to_string(d.head_dim) + " > " +
+                    std::to_string(32 * kMaxLaneElems));
+    const int64_t n_split = ((d.topk + 1) * d.ratio + kSplitKeys - 1) / kSplitKeys;  // of the most keys a query has
     for (const QsaSeqView& v : seqs) {
-        if (v.ntok == 0) continue;
-        attend_k<<<grid(v.ntok * d.n_head, kWarps), 32 * kWarps, size_t(kWarps * max_keys) * sizeof(float), s>>>(
-            q, gate, sel, n_sel, v, d, out, max_keys);
-        RG_LAUNCHED("qsa_attend");
+        for (int64_t t_lo = 0; t_lo < v.ntok; t_lo += kAttendGroup) {
+            const int64_t n = std::min(kAttendGroup, v.ntok - t_lo), blocks = n * d.n_head;
+            auto* part = static_cast<float*>(scratch.get(size_t(blocks * n_split * (2 + d.head_dim)) * sizeof(float), s));
+            launch(attend_part_k, dim3(unsigned(blocks), unsigned(n_split)), 32 * kAttendWarps, 0, s, q, sel, n_sel, v, d, t_lo,
+                                                                                                 n_split, part);
+            RG_LAUNCHED("qsa_attend (splits)");
+            launch(attend_combine_k, unsigned(blocks), 128, 0, s, gate, sel, n_sel, v, d, t_lo, n_split, part, out);
+            RG_LAUNCHED("qsa_attend");
+        }
     }
 }
 

@@ -7,6 +7,7 @@ namespace regolith::cuda {
 namespace {
 
 __global__ void rope_table_k(View pos, View freq, View axis, View table) {
+    pdl_begin();
     const int64_t half = freq.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= pos.rows * half) return;
@@ -19,6 +20,7 @@ __global__ void rope_table_k(View pos, View freq, View axis, View table) {
 }
 
 __global__ void rope_k(View x, View table, int64_t rows_per_pos) {
+    pdl_begin();
     const int64_t half = table.cols / 2;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= x.rows * half) return;
@@ -34,13 +36,13 @@ __global__ void rope_k(View x, View table, int64_t rows_per_pos) {
 
 void rope_table(cudaStream_t s, const View& pos, const View& freq, const View& axis, const View& table) {
     if (pos.rows == 0 || freq.cols == 0) return;
-    rope_table_k<<<grid(pos.rows * freq.cols, 256), 256, 0, s>>>(pos, freq, axis, table);
+    launch(rope_table_k, grid(pos.rows * freq.cols, 256), 256, 0, s, pos, freq, axis, table);
     RG_LAUNCHED("rope_table");
 }
 
 void rope(cudaStream_t s, const View& x, const View& table, int64_t rows_per_pos) {
     if (x.rows == 0 || table.cols == 0) return;
-    rope_k<<<grid(x.rows * (table.cols / 2), 256), 256, 0, s>>>(x, table, rows_per_pos);
+    launch(rope_k, grid(x.rows * (table.cols / 2), 256), 256, 0, s, x, table, rows_per_pos);
     RG_LAUNCHED("rope");
 }
 

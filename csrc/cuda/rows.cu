@@ -13,6 +13,7 @@ namespace {
 
 template <class Dec>
 __global__ void get_rows_quant(View table, View ids, float scale, int64_t repeat, View out) {
+    pdl_begin();
     using Block = typename Dec::Block;
     const int64_t nb = table.cols / Dec::QK, n = ids.rows * ids.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -31,6 +32,7 @@ __global__ void get_rows_quant(View table, View ids, float scale, int64_t repeat
 }
 
 __global__ void get_rows_float(View table, View ids, float scale, int64_t repeat, View out) {
+    pdl_begin();
     const int64_t n = ids.rows * ids.cols, w = table.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n * w) return;
@@ -44,6 +46,7 @@ __global__ void get_rows_float(View table, View ids, float scale, int64_t repeat
 }
 
 __global__ void gather_rows_k(View x, View rows, View out) {
+    pdl_begin();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= out.rows * x.cols) return;
     const int64_t r = i / x.cols, c = i % x.cols;
@@ -52,6 +55,7 @@ __global__ void gather_rows_k(View x, View rows, View out) {
 
 // One block per row: k rounds, each the largest value not taken yet (ties: the lower id).
 __global__ void top_k_k(View x, int64_t k, View ids, View values) {
+    pdl_begin();
     const int64_t r = blockIdx.x;
     const float* v = x.row(r);
     __shared__ float best_v[32];
@@ -90,13 +94,13 @@ __global__ void top_k_k(View x, int64_t k, View ids, View values) {
 void get_rows(cudaStream_t s, const View& table, const View& ids, float scale, int64_t repeat, const View& out) {
     const int64_t n = ids.rows * ids.cols;
     if (float_type(table.type)) {
-        get_rows_float<<<grid(n * table.cols, 256), 256, 0, s>>>(table, ids, scale, repeat, out);
+        launch(get_rows_float, grid(n * table.cols, 256), 256, 0, s, table, ids, scale, repeat, out);
     } else {
         switch (table.type) {
 #define RG_CASE_(T)                                                                                       \
     case T: {                                                                                             \
         using D = BlockDecoder<T>;                                                                        \
-        get_rows_quant<D><<<grid(n * (table.cols / D::QK), 64), 64, 0, s>>>(table, ids, scale, repeat, out); \
+        launch(get_rows_quant<D>, grid(n * (table.cols / D::QK), 64), 64, 0, s, table, ids, scale, repeat, out); \
         break;                                                                                            \
     }
             RG_FOR_EACH_QUANT_TYPE(RG_CASE_)
@@ -109,13 +113,13 @@ void get_rows(cudaStream_t s, const View& table, const View& ids, float scale, i
 }
 
 void gather_rows(cudaStream_t s, const View& x, const View& rows, const View& out) {
-    gather_rows_k<<<grid(out.rows * x.cols, 256), 256, 0, s>>>(x, rows, out);
+    launch(gather_rows_k, grid(out.rows * x.cols, 256), 256, 0, s, x, rows, out);
     RG_LAUNCHED("gather_rows");
 }
 
 void top_k(cudaStream_t s, const View& x, int64_t k, const View& ids, const View& values) {
     if (k > 64) throw Error("CUDA top_k: k is at most 64");
-    top_k_k<<<unsigned(x.rows), 256, 0, s>>>(x, k, ids, values);
+    launch(top_k_k, unsigned(x.rows), 256, 0, s, x, k, ids, values);
     RG_LAUNCHED("top_k");
 }
 

@@ -9,6 +9,7 @@ namespace regolith::cuda {
 namespace {
 
 __global__ void interp_k(View table, View idx, View w, View x) {
+    pdl_begin();
     const int64_t H = x.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= x.rows * H) return;
@@ -19,6 +20,7 @@ __global__ void interp_k(View table, View idx, View w, View x) {
 }
 
 __global__ void qkv_k(View qkv, View table, int64_t nh, View q, View k, View vt) {
+    pdl_begin();
     const int64_t n = qkv.rows, H = qkv.cols / 3, hd = H / nh, half = hd / 2, hp = q.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n * nh * hp) return;
@@ -40,6 +42,7 @@ __global__ void qkv_k(View qkv, View table, int64_t nh, View q, View k, View vt)
 }
 
 __global__ void softmax_k(View x, float scale) {
+    pdl_begin();
     float* s = x.row(blockIdx.x);
     const int64_t n = x.cols;
     float mx = -FLT_MAX;
@@ -58,20 +61,20 @@ __global__ void softmax_k(View x, float scale) {
 
 void add_interpolated(cudaStream_t s, const View& table, const View& idx, const View& w, const View& x) {
     if (x.rows == 0) return;
-    interp_k<<<grid(x.rows * x.cols, 256), 256, 0, s>>>(table, idx, w, x);
+    launch(interp_k, grid(x.rows * x.cols, 256), 256, 0, s, table, idx, w, x);
     RG_LAUNCHED("add_interpolated");
 }
 
 void vision_qkv(cudaStream_t s, const View& qkv, const View& table, int64_t n_head, const View& q, const View& k,
                 const View& vt) {
     if (qkv.rows == 0) return;
-    qkv_k<<<grid(qkv.rows * n_head * q.cols, 256), 256, 0, s>>>(qkv, table, n_head, q, k, vt);
+    launch(qkv_k, grid(qkv.rows * n_head * q.cols, 256), 256, 0, s, qkv, table, n_head, q, k, vt);
     RG_LAUNCHED("vision_qkv");
 }
 
 void softmax_scaled(cudaStream_t s, const View& x, float scale) {
     if (x.rows == 0) return;
-    softmax_k<<<unsigned(x.rows), 128, 0, s>>>(x, scale);
+    launch(softmax_k, unsigned(x.rows), 128, 0, s, x, scale);
     RG_LAUNCHED("softmax_scaled");
 }
 
