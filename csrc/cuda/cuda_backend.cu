@@ -9,7 +9,8 @@
 // REGOLITH_CUDA_GRAPHS=0 launches every kernel directly instead.
 //
 // Uploads (expert records from the arena's I/O threads) go on a copy stream of their own, after everything
-// submitted (an event at each submit()); the op stream waits for them before its next op.
+// submitted (an event at each submit()), each recording an event of its own: an op waits only for the
+// uploads into the tensors it uses (use()), a read for all of them.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -233,7 +234,6 @@ public:
         RG_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         RG_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
         RG_CUDA(cudaEventCreateWithFlags(&submitted_, cudaEventDisableTiming));
-        RG_CUDA(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
         cuda::init_matmul_kernels();
         cuda::init_moe_kernels();
         const auto outside = [this](const std::function<void()>& f) {
@@ -255,7 +255,8 @@ public:
         cudaStreamSynchronize(copy_);
         cudaStreamSynchronize(stream_);
         cudaEventDestroy(submitted_);
-        cudaEventDestroy(uploaded_);
+        for (const PendingUpload& p : pending_) cudaEventDestroy(p.done);
+        for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
         cudaStreamDestroy(copy_);
         cudaStreamDestroy(stream_);
     }
@@ -317,7 +318,7 @@ public:
     }
 
     void write(const Tensor& dst, const void* src) override {
-        const View d = cuda::view(dst);
+        const View d = use(dst);
         const size_t row = size_t(packed_row_bytes(dst)), bytes = row * size_t(d.rows);
         if (d.rows == 0) return;
         if (graphs_ && bytes <= WriteStaging::kMaxWrite) {
@@ -341,11 +342,20 @@ public:
         const View d = cuda::view(dst);
         const size_t row = size_t(packed_row_bytes(dst));
         if (d.rows == 0) return;
+        // (host-tier hits upload from the thread recording the ops, maybe inside its capture: no call here
+        // may be one a capture forbids, such as an event query)
         std::lock_guard<std::mutex> lock(upload_mu_);
         RG_CUDA(cudaStreamWaitEvent(copy_, submitted_, 0));
         RG_CUDA(cudaMemcpy2DAsync(d.base, size_t(d.stride), src, row, row, size_t(d.rows), cudaMemcpyHostToDevice,
                                   copy_));
-        RG_CUDA(cudaEventRecord(uploaded_, copy_));
+        cudaEvent_t done = nullptr;
+        if (free_events_.empty()) {
+            RG_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+        } else {
+            done = free_events_.back(), free_events_.pop_back();
+        }
+        RG_CUDA(cudaEventRecord(done, copy_));
+        pending_.push_back({extent_begin(d), extent_end(d, row), done});
         uploads_pending_.store(true, std::memory_order_release);
     }
     void read(const Tensor& src, void* dst) override {
@@ -373,152 +383,152 @@ public:
 
 protected:
     void do_copy(const Tensor& src, const Tensor& dst) override {
-        const View s = cuda::view(src), d = cuda::view(dst);
+        const View s = use(src), d = use(dst);
         const size_t row = size_t(packed_row_bytes(src));
         if (s.rows == 0) return;
         cuda::copy_2d(op_stream(), d.base, size_t(d.stride), s.base, size_t(s.stride), row, size_t(s.rows));
     }
     void do_zero(const Tensor& dst) override {
-        const View d = cuda::view(dst);
+        const View d = use(dst);
         if (d.rows == 0) return;
         cuda::zero_2d(op_stream(), d.base, size_t(d.stride), size_t(packed_row_bytes(dst)), size_t(d.rows));
     }
     void do_matmul(const MatmulJob* jobs, int64_t n_jobs) override {
         std::vector<MatmulView> v;
-        for (int64_t i = 0; i < n_jobs; ++i) v.push_back({cuda::view(jobs[i].w), cuda::view(jobs[i].x), cuda::view(jobs[i].y)});
+        for (int64_t i = 0; i < n_jobs; ++i) v.push_back({use(jobs[i].w), use(jobs[i].x), use(jobs[i].y)});
         cuda::matmul(op_stream(), v.data(), int(v.size()), matmul_scratch_);
     }
     void do_get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat, const Tensor& out) override {
-        cuda::get_rows(op_stream(), cuda::view(table), cuda::view(ids), scale, repeat, cuda::view(out));
+        cuda::get_rows(op_stream(), use(table), use(ids), scale, repeat, use(out));
     }
     void do_gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override {
-        cuda::gather_rows(op_stream(), cuda::view(x), cuda::view(rows), cuda::view(out));
+        cuda::gather_rows(op_stream(), use(x), use(rows), use(out));
     }
     void do_top_k(const Tensor& x, int64_t k, const Tensor& ids, const Tensor& values) override {
-        cuda::top_k(op_stream(), cuda::view(x), k, cuda::view(ids), cuda::view(values));
+        cuda::top_k(op_stream(), use(x), k, use(ids), use(values));
     }
     void do_rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override {
-        cuda::rms_norm(op_stream(), cuda::view(x), cuda::view(w), eps, cuda::view(y));
+        cuda::rms_norm(op_stream(), use(x), use(w), eps, use(y));
     }
     void do_rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Unary act,
                            const Tensor& y) override {
-        cuda::rms_norm_gated(op_stream(), cuda::view(x), cuda::view(z), cuda::view(w), eps, act == Unary::Sigmoid,
-                             cuda::view(y));
+        cuda::rms_norm_gated(op_stream(), use(x), use(z), use(w), eps, act == Unary::Sigmoid,
+                             use(y));
     }
     void do_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y) override {
-        cuda::layer_norm(op_stream(), cuda::view(x), cuda::view(w), cuda::view(b), eps, cuda::view(y));
+        cuda::layer_norm(op_stream(), use(x), use(w), use(b), eps, use(y));
     }
     void do_rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis, const Tensor& table) override {
-        cuda::rope_table(op_stream(), cuda::view(pos), cuda::view(freq), cuda::view(axis), cuda::view(table));
+        cuda::rope_table(op_stream(), use(pos), use(freq), use(axis), use(table));
     }
     void do_rope(const Tensor& x, const Tensor& table, int64_t rows_per_pos) override {
-        cuda::rope(op_stream(), cuda::view(x), cuda::view(table), rows_per_pos);
+        cuda::rope(op_stream(), use(x), use(table), rows_per_pos);
     }
     void do_unary(const Tensor& x, Unary op, float p, const Tensor& y) override {
-        cuda::unary(op_stream(), cuda::view(x), op, p, cuda::view(y));
+        cuda::unary(op_stream(), use(x), op, p, use(y));
     }
     void do_glu(const Tensor& gate, const Tensor& up, Glu act, const Tensor& y) override {
-        cuda::glu(op_stream(), cuda::view(gate), cuda::view(up), act, cuda::view(y));
+        cuda::glu(op_stream(), use(gate), use(up), act, use(y));
     }
     void do_add(const Tensor& a, const Tensor& b, const Tensor& y) override {
-        cuda::add(op_stream(), cuda::view(a), cuda::view(b), cuda::view(y));
+        cuda::add(op_stream(), use(a), use(b), use(y));
     }
     void do_hc_mix(const Tensor& gate, const Tensor& xn, int64_t hc, const Tensor& mixed) override {
-        cuda::hc_mix(op_stream(), cuda::view(gate), cuda::view(xn), hc, cuda::view(mixed));
+        cuda::hc_mix(op_stream(), use(gate), use(xn), hc, use(mixed));
     }
     void do_hc_write(const Tensor& out, const Tensor& w, int64_t hc, const Tensor& streams) override {
-        cuda::hc_write(op_stream(), cuda::view(out), cuda::view(w), hc, cuda::view(streams));
+        cuda::hc_write(op_stream(), use(out), use(w), hc, use(streams));
     }
     void do_ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, int64_t n_seqs, const Tensor& out) override {
-        cuda::ssm_conv(op_stream(), cuda::view(x), cuda::view(w_t),
-                       views<ConvSeq, ConvSeqView>(seqs, n_seqs, [](const ConvSeq& q) {
-                           return ConvSeqView{cuda::view(q.state), cuda::view(q.after), q.t0, q.ntok};
+        cuda::ssm_conv(op_stream(), use(x), use(w_t),
+                       views<ConvSeq, ConvSeqView>(seqs, n_seqs, [this](const ConvSeq& q) {
+                           return ConvSeqView{use(q.state), use(q.after), q.t0, q.ntok};
                        }),
-                       cuda::view(out));
+                       use(out));
     }
     void do_gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& dt_bias,
                         const GdnDims& d) override {
-        cuda::gdn_prepare(op_stream(), cuda::view(qkv), cuda::view(g), cuda::view(beta), cuda::view(a), cuda::view(dt_bias), d);
+        cuda::gdn_prepare(op_stream(), use(qkv), use(g), use(beta), use(a), use(dt_bias), d);
     }
     void do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs, int64_t n_seqs,
                      const GdnDims& d, int64_t, const Tensor& out) override {
-        cuda::gdn_scan(op_stream(), cuda::view(qkv), cuda::view(g), cuda::view(beta),
-                       views<GdnSeq, GdnSeqView>(seqs, n_seqs, [](const GdnSeq& q) {
-                           return GdnSeqView{cuda::view(q.state), cuda::view(q.after), q.t0, q.ntok};
+        cuda::gdn_scan(op_stream(), use(qkv), use(g), use(beta),
+                       views<GdnSeq, GdnSeqView>(seqs, n_seqs, [this](const GdnSeq& q) {
+                           return GdnSeqView{use(q.state), use(q.after), q.t0, q.ntok};
                        }),
-                       d, cuda::view(out));
+                       d, use(out));
     }
-    static std::vector<QsaSeqView> qsa(const QsaSeq* seqs, int64_t n) {
-        return views<QsaSeq, QsaSeqView>(seqs, n, [](const QsaSeq& q) {
-            return QsaSeqView{cuda::view(q.k), cuda::view(q.v), cuda::view(q.index_k), cuda::view(q.block_k),
-                              cuda::view(q.pos), q.n0, q.t0, q.ntok};
+    std::vector<QsaSeqView> qsa(const QsaSeq* seqs, int64_t n) {
+        return views<QsaSeq, QsaSeqView>(seqs, n, [this](const QsaSeq& q) {
+            return QsaSeqView{use(q.k), use(q.v), use(q.index_k), use(q.block_k),
+                              use(q.pos), q.n0, q.t0, q.ntok};
         });
     }
     void do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq, const Tensor& axis,
                      const QsaDims& d) override {
-        cuda::qsa_pool(op_stream(), qsa(seqs, n_seqs), cuda::view(norm), cuda::view(freq), cuda::view(axis), d);
+        cuda::qsa_pool(op_stream(), qsa(seqs, n_seqs), use(norm), use(freq), use(axis), d);
     }
     void do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& sel,
                        const Tensor& n_sel) override {
-        cuda::qsa_select(op_stream(), cuda::view(iq), qsa(seqs, n_seqs), d, cuda::view(sel), cuda::view(n_sel));
+        cuda::qsa_select(op_stream(), use(iq), qsa(seqs, n_seqs), d, use(sel), use(n_sel));
     }
     void do_qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel, const QsaSeq* seqs,
                        int64_t n_seqs, const QsaDims& d, const Tensor& out) override {
-        cuda::qsa_attend(op_stream(), cuda::view(q), cuda::view(gate), cuda::view(sel), cuda::view(n_sel), qsa(seqs, n_seqs),
-                         d, cuda::view(out), op_scratch_);
+        cuda::qsa_attend(op_stream(), use(q), use(gate), use(sel), use(n_sel), qsa(seqs, n_seqs),
+                         d, use(out), op_scratch_);
     }
-    static std::vector<KvSeqView> kv(const KvSeq* seqs, int64_t n) {
-        return views<KvSeq, KvSeqView>(seqs, n, [](const KvSeq& q) {
-            return KvSeqView{cuda::view(q.k), cuda::view(q.vt), q.n0, q.t0, q.ntok};
+    std::vector<KvSeqView> kv(const KvSeq* seqs, int64_t n) {
+        return views<KvSeq, KvSeqView>(seqs, n, [this](const KvSeq& q) {
+            return KvSeqView{use(q.k), use(q.vt), q.n0, q.t0, q.ntok};
         });
     }
     void do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs, int64_t n_head_kv) override {
-        cuda::kv_append(op_stream(), cuda::view(k), cuda::view(v), kv(seqs, n_seqs), n_head_kv);
+        cuda::kv_append(op_stream(), use(k), use(v), kv(seqs, n_seqs), n_head_kv);
     }
     void do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s,
                       const Tensor& out) override {
-        cuda::attention(op_stream(), cuda::view(q), kv(seqs, n_seqs), s, cuda::view(out));
+        cuda::attention(op_stream(), use(q), kv(seqs, n_seqs), s, use(out));
     }
     void do_moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
                       const Tensor& weights) override {
-        cuda::moe_route(op_stream(), cuda::view(logits), cuda::view(resident), r, cuda::view(ids), cuda::view(weights));
+        cuda::moe_route(op_stream(), use(logits), use(resident), r, use(ids), use(weights));
     }
     void do_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertSet& e,
                         const SharedExpert* shared, const Tensor& y) override {
         SharedExpertView sh;
         if (shared)
-            sh = {cuda::view(shared->gate), cuda::view(shared->up), cuda::view(shared->down), cuda::view(shared->gate_logit)};
-        cuda::moe_experts(op_stream(), cuda::view(x), cuda::view(ids), cuda::view(weights), cuda::view(e.gate),
-                          cuda::view(e.up), cuda::view(e.down), e.n_expert, shared ? &sh : nullptr, cuda::view(y),
+            sh = {use(shared->gate), use(shared->up), use(shared->down), use(shared->gate_logit)};
+        cuda::moe_experts(op_stream(), use(x), use(ids), use(weights), use(e.gate),
+                          use(e.up), use(e.down), e.n_expert, shared ? &sh : nullptr, use(y),
                           op_scratch_, matmul_scratch_);
     }
     void do_moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,
                         const Tensor& shared_gate, const Tensor& y) override {
-        cuda::moe_combine(op_stream(), cuda::view(ys), cuda::view(pairs), cuda::view(weights), cuda::view(shared),
-                          cuda::view(shared_gate), cuda::view(y), op_scratch_);
+        cuda::moe_combine(op_stream(), use(ys), use(pairs), use(weights), use(shared),
+                          use(shared_gate), use(y), op_scratch_);
     }
     void do_ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, const Tensor& norm_key,
                      const Tensor& norm_query, const Tensor& norm_conv, int64_t hc, float eps, const Tensor& gated,
                      const Tensor& normed) override {
-        cuda::ple_gate(op_stream(), cuda::view(key), cuda::view(query), cuda::view(value), cuda::view(norm_key),
-                       cuda::view(norm_query), cuda::view(norm_conv), hc, eps, cuda::view(gated), cuda::view(normed));
+        cuda::ple_gate(op_stream(), use(key), use(query), use(value), use(norm_key),
+                       use(norm_query), use(norm_conv), hc, eps, use(gated), use(normed));
     }
     void do_ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs, int64_t n_seqs,
                      const Tensor& out) override {
-        cuda::ple_conv(op_stream(), cuda::view(normed), cuda::view(w), dilation,
-                       views<PleConvSeq, PleConvSeqView>(seqs, n_seqs, [](const PleConvSeq& q) {
-                           return PleConvSeqView{cuda::view(q.state), q.t0, q.ntok};
+        cuda::ple_conv(op_stream(), use(normed), use(w), dilation,
+                       views<PleConvSeq, PleConvSeqView>(seqs, n_seqs, [this](const PleConvSeq& q) {
+                           return PleConvSeqView{use(q.state), q.t0, q.ntok};
                        }),
-                       cuda::view(out));
+                       use(out));
     }
     void do_add_interpolated(const Tensor& table, const Tensor& idx, const Tensor& w, const Tensor& x) override {
-        cuda::add_interpolated(op_stream(), cuda::view(table), cuda::view(idx), cuda::view(w), cuda::view(x));
+        cuda::add_interpolated(op_stream(), use(table), use(idx), use(w), use(x));
     }
     void do_vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q, const Tensor& k,
                        const Tensor& vt) override {
-        cuda::vision_qkv(op_stream(), cuda::view(qkv), cuda::view(table), n_head, cuda::view(q), cuda::view(k), cuda::view(vt));
+        cuda::vision_qkv(op_stream(), use(qkv), use(table), n_head, use(q), use(k), use(vt));
     }
-    void do_softmax_scaled(const Tensor& x, float scale) override { cuda::softmax_scaled(op_stream(), cuda::view(x), scale); }
+    void do_softmax_scaled(const Tensor& x, float scale) override { cuda::softmax_scaled(op_stream(), use(x), scale); }
 
 private:
     // The stream for an op: uploads waited for, and the op captured where graphs are on.
@@ -528,9 +538,8 @@ private:
         begin();
         return stream_;
     }
-    // Before an op: the op stream waits for the uploads since the last op; a capture begins (graphs on).
+    // Before an op: a capture begins (graphs on). The op's tensors have waited for their uploads (use()).
     void begin() {
-        wait_uploads();
         if (!graphs_ || owner_.load() == std::this_thread::get_id()) return;
         capture_mu_.lock();  // another thread's capture ends first
         const cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
@@ -566,18 +575,58 @@ private:
         std::lock_guard<std::mutex> lock(capture_mu_);
         f();
     }
+    // The device view of an op's tensor t, the op stream having waited for the uploads into its bytes (an op
+    // waits only for the expert slots it reads, not for every copy in flight, e.g. the lookahead's).
+    View use(const Tensor& t) {
+        const View v = cuda::view(t);
+        if (v.rows == 0 || !uploads_pending_.load(std::memory_order_acquire)) return v;
+        const uintptr_t lo = extent_begin(v), hi = extent_end(v, size_t(packed_row_bytes(t)));
+        std::vector<cudaEvent_t> waits;
+        {
+            std::lock_guard<std::mutex> lock(upload_mu_);
+            for (size_t i = 0; i < pending_.size();)
+                if (pending_[i].lo < hi && lo < pending_[i].hi) {
+                    waits.push_back(pending_[i].done);
+                    pending_[i] = pending_.back(), pending_.pop_back();
+                } else {
+                    ++i;
+                }
+            uploads_pending_.store(!pending_.empty(), std::memory_order_release);
+        }
+        if (waits.empty()) return v;
+        outside_capture([&] {
+            for (cudaEvent_t e : waits) RG_CUDA(cudaStreamWaitEvent(stream_, e, 0));
+        });
+        std::lock_guard<std::mutex> lock(upload_mu_);
+        free_events_.insert(free_events_.end(), waits.begin(), waits.end());
+        return v;
+    }
+    // The op stream waits for every upload (before a read).
     void wait_uploads() {
         if (!uploads_pending_.exchange(false, std::memory_order_acq_rel)) return;
         outside_capture([&] {
             std::lock_guard<std::mutex> lock(upload_mu_);
-            RG_CUDA(cudaStreamWaitEvent(stream_, uploaded_, 0));
+            for (const PendingUpload& p : pending_) RG_CUDA(cudaStreamWaitEvent(stream_, p.done, 0));
+            for (const PendingUpload& p : pending_) free_events_.push_back(p.done);
+            pending_.clear();
         });
     }
+    static uintptr_t extent_begin(const View& v) { return reinterpret_cast<uintptr_t>(v.base); }
+    static uintptr_t extent_end(const View& v, size_t row) {
+        return reinterpret_cast<uintptr_t>(v.base) + uintptr_t((v.rows - 1) * v.stride) + row;
+    }
 
+    // An upload's bytes [lo, hi) and the event its copy records.
+    struct PendingUpload {
+        uintptr_t lo, hi;
+        cudaEvent_t done;
+    };
     static constexpr size_t kMaxBounce = 16u << 20;
     const bool graphs_;
     cudaStream_t stream_ = nullptr, copy_ = nullptr;
-    cudaEvent_t submitted_ = nullptr, uploaded_ = nullptr;
+    cudaEvent_t submitted_ = nullptr;
+    std::vector<PendingUpload> pending_;  // uploads the op stream has not waited for, until a read (upload_mu_)
+    std::vector<cudaEvent_t> free_events_;  // (upload_mu_)
     std::mutex capture_mu_, upload_mu_;  // taken in this order
     std::atomic<std::thread::id> owner_{};  // the thread capturing the stream, if any
     std::atomic<bool> uploads_pending_{false};
