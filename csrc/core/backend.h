@@ -171,8 +171,9 @@ public:
     virtual void write(const Tensor& dst, const void* src) = 0;
     // A write from any thread that may run beside the ops being recorded (the expert arena's I/O threads
     // filling slots): ordered after every op recorded before the last submit() and before every op recorded
-    // after it returns; ops recorded since the last submit() must not use dst. Takes the host data before it
-    // returns. By default write(); the CUDA backend copies on a stream of its own.
+    // after it returns that uses dst, and before every read(); ops recorded since the last submit() must not
+    // use dst. Takes the host data before it returns. By default write(); the CUDA backend copies on a
+    // stream of its own.
     virtual void upload(const Tensor& dst, const void* src) { write(dst, src); }
     virtual void read(const Tensor& src, void* dst) = 0;
     void copy(const Tensor& src, const Tensor& dst);  // same type and shape
