@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -293,6 +294,9 @@ def _report(gen: Generation, console: Console) -> None:
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if not prompt:
+        print("error: the prompt is empty: give it with -p TEXT or on stdin", file=sys.stderr)
+        return 2
     err = Console(stderr=True)
     model = _load(args, err)
     options = _generation_options(args)
@@ -311,15 +315,39 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _positive(kind: type) -> Any:
+def _number(
+    kind: type,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> Any:
+    """An argparse type: a finite `kind` in the range [lo, hi] (ends open where asked, absent where None);
+    a value outside it is the one-line usage error argparse exits 2 with."""
+
     def parse(text: str) -> Any:
         value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        below = lo is not None and (value <= lo if lo_open else value < lo)
+        above = hi is not None and (value >= hi if hi_open else value > hi)
+        if below or above:
+            if hi is None:
+                want = f"{'>' if lo_open else '>='} {lo}"
+            elif lo is None:
+                want = f"{'<' if hi_open else '<='} {hi}"
+            else:
+                want = f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in its error messages
     return parse
+
+
+def _positive(kind: type) -> Any:
+    return _number(kind, 0, lo_open=True)
 
 
 def _serve(args: argparse.Namespace, console: Console) -> int:
@@ -446,19 +474,42 @@ def _add_model_argument(p: argparse.ArgumentParser) -> None:
 
 def _add_generation_arguments(p: argparse.ArgumentParser, *, antislop_default: bool) -> None:
     _add_model_argument(p)
-    p.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default 0.8)")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95; 1 = off)")
     p.add_argument(
-        "--top-k", type=int, default=40, help="keep the k most likely tokens (default 40; 0 = off)"
+        "-n", "--max-tokens", type=_number(int, 0), default=256, help="most tokens to generate (default 256)"
     )
     p.add_argument(
-        "--min-p", type=float, default=0.05, help="drop tokens below min-p x the best (default 0.05)"
+        "--temp", type=_number(float, 0), default=0.8, help="temperature; 0 is greedy (default 0.8)"
     )
-    p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty (default 1 = off)")
-    p.add_argument("--seed", type=int, help="random seed (default: a fresh one each run)")
+    p.add_argument(
+        "--top-p",
+        type=_number(float, 0, 1, lo_open=True),
+        default=0.95,
+        help="nucleus sampling mass (default 0.95; 1 = off)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=_number(int, 0),
+        default=40,
+        help="keep the k most likely tokens (default 40; 0 = off)",
+    )
+    p.add_argument(
+        "--min-p",
+        type=_number(float, 0, 1),
+        default=0.05,
+        help="drop tokens below min-p x the best (default 0.05)",
+    )
+    p.add_argument(
+        "--repeat-penalty", type=_positive(float), default=1.0, help="repetition penalty (default 1 = off)"
+    )
+    p.add_argument(
+        "--seed",
+        type=_number(int, 0, 2**64, hi_open=True),
+        help="random seed (default: a fresh one each run)",
+    )
     p.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
-    p.add_argument("--ctx", type=int, help="context size in tokens (default: the model's, at most 8192)")
+    p.add_argument(
+        "--ctx", type=_positive(int), help="context size in tokens (default: the model's, at most 8192)"
+    )
     _add_template_argument(p)
     _add_memory_arguments(p)
     p.add_argument(
@@ -558,7 +609,9 @@ def _parser() -> argparse.ArgumentParser:
         "--plan", action="store_true", help="print the memory plan a load would make (with --memory-gb, ...)"
     )
     p.add_argument(
-        "--ctx", type=int, help="context size in tokens for --plan (default: the model's, at most 8192)"
+        "--ctx",
+        type=_positive(int),
+        help="context size in tokens for --plan (default: the model's, at most 8192)",
     )
     _add_memory_arguments(p)
     p.set_defaults(func=_inspect)
@@ -643,7 +696,9 @@ def _parser() -> argparse.ArgumentParser:
         "--api-key",
         help="require this key (Authorization: Bearer KEY or x-api-key: KEY); default: $REGOLITH_API_KEY, else none",
     )
-    sv.add_argument("--ctx", type=int, help="context size in tokens (default: the model's, at most 8192)")
+    sv.add_argument(
+        "--ctx", type=_positive(int), help="context size in tokens (default: the model's, at most 8192)"
+    )
     _add_template_argument(sv)
     _add_memory_arguments(sv)
     sv.add_argument(

@@ -1,0 +1,51 @@
+"""Out-of-range CLI values and an empty prompt: one clear line and exit status 2, before any model loads."""
+
+import io
+
+import pytest
+
+from regolith import cli
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-n", "-5"], "argument -n/--max-tokens: must be >= 0, got -5"),
+        (["--temp", "-1"], "argument --temp: must be >= 0, got -1"),
+        (["--temp", "nan"], "argument --temp: must be a finite number, got nan"),
+        (["--top-p", "5"], "argument --top-p: must be in (0, 1], got 5"),
+        (["--top-p", "0"], "argument --top-p: must be in (0, 1], got 0"),
+        (["--min-p", "1.5"], "argument --min-p: must be in [0, 1], got 1.5"),
+        (["--top-k", "-2"], "argument --top-k: must be >= 0, got -2"),
+        (["--repeat-penalty", "0"], "argument --repeat-penalty: must be > 0, got 0"),
+        (["--seed", "-1"], "argument --seed: must be in [0, 18446744073709551616), got -1"),
+        (["--seed", str(2**64)], f"argument --seed: must be in [0, 18446744073709551616), got {2**64}"),
+        (["--ctx", "0"], "argument --ctx: must be > 0, got 0"),
+        (["--arena-gb", "inf"], "argument --arena-gb: must be a finite number, got inf"),
+        (["--top-p", "x"], "argument --top-p: invalid float value: 'x'"),
+    ],
+)
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_out_of_range_value_is_a_usage_error(command, args, message, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "_load", lambda *a: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([command, *args] + (["-p", "x"] if command == "run" else []))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("usage: regolith " + command)
+    assert err[-1] == f"regolith {command}: error: {message}"
+
+
+@pytest.mark.parametrize("value", ["1", "0.5", "1e-3"])
+def test_in_range_values_parse(value):
+    args = cli._parser().parse_args(["run", "--top-p", value, "--min-p", "0", "--temp", "0", "-n", "0"])
+    assert args.top_p == float(value) and args.min_p == 0 and args.temp == 0 and args.max_tokens == 0
+
+
+def test_empty_prompt_is_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "_load", lambda *a: pytest.fail("a model was loaded"))
+    assert cli.main(["run", "-p", ""]) == 2
+    assert capsys.readouterr().err == "error: the prompt is empty: give it with -p TEXT or on stdin\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert cli.main(["run"]) == 2
+    assert capsys.readouterr().err == "error: the prompt is empty: give it with -p TEXT or on stdin\n"
