@@ -49,3 +49,33 @@ def test_empty_prompt_is_one_line_and_exit_2(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     assert cli.main(["run"]) == 2
     assert capsys.readouterr().err == "error: the prompt is empty: give it with -p TEXT or on stdin\n"
+
+
+def test_chat_commands_unknown_and_failed_save(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a-file").write_text("")
+    unwritable = tmp_path / "a-file" / "chat.json"  # its directory is a file
+    script = iter(
+        [
+            "/frobnicate",
+            "/save",
+            "/save " + str(unwritable),
+            "/usr/bin holds programs",  # a path, not a command: sent to the model
+            "/exit",
+            "never read",
+        ]
+    )
+
+    def fake_input(prompt: str = "") -> str:
+        try:
+            return next(script)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    assert cli.main(["chat", "-n", "1", "--temp", "0", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "unknown command /frobnicate" in out and "commands: /reset" in out
+    assert "usage: /save PATH" in out
+    assert "error: File exists: " + str(tmp_path / "a-file") in out.replace("\n", "")
+    assert "unknown command /usr" not in out
+    assert next(script) == "never read"  # /exit ended the chat

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -385,7 +386,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-_CHAT_HELP = """commands: /reset (forget the conversation), /save PATH (write it as JSON), /exit (or Ctrl-D)
+_CHAT_HELP = """commands: /reset (forget the conversation), /save PATH (write it as JSON), /help, /exit (or Ctrl-D)
 multi-line input: end a line with \\ to continue it, or wrap a block in triple quotes (\"\"\")"""
 
 
@@ -431,24 +432,34 @@ def _chat(args: argparse.Namespace, console: Console) -> int:
         if text is None:
             break
         command = text.strip()
-        if command in ("/exit", "/quit"):
-            break
-        if command == "/reset":
-            session.reset()
-            console.print("[dim]conversation cleared[/dim]")
-            continue
-        if command.startswith("/save"):
-            path = command[len("/save") :].strip()
-            if not path:
-                console.print("[red]usage: /save PATH[/red]")
-                continue
-            session.save_transcript(path)
-            console.print(f"[dim]saved {len(session.messages)} messages to {escape(path)}[/dim]")
-            continue
-        if command in ("/help", "/?"):
-            console.print(escape(_CHAT_HELP), highlight=False)
-            continue
         if not command:
+            continue
+        # a first word like /name is a command (a message may still start with a path such as /usr/bin)
+        word, _, rest = command.partition(" ")
+        if re.fullmatch(r"/[A-Za-z?]+", word):
+            if word in ("/exit", "/quit"):
+                break
+            if word == "/reset":
+                session.reset()
+                console.print("[dim]conversation cleared[/dim]")
+            elif word == "/save":
+                path = rest.strip()
+                if not path:
+                    console.print("[red]usage: /save PATH[/red]")
+                    continue
+                try:
+                    session.save_transcript(path)
+                except OSError as e:
+                    where = os.fsdecode(e.filename) if e.filename else path
+                    console.print(f"[red]error: {escape(e.strerror or str(e))}: {escape(where)}[/red]")
+                    continue
+                console.print(f"[dim]saved {len(session.messages)} messages to {escape(path)}[/dim]")
+            elif word in ("/help", "/?"):
+                console.print(escape(_CHAT_HELP), highlight=False)
+            else:
+                console.print(
+                    f"[red]unknown command {escape(word)}[/red]\n{escape(_CHAT_HELP)}", highlight=False
+                )
             continue
         gen = session.send(text, stream=True)
         try:
