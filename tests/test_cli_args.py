@@ -1,9 +1,11 @@
-"""Out-of-range CLI values and an empty prompt: one clear line and exit status 2, before any model loads."""
+"""The CLI's answers to bad input: out-of-range values and an empty prompt (one clear line, exit 2, before any
+model loads), unknown chat commands and unwritable /save paths, a --ctx past the trained context (a warning)."""
 
 import io
 
 import pytest
 
+import regolith
 from regolith import cli
 
 
@@ -79,3 +81,12 @@ def test_chat_commands_unknown_and_failed_save(tmp_path, monkeypatch, capsys):
     assert "error: File exists: " + str(tmp_path / "a-file") in out.replace("\n", "")
     assert "unknown command /usr" not in out
     assert next(script) == "never read"  # /exit ended the chat
+
+
+def test_ctx_beyond_the_trained_context_warns(capsys):
+    trained = regolith.Model.load().config["context_length"]
+    assert cli.main(["run", "-p", "x", "-n", "1", "--temp", "0", "-q", "--ctx", str(trained)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert cli.main(["run", "-p", "x", "-n", "1", "--temp", "0", "-q", "--ctx", str(2 * trained)]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: --ctx {2 * trained} is more than the {trained} tokens the model was trained on" in err

@@ -209,6 +209,13 @@ def _load(args: argparse.Namespace, console: Console) -> Model:
         )
         model.tokenizer  # noqa: B018 - built here so its cost shows under the spinner, not in the first reply
     model.speculative = _speculative_option(args)
+    trained = model.config.get("context_length")
+    if args.ctx and trained and args.ctx > int(trained):
+        print(
+            f"warning: --ctx {args.ctx} is more than the {int(trained)} tokens the model was trained on; "
+            "past them its output degrades",
+            file=sys.stderr,
+        )
     if model.plan is not None and model.plan.streaming and not getattr(args, "quiet", False):
         console.print(f"[dim]{escape(model.plan.render())}[/dim]", highlight=False)
     return model
