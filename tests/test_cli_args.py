@@ -90,3 +90,31 @@ def test_ctx_beyond_the_trained_context_warns(capsys):
     assert cli.main(["run", "-p", "x", "-n", "1", "--temp", "0", "-q", "--ctx", str(2 * trained)]) == 0
     err = capsys.readouterr().err
     assert f"warning: --ctx {2 * trained} is more than the {trained} tokens the model was trained on" in err
+
+
+def _words(text: str) -> list[str]:
+    return text.replace("|", " ").replace(",", " ").split()
+
+
+def test_reports_fit_the_terminal():
+    model = regolith.Model.load(arena_gb=0.004)
+    gen = model.generate("class Stack:", max_tokens=8, temperature=0, stream=True)
+    "".join(gen)
+    for width in (80, 60, 200):
+        out = io.StringIO()
+        console = cli.Console(file=out, width=width)
+        cli._report(gen, console)
+        cli._report_arena(model, console)
+        lines = out.getvalue().splitlines()
+        assert all(len(line) <= width for line in lines)
+        assert width < 200 or len(lines) == 2  # each report on one line where it fits
+        wide = io.StringIO()
+        cli._report(gen, cli.Console(file=wide, width=1000))
+        cli._report_arena(model, cli.Console(file=wide, width=1000))
+        assert _words(out.getvalue()) == _words(wide.getvalue())  # only the line breaks differ
+    plan = model.plan.render()
+    for width in (80, 70):
+        narrow = model.plan.render(width=width)
+        assert all(len(line) <= width for line in narrow.splitlines())
+        assert narrow.split() == plan.split()
+    assert model.plan.render(width=1000) == plan

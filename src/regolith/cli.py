@@ -77,7 +77,7 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
             overhead_bytes=memory_plan.process_rss(),
             device=(backends.resolve(args.backend), dev[0]) if dev else None,
         )
-        console.print(escape(plan.render()), highlight=False)
+        console.print(escape(plan.render(width=console.width)), highlight=False, soft_wrap=True)
         return 0
     with _gguf.open(path) as f:
         md = f.metadata
@@ -217,7 +217,9 @@ def _load(args: argparse.Namespace, console: Console) -> Model:
             file=sys.stderr,
         )
     if model.plan is not None and model.plan.streaming and not getattr(args, "quiet", False):
-        console.print(f"[dim]{escape(model.plan.render())}[/dim]", highlight=False)
+        console.print(
+            f"[dim]{escape(model.plan.render(width=console.width))}[/dim]", highlight=False, soft_wrap=True
+        )
     return model
 
 
@@ -242,17 +244,29 @@ def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _print_parts(console: Console, parts: Sequence[str], sep: str) -> None:
+    """parts joined by sep on one dim line where the console is wide enough, else packed into lines of at
+    most its width (continuations indented), each part whole where it fits: no mid-word terminal wrap."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + len(sep) + len(part) <= console.width:
+            lines[-1] += sep + part
+        else:
+            lines.append(("  " if lines else "") + part)
+    console.print(f"[dim]{escape(chr(10).join(lines))}[/dim]", highlight=False, soft_wrap=True)
+
+
 def _report_arena(model: Model, console: Console) -> None:
     st = model.stats()
     if "hits" not in st:
         return
-    console.print(
-        f"[dim]experts: hit rate {st['hit_rate']:.1%} ({st['hits']} hits, {st['misses']} misses), "
-        f"{_human_bytes(st['bytes_read'])} read, {st['read_stall_s']:.2f} s waiting for reads, "
-        f"{st['prefetch_hits']} of {st['prefetches']} prefetches used[/dim]",
-        highlight=False,
-        soft_wrap=True,
-    )
+    parts = [
+        f"experts: hit rate {st['hit_rate']:.1%} ({st['hits']} hits, {st['misses']} misses)",
+        f"{_human_bytes(st['bytes_read'])} read",
+        f"{st['read_stall_s']:.2f} s waiting for reads",
+        f"{st['prefetch_hits']} of {st['prefetches']} prefetches used",
+    ]
+    _print_parts(console, parts, ", ")
 
 
 def _generation_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -286,18 +300,16 @@ def _stream(gen: Generation, out: Any) -> None:
 
 def _report(gen: Generation, console: Console) -> None:
     st = gen.stats
-    spec = (
-        f" | drafted {st.drafted_tokens}, accepted {st.accepted_tokens}, {st.tokens_per_round:.2f} tokens/round"
-        if st.drafted_tokens
-        else ""
-    )
-    console.print(
-        f"[dim]prompt {st.prompt_tokens} tokens ({st.cached_tokens} cached), "
-        f"{st.prefill_tokens_per_second:.1f} tok/s | generated {st.generated_tokens} tokens, "
-        f"{st.decode_tokens_per_second:.1f} tok/s{spec} | {gen.finish_reason}[/dim]",
-        highlight=False,
-        soft_wrap=True,
-    )
+    parts = [
+        f"prompt {st.prompt_tokens} tokens ({st.cached_tokens} cached), {st.prefill_tokens_per_second:.1f} tok/s",
+        f"generated {st.generated_tokens} tokens, {st.decode_tokens_per_second:.1f} tok/s",
+    ]
+    if st.drafted_tokens:
+        parts.append(
+            f"drafted {st.drafted_tokens}, accepted {st.accepted_tokens}, {st.tokens_per_round:.2f} tokens/round"
+        )
+    parts.append(str(gen.finish_reason))
+    _print_parts(console, parts, " | ")
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:

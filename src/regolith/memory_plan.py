@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -292,21 +293,33 @@ class MemoryPlan:
         """Bytes in host RAM."""
         return self.total_bytes - self.device_bytes
 
-    def render(self) -> str:
-        """The plan as a text table (with a column saying where each part lives, for a GPU backend)."""
-        width = max(len(r[0]) for r in self.rows())
-        lines = []
+    def render(self, width: int | None = None) -> str:
+        """The plan as a text table (with a column saying where each part lives, for a GPU backend); with a
+        width, notes that would pass it wrap onto lines of their own under the note column."""
+        label = max(len(r[0]) for r in self.rows())
+        budget = f"  of a {human_bytes(self.budget_bytes)} budget" if self.budget_bytes else ""
+        rows = []
         for name, size, note in self.rows():
             where = ("VRAM  " if self.on_device(name) else "RAM   ") if self.device else ""
-            lines.append(f"{name:<{width}}  {human_bytes(size):>10}  {where}{note}".rstrip())
-        budget = f"  of a {human_bytes(self.budget_bytes)} budget" if self.budget_bytes else ""
+            rows.append((f"{name:<{label}}  {human_bytes(size):>10}  ", where + note))
+        total = f"{'total':<{label}}  {human_bytes(self.total_bytes):>10}"
         if self.device:
-            lines.append(
-                f"{'total':<{width}}  {human_bytes(self.total_bytes):>10}  VRAM {human_bytes(self.device_bytes)} "
-                f"of {human_bytes(self.device[1])} free on {self.device[0]}, RAM {human_bytes(self.host_bytes)}{budget}"
+            where = (
+                f"VRAM {human_bytes(self.device_bytes)} of {human_bytes(self.device[1])} free on "
+                f"{self.device[0]}, RAM {human_bytes(self.host_bytes)}{budget}"
             )
+            rows.append((total + "  ", where))
         else:
-            lines.append(f"{'total':<{width}}  {human_bytes(self.total_bytes):>10}{budget}")
+            rows.append((total, budget))
+        lines = []
+        for head, note in rows:
+            room = (width or 0) - len(head)
+            if width is None or len(head) + len(note) <= width or room < 20:
+                lines.append((head + note).rstrip())
+            else:
+                wrapped = textwrap.wrap(note.strip(), room)
+                lines.append(head + wrapped[0])
+                lines += [" " * len(head) + more for more in wrapped[1:]]
         return "\n".join(lines)
 
 
