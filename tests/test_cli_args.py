@@ -118,3 +118,36 @@ def test_reports_fit_the_terminal():
         assert all(len(line) <= width for line in narrow.splitlines())
         assert narrow.split() == plan.split()
     assert model.plan.render(width=1000) == plan
+
+
+def test_prefill_progress_reports_each_chunk():
+    from regolith.generation import PREFILL_CHUNK
+
+    model = regolith.Model.load()
+    ids = model.tokenize("def f(x):\n    return x + 1\n" * 200)[: 2 * PREFILL_CHUNK + 100]
+    calls = []
+    model.generate(
+        ids, max_tokens=1, temperature=0, on_prefill=lambda done, total: calls.append((done, total))
+    )
+    n = len(ids)
+    assert calls == [(PREFILL_CHUNK, n), (2 * PREFILL_CHUNK, n), (n, n)]
+    # the window keeps the prompt: the next generation evaluates only the last token
+    calls.clear()
+    model.generate(
+        ids, max_tokens=1, temperature=0, on_prefill=lambda done, total: calls.append((done, total))
+    )
+    assert calls == [(1, 1)]
+
+
+def test_prefill_bar_only_for_long_prompts():
+    console = cli.Console(file=io.StringIO(), width=80)
+    bar = cli._PrefillBar(console)
+    bar(512, 1000)
+    assert bar.progress is None  # two chunks or fewer: no bar
+    bar(512, 1500)
+    assert bar.progress is not None
+    bar(1500, 1500)
+    assert bar.progress is None  # done: the bar is gone
+    bar(512, 1500)
+    bar.close()  # cancelled part-way: close() takes it down
+    assert bar.progress is None

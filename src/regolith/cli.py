@@ -292,6 +292,42 @@ def _antislop_option(args: argparse.Namespace) -> bool | Any:
     return args.antislop
 
 
+class _PrefillBar:
+    """A progress bar on stderr while a long prompt (more than two prefill chunks) is evaluated: the
+    ``on_prefill`` callback of a generation."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.progress: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        from .generation import PREFILL_CHUNK
+
+        if total <= 2 * PREFILL_CHUNK:
+            return
+        if self.progress is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(
+                TextColumn("prefill"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("prefill", total=total)
+        self.progress.update(self.task, completed=done)
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
 def _stream(gen: Generation, out: Any) -> None:
     for piece in gen:
         out.write(piece)
@@ -320,6 +356,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     err = Console(stderr=True)
     model = _load(args, err)
     options = _generation_options(args)
+    bar = _PrefillBar(err)
+    if not args.quiet:
+        options["on_prefill"] = bar
     if args.chat:
         gen = model.chat([{"role": "user", "content": prompt}], stream=True, **options)
     else:
@@ -327,6 +366,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     try:
         _stream(gen, sys.stdout)
     finally:
+        bar.close()
         gen.close()
     sys.stdout.write("\n")
     if not args.quiet:
@@ -480,12 +520,14 @@ def _chat(args: argparse.Namespace, console: Console) -> int:
                     f"[red]unknown command {escape(word)}[/red]\n{escape(_CHAT_HELP)}", highlight=False
                 )
             continue
-        gen = session.send(text, stream=True)
+        bar = _PrefillBar(Console(stderr=True))
+        gen = session.send(text, stream=True, on_prefill=None if args.quiet else bar)
         try:
             _stream(gen, sys.stdout)
         except KeyboardInterrupt:
             console.print("\n[dim]stopped[/dim]")
         finally:
+            bar.close()
             gen.close()
         sys.stdout.write("\n")
         if not args.quiet:

@@ -94,14 +94,19 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def prefill(
-    window: Window, prompt: Sequence[int], cache: PromptCache | None = None, boundaries: Sequence[int] = ()
+    window: Window,
+    prompt: Sequence[int],
+    cache: PromptCache | None = None,
+    boundaries: Sequence[int] = (),
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[np.ndarray, int]:
     """Bring ``window`` to exactly ``prompt`` and return (logits after its last token, tokens reused).
 
     Keeps the longest prefix the window already holds, or restores a longer one from ``cache``, and evaluates
     only the rest (at least the last token, whose logits are needed, unless the cache held the whole prompt
     and its logits), in chunks of :data:`PREFILL_CHUNK`. With a cache, the state is stored at each of
-    ``boundaries`` (token offsets) passed on the way and at the end of the prompt.
+    ``boundaries`` (token offsets) passed on the way and at the end of the prompt. ``progress(done, total)``
+    is called after each chunk with the tokens evaluated so far of the ``total`` the prompt needs.
     """
     if not prompt:
         raise ValueError("the prompt is empty: generation needs at least one token")
@@ -120,7 +125,10 @@ def prefill(
     stops = sorted({b for b in boundaries if keep < b < len(prompt)} if cache is not None else set())
     for end in [*stops, len(prompt)]:
         for start in range(done, end, PREFILL_CHUNK):
-            logits = window.eval(prompt[start : min(start + PREFILL_CHUNK, end)], all_logits=False)
+            chunk_end = min(start + PREFILL_CHUNK, end)
+            logits = window.eval(prompt[start:chunk_end], all_logits=False)
+            if progress is not None:
+                progress(chunk_end - keep, len(prompt) - keep)
         done = end
         if cache is not None:
             assert logits is not None
@@ -193,6 +201,7 @@ class Generation(Iterator[str]):
         boundaries: Sequence[int] = (),
         speculation: Speculation | None = None,
         gate: CostGate | None = None,
+        on_prefill: Callable[[int, int], None] | None = None,
     ):
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -208,6 +217,7 @@ class Generation(Iterator[str]):
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))
         self._window = window
         self._tokenizer = tokenizer
+        self._on_prefill = on_prefill
         self._max_tokens = max_tokens
         self._sampling = sampling
         self._stop = list(stop)
@@ -249,7 +259,9 @@ class Generation(Iterator[str]):
     def _run(self) -> Iterator[str]:
         window, tok = self._window, self._tokenizer
         t0 = time.perf_counter()
-        logits, self.stats.cached_tokens = prefill(window, self.prompt, self._cache, self._boundaries)
+        logits, self.stats.cached_tokens = prefill(
+            window, self.prompt, self._cache, self._boundaries, self._on_prefill
+        )
         t1 = time.perf_counter()
         self.stats.prefill_seconds = t1 - t0
         if self._speculation is not None:

@@ -398,6 +398,7 @@ class Model:
         guide: TokenGuide | None = None,
         boundaries: Sequence[int] = (),
         speculative: bool | str | Speculation | None = None,
+        on_prefill: Callable[[int, int], None] | None = None,
         **sampling: Any,
     ) -> Generation:
         """A :class:`Generation` continuing token ids ``prompt`` on ``window`` (default: the model's window).
@@ -414,7 +415,8 @@ class Model:
         :attr:`speculative`): True drafts from the prompt and reply and the model's MTP head behind the cost
         gate, which drafts only when it measures a gain; False or ``"off"`` decodes plainly; ``"suffix"`` /
         ``"mtp"`` one drafter; or a :class:`regolith.speculative.Speculation`. The output is the same either
-        way.
+        way. ``on_prefill(done, total)`` is called as the prompt is evaluated, after each chunk of
+        :data:`regolith.generation.PREFILL_CHUNK` tokens (``total``: the tokens the prompt needs evaluated).
         """
         params = SamplingParams(**{**SAMPLING_DEFAULTS, **sampling})
         spec = speculation(self.speculative if speculative is None else speculative)
@@ -436,6 +438,7 @@ class Model:
                 boundaries=boundaries,
                 speculation=spec,
                 gate=self.spec_gate,
+                on_prefill=on_prefill,
             )
 
         if window is not None:
@@ -462,6 +465,7 @@ class Model:
         stream: bool = False,
         antislop: bool | SlopList | Sequence[str] = False,
         speculative: bool | str | Speculation | None = None,
+        on_prefill: Callable[[int, int], None] | None = None,
         **sampling: Any,
     ) -> str | Generation:
         """Continue ``prompt`` (text, tokenized with BOS as the model asks, or token ids).
@@ -469,8 +473,8 @@ class Model:
         Returns the generated text, or with ``stream=True`` a :class:`Generation` yielding text pieces as they
         are decided. ``temperature=0`` is greedy; ``seed`` makes sampling reproducible; ``stop`` strings end the
         text before them; more :class:`regolith.SamplingParams` fields (repeat_penalty, presence_penalty,
-        frequency_penalty, logit_bias) may be given as keywords. ``speculative`` is as for :meth:`start`
-        (speculative decoding never changes the output).
+        frequency_penalty, logit_bias) may be given as keywords. ``speculative`` and ``on_prefill`` are as for
+        :meth:`start` (speculative decoding never changes the output).
         """
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         gen = self.start(
@@ -479,6 +483,7 @@ class Model:
             stop=stop,
             antislop=antislop,
             speculative=speculative,
+            on_prefill=on_prefill,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
