@@ -151,3 +151,21 @@ def test_prefill_bar_only_for_long_prompts():
     bar(512, 1500)
     bar.close()  # cancelled part-way: close() takes it down
     assert bar.progress is None
+
+
+def test_bench_prints_one_table(capsys):
+    assert cli.main(["bench", "-p", "32", "-n", "4", "-r", "2", "--arena-gb", "0.004"]) == 0
+    out = capsys.readouterr().out
+    for row in (
+        "prefill (pp32)",
+        "decode (tg4)",
+        "arena hit rate",
+        "disk reads",
+        "peak memory (RSS)",
+        "repetitions",
+    ):
+        assert row in out
+    assert out.count("tok/s") == 2 and "±" in out  # two repetitions: a spread
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "-p", "0"])
+    assert exit_.value.code == 2

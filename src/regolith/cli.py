@@ -410,6 +410,68 @@ def _positive(kind: type) -> Any:
     return _number(kind, 0, lo_open=True)
 
 
+def _bench(args: argparse.Namespace, console: Console) -> int:
+    """llama-bench's measurement on one model: prefill of --prompt random tokens, then --gen greedy decode
+    steps, --repetitions times; the arena's hit rate and disk reads over the runs; peak memory."""
+    import resource
+    import statistics
+    import time
+
+    import numpy as np
+
+    from .generation import PREFILL_CHUNK
+
+    err = Console(stderr=True)
+    args.ctx = args.prompt + args.gen + 1
+    model = _load(args, err)
+    rng = np.random.default_rng(0)
+    window = model.window(args.ctx)
+    before = model.stats()
+    pp, tg = [], []
+    t_all = time.perf_counter()
+    for _ in range(args.repetitions):
+        window.reset()
+        ids = rng.integers(0, model.config["vocab_size"], args.prompt).astype(np.int32)
+        t = time.perf_counter()
+        for start in range(0, args.prompt, PREFILL_CHUNK):
+            logits = window.eval(ids[start : start + PREFILL_CHUNK], all_logits=False)
+        pp.append(args.prompt / (time.perf_counter() - t))
+        t = time.perf_counter()
+        for _ in range(args.gen):
+            logits = window.eval([int(np.argmax(logits[0]))], all_logits=False)
+        if args.gen:
+            tg.append(args.gen / (time.perf_counter() - t))
+    seconds = time.perf_counter() - t_all
+    after = model.stats()
+
+    def rate(values: list[float]) -> str:
+        if not values:
+            return "-"
+        spread = f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else ""
+        return f"{statistics.mean(values):.1f}{spread} tok/s"
+
+    from . import backends
+
+    title = f"{os.path.basename(model.path)} on {backends.resolve(args.backend)}"
+    table = Table(title=title, title_justify="left")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row(f"prefill (pp{args.prompt})", rate(pp))
+    table.add_row(f"decode (tg{args.gen})", rate(tg))
+    if "hits" in after:
+        hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
+        read = after["bytes_read"] - before["bytes_read"]
+        table.add_row("arena hit rate", f"{hits / (hits + misses):.1%}" if hits + misses else "-")
+        table.add_row("disk reads", f"{_human_bytes(read)}, {read / seconds / 1e6:.1f} MB/s")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    table.add_row("peak memory (RSS)", _human_bytes(peak))
+    if model.plan is not None:
+        table.add_row("memory plan", _human_bytes(model.plan.total_bytes))
+    table.add_row("repetitions", str(args.repetitions))
+    console.print(table)
+    return 0
+
+
 def _serve(args: argparse.Namespace, console: Console) -> int:
     from .server import ServerConfig, serve
 
@@ -751,6 +813,20 @@ def _parser() -> argparse.ArgumentParser:
     _add_generation_arguments(ch, antislop_default=True)
     ch.add_argument("--system", help="a system prompt")
     ch.set_defaults(func=_chat)
+
+    b = sub.add_parser(
+        "bench",
+        help="measure prefill and decode speed, the arena's hit rate, disk reads and memory",
+        description="llama-bench's measurement: a prompt of random tokens prefilled, then greedy decode steps "
+        "(no speculation), repeated; one table with tok/s (mean ± spread), the arena's hit rate and disk "
+        "reads (streaming models), peak memory and the memory plan.",
+    )
+    _add_model_argument(b)
+    b.add_argument("-p", "--prompt", type=_positive(int), default=512, help="prompt tokens (default 512)")
+    b.add_argument("-n", "--gen", type=_number(int, 0), default=128, help="decode steps (default 128)")
+    b.add_argument("-r", "--repetitions", type=_positive(int), default=3, help="repetitions (default 3)")
+    _add_memory_arguments(b)
+    b.set_defaults(func=_bench, chat_template_file=None, quiet=False, spec="off")
 
     sv = sub.add_parser(
         "serve",
