@@ -4,9 +4,10 @@ model loads), unknown chat commands and unwritable /save paths, a --ctx past the
 import io
 
 import pytest
+from rich.console import Console
 
 import regolith
-from regolith import cli
+from regolith import cli, terminal
 
 
 @pytest.mark.parametrize(
@@ -100,17 +101,19 @@ def test_reports_fit_the_terminal():
     model = regolith.Model.load(arena_gb=0.004)
     gen = model.generate("class Stack:", max_tokens=8, temperature=0, stream=True)
     "".join(gen)
+    stats = model.stats()  # one snapshot: the arena's I/O threads may still finish prefetches
+    model.stats = lambda: stats
     for width in (80, 60, 200):
         out = io.StringIO()
-        console = cli.Console(file=out, width=width)
-        cli._report(gen, console)
-        cli._report_arena(model, console)
+        console = Console(file=out, width=width)
+        terminal.report(gen, console)
+        terminal.report_arena(model, console)
         lines = out.getvalue().splitlines()
         assert all(len(line) <= width for line in lines)
         assert width < 200 or len(lines) == 2  # each report on one line where it fits
         wide = io.StringIO()
-        cli._report(gen, cli.Console(file=wide, width=1000))
-        cli._report_arena(model, cli.Console(file=wide, width=1000))
+        terminal.report(gen, Console(file=wide, width=1000))
+        terminal.report_arena(model, Console(file=wide, width=1000))
         assert _words(out.getvalue()) == _words(wide.getvalue())  # only the line breaks differ
     plan = model.plan.render()
     for width in (80, 70):
@@ -140,8 +143,8 @@ def test_prefill_progress_reports_each_chunk():
 
 
 def test_prefill_bar_only_for_long_prompts():
-    console = cli.Console(file=io.StringIO(), width=80)
-    bar = cli._PrefillBar(console)
+    console = Console(file=io.StringIO(), width=80)
+    bar = terminal.PrefillBar(console)
     bar(512, 1000)
     assert bar.progress is None  # two chunks or fewer: no bar
     bar(512, 1500)

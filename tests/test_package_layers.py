@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("speculative.py", "prompt_cache.py"),
     ("generation.py",),
     ("model.py",),
-    ("session.py",),
+    ("session.py", "terminal.py"),
     ("__init__.py",),
     ("convert/checkpoint.py", "convert/mmproj.py", "convert/qwen4exp.py", "convert/tokenizer.py"),
     ("convert/writer.py",),
@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("server/endpoint.py",),
     ("server/openai_api.py", "server/anthropic_api.py"),
     ("server/app.py",),
-    ("server/__init__.py",),
+    ("server/__init__.py", "inspection.py"),
     ("cli.py",),
 ]
 

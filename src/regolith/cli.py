@@ -15,131 +15,23 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from . import gguf as _gguf
 from .errors import RegolithError
+from .inspection import inspect_command
 from .models import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
+from .terminal import (
+    CHAT_HELP,
+    PrefillBar,
+    human_bytes,
+    read_message,
+    report,
+    report_arena,
+    stream,
+)
 
 if TYPE_CHECKING:
-    from .generation import Generation
     from .model import Model
 
 __all__ = ["main"]
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError  # unreachable
-
-
-def _human_count(n: int) -> str:
-    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.2f}{suffix}"
-    return str(n)
-
-
-def _scalar_str(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
-
-
-def _inspect(args: argparse.Namespace, console: Console) -> int:
-    from . import memory_plan
-    from .model import default_n_ctx
-    from .pack import is_packed, open_packed
-
-    path = str(resolve_model(args.model))
-    packed = open_packed(path, verify_dense=False) if is_packed(path) else None
-    if packed is not None:
-        path = str(packed.dense)
-        console.print(
-            f"[bold]packed model[/bold] {escape(str(packed.path))} (source {escape(packed.manifest['source']['name'])})"
-        )
-    if args.plan:
-        from . import backends
-
-        dev = backends.device_memory(args.backend)  # a GPU backend: its parts against its free memory
-        with _gguf.open(path) as f:
-            sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, packed.manifest if packed else None)
-            arch = f.architecture or ""
-            ctx = args.ctx or default_n_ctx(f.metadata.get(f"{arch}.context_length"))
-        plan = memory_plan.plan_memory(
-            sizes,
-            n_ctx=ctx,
-            memory_gb=args.memory_gb,
-            arena_gb=args.arena_gb,
-            ple_cache_gb=args.ple_cache_gb,
-            host_cache_gb=args.host_cache_gb,
-            overhead_bytes=memory_plan.process_rss(),
-            device=(backends.resolve(args.backend), dev[0]) if dev else None,
-        )
-        console.print(escape(plan.render(width=console.width)), highlight=False, soft_wrap=True)
-        return 0
-    with _gguf.open(path) as f:
-        md = f.metadata
-        arch = f.architecture
-
-        summary = Table(title=f"[bold]{escape(path)}[/bold]", show_header=False, title_justify="left")
-        summary.add_column("key", style="cyan")
-        summary.add_column("value", overflow="fold")
-        summary.add_row("GGUF version", str(f.version))
-        summary.add_row("architecture", escape(arch or "(none)"))
-        if "general.name" in md:
-            summary.add_row("name", escape(_scalar_str(md["general.name"])))
-        tok_model = md.get("tokenizer.ggml.model")
-        if tok_model is not None:
-            summary.add_row("tokenizer", escape(_scalar_str(tok_model)))
-        tokens = md.get("tokenizer.ggml.tokens")
-        if isinstance(tokens, list):
-            summary.add_row("vocab size", f"{len(tokens):,}")
-        n_params = sum(t.n_elements for t in f.tensors.values())
-        summary.add_row("tensors", f"{len(f.tensors):,}")
-        summary.add_row("parameters", f"{n_params:,} ({_human_count(n_params)})")
-        summary.add_row("file size", f"{f.file_size:,} bytes ({_human_bytes(f.file_size)})")
-        summary.add_row("alignment", str(f.alignment))
-        summary.add_row("metadata keys", str(len(md)))
-        console.print(summary)
-
-        if arch:
-            prefix = arch + "."
-            hparams = Table(title="hyper-parameters", title_justify="left")
-            hparams.add_column("key", style="cyan")
-            hparams.add_column("value", justify="right")
-            for key, value in md.items():
-                if key.startswith(prefix) and not isinstance(value, list):
-                    hparams.add_row(escape(key[len(prefix) :]), escape(_scalar_str(value)))
-            if hparams.row_count:
-                console.print(hparams)
-
-        hist: dict[str, list[int]] = {}
-        for t in f.tensors.values():
-            row = hist.setdefault(t.type_name, [0, 0, 0])
-            row[0] += 1
-            row[1] += t.n_elements
-            row[2] += t.nbytes
-        total_bytes = sum(r[2] for r in hist.values())
-        types = Table(title="tensor types", title_justify="left")
-        for col in ("type", "count", "elements", "bytes", "share"):
-            types.add_column(col, justify="left" if col == "type" else "right")
-        for name, (count, elems, nbytes) in sorted(hist.items(), key=lambda kv: -kv[1][2]):
-            share = 100.0 * nbytes / total_bytes if total_bytes else 0.0
-            types.add_row(name, str(count), f"{elems:,}", _human_bytes(nbytes), f"{share:.1f}%")
-        console.print(types)
-
-        if args.tensors:
-            listing = Table(title="tensors", title_justify="left")
-            listing.add_column("name", style="cyan", overflow="fold")
-            listing.add_column("type")
-            listing.add_column("shape", justify="right")
-            listing.add_column("bytes", justify="right")
-            for t in f.tensors.values():
-                listing.add_row(escape(t.name), t.type_name, "×".join(map(str, t.shape)), f"{t.nbytes:,}")
-            console.print(listing)
-    return 0
 
 
 def _convert(args: argparse.Namespace, console: Console) -> int:
@@ -164,9 +56,7 @@ def _convert(args: argparse.Namespace, console: Console) -> int:
         )
     if not args.quiet:
         for path in (out, args.mmproj) if args.mmproj else (out,):
-            console.print(
-                f"wrote {escape(str(path))} ({_human_bytes(os.path.getsize(path))}, {args.outtype})"
-            )
+            console.print(f"wrote {escape(str(path))} ({human_bytes(os.path.getsize(path))}, {args.outtype})")
     return 0
 
 
@@ -188,7 +78,7 @@ def _pack(args: argparse.Namespace, console: Console) -> int:
         out = pack(source, args.out, overwrite=args.force, progress=step)
     if not args.quiet:
         size = sum(f.stat().st_size for f in out.iterdir())
-        console.print(f"wrote {escape(str(out))} ({_human_bytes(size)})")
+        console.print(f"wrote {escape(str(out))} ({human_bytes(size)})")
     return 0
 
 
@@ -244,31 +134,6 @@ def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _print_parts(console: Console, parts: Sequence[str], sep: str) -> None:
-    """parts joined by sep on one dim line where the console is wide enough, else packed into lines of at
-    most its width (continuations indented), each part whole where it fits: no mid-word terminal wrap."""
-    lines: list[str] = []
-    for part in parts:
-        if lines and len(lines[-1]) + len(sep) + len(part) <= console.width:
-            lines[-1] += sep + part
-        else:
-            lines.append(("  " if lines else "") + part)
-    console.print(f"[dim]{escape(chr(10).join(lines))}[/dim]", highlight=False, soft_wrap=True)
-
-
-def _report_arena(model: Model, console: Console) -> None:
-    st = model.stats()
-    if "hits" not in st:
-        return
-    parts = [
-        f"experts: hit rate {st['hit_rate']:.1%} ({st['hits']} hits, {st['misses']} misses)",
-        f"{_human_bytes(st['bytes_read'])} read",
-        f"{st['read_stall_s']:.2f} s waiting for reads",
-        f"{st['prefetch_hits']} of {st['prefetches']} prefetches used",
-    ]
-    _print_parts(console, parts, ", ")
-
-
 def _generation_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {
         "max_tokens": args.max_tokens,
@@ -292,62 +157,6 @@ def _antislop_option(args: argparse.Namespace) -> bool | Any:
     return args.antislop
 
 
-class _PrefillBar:
-    """A progress bar on stderr while a long prompt (more than two prefill chunks) is evaluated: the
-    ``on_prefill`` callback of a generation."""
-
-    def __init__(self, console: Console):
-        self.console = console
-        self.progress: Any = None
-
-    def __call__(self, done: int, total: int) -> None:
-        from .generation import PREFILL_CHUNK
-
-        if total <= 2 * PREFILL_CHUNK:
-            return
-        if self.progress is None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.progress = Progress(
-                TextColumn("prefill"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeRemainingColumn(),
-                console=self.console,
-                transient=True,
-            )
-            self.progress.start()
-            self.task = self.progress.add_task("prefill", total=total)
-        self.progress.update(self.task, completed=done)
-        if done >= total:
-            self.close()
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
-
-
-def _stream(gen: Generation, out: Any) -> None:
-    for piece in gen:
-        out.write(piece)
-        out.flush()
-
-
-def _report(gen: Generation, console: Console) -> None:
-    st = gen.stats
-    parts = [
-        f"prompt {st.prompt_tokens} tokens ({st.cached_tokens} cached), {st.prefill_tokens_per_second:.1f} tok/s",
-        f"generated {st.generated_tokens} tokens, {st.decode_tokens_per_second:.1f} tok/s",
-    ]
-    if st.drafted_tokens:
-        parts.append(
-            f"drafted {st.drafted_tokens}, accepted {st.accepted_tokens}, {st.tokens_per_round:.2f} tokens/round"
-        )
-    parts.append(str(gen.finish_reason))
-    _print_parts(console, parts, " | ")
-
-
 def _run(args: argparse.Namespace, console: Console) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if not prompt:
@@ -356,7 +165,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     err = Console(stderr=True)
     model = _load(args, err)
     options = _generation_options(args)
-    bar = _PrefillBar(err)
+    bar = PrefillBar(err)
     if not args.quiet:
         options["on_prefill"] = bar
     if args.chat:
@@ -364,14 +173,14 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     else:
         gen = model.generate(prompt, stream=True, **options)
     try:
-        _stream(gen, sys.stdout)
+        stream(gen, sys.stdout)
     finally:
         bar.close()
         gen.close()
     sys.stdout.write("\n")
     if not args.quiet:
-        _report(gen, err)
-        _report_arena(model, err)
+        report(gen, err)
+        report_arena(model, err)
     return 0
 
 
@@ -462,11 +271,11 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
         hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
         read = after["bytes_read"] - before["bytes_read"]
         table.add_row("arena hit rate", f"{hits / (hits + misses):.1%}" if hits + misses else "-")
-        table.add_row("disk reads", f"{_human_bytes(read)}, {read / seconds / 1e6:.1f} MB/s")
+        table.add_row("disk reads", f"{human_bytes(read)}, {read / seconds / 1e6:.1f} MB/s")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    table.add_row("peak memory (RSS)", _human_bytes(peak))
+    table.add_row("peak memory (RSS)", human_bytes(peak))
     if model.plan is not None:
-        table.add_row("memory plan", _human_bytes(model.plan.total_bytes))
+        table.add_row("memory plan", human_bytes(model.plan.total_bytes))
     table.add_row("repetitions", str(args.repetitions))
     console.print(table)
     return 0
@@ -507,38 +316,6 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-_CHAT_HELP = """commands: /reset (forget the conversation), /save PATH (write it as JSON), /help, /exit (or Ctrl-D)
-multi-line input: end a line with \\ to continue it, or wrap a block in triple quotes (\"\"\")"""
-
-
-def _read_message(console: Console) -> str | None:
-    """One user message from the terminal (None at end of input)."""
-    try:
-        line = input(">>> ")
-    except EOFError:
-        return None
-    if line.strip() == '"""':
-        lines = []
-        while True:
-            try:
-                more = input("... ")
-            except EOFError:
-                break
-            if more.strip() == '"""':
-                break
-            lines.append(more)
-        return "\n".join(lines)
-    lines = []
-    while line.endswith("\\"):
-        lines.append(line[:-1])
-        try:
-            line = input("... ")
-        except EOFError:
-            break
-    lines.append(line)
-    return "\n".join(lines)
-
-
 def _chat(args: argparse.Namespace, console: Console) -> int:
     from .session import Session
 
@@ -546,10 +323,10 @@ def _chat(args: argparse.Namespace, console: Console) -> int:
     session = Session(model, system=args.system, **_generation_options(args))
     if not args.quiet:
         console.print(
-            f"[dim]{escape(os.path.basename(model.path))} - {escape(_CHAT_HELP)}[/dim]", highlight=False
+            f"[dim]{escape(os.path.basename(model.path))} - {escape(CHAT_HELP)}[/dim]", highlight=False
         )
     while True:
-        text = _read_message(console)
+        text = read_message(console)
         if text is None:
             break
         command = text.strip()
@@ -576,16 +353,16 @@ def _chat(args: argparse.Namespace, console: Console) -> int:
                     continue
                 console.print(f"[dim]saved {len(session.messages)} messages to {escape(path)}[/dim]")
             elif word in ("/help", "/?"):
-                console.print(escape(_CHAT_HELP), highlight=False)
+                console.print(escape(CHAT_HELP), highlight=False)
             else:
                 console.print(
-                    f"[red]unknown command {escape(word)}[/red]\n{escape(_CHAT_HELP)}", highlight=False
+                    f"[red]unknown command {escape(word)}[/red]\n{escape(CHAT_HELP)}", highlight=False
                 )
             continue
-        bar = _PrefillBar(Console(stderr=True))
+        bar = PrefillBar(Console(stderr=True))
         gen = session.send(text, stream=True, on_prefill=None if args.quiet else bar)
         try:
-            _stream(gen, sys.stdout)
+            stream(gen, sys.stdout)
         except KeyboardInterrupt:
             console.print("\n[dim]stopped[/dim]")
         finally:
@@ -593,7 +370,7 @@ def _chat(args: argparse.Namespace, console: Console) -> int:
             gen.close()
         sys.stdout.write("\n")
         if not args.quiet:
-            _report(gen, console)
+            report(gen, console)
     return 0
 
 
@@ -748,7 +525,7 @@ def _parser() -> argparse.ArgumentParser:
         help="context size in tokens for --plan (default: the model's, at most 8192)",
     )
     _add_memory_arguments(p)
-    p.set_defaults(func=_inspect)
+    p.set_defaults(func=inspect_command)
 
     k = sub.add_parser(
         "pack",
@@ -808,7 +585,7 @@ def _parser() -> argparse.ArgumentParser:
         "chat",
         help="chat with a model in the terminal",
         description="An interactive conversation, streamed; only each turn's new tokens are evaluated. "
-        + _CHAT_HELP,
+        + CHAT_HELP,
     )
     _add_generation_arguments(ch, antislop_default=True)
     ch.add_argument("--system", help="a system prompt")
