@@ -54,10 +54,10 @@ def test_empty_prompt_is_one_line_and_exit_2(capsys, monkeypatch):
     assert capsys.readouterr().err == "error: the prompt is empty: give it with -p TEXT or on stdin\n"
 
 
-def test_chat_commands_unknown_and_failed_save(tmp_path, monkeypatch, capsys):
+def test_chat_commands_unknown_and_failed_save(tmp_path, scripted_input, capsys):
     (tmp_path / "a-file").write_text("")
     unwritable = tmp_path / "a-file" / "chat.json"  # its directory is a file
-    script = iter(
+    script = scripted_input(
         [
             "/frobnicate",
             "/save",
@@ -67,14 +67,6 @@ def test_chat_commands_unknown_and_failed_save(tmp_path, monkeypatch, capsys):
             "never read",
         ]
     )
-
-    def fake_input(prompt: str = "") -> str:
-        try:
-            return next(script)
-        except StopIteration:
-            raise EOFError from None
-
-    monkeypatch.setattr("builtins.input", fake_input)
     assert cli.main(["chat", "-n", "1", "--temp", "0", "-q"]) == 0
     out = capsys.readouterr().out
     assert "unknown command /frobnicate" in out and "commands: /reset" in out

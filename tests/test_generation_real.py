@@ -82,21 +82,13 @@ def test_cli_run_streams_text_and_reports_speed(gemma, capsys):
     assert "tok/s" in err
 
 
-def test_cli_chat_session_commands(gemma, tmp_path, monkeypatch, capsys):
+def test_cli_chat_session_commands(gemma, tmp_path, scripted_input, capsys):
     from regolith.cli import main
 
     saved = tmp_path / "chat.json"
-    script = iter(
+    scripted_input(
         ["Tell me a story \\", "about a cat.", "/save " + str(saved), "/reset", '"""', "Hi", "there", '"""']
     )
-
-    def fake_input(prompt: str = "") -> str:
-        try:
-            return next(script)
-        except StopIteration:
-            raise EOFError from None
-
-    monkeypatch.setattr("builtins.input", fake_input)
     assert main(["chat", gemma.path, "-n", "6", "--temp", "0", "-q"]) == 0
     messages = json.loads(saved.read_text())["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"]
