@@ -228,7 +228,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
 
     import numpy as np
 
-    from .generation import PREFILL_CHUNK
+    from .generation import prefill
 
     err = Console(stderr=True)
     args.ctx = args.prompt + args.gen + 1
@@ -240,14 +240,13 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     t_all = time.perf_counter()
     for _ in range(args.repetitions):
         window.reset()
-        ids = rng.integers(0, model.config["vocab_size"], args.prompt).astype(np.int32)
+        ids = rng.integers(0, model.config["vocab_size"], args.prompt).tolist()
         t = time.perf_counter()
-        for start in range(0, args.prompt, PREFILL_CHUNK):
-            logits = window.eval(ids[start : start + PREFILL_CHUNK], all_logits=False)
+        last, _ = prefill(window, ids)
         pp.append(args.prompt / (time.perf_counter() - t))
         t = time.perf_counter()
         for _ in range(args.gen):
-            logits = window.eval([int(np.argmax(logits[0]))], all_logits=False)
+            last = window.eval([int(np.argmax(last))], all_logits=False)[0]
         if args.gen:
             tg.append(args.gen / (time.perf_counter() - t))
     seconds = time.perf_counter() - t_all
