@@ -180,7 +180,8 @@ void float_product(cudaStream_t s, const MatmulView& j) {
 
 // Segments of K on their own blocks where the rows alone make too few blocks to fill the GPU (decode).
 int64_t product_segments(int64_t M, int64_t K, int64_t rows) {
-    return M <= 16 && grid(rows, 64) < kFillBlocks && grid(rows, 64) <= kSegmentCounters ? segments(K) : 1;
+    static_assert(kFillBlocks <= kSegmentCounters, "a counter for every tile of a split product");
+    return M <= 16 && grid(rows, 64) < kFillBlocks ? segments(K) : 1;
 }
 
 // Scratch of one quantized product: the f16 activations, then the segment sums.
