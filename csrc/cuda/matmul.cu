@@ -59,7 +59,7 @@ __global__ void acts_f16_k(View x, HalfActs a) {
 }
 
 // Decode: a warp per 16 rows (4 per block), the ntok <= 8 NT tokens as NT fragment tiles, and every chunk of K
-// (one block along y: it writes y) or the two chunks of segment blockIdx.y (it writes its sums to part
+// (one block along y: it writes y) or the chunks of segment blockIdx.y (it writes its sums to part
 // [segments][ntok][rows], and the tile's last block adds them: last_of_segments). Without segments, no
 // block-wide barrier: warps return as they finish.
 template <class Dec, int NT>
@@ -153,7 +153,7 @@ __global__ void qmm_prefill(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y
                     if (j < nt) mma16816(acc[j], af, bf[j]);
             }
         }
-        if (c % 2 == 1 || c + 1 == nc)  // the end of a segment
+        if (segment_ends(c) || c + 1 == nc)
             for (int j = 0; j < 4; ++j)
                 for (int e = 0; e < 4; ++e) total[j][e] += acc[j][e], acc[j][e] = 0.0f;
     }

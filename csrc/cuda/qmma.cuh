@@ -29,8 +29,11 @@ constexpr int kTileHalves = 16 * kChunkLd;
 // K is summed in segments of kSegment elements: each segment's products accumulate from zero, then the
 // segments' sums are added in order (total = ((0 + seg 0) + seg 1) + ...), so a decode kernel may give the
 // segments of few-row matrices to separate blocks and still compute what a kernel summing them in one
-// block computes. A segment is two chunks.
-constexpr int kSegment = 2 * kChunk;
+// block computes. A segment is kSegmentChunks chunks: one, so that a decode product of few rows has as many
+// blocks as chunks (each warp's chain of dependent loads, decodes and products is what a decode waits for).
+constexpr int kSegmentChunks = 1;
+constexpr int kSegment = kSegmentChunks * kChunk;
+__host__ __device__ constexpr bool segment_ends(int64_t c) { return (c + 1) % kSegmentChunks == 0; }
 inline int64_t segments(int64_t k) { return (k + kSegment - 1) / kSegment; }
 
 // Rows of a matrix as a kernel addresses them: row r at base + r * stride bytes, `rows` of them.
@@ -214,7 +217,7 @@ __device__ inline void load_b2(const __half* tile, int k, uint32_t (&b0)[2], uin
 
 // One warp's product of 16 weight rows (r0.. of w) with up to 8 NT tokens whose f16 rows this lane reads
 // for its fragment column: tok[j] = the xh row of token 8 j + lane / 4, or -1 (a zero column). K chunks
-// [c_lo, c_hi) (chunk c = blocks [c kPerChunk, +kPerChunk) clipped to nb), summed per segment (two chunks)
+// [c_lo, c_hi) (chunk c = blocks [c kPerChunk, +kPerChunk) clipped to nb), summed per segment
 // and the segments added in order into total. raw / tile: the warp's shared memory ([16][kRawLd] bytes,
 // [16][kChunkLd] halves). The next chunk's raw pieces are loaded while this one is decoded and multiplied.
 template <class Dec, int NT>
@@ -276,7 +279,7 @@ __device__ inline void warp_product(const Rows& w, int64_t r0, int64_t nb, int64
 #pragma unroll
             for (int j = 0; j < NT; ++j) mma16816(acc[j], af, bf[j][ks]);
         }
-        if (c % 2 == 1 || c + 1 == c_hi) {  // the end of a segment
+        if (segment_ends(c) || c + 1 == c_hi) {
 #pragma unroll
             for (int j = 0; j < NT; ++j)
                 for (int e = 0; e < 4; ++e) total[j][e] += acc[j][e], acc[j][e] = 0.0f;
@@ -285,7 +288,7 @@ __device__ inline void warp_product(const Rows& w, int64_t r0, int64_t nb, int64
     }
 }
 
-// Chunks of a matrix of nb blocks per row (segment sg: chunks 2 sg and 2 sg + 1).
+// Chunks of a matrix of nb blocks per row (segment sg: chunks [kSegmentChunks sg, +kSegmentChunks)).
 template <class Dec>
 __host__ __device__ inline int64_t chunks(int64_t nb) {
     return (nb + Staging<Dec>::kPerChunk - 1) / Staging<Dec>::kPerChunk;
@@ -293,8 +296,8 @@ __host__ __device__ inline int64_t chunks(int64_t nb) {
 
 // The chunks [lo, hi) of nc a block sums: all of them (split false), or those of segment seg.
 __device__ inline void segment_chunks(int64_t nc, bool split, int64_t seg, int64_t& lo, int64_t& hi) {
-    lo = split ? 2 * seg : 0;
-    hi = split ? (2 * seg + 2 < nc ? 2 * seg + 2 : nc) : nc;
+    lo = split ? kSegmentChunks * seg : 0;
+    hi = split ? (lo + kSegmentChunks < nc ? lo + kSegmentChunks : nc) : nc;
 }
 
 // Split-K decode: the blocks of one tile each write their segment's sums, and the last of them to finish adds
