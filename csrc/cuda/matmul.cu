@@ -20,6 +20,7 @@ namespace regolith::cuda {
 namespace {
 
 constexpr int kFillBlocks = 512;    // decode blocks that keep the GPU's loads in flight (4 per SM of an H200)
+constexpr int64_t kDecodeTokens = 16;  // products of at most this many tokens take the decode kernel
 constexpr int kActsThreads = 1024;  // acts_f16: threads per token row
 constexpr size_t kExactMaxBytes = size_t(4) << 30;  // exact products: dequantized weights per matrix
 
@@ -58,45 +59,69 @@ __global__ void acts_f16_k(View x, HalfActs a) {
     if (threadIdx.x == 0) a.s[t] = sc;
 }
 
+// One product of a decode launch: y = W x for rows w, split into n_seg segments of K (one: no split) whose
+// sums go to part [n_seg][ntok][rows]; its tiles of 64 rows are the launch's blocks [block0, + tiles n_seg),
+// tile-major within a segment, and count their segments in counters [counter0, + tiles).
+struct DecodeJob {
+    Rows w;
+    View y;
+    float* part;
+    int64_t n_seg, tiles, block0, counter0;
+};
+
+// The products of one decode launch: every job shares x (the f16 activations a, K = nb blocks) and the
+// weight type, so one kernel computes them all (before, a launch each, in series).
+constexpr int kMaxDecodeJobs = 8;
+static_assert(kMaxDecodeJobs * kFillBlocks <= kSegmentCounters, "a counter for every split tile of a launch");
+struct DecodeJobs {
+    DecodeJob job[kMaxDecodeJobs];
+    int n;
+};
+
 // Decode: a warp per 16 rows (4 per block), the ntok <= 8 NT tokens as NT fragment tiles, and every chunk of K
-// (one block along y: it writes y) or the chunks of segment blockIdx.y (it writes its sums to part
-// [segments][ntok][rows], and the tile's last block adds them: last_of_segments). Without segments, no
-// block-wide barrier: warps return as they finish.
+// (one segment: the block writes y) or the chunks of its segment (it writes its sums to part, and the tile's
+// last block adds them: last_of_segments). Without segments, no block-wide barrier: warps return as they finish.
 template <class Dec, int NT>
-__global__ void qmm_decode(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y, float* part, unsigned* counters) {
+__global__ void qmm_decode(DecodeJobs jobs, int64_t nb, HalfActs a, int64_t ntok, unsigned* counters) {
     pdl_begin();
     extern __shared__ __align__(16) uint8_t smem[];
+    int k = 0;
+    while (k + 1 < jobs.n && int64_t(blockIdx.x) >= jobs.job[k + 1].block0) ++k;
+    const DecodeJob& j = jobs.job[k];
+    const Rows& w = j.w;
+    float* part = j.n_seg > 1 ? j.part : nullptr;
+    const int64_t local = int64_t(blockIdx.x) - j.block0, tile = local % j.tiles, seg = local / j.tiles;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t r0 = (int64_t(blockIdx.x) * 4 + warp) * 16, seg = blockIdx.y;
+    const int64_t r0 = (tile * 4 + warp) * 16;
     if (r0 < w.rows) {
         uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
-        __half* tile = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
+        __half* tile_sm = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
         int64_t c_lo, c_hi;
         segment_chunks(chunks<Dec>(nb), part != nullptr, seg, c_lo, c_hi);
         int64_t tok[NT];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) tok[j] = 8 * j + lane / 4 < ntok ? 8 * j + lane / 4 : -1;
+        for (int t = 0; t < NT; ++t) tok[t] = 8 * t + lane / 4 < ntok ? 8 * t + lane / 4 : -1;
         float total[NT][4];
-        warp_product<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, raw, tile, total);
+        warp_product<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, total);
         store_total<NT>(total, r0, w.rows, [&](int i, int64_t r, float v) {
             if (i >= ntok) return;
             if (part)
                 part[(seg * ntok + i) * w.rows + r] = v;
             else
-                y.row(i)[r] = a.s[i] * v;
+                j.y.row(i)[r] = a.s[i] * v;
         });
     } else if (!part) {
         return;
     }
-    if (!part || !last_of_segments(counters + blockIdx.x, gridDim.y)) return;
-    // y[t][r] = s[t] * (((0 + part[0][t][r]) + part[1][t][r]) + ...) for the block's 64 rows
-    const int64_t rb = int64_t(blockIdx.x) * 64, n_seg = gridDim.y;
+    if (!part || !last_of_segments(counters + j.counter0 + tile, j.n_seg)) return;
+    // y[t][r] = s[t] * (((0 + part[0][t][r]) + part[1][t][r]) + ...) for the tile's 64 rows
+    const int64_t rb = tile * 64;
     for (int64_t i = threadIdx.x; i < 64 * ntok; i += blockDim.x) {
         const int64_t t = i / 64, r = rb + i % 64;
         if (r >= w.rows) continue;
         float sum = 0.0f;
-        for (int64_t g = 0; g < n_seg; ++g) sum += __ldcg(part + (g * ntok + t) * w.rows + r);
-        y.row(t)[r] = a.s[t] * sum;
+        for (int64_t g = 0; g < j.n_seg; ++g) sum += __ldcg(part + (g * ntok + t) * w.rows + r);
+        j.y.row(t)[r] = a.s[t] * sum;
     }
 }
 
@@ -181,35 +206,58 @@ void float_product(cudaStream_t s, const MatmulView& j) {
 // Segments of K on their own blocks where the rows alone make too few blocks to fill the GPU (decode).
 int64_t product_segments(int64_t M, int64_t K, int64_t rows) {
     static_assert(kFillBlocks <= kSegmentCounters, "a counter for every tile of a split product");
-    return M <= 16 && grid(rows, 64) < kFillBlocks ? segments(K) : 1;
+    return M <= kDecodeTokens && grid(rows, 64) < kFillBlocks ? segments(K) : 1;
 }
 
-// Scratch of one quantized product: the f16 activations, then the segment sums.
-size_t product_scratch(const MatmulView& j) {
+// Scratch of one quantized product's segment sums (decode products split in segments), bytes.
+size_t part_bytes(const MatmulView& j) {
     const int64_t M = j.x.rows, K = j.w.cols, rows = j.w.rows, n_seg = product_segments(M, K, rows);
-    return half_acts_bytes(M, K) + (n_seg > 1 ? size_t(n_seg * M * rows) * 4 : 0);
+    return n_seg > 1 ? size_t(n_seg * M * rows) * 4 : 0;
 }
 
-// y = W x with x's f16 form `a` already in base (acts_f16); base + its bytes: room for the segment sums.
-void quant_product(cudaStream_t s, const MatmulView& j, const HalfActs& a, uint8_t* base) {
-    const int64_t M = j.x.rows, K = j.w.cols, rows = j.w.rows, n_seg = product_segments(M, K, rows);
-    float* part = n_seg > 1 ? reinterpret_cast<float*>(base + half_acts_bytes(M, K)) : nullptr;
-    const Rows w{j.w.base, rows, j.w.stride};
+bool same_view(const View& a, const View& b) {
+    return a.base == b.base && a.rows == b.rows && a.cols == b.cols && a.stride == b.stride && a.type == b.type;
+}
+
+// Whether job b can join a decode launch with job a: the same activations and weight type.
+bool same_decode_launch(const MatmulView& a, const MatmulView& b) {
+    return same_view(a.x, b.x) && a.w.type == b.w.type && a.w.cols == b.w.cols;
+}
+
+// y = W x for jobs [0, n) (decode, n <= kMaxDecodeJobs, same_decode_launch) in one kernel, with x's f16 form
+// `a` (acts_f16); part: room for their segment sums (the sum of part_bytes).
+void decode_products(cudaStream_t s, const MatmulView* js, int n, const HalfActs& a, uint8_t* part) {
+    const int64_t M = js[0].x.rows, K = js[0].w.cols;
+    DecodeJobs jobs{};
+    jobs.n = n;
+    int64_t blocks = 0, counters = 0;
+    for (int i = 0; i < n; ++i) {
+        const MatmulView& j = js[i];
+        const int64_t tiles = grid(j.w.rows, 64), n_seg = product_segments(M, K, j.w.rows);
+        jobs.job[i] = DecodeJob{Rows{j.w.base, j.w.rows, j.w.stride}, j.y, reinterpret_cast<float*>(part), n_seg,
+                                tiles, blocks, counters};
+        part += part_bytes(j);
+        blocks += tiles * n_seg;
+        if (n_seg > 1) counters += tiles;
+    }
+    dispatch_quant_type(js[0].w.type, [&](auto dec) {
+        using D = decltype(dec);
+        constexpr size_t smem = 4 * warp_smem_bytes<D>();
+        if (M <= 8)
+            launch(qmm_decode<D, 1>, unsigned(blocks), 128, smem, s, jobs, K / D::QK, a, M, segment_counters());
+        else
+            launch(qmm_decode<D, 2>, unsigned(blocks), 128, smem, s, jobs, K / D::QK, a, M, segment_counters());
+    });
+    RG_LAUNCHED("matmul (tensor cores, decode)");
+}
+
+// y = W x, prefill, with x's f16 form `a` (acts_f16).
+void prefill_product(cudaStream_t s, const MatmulView& j, const HalfActs& a) {
+    const Rows w{j.w.base, j.w.rows, j.w.stride};
     dispatch_quant_type(j.w.type, [&](auto dec) {
         using D = decltype(dec);
-        const int64_t nb = K / D::QK;
-        constexpr size_t smem = 4 * warp_smem_bytes<D>();
-        if (M <= 8) {
-            launch(qmm_decode<D, 1>, dim3(grid(rows, 64), unsigned(n_seg)), 128, smem, s, w, nb, a, M, j.y, part,
-                                                                                     segment_counters());
-        } else if (M <= 16) {
-            launch(qmm_decode<D, 2>, dim3(grid(rows, 64), unsigned(n_seg)), 128, smem, s, w, nb, a, M, j.y, part,
-                                                                                     segment_counters());
-        } else {
-            constexpr size_t psmem = prefill_smem_bytes<D>();
-            const dim3 g(grid(rows, kPrefillRows), grid(M, kPrefillTok));
-            launch(qmm_prefill<D>, g, 256, psmem, s, w, nb, a, M, j.y);
-        }
+        const dim3 g(grid(j.w.rows, kPrefillRows), grid(j.x.rows, kPrefillTok));
+        launch(qmm_prefill<D>, g, 256, prefill_smem_bytes<D>(), s, w, j.w.cols / D::QK, a, j.x.rows, j.y);
     });
     RG_LAUNCHED("matmul (tensor cores)");
 }
@@ -230,10 +278,6 @@ __global__ void dequant_rows_k(View w, int64_t nb, float* out) {
         const float v = __fmul_rn(scale[j / Dec::G], float(q[j]));
         y[j] = Dec::HAS_BIAS ? __fadd_rn(v, bias[j / Dec::G]) : v;
     }
-}
-
-bool same_view(const View& a, const View& b) {
-    return a.base == b.base && a.rows == b.rows && a.cols == b.cols && a.stride == b.stride && a.type == b.type;
 }
 
 }  // namespace
@@ -292,22 +336,36 @@ void matmul(cudaStream_t s, const MatmulView* jobs, int n_jobs, Scratch& scratch
         }
         return;
     }
-    size_t bytes = 0;
-    for (int i = 0; i < n_jobs; ++i)
-        if (jobs[i].x.rows > 0 && !float_type(jobs[i].w.type)) bytes = std::max(bytes, product_scratch(jobs[i]));
-    auto* base = bytes ? static_cast<uint8_t*>(scratch.get(bytes, s)) : nullptr;
-    const View* converted = nullptr;  // the x whose f16 form is in base (jobs sharing an input convert it once)
+    // scratch: the f16 activations (one input at a time), then room for the segment sums of every job (each
+    // decode launch uses it from the start: launches on the stream run one after another)
+    size_t acts = 0, parts = 0;
     for (int i = 0; i < n_jobs; ++i) {
         const MatmulView& j = jobs[i];
-        if (j.x.rows == 0) continue;
-        if (float_type(j.w.type)) {
-            float_product(s, j);
+        if (j.x.rows == 0 || float_type(j.w.type)) continue;
+        acts = std::max(acts, half_acts_bytes(j.x.rows, j.x.cols));
+        parts += part_bytes(j);
+    }
+    auto* base = acts ? static_cast<uint8_t*>(scratch.get(acts + parts, s)) : nullptr;
+    const View* converted = nullptr;  // the x whose f16 form is in base (jobs sharing an input convert it once)
+    for (int i = 0; i < n_jobs;) {
+        const MatmulView& j = jobs[i];
+        if (j.x.rows == 0 || float_type(j.w.type)) {
+            if (j.x.rows > 0) float_product(s, j);
+            ++i;
             continue;
         }
         const HalfActs a = half_acts_at(base, j.x.rows, j.x.cols);
         if (!converted || !same_view(*converted, j.x)) acts_f16(s, j.x, a);
         converted = &j.x;
-        quant_product(s, j, a, base);
+        if (j.x.rows > kDecodeTokens) {
+            prefill_product(s, j, a);
+            ++i;
+            continue;
+        }
+        int n = 1;  // the run of jobs that share this launch
+        while (n < kMaxDecodeJobs && i + n < n_jobs && same_decode_launch(j, jobs[i + n])) ++n;
+        decode_products(s, jobs + i, n, a, base + acts);
+        i += n;
     }
 }
 
