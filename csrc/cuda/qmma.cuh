@@ -15,6 +15,7 @@
 //   1 and 5 at a time" cases), so kernels may tile tokens as they like.
 #pragma once
 
+#include <cuda/atomic>
 #include <cuda_fp16.h>
 
 #include "core/block_decode.h"
@@ -307,16 +308,18 @@ __device__ inline void segment_chunks(int64_t nc, bool split, int64_t seg, int64
 unsigned* segment_counters();
 constexpr int64_t kSegmentCounters = 1 << 18;
 
+// Ordering: the barrier puts every thread's writes before thread 0's count, an acquire-release add at device
+// scope (release is cumulative: it publishes what the barrier ordered before it), and the second barrier puts
+// the last block's reads after it; one fence for the block instead of one per thread.
 __device__ inline bool last_of_segments(unsigned* counter, int64_t n_seg) {
     __shared__ bool last;
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        last = atomicAdd(counter, 1u) == unsigned(n_seg - 1);
-        if (last) *counter = 0;  // every block of the tile has counted
+        ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> count(*counter);
+        last = count.fetch_add(1u, ::cuda::memory_order_acq_rel) == unsigned(n_seg - 1);
+        if (last) count.store(0u, ::cuda::memory_order_relaxed);  // every block of the tile has counted
     }
     __syncthreads();
-    if (last) __threadfence();
     return last;
 }
 
