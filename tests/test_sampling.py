@@ -257,6 +257,21 @@ def test_penalties_as_defined():
     np.testing.assert_allclose(s.probabilities(logits), np.exp(w) / np.exp(w).sum(), rtol=1e-6)
 
 
+def test_extreme_penalties_saturate():
+    """A repeat penalty so small that a divided logit passes float's range saturates at its largest value
+    (before, the logit became +inf and sampling failed); banned tokens stay banned."""
+    logits = np.array([1.0, 2.0, -1.0, 3.0], dtype=np.float32)
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=1e-300, frequency_penalty=-2.0), 4)
+    s.set_history([0, 2, 3])
+    assert s.sample(logits, banned=[3]) == 0
+    p = s.probabilities(logits, banned=[3])
+    assert np.isfinite(p).all() and p[0] == 1.0 and p[3] == 0.0
+    s = Sampler(SamplingParams(repeat_penalty=1e300, presence_penalty=1e300), 4)
+    s.set_history([1])
+    p = s.probabilities(logits)
+    assert np.isfinite(p).all() and p[1] < 1e-30
+
+
 def test_accept_extends_the_history_like_set_history():
     rng = np.random.default_rng(4)
     logits = rng.normal(0, 1, 50).astype(np.float32)

@@ -105,15 +105,16 @@ void Sampler::set_history(const int32_t* ids, int64_t n) {
     }
 }
 
+// In double, rounded to float once and saturated to its range, so that a penalty as extreme as 1e-300 still
+// leaves a finite logit (the limit: the token is as likely as a float logit can make it); -inf stays -inf.
 void Sampler::apply_penalties() {
-    const float rp = float(p_.repeat_penalty), freq = float(p_.frequency_penalty),
-                presence = float(p_.presence_penalty);
+    const double rp = p_.repeat_penalty, freq = p_.frequency_penalty, presence = p_.presence_penalty;
     for (const auto& [id, count] : counts_) {
         float& x = w_[size_t(id)];
-        x = x > 0 ? x / rp : x * rp;
-        x -= float(count) * freq + presence;
-        if (!(x < kInf))
-            throw SamplingError("penalties made the logit of token " + std::to_string(id) + " NaN or +inf");
+        if (x == -kInf) continue;  // banned
+        double v = x > 0 ? x / rp : x * rp;
+        v -= double(count) * freq + presence;
+        x = float(std::clamp(v, -double(FLT_MAX), double(FLT_MAX)));
     }
 }
 
