@@ -281,7 +281,7 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def _serve(args: argparse.Namespace, console: Console) -> int:
-    from .server import ServerConfig, serve
+    from .server import DEFAULT_MAX_TOKENS, ServerConfig, serve
 
     err = Console(stderr=True)
     model = _load(args, err)
@@ -302,7 +302,7 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         max_queue=args.max_queue,
         timeout=args.timeout,
         max_body=args.max_body,
-        default_max_tokens=args.max_tokens,
+        default_max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS,
         antislop=args.antislop,
     )
     if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -642,7 +642,7 @@ def _parser() -> argparse.ArgumentParser:
         "-n",
         "--max-tokens",
         type=_positive(int),
-        help="reply length for requests that do not set one (default: the rest of the context)",
+        help="reply length for requests that do not set one (default 4096: the server's DEFAULT_MAX_TOKENS)",
     )
     sv.add_argument(
         "--max-queue",

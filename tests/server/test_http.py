@@ -188,6 +188,53 @@ BAD_REQUESTS = [
         413,
         "invalid_request_error",
     ),
+    (
+        "lone surrogate in a message",
+        "POST",
+        CHAT,
+        None,
+        b'{"model": "qwen", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+        400,
+        "invalid_request_error",
+    ),
+    (
+        "lone surrogate in a key",
+        "POST",
+        CHAT,
+        None,
+        b'{"model": "qwen", "messages": [{"role": "user", "content": "a"}], "\\udfff": 1}',
+        400,
+        "invalid_request_error",
+    ),
+    (
+        "lone surrogate in a prompt",
+        "POST",
+        "/v1/completions",
+        None,
+        b'{"model": "qwen", "prompt": ["x\\udc00"]}',
+        400,
+        "invalid_request_error",
+    ),
+    ("empty stop string", "POST", CHAT, None, _chat(stop=""), 422, "invalid_request_error"),
+    (
+        "empty stop string, streamed",
+        "POST",
+        CHAT,
+        None,
+        _chat(stop="", stream=True),
+        422,
+        "invalid_request_error",
+    ),
+    ("empty stop in a list", "POST", CHAT, None, _chat(stop=["a", ""]), 422, "invalid_request_error"),
+    (
+        "completion: empty stop",
+        "POST",
+        "/v1/completions",
+        None,
+        {"model": MODEL, "prompt": "a", "stop": "", "stream": True},
+        422,
+        "invalid_request_error",
+    ),
     ("no API key", "POST", CHAT, {}, _chat(), 401, "authentication_error"),
     ("wrong API key", "POST", CHAT, {"Authorization": "Bearer nope"}, _chat(), 401, "authentication_error"),
     ("wrong method", "GET", CHAT, None, None, 405, "invalid_request_error"),
@@ -230,6 +277,27 @@ BAD_REQUESTS = [
     ),
     # Anthropic schema
     ("messages: malformed JSON", "POST", MESSAGES, None, b"{", 400, "invalid_request_error"),
+    (
+        "messages: lone surrogate",
+        "POST",
+        MESSAGES,
+        None,
+        (
+            b'{"model": "qwen", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "text", '
+            b'"text": "\\ud83d"}]}]}'
+        ),
+        400,
+        "invalid_request_error",
+    ),
+    (
+        "messages: empty stop sequence",
+        "POST",
+        MESSAGES,
+        None,
+        _msg(stop_sequences=[""], stream=True),
+        422,
+        "invalid_request_error",
+    ),
     (
         "messages: no max_tokens",
         "POST",
@@ -367,6 +435,63 @@ def test_malformed_requests_get_the_right_4xx(server):
         assert sum(server.engine.metrics.generations.values()) == generations  # none reached the model
         r = http.post(CHAT, headers=AUTH, json=_chat(max_tokens=2, temperature=0))
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+
+
+def test_surrogates_are_named_and_pairs_accepted(server):
+    """A lone surrogate is refused with the field it is in; a surrogate pair (an astral character) is text."""
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as http:
+        body = b'{"model": "qwen", "max_tokens": 1, "messages": [{"role": "user", "content": "hi \\ud800"}]}'
+        e = http.post(CHAT, content=body).json()["error"]
+        assert e["param"] == "messages[0].content" and "surrogate" in e["message"]
+        body = body.replace(b"\\ud800", b"\\ud83d\\ude00")
+        r = http.post(CHAT, content=body)
+        assert r.status_code == 200, r.text
+
+
+def test_methods_options_and_openapi(server):
+    """405 names the allowed methods in Allow; OPTIONS answers them; /openapi.json documents every endpoint's
+    request body (the models the handlers validate) and /docs serves the interactive page."""
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        r = http.get(CHAT, headers=AUTH)
+        assert r.status_code == 405 and r.headers["allow"] == "POST, OPTIONS"
+        assert "it accepts POST, OPTIONS" in r.json()["error"]["message"]
+        r = http.options(CHAT)
+        assert r.status_code == 204 and r.headers["allow"] == "POST, OPTIONS" and r.content == b""
+        r = http.options("/v1/models")
+        assert r.status_code == 204 and set(r.headers["allow"].split(", ")) == {"GET", "OPTIONS"}
+        assert http.options("/v1/engines").status_code == 404
+        doc = http.get("/openapi.json").json()
+        page = http.get("/docs")
+    assert page.status_code == 200 and "swagger" in page.text.lower()
+    bodies = {
+        path: op["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        for path, op in doc["paths"].items()
+        if "post" in op
+    }
+    assert bodies == {
+        CHAT: "ChatRequest",
+        "/v1/completions": "CompletionRequest",
+        MESSAGES: "MessagesRequest",
+        "/v1/messages/count_tokens": "CountTokensRequest",
+    }
+    schemas = doc["components"]["schemas"]
+    chat = schemas["ChatRequest"]
+    assert set(chat["required"]) == {"model", "messages"} and "max_tokens" in chat["properties"]
+    assert schemas["MessagesRequest"]["required"] == ["model", "messages", "max_tokens"]
+    refs = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                refs.add(node["$ref"].rsplit("/", 1)[1])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc)
+    assert refs <= set(schemas)  # every reference resolves
 
 
 def test_error_messages_name_the_problem(server):

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from regolith.server.api_error import APIError
+from regolith.server.endpoint import DEFAULT_MAX_TOKENS, ServerConfig
 from regolith.server.plan import fit_max_tokens, tool_call_prefix
 from regolith.server.reply import parse_tool_calls
 
@@ -18,6 +19,7 @@ def test_max_tokens_is_clamped_to_the_context():
     assert fit_max_tokens(model, 1000, 5, None) == 5
     assert fit_max_tokens(model, 1000, None, 16) == 16
     assert fit_max_tokens(model, 1000, None, None) == 24  # the rest of the context
+    assert fit_max_tokens(SimpleNamespace(n_ctx=32768), 10, None, DEFAULT_MAX_TOKENS) == DEFAULT_MAX_TOKENS
     with pytest.raises(APIError, match="the prompt has 1024 tokens; the context holds 1024") as e:
         fit_max_tokens(model, 1024, 1, None)
     assert e.value.status == 400 and e.value.code == "context_length_exceeded"
@@ -91,3 +93,5 @@ def test_serve_command_line(monkeypatch, tmp_path):
     assert (config.default_max_tokens, config.timeout, model.n_ctx) == (64, 5.0, 512)
     assert model.chat_template.render([{"role": "user", "content": "hi"}]) == "hi"
     assert config.max_body == 16 * 1024 * 1024
+    assert main(argv[:-4]) == 0  # without -n: the server's default reply length
+    assert seen["config"].default_max_tokens == DEFAULT_MAX_TOKENS == ServerConfig("m").default_max_tokens

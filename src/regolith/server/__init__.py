@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .app import create_app
-from .endpoint import ServerConfig
+from .endpoint import DEFAULT_MAX_TOKENS, ServerConfig
 
 if TYPE_CHECKING:
     from ..model import Model
 
-__all__ = ["ServerConfig", "create_app", "serve"]
+__all__ = ["DEFAULT_MAX_TOKENS", "ServerConfig", "create_app", "serve"]
 
 
 def serve(

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from .api_error import APIError, anthropic_body
-from .endpoint import ServerState, StrictBody, collect, event_stream, read_request, sse
+from .endpoint import ServerState, StrictBody, collect, documented, event_stream, read_request, sse
 from .engine import Job
 from .plan import ChatPrompt, Plan, chat_prompt, plan_chat, stop_sequence
 from .reply import ToolCall
@@ -300,7 +300,9 @@ def _prompt(state: ServerState, req: CountTokensRequest) -> ChatPrompt:
     )
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post(
+    "/v1/messages/count_tokens", openapi_extra=documented(CountTokensRequest, anthropic=True, stream=False)
+)
 async def count_tokens(request: Request) -> Any:
     state, req = await read_request(request, CountTokensRequest)
     prompt = await asyncio.to_thread(_prompt, state, req)
@@ -329,7 +331,7 @@ def _usage(plan: Plan, job: Job) -> dict[str, int]:
     }
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=documented(MessagesRequest, anthropic=True, stream=True))
 async def messages(request: Request) -> Any:
     state, req = await read_request(request, MessagesRequest)
     budget = None

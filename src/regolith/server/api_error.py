@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["APIError", "anthropic_body", "openai_body"]
+__all__ = ["ANTHROPIC_ERROR_SCHEMA", "OPENAI_ERROR_SCHEMA", "APIError", "anthropic_body", "openai_body"]
 
 # kind -> (OpenAI type, Anthropic type)
 _TYPES = {
@@ -54,3 +54,34 @@ def openai_body(e: APIError) -> dict[str, Any]:
 def anthropic_body(e: APIError) -> dict[str, Any]:
     """``e`` in Anthropic's error schema."""
     return {"type": "error", "error": {"type": _TYPES[e.kind][1], "message": e.message}}
+
+
+# The two error bodies as JSON schemas (the server's OpenAPI document).
+OPENAI_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}

@@ -13,12 +13,14 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import __version__
 from . import anthropic_api, openai_api
 from .api_error import APIError, anthropic_body, openai_body
-from .endpoint import ServerConfig, ServerState
+from .endpoint import ServerConfig, ServerState, body_models, documented
 from .engine import Engine
 from .metrics import Metrics
 
@@ -79,6 +81,57 @@ class _CountRequests:
             self.metrics.record_request(path, status)
 
 
+_DESCRIPTION = (
+    "OpenAI- and Anthropic-compatible endpoints of a regolith server (docs/server.md). Request bodies are "
+    "read and validated by the server itself, against the schemas below; errors come in each API's own schema."
+)
+
+
+def _openapi_document(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document of ``app``'s routes with the request bodies the handlers validate themselves
+    (:func:`.endpoint.documented`) and the API-key schemes."""
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for name, model in body_models().items():
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for sub, sub_schema in schema.pop("$defs", {}).items():
+            if schemas.setdefault(sub, sub_schema) != sub_schema:
+                raise AssertionError(f"two request models named {sub} with different schemas")
+        schemas[name] = schema
+    doc["components"]["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer"},
+        "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+    }
+    doc["security"] = [{"bearer": []}, {"x-api-key": []}, {}]
+    return doc
+
+
+class _Options:
+    """ASGI middleware answering ``OPTIONS``: 204 with the ``Allow`` header of the 405 the route gives any
+    method it lacks (so every route answers it; a path that is no route stays 404)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        replaced = False
+
+        async def answer(message: dict[str, Any]) -> None:
+            nonlocal replaced
+            if message["type"] == "http.response.start" and message["status"] == 405:
+                replaced = True
+                allow = [(k, v) for k, v in message.get("headers", []) if k.lower() == b"allow"]
+                await send({"type": "http.response.start", "status": 204, "headers": allow})
+                await send({"type": "http.response.body", "body": b""})
+            elif not replaced:
+                await send(message)
+
+        await self.app(scope, receive, answer)
+
+
 def create_app(model: Model, config: ServerConfig) -> FastAPI:
     """The server's ASGI application for ``model``. The generation worker starts and stops with the app's
     lifespan (uvicorn runs it)."""
@@ -95,9 +148,25 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
         finally:
             engine.stop()
 
-    app = FastAPI(title="regolith", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="regolith",
+        version=__version__,
+        description=_DESCRIPTION,
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
     app.state.server = state
     app.add_middleware(_CountRequests, metrics=metrics)
+    app.add_middleware(_Options)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _openapi_document(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
@@ -108,12 +177,18 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
         if e.status_code == 404:
             err = APIError(404, f"there is no endpoint {request.method} {request.url.path}", kind="not_found")
         elif e.status_code == 405:
-            err = APIError(405, f"{request.url.path} does not accept {request.method}")
+            methods = [m for m in (e.headers or {}).get("Allow", "").split(", ") if m]
+            allowed = ", ".join([*methods, "OPTIONS"])
+            e.headers = {**(e.headers or {}), "Allow": allowed}
+            err = APIError(405, f"{request.url.path} does not accept {request.method}; it accepts {allowed}")
         else:
             err = APIError(
                 e.status_code, str(e.detail), kind="server" if e.status_code >= 500 else "invalid_request"
             )
-        return error_response(err, request.url.path)
+        reply = error_response(err, request.url.path)
+        if e.headers:
+            reply.headers.update(e.headers)
+        return reply
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception) -> JSONResponse:
@@ -121,7 +196,7 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
         err = APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server")
         return error_response(err, request.url.path)
 
-    @app.get("/health")
+    @app.get("/health", openapi_extra=documented(None, anthropic=False, stream=False))
     async def health() -> dict[str, Any]:
         return {
             "status": "ok",
@@ -130,7 +205,7 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
             "queue_depth": engine.queue_depth,
         }
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus(request: Request) -> Response:
         state.authorize(request)
         return PlainTextResponse(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .api_error import APIError
+from .api_error import ANTHROPIC_ERROR_SCHEMA, OPENAI_ERROR_SCHEMA, APIError
 from .engine import Engine, Job
 from .metrics import Metrics
 
@@ -28,10 +29,13 @@ if TYPE_CHECKING:
     from ..model import Model
 
 __all__ = [
+    "DEFAULT_MAX_TOKENS",
     "ServerConfig",
     "ServerState",
     "StrictBody",
+    "body_models",
     "collect",
+    "documented",
     "event_stream",
     "read_body",
     "read_request",
@@ -39,6 +43,10 @@ __all__ = [
 ]
 
 B = TypeVar("B", bound=BaseModel)
+
+# Tokens a reply may have when its request does not say: a reply that never ends stops here, not at the end
+# of the context (fit_max_tokens also clamps it to the room the context leaves).
+DEFAULT_MAX_TOKENS = 4096
 
 
 class StrictBody(BaseModel):
@@ -55,8 +63,9 @@ class ServerConfig:
     ``model_name`` is the id clients name the model by (``aliases`` are accepted too); ``api_key`` (None:
     no authentication) is required as ``Authorization: Bearer KEY`` or ``x-api-key: KEY``. ``max_queue``
     requests may wait; a request fails after ``timeout`` seconds, queued or running; bodies over
-    ``max_body`` bytes are refused; ``default_max_tokens`` caps replies that do not ask for a length (None:
-    the rest of the context); ``antislop`` bans the shipped list of overused phrases.
+    ``max_body`` bytes are refused; ``default_max_tokens`` is the length of replies whose request sets none
+    (``DEFAULT_MAX_TOKENS``; None: the rest of the context); ``antislop`` bans the shipped list of overused
+    phrases.
     """
 
     model_name: str
@@ -65,7 +74,7 @@ class ServerConfig:
     max_queue: int = 64
     timeout: float = 600.0
     max_body: int = 16 * 1024 * 1024
-    default_max_tokens: int | None = None
+    default_max_tokens: int | None = DEFAULT_MAX_TOKENS
     antislop: bool = False
 
 
@@ -116,6 +125,46 @@ class ServerState:
     def submit(self, prompt: list[int], options: dict[str, Any], guide: TokenGuide | None = None) -> Job:
         """Queue a generation with the configured timeout."""
         return self.engine.submit(prompt, options, guide=guide, timeout=self.config.timeout)
+
+
+# The request models read_request validates, by name: the components of the OpenAPI document.
+_BODIES: dict[str, type[BaseModel]] = {}
+
+
+def documented(body: type[BaseModel] | None, *, anthropic: bool, stream: bool) -> dict[str, Any]:
+    """``openapi_extra`` for a route: its request body, a ``body`` model that the handler reads through
+    :func:`read_request` (FastAPI does not see it), and its answers: JSON, or with ``stream`` also server-sent
+    events, and 4xx / 5xx in the API's error schema."""
+    error = ANTHROPIC_ERROR_SCHEMA if anthropic else OPENAI_ERROR_SCHEMA
+    ok: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
+    if stream:
+        ok["text/event-stream"] = {"schema": {"type": "string"}}
+    extra: dict[str, Any] = {
+        "responses": {
+            "200": {
+                "description": "the reply" + (" (server-sent events with stream: true)" if stream else ""),
+                "content": ok,
+            },
+            "4XX": {
+                "description": "a request this server cannot answer",
+                "content": {"application/json": {"schema": error}},
+            },
+            "5XX": {
+                "description": "overloaded, timed out, or an internal error",
+                "content": {"application/json": {"schema": error}},
+            },
+        }
+    }
+    if body is not None:
+        _BODIES[body.__name__] = body
+        ref = {"$ref": f"#/components/schemas/{body.__name__}"}
+        extra["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
+    return extra
+
+
+def body_models() -> dict[str, type[BaseModel]]:
+    """The request models :func:`documented` routes read, by name."""
+    return dict(_BODIES)
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -183,10 +232,46 @@ async def read_body(request: Request, model: type[B], limit: int) -> B:
         raise APIError(400, f"the body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the body must be a JSON object, not {type(data).__name__}")
+    where = _lone_surrogate(data)
+    if where is not None:
+        raise APIError(
+            400,
+            f"{where or 'the body'}: the text holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+            "escape), which is not Unicode text; send each astral character as its surrogate pair",
+            param=where or None,
+        )
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise _validation_error(e) from None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _has_surrogate(text: str) -> bool:
+    return _SURROGATE.search(text) is not None
+
+
+def _lone_surrogate(value: Any, path: str = "") -> str | None:
+    """The path ('messages[0].content') of the first string, key or value, of parsed JSON ``value`` that
+    holds a lone surrogate (JSON allows ``"\\ud800"``; no tokenizer can encode it), or None."""
+    if isinstance(value, str):
+        return path if _has_surrogate(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else key
+            if _has_surrogate(key):
+                return where.encode("utf-8", "backslashreplace").decode()
+            found = _lone_surrogate(item, where)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _lone_surrogate(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 async def collect(job: Job, request: Request) -> list[str]:

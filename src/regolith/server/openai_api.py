@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from .api_error import APIError, openai_body
-from .endpoint import ServerState, StrictBody, collect, event_stream, read_request, sse
+from .endpoint import ServerState, StrictBody, collect, documented, event_stream, read_request, sse
 from .engine import Job
 from .plan import Plan, chat_prompt, check_sampling, fit_max_tokens, plan_chat
 from .reply import ToolCall
@@ -110,7 +110,11 @@ class _Sampling(StrictBody):
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
-    stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)] | None = None
+    stop: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)]
+        | None
+    ) = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1)] | None = None
@@ -329,7 +333,7 @@ def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = Non
     return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=documented(ChatRequest, anthropic=False, stream=True))
 async def chat_completions(request: Request) -> Any:
     state, req = await read_request(request, ChatRequest)
     _check_chat_supported(req)
@@ -440,7 +444,7 @@ def _completion_prompt(state: ServerState, req: CompletionRequest) -> list[int]:
     return ids
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=documented(CompletionRequest, anthropic=False, stream=True))
 async def completions(request: Request) -> Any:
     state, req = await read_request(request, CompletionRequest)
     req.check_supported()
@@ -506,7 +510,7 @@ def _model_card(state: ServerState, name: str, anthropic: bool) -> dict[str, Any
     return {"id": name, "object": "model", "created": state.started, "owned_by": "regolith"}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", openapi_extra=documented(None, anthropic=False, stream=False))
 async def models(request: Request) -> Any:
     """The served model (in Anthropic's list format when the request has an ``anthropic-version`` header)."""
     state: ServerState = request.app.state.server
@@ -518,7 +522,7 @@ async def models(request: Request) -> Any:
     return {"object": "list", "data": [_model_card(state, n, False) for n in names]}
 
 
-@router.get("/v1/models/{name:path}")
+@router.get("/v1/models/{name:path}", openapi_extra=documented(None, anthropic=False, stream=False))
 async def model(name: str, request: Request) -> Any:
     state: ServerState = request.app.state.server
     state.authorize(request)
