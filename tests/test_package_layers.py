@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
         "server/reply.py",
         "server/metrics.py",
         "server/structured.py",
+        "server/grammar.py",
         "server/thinking.py",
     ),
     ("server/engine.py", "server/plan.py"),

@@ -49,7 +49,8 @@ class TokenGuide(Protocol):
 
     def allows(self, tokens: Sequence[int], token: int) -> bool:
         """Whether the sampled ``token`` may follow ``tokens``; a refused token is banned at this position and
-        the position sampled again."""
+        the position sampled again. A guide may also have ``mask(tokens)``: a bool array over the vocabulary
+        of the tokens that may follow, applied to the logits before sampling (a grammar's guide)."""
         ...
 
 
@@ -356,6 +357,9 @@ class Generation(Iterator[str]):
         forced = self._guide.forced(self.tokens)
         if forced is not None:
             return forced
+        mask = getattr(self._guide, "mask", None)
+        if mask is not None:
+            logits = np.where(mask(self.tokens), logits, np.float32(-np.inf)).astype(logits.dtype, copy=False)
         refused = set(banned)
         while True:
             token = sampler.sample(logits, sorted(refused))

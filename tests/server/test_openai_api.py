@@ -169,6 +169,32 @@ def test_json_output(client):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+def test_grammar_field(client, server):
+    """llama-server's ``grammar`` (GBNF; Lark too) constrains a chat reply and a completion; a grammar that
+    does not parse is a 400 naming the field."""
+    yes_no = 'root ::= ("yes" | "no") "."'
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}],
+        max_tokens=10,
+        extra_body={"grammar": yes_no},
+        temperature=1.0,
+        seed=1,
+    )
+    assert r.choices[0].message.content in ("yes.", "no.") and r.choices[0].finish_reason == "stop"
+    digits = 'start: /[0-9]{3}/ "-" /[0-9]{4}/'
+    r = client.completions.create(
+        model=MODEL, prompt="Call me at", max_tokens=20, extra_body={"grammar": digits}, temperature=1.0, seed=2
+    )
+    text = r.choices[0].text
+    assert len(text) == 8 and text[3] == "-" and (text[:3] + text[4:]).isdigit(), text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body={"grammar": "root ::= foo"}
+        )
+    assert e.value.body["param"] == "grammar" and "foo" in e.value.body["message"]
+
+
 def test_seed_and_stop(client):
     messages = [{"role": "user", "content": "Write a short poem about rain."}]
     a, b = (

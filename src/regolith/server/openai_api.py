@@ -15,7 +15,7 @@ from pydantic import Field
 from .api_error import APIError, openai_body
 from .endpoint import ServerState, StrictBody, collect, documented, event_stream, read_request, sse
 from .engine import Job
-from .plan import Plan, chat_prompt, check_sampling, fit_max_tokens, plan_chat
+from .plan import Plan, chat_prompt, check_sampling, fit_max_tokens, grammar_guide, plan_chat
 from .reply import ToolCall
 
 if TYPE_CHECKING:
@@ -119,6 +119,7 @@ class _Sampling(StrictBody):
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None
+    grammar: Annotated[str, Field(min_length=1)] | None = None  # llama-server's: GBNF (or Lark)
 
     def sampling(self) -> dict[str, Any]:
         """:class:`regolith.SamplingParams` fields the request sets (the server's defaults fill the rest)."""
@@ -363,6 +364,7 @@ async def chat_completions(request: Request) -> Any:
         stop=req.stops(),
         sampling=req.sampling(),
         antislop=state.config.antislop,
+        grammar=req.grammar,
     )
     job = state.submit(plan.prompt, plan.options, plan.guide)
     base = {
@@ -459,7 +461,8 @@ async def completions(request: Request) -> Any:
     check_sampling(state.model, sampling)
     n_max = fit_max_tokens(state.model, len(prompt), req.max_tokens, state.config.default_max_tokens)
     options = {"max_tokens": n_max, "stop": req.stops(), "antislop": state.config.antislop, **sampling}
-    job = state.submit(prompt, options)
+    guide = grammar_guide(state.model, req.grammar) if req.grammar is not None else None
+    job = state.submit(prompt, options, guide)
     base = {
         "id": "cmpl-" + secrets.token_hex(12),
         "object": "text_completion",

@@ -7,7 +7,7 @@ first bring their requests to the chat template's form: messages as ``{"role", "
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +17,9 @@ from ..model import SAMPLING_DEFAULTS
 from ..sampling import SamplingParams
 from ..vision import ImageSpan, render_with_images, split_images
 from .api_error import APIError
+from .grammar import GrammarGuide, json_grammar, text_grammar
 from .reply import ReplyParser
-from .structured import JsonGuide, json_instruction, parse_json_reply, schema_errors
+from .structured import json_instruction, parse_json_reply, schema_errors
 from .thinking import ThinkingBudget, think_tags
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ __all__ = [
     "chat_prompt",
     "check_sampling",
     "fit_max_tokens",
+    "grammar_guide",
     "plan_chat",
     "stop_sequence",
 ]
@@ -234,12 +236,15 @@ def plan_chat(
     stop: Sequence[str] = (),
     sampling: Mapping[str, Any] | None = None,
     antislop: bool = False,
+    grammar: str | None = None,
 ) -> Plan:
     """Plan the reply to ``prompt``.
 
-    ``response_format``: None, 'json_object' or 'json_schema' (with ``json_schema``); JSON syntax is enforced
-    token by token when the model neither thinks nor may call tools. ``thinking_budget`` caps the thinking
-    block. ``sampling`` are :class:`regolith.SamplingParams` fields. Raises :class:`APIError`.
+    ``response_format``: None, 'json_object' or 'json_schema' (with ``json_schema``); the reply is kept to a
+    JSON object (matching the schema) token by token (:class:`.grammar.GrammarGuide`) when the model neither
+    thinks nor may call tools. ``thinking_budget`` caps the thinking
+    block. ``grammar`` (GBNF or Lark) constrains the whole reply instead. ``sampling`` are
+    :class:`regolith.SamplingParams` fields. Raises :class:`APIError`.
     """
     sampling = dict(sampling or {})
     check_sampling(model, sampling)
@@ -251,15 +256,20 @@ def plan_chat(
     json_mode = response_format in ("json_object", "json_schema")
     tags = prompt.think_tags
     guide: TokenGuide | None = None
-    if thinking_budget is not None and tags is not None:
+    if grammar is not None:
+        if json_mode or prompt.reply_prefix or thinking_budget is not None:
+            raise APIError(
+                400,
+                "grammar cannot be combined with response_format, a forced tool_choice or a thinking budget",
+                param="grammar",
+            )
+        guide = grammar_guide(model, grammar)
+    elif thinking_budget is not None and tags is not None:
         guide = ThinkingBudget(
             model.tokenizer, thinking_budget, max_tokens=n_max, tags=tags, open_at_start=prompt.thinking_open
         )
     elif json_mode and prompt.tool_names is None and tags is None:
-        tok = model.tokenizer
-        end = tok.eos_id if tok.eos_id in tok.eog_ids else min(tok.eog_ids)
-        top = b"{[" if json_schema is not None and json_schema.get("type") == "array" else b"{"
-        guide = JsonGuide(tok, end, top=top)
+        guide = _guided(model, lambda: json_grammar(json_schema), "response_format")
     return Plan(
         chat=prompt,
         options={
@@ -274,6 +284,23 @@ def plan_chat(
         json_mode=json_mode,
         parallel_tool_calls=parallel_tool_calls,
     )
+
+
+def _guided(model: Model, grammar: Callable[[], str], param: str) -> GrammarGuide:
+    """A guide for the grammar ``grammar()`` makes, ending the reply with the model's end token; a grammar
+    that cannot be used is a 400 for the request field ``param``."""
+    tok = model.tokenizer
+    end = tok.eos_id if tok.eos_id in tok.eog_ids else min(tok.eog_ids)
+    try:
+        return GrammarGuide(tok, grammar(), n_vocab=model.config["vocab_size"], end=end)
+    except ValueError as e:
+        raise APIError(400, f"{param}: {e}", param=param) from None
+
+
+def grammar_guide(model: Model, grammar: str) -> TokenGuide:
+    """The guide that keeps a reply inside ``grammar`` (a request's GBNF or Lark ``grammar`` field). Raises
+    :class:`APIError` (400) for a grammar that cannot be used."""
+    return _guided(model, lambda: text_grammar(grammar), "grammar")
 
 
 def stop_sequence(model: Model, gen: Generation, stops: Sequence[str]) -> str | None:
