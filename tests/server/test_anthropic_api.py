@@ -136,6 +136,25 @@ def test_tool_use_round_trip(client, server):
     assert final.stop_reason == "tool_use"
 
 
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_forced_tool_use_matches_the_input_schema(client, choice):
+    """tool_choice any / tool on a request that does not call for a tool: a tool_use block whose input the
+    jsonschema package accepts."""
+    jsonschema = pytest.importorskip("jsonschema")
+    m = client.messages.create(
+        model=MODEL,
+        max_tokens=60,
+        tools=[WEATHER_TOOL],
+        tool_choice=choice,
+        messages=[{"role": "user", "content": "Tell me a joke."}],
+        extra_body=GREEDY,
+    )
+    assert m.stop_reason == "tool_use", m.content
+    (use,) = [b for b in m.content if b.type == "tool_use"]
+    assert use.name == "get_weather"
+    jsonschema.validate(use.input, WEATHER_TOOL["input_schema"])
+
+
 def test_stop_sequences_and_authentication(client, server):
     kw = {
         "model": MODEL,

@@ -169,6 +169,47 @@ def test_json_output(client):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_forced_tool_calls_validate_against_their_schemas(client, seed):
+    """tool_choice 'required' (and a named tool) on a request that does not call for a tool: the reply is one
+    call of an offered tool whose arguments the jsonschema package accepts (the call is kept to its schema)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    joke = [{"role": "user", "content": "Tell me a joke."}]
+    tools = [WEATHER_TOOL, ADD_TOOL]
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        r = client.chat.completions.create(
+            model=MODEL,
+            messages=joke,
+            tools=tools,
+            tool_choice=choice,
+            max_tokens=60,
+            temperature=1.0,
+            seed=seed,
+        )
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+        (call,) = r.choices[0].message.tool_calls
+        if isinstance(choice, dict):
+            assert call.function.name == "add"
+        schema = next(t for t in tools if t["function"]["name"] == call.function.name)["function"][
+            "parameters"
+        ]
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
 def test_grammar_field(client, server):
     """llama-server's ``grammar`` (GBNF; Lark too) constrains a chat reply and a completion; a grammar that
     does not parse is a 400 naming the field."""
@@ -184,7 +225,12 @@ def test_grammar_field(client, server):
     assert r.choices[0].message.content in ("yes.", "no.") and r.choices[0].finish_reason == "stop"
     digits = 'start: /[0-9]{3}/ "-" /[0-9]{4}/'
     r = client.completions.create(
-        model=MODEL, prompt="Call me at", max_tokens=20, extra_body={"grammar": digits}, temperature=1.0, seed=2
+        model=MODEL,
+        prompt="Call me at",
+        max_tokens=20,
+        extra_body={"grammar": digits},
+        temperature=1.0,
+        seed=2,
     )
     text = r.choices[0].text
     assert len(text) == 8 and text[3] == "-" and (text[:3] + text[4:]).isdigit(), text

@@ -38,11 +38,11 @@ def test_forced_openings_parse_as_the_named_call(source):
     """The forced start of a call plus what the model writes next parses as a call to the named tool."""
     prefix = tool_call_prefix(source, "get_weather")
     rest = {
-        HERMES: '"city": "Oslo"}}\n</tool_call>',
-        MISTRAL: '"city": "Oslo"}}]',
+        HERMES: '{"city": "Oslo"}}\n</tool_call>',
+        MISTRAL: '{"city": "Oslo"}}]',
         MISTRAL_ARGS: '{"city": "Oslo"}',
     }
-    reply = prefix + rest.get(source, '"city": "Oslo"}}')
+    reply = prefix + rest.get(source, '{"city": "Oslo"}}')
     content, calls = parse_tool_calls(reply, {"get_weather"})
     assert content == "" and [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Oslo"})]
     if source == LLAMA3:

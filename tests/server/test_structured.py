@@ -156,6 +156,19 @@ def test_sampled_replies_validate_against_the_schema(demo, index):
     assert ended >= 2, "too few replies ended within max_tokens to check"
 
 
+def test_speculation_stays_exact_under_the_grammar(demo):
+    """The same seed gives the same constrained reply with each drafter as without speculation (a rejected
+    draft never reaches the guide; rollbacks are tested on the guide itself below)."""
+    replies = set()
+    for spec in ("off", "suffix", "mtp", True):
+        guide, _ = _guide(demo, CORPUS[3])
+        replies.add(
+            demo.generate("Data:", max_tokens=60, temperature=0.9, seed=11, guide=guide, speculative=spec)
+        )
+    (reply,) = replies
+    assert reply.startswith('{"items": [')
+
+
 def test_the_guide_follows_a_document_and_rollbacks():
     """A valid document's tokens are all allowed, in the mask and by allows; the end is forced once it closes;
     after a rollback to a shorter reply (anti-slop) the guide follows the shorter one."""

@@ -35,6 +35,7 @@ __all__ = [
     "grammar_guide",
     "plan_chat",
     "stop_sequence",
+    "tool_call_grammar",
 ]
 
 
@@ -47,6 +48,7 @@ class ChatPrompt:
     think_tags: tuple[str, str] | None
     thinking_open: bool  # the prompt ends inside a thinking block
     reply_prefix: str  # the forced start of a tool call, already in the prompt
+    reply_grammar: str | None = None  # with reply_prefix: the rest of the call (tool_call_grammar)
     images: list[ImageSpan] = field(default_factory=list)  # the prompt's images (Model.start's images=)
 
 
@@ -129,20 +131,54 @@ def fit_max_tokens(model: Model, n_prompt: int, requested: int | None, default: 
     return max(0, min(want, room))
 
 
-def tool_call_prefix(template_source: str, name: str | None) -> str:
-    """The start of a tool call in the model's format, to force one: the whole head of a call to ``name``,
-    or (None) the call's opening up to the function name."""
+def _call_format(template_source: str) -> tuple[str, str, str]:
+    """(opener, arguments key, closing) of a tool call in the model's format: Hermes / Qwen
+    ``<tool_call>``, Mistral ``[TOOL_CALLS][...]`` (``[ARGS]``: opener only), else a bare JSON object
+    (Llama 3 names its arguments ``parameters``)."""
     if "<tool_call>" in template_source:
-        opener, key = "<tool_call>\n", "arguments"
-    elif "[TOOL_CALLS]" in template_source:
+        return "<tool_call>\n", "arguments", "}\n</tool_call>"
+    if "[TOOL_CALLS]" in template_source:
         if "[ARGS]" in template_source:
-            return "[TOOL_CALLS]" + (f"{name}[ARGS]" if name is not None else "")
-        opener, key = "[TOOL_CALLS][", "arguments"
-    else:
-        opener, key = "", "parameters" if '"parameters"' in template_source else "arguments"
+            return "[TOOL_CALLS]", "", ""
+        return "[TOOL_CALLS][", "arguments", "}]"
+    return "", "parameters" if '"parameters"' in template_source else "arguments", "}"
+
+
+def tool_call_prefix(template_source: str, name: str | None) -> str:
+    """The start of a tool call in the model's format, to force one: the head of a call to ``name`` up to
+    its arguments, or (None) the call's opening up to the function name."""
+    opener, key, _ = _call_format(template_source)
+    if not key:  # [TOOL_CALLS]name[ARGS]{...}
+        return opener + (f"{name}[ARGS]" if name is not None else "")
     if name is None:
         return opener + '{"name": "'
-    return opener + '{"name": ' + json.dumps(name) + ', "' + key + '": {'
+    return opener + '{"name": ' + json.dumps(name) + ', "' + key + '": '
+
+
+# The arguments' JSON as json.dumps writes it (no whitespace a model could loop on).
+_ARGS_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def tool_call_grammar(template_source: str, tools: list[dict[str, Any]], name: str | None) -> str:
+    """The Lark grammar (llguidance's) of what follows :func:`tool_call_prefix`: the rest of one call to
+    ``name`` (None: to one of ``tools``) whose arguments match its JSON schema, and the call's closing."""
+    _, key, close = _call_format(template_source)
+
+    def call(tool: dict[str, Any], with_name: bool) -> str:
+        fn = tool["function"]
+        schema = {**(fn.get("parameters") or {"type": "object"}), "x-guidance": _ARGS_LAYOUT}
+        head = ""
+        if with_name:
+            head = fn["name"] + ("[ARGS]" if not key else '", "' + key + '": ')
+        parts = [json.dumps(head, ensure_ascii=False)] if head else []
+        parts.append("%json " + json.dumps(schema, ensure_ascii=False))
+        if close:
+            parts.append(json.dumps(close))
+        return " ".join(parts)
+
+    if name is not None:
+        return "start: " + call(next(t for t in tools if t["function"]["name"] == name), False)
+    return "start: " + " | ".join(call(t, True) for t in tools)
 
 
 def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
@@ -200,9 +236,11 @@ def chat_prompt(
             400, f"the conversation does not fit the model's chat template: {e}", param="messages"
         ) from None
     tags = think_tags(template)
-    reply_prefix = ""
+    reply_prefix, reply_grammar = "", None
     if tools is not None and choice != "auto":
-        reply_prefix = tool_call_prefix(template.source, None if choice == "required" else choice)
+        forced = None if choice == "required" else choice
+        reply_prefix = tool_call_prefix(template.source, forced)
+        reply_grammar = tool_call_grammar(template.source, tools, forced)
     text += prefill + reply_prefix
     names = None if tools is None else [t["function"]["name"] for t in tools]
     images: list[ImageSpan] = []
@@ -219,6 +257,7 @@ def chat_prompt(
         think_tags=tags,
         thinking_open=tags is not None and not reply_prefix and text.rstrip().endswith(tags[0]),
         reply_prefix=reply_prefix,
+        reply_grammar=reply_grammar,
         images=images,
     )
 
@@ -264,6 +303,9 @@ def plan_chat(
                 param="grammar",
             )
         guide = grammar_guide(model, grammar)
+    elif prompt.reply_grammar is not None:
+        reply_grammar = prompt.reply_grammar
+        guide = _guided(model, lambda: text_grammar(reply_grammar), "tools")
     elif thinking_budget is not None and tags is not None:
         guide = ThinkingBudget(
             model.tokenizer, thinking_budget, max_tokens=n_max, tags=tags, open_at_start=prompt.thinking_open
