@@ -350,7 +350,8 @@ async def messages(request: Request) -> Any:
     sampling = {k: getattr(req, k) for k in ("temperature", "top_p", "top_k") if getattr(req, k) is not None}
     stops = list(req.stop_sequences or [])
     schema = req.json_schema()
-    plan = plan_chat(
+    plan = await asyncio.to_thread(  # a grammar's compilation may take a while
+        plan_chat,
         state.model,
         prompt,
         response_format="json_schema" if schema is not None else None,

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..tokenizer import Tokenizer
 
-__all__ = ["GrammarGuide", "json_grammar", "text_grammar"]
+__all__ = ["JSON_LAYOUT", "GrammarGuide", "json_grammar", "text_grammar"]
 
 # A model's tokenizer as llguidance sees it (building it reads every token's bytes: ~0.6 s at 150k).
 _LL_TOKENIZERS: weakref.WeakKeyDictionary[Tokenizer, dict[tuple[int, int], llguidance.LLTokenizer]] = (
@@ -53,7 +53,7 @@ def _ll_tokenizer(tokenizer: Tokenizer, n_vocab: int, end: int) -> llguidance.LL
 
 # JSON as json.dumps writes it ('{"a": 1, "b": [2, 3]}'): what models write unprompted, and no whitespace
 # the model could loop on until max_tokens.
-_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def json_grammar(schema: Mapping[str, Any] | None) -> str:
@@ -63,7 +63,7 @@ def json_grammar(schema: Mapping[str, Any] | None) -> str:
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(
             dict(schema) if schema is not None else {"type": "object"},
-            defaults=_JSON_LAYOUT,
+            defaults=JSON_LAYOUT,
         )
     except (TypeError, RuntimeError) as e:
         raise ValueError(f"the JSON schema cannot be used: {e}") from None

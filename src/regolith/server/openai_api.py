@@ -353,7 +353,8 @@ async def chat_completions(request: Request) -> Any:
         json_mode=fmt is not None,
         reasoning_effort=req.reasoning_effort,
     )
-    plan = plan_chat(
+    plan = await asyncio.to_thread(  # a grammar's compilation may take a while
+        plan_chat,
         state.model,
         prompt,
         response_format=fmt,
@@ -461,7 +462,9 @@ async def completions(request: Request) -> Any:
     check_sampling(state.model, sampling)
     n_max = fit_max_tokens(state.model, len(prompt), req.max_tokens, state.config.default_max_tokens)
     options = {"max_tokens": n_max, "stop": req.stops(), "antislop": state.config.antislop, **sampling}
-    guide = grammar_guide(state.model, req.grammar) if req.grammar is not None else None
+    guide = (
+        await asyncio.to_thread(grammar_guide, state.model, req.grammar) if req.grammar is not None else None
+    )
     job = state.submit(prompt, options, guide)
     base = {
         "id": "cmpl-" + secrets.token_hex(12),

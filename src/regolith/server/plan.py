@@ -17,7 +17,7 @@ from ..model import SAMPLING_DEFAULTS
 from ..sampling import SamplingParams
 from ..vision import ImageSpan, render_with_images, split_images
 from .api_error import APIError
-from .grammar import GrammarGuide, json_grammar, text_grammar
+from .grammar import JSON_LAYOUT, GrammarGuide, json_grammar, text_grammar
 from .reply import ReplyParser
 from .structured import json_instruction, parse_json_reply, schema_errors
 from .thinking import ThinkingBudget, think_tags
@@ -155,10 +155,6 @@ def tool_call_prefix(template_source: str, name: str | None) -> str:
     return opener + '{"name": ' + json.dumps(name) + ', "' + key + '": '
 
 
-# The arguments' JSON as json.dumps writes it (no whitespace a model could loop on).
-_ARGS_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
 def tool_call_grammar(template_source: str, tools: list[dict[str, Any]], name: str | None) -> str:
     """The Lark grammar (llguidance's) of what follows :func:`tool_call_prefix`: the rest of one call to
     ``name`` (None: to one of ``tools``) whose arguments match its JSON schema, and the call's closing."""
@@ -166,7 +162,7 @@ def tool_call_grammar(template_source: str, tools: list[dict[str, Any]], name: s
 
     def call(tool: dict[str, Any], with_name: bool) -> str:
         fn = tool["function"]
-        schema = {**(fn.get("parameters") or {"type": "object"}), "x-guidance": _ARGS_LAYOUT}
+        schema = {**(fn.get("parameters") or {"type": "object"}), "x-guidance": JSON_LAYOUT}
         head = ""
         if with_name:
             head = fn["name"] + ("[ARGS]" if not key else '", "' + key + '": ')
