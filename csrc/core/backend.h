@@ -179,6 +179,15 @@ public:
     void copy(const Tensor& src, const Tensor& dst);  // same type and shape
     void zero(const Tensor& dst);
     virtual void submit() = 0;
+    // Waits until every op recorded so far has run (a GPU: submits and waits). The core calls it before it
+    // reads or writes host-addressable buffer memory (host_address) in place, outside ops.
+    virtual void synchronize() {}
+    // Where ops may still run after submit() returns while their memory is host-addressable (Metal's unified
+    // memory): the number of the last submit(), and a wait until the ops it submitted have run. The expert
+    // arena waits so before it reads a record into a slot whose last readers were submitted by then. Any
+    // thread. Elsewhere 0 and no wait.
+    virtual uint64_t submitted() { return 0; }
+    virtual void wait_submitted(uint64_t n) {}
 
     // ---- products -----------------------------------------------------------------------------------
     void matmul(const MatmulJob* jobs, int64_t n_jobs);
@@ -345,6 +354,13 @@ Backend& cpu_backend();
 Backend& cpu_opaque_backend();
 // The CUDA backend on device 0, or null when this build or this machine has none (csrc/cuda/).
 Backend* cuda_backend();
+// The Metal backend on the system's default GPU, or null where there is none (not an Apple platform, no GPU)
+// (csrc/metal/).
+Backend* metal_backend();
+// The Metal backend's kernels and host code with the GPU emulated on the host ("metal-emu": threadgroups and
+// SIMD-groups run as fibers): slow, for verifying the Metal backend where there is no Apple GPU. Null only in
+// a build without the Metal sources.
+Backend* metal_emu_backend();
 
 // Exact products, a process-wide verification mode every backend honours: quantized weights are dequantized to
 // f32 and multiplied with f32 activations the way the backend multiplies an F32 copy of them (slower; for
@@ -353,8 +369,8 @@ Backend* cuda_backend();
 void set_exact_activations(bool on);
 bool exact_activations();
 
-// A backend by name ("cpu", "cpu-opaque", "cuda"; "" = the default: $REGOLITH_BACKEND or "cpu"). Throws Error
-// naming the backends this build and machine have.
+// A backend by name ("cpu", "cpu-opaque", "cuda", "metal", "metal-emu"; "" = the default: $REGOLITH_BACKEND or
+// "cpu"). Throws Error naming the backends this build and machine have.
 Backend& backend_by_name(const std::string& name);
 std::vector<std::string> backend_names();
 

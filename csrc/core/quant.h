@@ -12,6 +12,13 @@
 typedef half rg_half;  // IEEE binary16 as stored
 typedef ushort rg_bf16_bits;
 #define RG_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#elif defined(RG_METAL_EMU)
+// The Metal emulator compiles the kernels' copy of this header inside its namespace, where half is the
+// host's binary16 (csrc/metal/emu/msl.h), so kernels read a block's scales as on Metal.
+#include <stdint.h>
+typedef half rg_half;
+typedef uint16_t rg_bf16_bits;
+#define RG_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
 #else
 // C++ and CUDA: raw IEEE binary16 bits, converted with fp16_to_fp32() (CUDA kernels share the C++ block
 // decoders, so a CUDA half here would convert by value).
