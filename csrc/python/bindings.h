@@ -20,3 +20,4 @@ void init_model(nb::module_& m);
 void init_sampler(nb::module_& m);
 void init_spec(nb::module_& m);
 void init_vision(nb::module_& m);
+void init_metal(nb::module_& m);

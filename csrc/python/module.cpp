@@ -51,4 +51,5 @@ NB_MODULE(_core, m) {
     init_spec(m);
     init_arena(m);
     init_vision(m);
+    init_metal(m);
 }

@@ -335,7 +335,8 @@ T atomic_exchange_explicit(atomic<T>* p, U v, memory_order o) {
 }
 
 // ---- SIMD-group matrices ---------------------------------------------------------------------------------
-// An 8x8 matrix a SIMD-group holds together; here every lane holds all of it.
+// An 8x8 matrix a SIMD-group holds together; here every lane holds all of it (the same values), and
+// multiplies are computed by each lane alone, as registers need no synchronisation.
 template <class T, int R, int C>
 struct simdgroup_matrix {
     static_assert(R == 8 && C == 8, "8x8 SIMD-group matrices");
@@ -353,21 +354,73 @@ template <class T, int R, int C>
 simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T v) {
     return simdgroup_matrix<T, R, C>(v);
 }
-// m[i][j] = src[i * elements_per_row + j] (transposed: src[j * elements_per_row + i]).
+// simdgroup_load and simdgroup_store are SIMD-group functions: every lane waits for the others, and the
+// load or store happens once for all of them (so no lane's store can precede another's load, as on the GPU).
+// All lanes must name the same memory.
+template <class M, class P>
+struct MatrixAccess {
+    M* m;  // the calling lane's matrix
+    P p;
+    ulong elements_per_row;
+    ulong2 origin;
+    bool transpose;
+    bool same(const MatrixAccess& o) const {
+        return p == o.p && elements_per_row == o.elements_per_row && origin.x == o.origin.x &&
+               origin.y == o.origin.y && transpose == o.transpose;
+    }
+    // element (i, j) of the matrix in memory
+    auto& at(int i, int j) const {
+        const ulong r = origin.y + ulong(transpose ? j : i), c = origin.x + ulong(transpose ? i : j);
+        return p[r * elements_per_row + c];
+    }
+};
+// Marks non-uniform accesses: a lane whose request differs from the first lane's gets no result (the kernel's
+// bug shows as poison, and the emulator's lane check catches most as divergence).
+template <class A>
+bool uniform_access(Lane* const* ls, uint32_t n) {
+    const A* first = lane_in<const A*>(ls[0]);
+    for (uint32_t i = 1; i < n; ++i)
+        if (!first->same(*lane_in<const A*>(ls[i]))) return false;
+    return true;
+}
+template <class T, class S>
+void resolve_matrix_load(Lane* const* ls, uint32_t n) {
+    using A = MatrixAccess<simdgroup_matrix<T, 8, 8>, const S*>;
+    const A* first = lane_in<const A*>(ls[0]);
+    simdgroup_matrix<T, 8, 8> v;
+    for (int i = 0; i < 8; ++i)
+        for (int j = 0; j < 8; ++j) v.e[i][j] = T(first->at(i, j));
+    const bool uniform = uniform_access<A>(ls, n);
+    for (uint32_t l = 0; l < n; ++l) {
+        simdgroup_matrix<T, 8, 8>& m = *lane_in<const A*>(ls[l])->m;
+        if (uniform) {
+            m = v;
+        } else {
+            std::memset(&m, 0xff, sizeof m);
+        }
+    }
+}
+template <class T, class D>
+void resolve_matrix_store(Lane* const* ls, uint32_t n) {
+    using A = MatrixAccess<const simdgroup_matrix<T, 8, 8>, D*>;
+    const A* first = lane_in<const A*>(ls[0]);
+    if (!uniform_access<A>(ls, n)) return;
+    for (int i = 0; i < 8; ++i)
+        for (int j = 0; j < 8; ++j) first->at(i, j) = D(first->m->e[i][j]);
+}
+
+// m[i][j] = src[i * elements_per_row + j] (transposed: src[j * elements_per_row + i]), origin (column, row).
 template <class T, class S>
 void simdgroup_load(simdgroup_matrix<T, 8, 8>& m, const S* src, ulong elements_per_row = 8,
-                    ulong2 origin = ulong2(0), bool transpose = false) {
-    src += origin.y * elements_per_row + origin.x;
-    for (int i = 0; i < 8; ++i)
-        for (int j = 0; j < 8; ++j)
-            m.e[i][j] = T(transpose ? src[j * elements_per_row + i] : src[i * elements_per_row + j]);
+                    ulong2 origin = ulong2(0), bool transpose = false, RG_EMU_SITE) {
+    const MatrixAccess<simdgroup_matrix<T, 8, 8>, const S*> a{&m, src, elements_per_row, origin, transpose};
+    simd_call(&a, 0, &resolve_matrix_load<T, S>, file, line);
 }
 template <class T, class D>
 void simdgroup_store(const simdgroup_matrix<T, 8, 8>& m, D* dst, ulong elements_per_row = 8,
-                     ulong2 origin = ulong2(0), bool transpose = false) {
-    dst += origin.y * elements_per_row + origin.x;
-    for (int i = 0; i < 8; ++i)
-        for (int j = 0; j < 8; ++j) (transpose ? dst[j * elements_per_row + i] : dst[i * elements_per_row + j]) = D(m.e[i][j]);
+                     ulong2 origin = ulong2(0), bool transpose = false, RG_EMU_SITE) {
+    const MatrixAccess<const simdgroup_matrix<T, 8, 8>, D*> a{&m, dst, elements_per_row, origin, transpose};
+    simd_call(&a, 0, &resolve_matrix_store<T, D>, file, line);
 }
 // d = a * b + c, each element's products added to c in order of k (as float).
 template <class TD, class TA, class TB, class TC>

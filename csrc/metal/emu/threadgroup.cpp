@@ -1,5 +1,6 @@
 #include "metal/emu/threadgroup.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -15,14 +16,6 @@ namespace {
 
 // Stack of one emulated thread: kernels keep small arrays (a block's codes, a few 8x8 matrices) in it.
 constexpr size_t kStackBytes = 64 * 1024;
-
-bool reverse_order() {
-    static const bool reverse = [] {
-        const char* env = std::getenv("REGOLITH_METAL_EMU_ORDER");
-        return env && std::strcmp(env, "reverse") == 0;
-    }();
-    return reverse;
-}
 
 // Runs threadgroups on one host thread: a fiber and a stack per emulated thread, grown on demand and kept.
 class GroupRunner {
@@ -50,6 +43,14 @@ private:
 };
 
 thread_local GroupRunner* t_runner = nullptr;
+
+std::atomic<bool>& reverse_flag() {
+    static std::atomic<bool> reverse{[] {
+        const char* env = std::getenv("REGOLITH_METAL_EMU_ORDER");
+        return env && std::strcmp(env, "reverse") == 0;
+    }()};
+    return reverse;
+}
 
 void GroupRunner::thread_main(void* self) {
     auto* r = static_cast<GroupRunner*>(self);
@@ -143,6 +144,9 @@ GroupRunner& runner() {
 }
 
 }  // namespace
+
+void set_reverse_order(bool reverse) { reverse_flag().store(reverse); }
+bool reverse_order() { return reverse_flag().load(); }
 
 void run_grid(const char* kernel, const uint32_t grid[3], uint32_t threads, uint32_t shmem_bytes, ThreadBody body,
               const void* ctx) {

@@ -50,6 +50,10 @@ struct Lane {
 // The kernel as the emulator calls it: fn(ctx, ids) runs one thread.
 using ThreadBody = void (*)(const void* ctx, const ThreadIds& ids);
 
+// The order threads run in between waits: decreasing where `reverse` (default: REGOLITH_METAL_EMU_ORDER).
+void set_reverse_order(bool reverse);
+bool reverse_order();
+
 // Runs every threadgroup of grid[0] x grid[1] x grid[2] with `threads` threads each and `shmem_bytes` of
 // threadgroup memory, spread over the default thread pool; throws Error (naming `kernel`) on a divergence.
 void run_grid(const char* kernel, const uint32_t grid[3], uint32_t threads, uint32_t shmem_bytes, ThreadBody body,
