@@ -160,6 +160,11 @@ int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
         }
     }
     if (slot.host >= 0) std::copy(slot.part_offset, slot.part_offset + 3, host_slots_[size_t(slot.host)].part_offset);
+    if (job.dst == slot_memory(s) && !staging_ && slot.reuse_after > 0) {
+        // The read lands in the backend's own memory, which ops submitted before the slot's last release may
+        // still read (a GPU with unified memory): wait for them first, on the I/O thread.
+        job.before_write = [this, n = slot.reuse_after] { be_.wait_submitted(n); };
+    }
     job.done = [this](int64_t slot_index, uint64_t bytes, std::exception_ptr error) {
         on_read(slot_index, bytes, error);
     };
@@ -296,6 +301,8 @@ void ExpertArena::release(int64_t s) {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& slot = slots_[size_t(s)];
     if (slot.pins > 0) --slot.pins;
+    // The ops that read the slot were submitted before its pins were released (SparseMoe::forward).
+    if (slot.pins == 0) slot.reuse_after = be_.submitted();
     if (slot.pins == 0 && slot.state == State::Failed) {
         slot.state = State::Empty;
         slot.error = nullptr;

@@ -12,7 +12,9 @@
 // to the backend when the read lands: a staging copy of the slots, or, with host_slots > 0, a host tier —
 // a second, larger cache of records in host RAM between the device slots and the disk (a device miss whose
 // record the host tier holds is one copy, no read). Ops reading a slot are submitted before its pin is
-// released, so the slot is not rewritten under them.
+// released, so the slot is not rewritten under them: a copy is ordered after them (Backend::upload), and a
+// read straight into the backend's memory first waits until they have run (Backend::wait_submitted: a GPU
+// with unified memory may still be running them).
 #pragma once
 
 #include <array>
@@ -127,6 +129,7 @@ class ExpertArena {
         std::exception_ptr error;
         uint64_t part_offset[3] = {0, 0, 0};  // of gate, up, down in the slot's memory
         int64_t host = -1;                    // the host-tier slot its record is read into, while Loading
+        uint64_t reuse_after = 0;             // Backend::submitted() when it was last released
     };
     struct HostSlot {
         int64_t key = -1;

@@ -69,6 +69,7 @@ void ExpertStreamer::worker() {
         uint64_t bytes = 0;
         std::exception_ptr error;
         try {
+            if (job.before_write) job.before_write();
             for (const ReadExtent& e : job.extents) {
                 const size_t got = file_.read_at(job.dst + e.slot_offset, size_t(e.bytes), e.offset);
                 bytes += got;

@@ -35,6 +35,9 @@ struct ReadJob {
     int64_t slot = -1;
     uint8_t* dst = nullptr;                // the slot's memory
     std::vector<ReadExtent> extents;
+    // Where set, called on the I/O thread before the read writes to dst (waits until nothing still reads the
+    // slot's old record); an exception fails the read.
+    std::function<void()> before_write;
     // Called on an I/O thread after the read (error null) or its failure; must not throw.
     std::function<void(int64_t slot, uint64_t bytes, std::exception_ptr error)> done;
 };

@@ -23,9 +23,12 @@ std::string state_part_name(StateKind kind, uint32_t layer) {
 }
 
 HostStateParts::HostStateParts(Backend& be, const std::vector<TensorPart>& parts) : be_(be) {
-    size_t n_staged = 0;
+    size_t n_staged = 0, n_tensors = 0;
     for (const TensorPart& p : parts)
-        for (const StateItem& it : p.items) n_staged += it.tensor && !be.host_address(it.tensor.buffer);
+        for (const StateItem& it : p.items) {
+            n_tensors += bool(it.tensor);
+            n_staged += it.tensor && !be.host_address(it.tensor.buffer);
+        }
     staged_.reserve(n_staged);  // spans point into the staged bytes: they must not move
     for (const TensorPart& p : parts) {
         StatePart& h = host_.emplace_back(StatePart{p.kind, p.layer, p.dtype, {}});
@@ -47,6 +50,9 @@ HostStateParts::HostStateParts(Backend& be, const std::vector<TensorPart>& parts
             h.spans.push_back({st.bytes.data(), st.bytes.size()});
         }
     }
+    // Spans in place are read (a save) or written (a restore) by the host from here on: the ops recorded
+    // before must have run (a GPU with unified memory may still be running them).
+    if (staged_.size() < n_tensors) be.synchronize();
 }
 
 void HostStateParts::download() {

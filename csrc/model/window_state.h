@@ -56,8 +56,8 @@ struct TensorPart {
 };
 
 // The host spans of a window's parts, for the state file. Views of host-addressable backend memory are
-// used in place; the others go through host staging, filled from the backend before a save (download) and
-// written back after a restore (upload).
+// used in place (after waiting for the ops recorded before: Backend::synchronize); the others go through
+// host staging, filled from the backend before a save (download) and written back after a restore (upload).
 class HostStateParts {
 public:
     HostStateParts(Backend& be, const std::vector<TensorPart>& parts);
