@@ -7,6 +7,7 @@ parameter positions, RG_THREAD_IDS last, every kernel registered under a name) a
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -53,6 +54,19 @@ def test_there_are_kernel_files():
 def test_kernels_pass_the_metal_address_space_check(path):
     problems = clang_diagnostics(path)
     assert not problems, "\n".join(problems)
+
+
+def test_the_kernel_files_compile_as_one_library(tmp_path):
+    """Where the package was built without the Metal toolchain, the kernels are compiled at load as one source
+    (cmake/metal_embed.py): the files must not define the same names twice."""
+    spec = importlib.util.spec_from_file_location("metal_embed", ROOT / "cmake" / "metal_embed.py")
+    embed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(embed)
+    src = tmp_path / "library.metal"
+    src.write_text(embed.library_source())
+    problems = clang_diagnostics(src)
+    assert not problems, "\n".join(problems)
+    assert all(f"// ---- metal/{p.name}" in src.read_text() for p in KERNEL_FILES)
 
 
 def test_the_check_catches_what_metal_rejects(tmp_path):
