@@ -73,7 +73,13 @@ def test_unknown_backend_is_a_clear_error():
         backends.resolve("cuda-nope")
 
 
-@pytest.mark.skipif("cuda" in backends.available(), reason="this machine has the cuda backend")
+@pytest.mark.skipif("metal" in backends.available(), reason="this machine has the metal backend")
+def test_metal_where_there_is_none_says_what_it_needs():
+    with pytest.raises(ValueError, match="needs an Apple platform with a Metal GPU.*here there are cpu"):
+        backends.resolve("metal")
+    assert backends.resolve("auto") in ("cpu", "cuda")
+
+
 @pytest.mark.skipif("cuda" in backends.available(), reason="this build and machine have a CUDA backend")
 def test_cuda_where_there_is_none_says_what_it_needs(capsys):
     with pytest.raises(ValueError, match="nvcc was found and an NVIDIA GPU; here there are cpu"):

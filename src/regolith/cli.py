@@ -464,8 +464,8 @@ def _add_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend",
         type=_backend_name,
-        help="compute engine: cpu, cuda, or auto (cuda where this build and machine have it, else cpu); "
-        "default $REGOLITH_BACKEND or cpu",
+        help="compute engine: cpu, cuda, metal, metal-emu (Metal's kernels on the CPU: a test mode), or auto "
+        "(cuda or metal where this build and machine have it, else cpu); default $REGOLITH_BACKEND or cpu",
     )
     p.add_argument(
         "--memory-gb",

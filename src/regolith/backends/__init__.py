@@ -3,8 +3,11 @@
 Every op of every model runs on a backend (``csrc/core/backend.h``): ``"cpu"`` is the reference;
 ``"cpu-opaque"`` runs the same kernels on memory the host cannot address outside backend calls, with ops
 deferred until the core waits on them, which proves the engine never touches device memory from the host;
-``"cuda"`` (a build made where nvcc was found, on a machine with an NVIDIA GPU) runs on the GPU.
-``python -m regolith.backends.check`` compares a backend with the CPU op by op.
+``"cuda"`` (a build made where nvcc was found, on a machine with an NVIDIA GPU) runs on the GPU;
+``"metal"`` (Apple platforms with a Metal GPU) runs the kernels of ``metal/*.metal`` on the GPU, and
+``"metal-emu"`` (every build) runs the same kernels and the same host code with the GPU emulated on the CPU
+(slow: for verifying the Metal backend where there is no Mac). ``python -m regolith.backends.check`` compares
+a backend with the CPU op by op.
 """
 
 from __future__ import annotations
@@ -25,18 +28,24 @@ def available() -> list[str]:
 
 def resolve(name: str | None) -> str:
     """The backend a model loads on: ``name``, else ``$REGOLITH_BACKEND``, else ``"cpu"``; ``"auto"`` is the
-    GPU where this build and machine have one ("cuda"), else "cpu". Raises ValueError for a backend this build
-    does not have."""
+    GPU where this build and machine have one ("cuda", else "metal"), else "cpu". Raises ValueError for a
+    backend this build does not have."""
     chosen = name or os.environ.get("REGOLITH_BACKEND") or DEFAULT
+    here = available()
     if chosen == "auto":
-        return "cuda" if "cuda" in available() else "cpu"
-    if chosen not in available():
+        return next((b for b in ("cuda", "metal") if b in here), "cpu")
+    if chosen not in here:
         if chosen == "cuda":
             raise ValueError(
                 "the cuda backend needs a build of regolith made where CUDA's nvcc was found and an NVIDIA GPU; "
-                f"here there are {', '.join(available())}"
+                f"here there are {', '.join(here)}"
             )
-        raise ValueError(f"unknown backend {chosen!r}; this build has {', '.join(available())}")
+        if chosen == "metal":
+            raise ValueError(
+                "the metal backend needs an Apple platform with a Metal GPU (metal-emu runs its kernels on the "
+                f"CPU, slowly); here there are {', '.join(here)}"
+            )
+        raise ValueError(f"unknown backend {chosen!r}; this build has {', '.join(here)}")
     return chosen
 
 
