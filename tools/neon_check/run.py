@@ -4,6 +4,7 @@ reference with the bounds of tests/test_matmul.py.
 
     apt-get install g++-aarch64-linux-gnu qemu-user
     python tools/neon_check/run.py [--dotprod]
+    python tools/neon_check/run.py --emulator   # the Metal emulator's fibers and self-test kernels instead
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def build(out: str, dotprod: bool) -> None:
     sources = glob.glob(f"{ROOT}/csrc/core/*.cpp") + [
         s for s in glob.glob(f"{ROOT}/csrc/cpu/*.cpp") if not s.endswith("_avx2.cpp")
     ]
-    # the backend registry asks for a CUDA backend; this build has none
-    sources.append(f"{ROOT}/csrc/cuda/no_cuda.cpp")
+    # the backend registry asks for the CUDA and Metal backends; this build has neither
+    sources += [f"{ROOT}/csrc/cuda/no_cuda.cpp", f"{ROOT}/csrc/metal/no_metal.cpp"]
     march = "-march=armv8.2-a+dotprod" if dotprod else "-march=armv8-a"
     cmd = [
         "aarch64-linux-gnu-g++",
@@ -58,10 +59,26 @@ def build(out: str, dotprod: bool) -> None:
     subprocess.run(cmd, check=True)
 
 
+def run_emulator() -> int:
+    """The Metal emulator's self-test kernels on arm64 (its fibers switch stacks in per-architecture
+    assembly), checked by emu_driver.cpp."""
+    emu = f"{ROOT}/csrc/metal/emu"
+    sources = [f"{emu}/{f}.cpp" for f in ("fiber", "threadgroup", "emu_device", "selftest_kernels")]
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "emu_check")
+        cmd = ["aarch64-linux-gnu-g++", "-std=c++17", "-O2", "-static", "-pthread", "-Wno-attributes"]
+        cmd += [f"-I{ROOT}/csrc", f"-I{ROOT}", *sources, f"{ROOT}/csrc/core/thread_pool.cpp"]
+        subprocess.run([*cmd, f"{ROOT}/tools/neon_check/emu_driver.cpp", "-o", exe], check=True)
+        return subprocess.run(["qemu-aarch64", exe], check=False).returncode
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dotprod", action="store_true", help="build with the ARMv8.2 dot-product extension")
+    ap.add_argument("--emulator", action="store_true", help="check the Metal emulator on arm64 instead")
     args = ap.parse_args()
+    if args.emulator:
+        return run_emulator()
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         exe = os.path.join(tmp, "neon_check")

@@ -23,7 +23,11 @@ using uchar = uint8_t;
 using ushort = uint16_t;
 using uint = uint32_t;
 using ulong = uint64_t;
+#if defined(__aarch64__) && !defined(__clang__) && __GNUC__ < 13
+using half = __fp16;  // GCC before 13 has no _Float16 in C++ on arm64; __fp16 computes in float
+#else
 using half = _Float16;
+#endif
 
 // ---- vectors ---------------------------------------------------------------------------------------------
 template <class T, int N>
