@@ -36,3 +36,36 @@ struct RgNormArgs {
     uint32_t pad;
 };
 static_assert(sizeof(RgNormArgs) == 176, "RgNormArgs layout");
+
+// ---- Gated DeltaNet and PLE (gdn.metal, ple.metal) ------------------------------------------------------
+// Ops over lists of sequences take up to RG_MAX_SEQS sequences per dispatch. Their per-sequence tensors
+// (states, checkpoints) are reached through RG_SEQ_BINDINGS buffers bound after the op's other buffers (at
+// offset 0, so sequences whose tensors share a buffer share a binding): a sequence's tensor starts `off`
+// bytes into binding `bind`, rows `stride` bytes apart.
+#define RG_MAX_SEQS 32
+#define RG_SEQ_BINDINGS 8
+struct RgSeqTensor {
+    uint64_t off;
+    int64_t stride;
+    uint32_t bind;  // RG_SEQ_BINDINGS: none
+    uint32_t pad;
+};
+static_assert(sizeof(RgSeqTensor) == 24, "RgSeqTensor layout");
+struct RgSeqSlot {
+    int64_t t0, ntok;  // the sequence's rows of the step's activations
+    int64_t first;     // ssm_conv / ple_conv: its first work item (token block) in the dispatch's y range
+    RgSeqTensor state, after;
+};
+static_assert(sizeof(RgSeqSlot) == 72, "RgSeqSlot layout");
+
+// ssm_conv (x, out [ntok][channels], w_t [kernel][channels]) and ple_conv (normed, out [ntok][channels],
+// w [channels][kernel]): tap k of token t reads ext row t + k * dilation, ext = hist state rows then the
+// sequence's rows; `block` tokens per work item (>= hist: only a sequence's first block reads its state).
+struct RgConvArgs {
+    RgShape x, w, out;
+    int64_t taps, dilation, hist, block;
+    uint32_t n_seqs;
+    uint32_t pad[3];
+    RgSeqSlot seqs[RG_MAX_SEQS];
+};
+static_assert(sizeof(RgConvArgs) == 3 * 32 + 4 * 8 + 16 + RG_MAX_SEQS * 72, "RgConvArgs layout");
