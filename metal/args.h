@@ -69,3 +69,25 @@ struct RgConvArgs {
     RgSeqSlot seqs[RG_MAX_SEQS];
 };
 static_assert(sizeof(RgConvArgs) == 3 * 32 + 4 * 8 + 16 + RG_MAX_SEQS * 72, "RgConvArgs layout");
+
+// gdn_prepare: qkv [ntok][conv_dim] (q, k heads normalised in place), g, beta [ntok][n_v], a, dt_bias [1][n_v].
+struct RgGdnPrepareArgs {
+    RgShape qkv, g, beta, a, dt;
+    int64_t n_k, n_v, k_dim;
+    uint32_t norm_groups;  // threadgroups of the q / k norms (the gates' follow)
+    uint32_t pad;
+};
+static_assert(sizeof(RgGdnPrepareArgs) == 5 * 32 + 3 * 8 + 8, "RgGdnPrepareArgs layout");
+
+// gdn_scan: qkv [ntok][conv_dim], g, beta [ntok][n_v], out [ntok][value_dim]; a sequence's state
+// [n_v][k_dim][v_dim] packed floats, after [ntok][n_v * k_dim * v_dim]. Threadgroups of RG_GDN_SCAN_GROUPS
+// SIMD-groups.
+#define RG_GDN_SCAN_GROUPS 8
+struct RgGdnScanArgs {
+    RgShape qkv, g, beta, out;
+    int64_t n_k, n_v, k_dim, v_dim;
+    uint32_t col_blocks;  // threadgroups per value head (32 value columns each)
+    uint32_t n_seqs;
+    RgSeqSlot seqs[RG_MAX_SEQS];
+};
+static_assert(sizeof(RgGdnScanArgs) == 4 * 32 + 4 * 8 + 8 + RG_MAX_SEQS * 72, "RgGdnScanArgs layout");
