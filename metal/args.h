@@ -91,3 +91,12 @@ struct RgGdnScanArgs {
     RgSeqSlot seqs[RG_MAX_SEQS];
 };
 static_assert(sizeof(RgGdnScanArgs) == 4 * 32 + 4 * 8 + 8 + RG_MAX_SEQS * 72, "RgGdnScanArgs layout");
+
+// ple_gate: key, query, gated, normed [ntok][hc * hidden], value [ntok][hidden], norms [1][hc * hidden].
+struct RgPleGateArgs {
+    RgShape key, query, value, norm_key, norm_query, norm_conv, gated, normed;
+    int64_t hc, hidden;
+    float eps;
+    float inv_sqrt_hidden;  // float(1 / sqrt(hidden)) rounded from double, as the CPU's
+};
+static_assert(sizeof(RgPleGateArgs) == 8 * 32 + 2 * 8 + 8, "RgPleGateArgs layout");
