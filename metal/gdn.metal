@@ -63,7 +63,7 @@ RG_KERNEL(rg_ssm_conv)
 
 // torch's softplus (threshold 20) with log1p(y) = log(1 + y) * y / ((1 + y) - 1) (Metal has no log1p): exact
 // to a few ulp where 1 + y rounds.
-inline float rg_softplus(float x) {
+inline float rg_gdn_softplus(float x) {
     if (x > 20.0f) return x;
     const float y = exp(x), u = 1.0f + y;
     return u == 1.0f ? y : log(u) * (y / (u - 1.0f));
@@ -91,7 +91,7 @@ kernel void rg_gdn_prepare(constant RgGdnPrepareArgs& a [[buffer(0)]], device ch
     if (i >= a.g.rows * nv) return;
     const int64_t t = i / nv, h = i % nv;
     device float* gt = rg_row<float>(g, a.g, t);
-    gt[h] = rg_row<float>(av, a.a, 0)[h] * rg_softplus(gt[h] + rg_row<float>(dt, a.dt, 0)[h]);
+    gt[h] = rg_row<float>(av, a.a, 0)[h] * rg_gdn_softplus(gt[h] + rg_row<float>(dt, a.dt, 0)[h]);
     device float* bt = rg_row<float>(beta, a.beta, t);
     bt[h] = rg_sigmoid(bt[h]);
 }

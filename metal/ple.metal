@@ -17,17 +17,17 @@
 // ---- ple_gate ---------------------------------------------------------------------------------------------
 
 // a + b as hi + lo exactly (Knuth's TwoSum: the same pair for b + a).
-inline float2 rg_two_sum(float a, float b) {
+inline float2 rg_ple_two_sum(float a, float b) {
     const float s = a + b, bb = s - a;
     return float2(s, (a - (s - bb)) + (b - bb));
 }
-inline float2 rg_pair_add(float2 x, float2 y) {
-    const float2 r = rg_two_sum(x.x, y.x);
+inline float2 rg_ple_pair_add(float2 x, float2 y) {
+    const float2 r = rg_ple_two_sum(x.x, y.x);
     return float2(r.x, r.y + (x.y + y.y));
 }
 
 // 1 / sqrt(mean of squares + eps), the CPU's nn::inv_rms in float.
-inline float rg_inv_rms(float ss, int64_t n, float eps) { return 1.0f / sqrt(ss / float(n) + eps); }
+inline float rg_ple_inv_rms(float ss, int64_t n, float eps) { return 1.0f / sqrt(ss / float(n) + eps); }
 
 kernel void rg_ple_gate(constant RgPleGateArgs& a [[buffer(0)]], device const char* key [[buffer(1)]],
                         device const char* query [[buffer(2)]], device const char* value [[buffer(3)]],
@@ -44,24 +44,24 @@ kernel void rg_ple_gate(constant RgPleGateArgs& a [[buffer(0)]], device const ch
 
     float ssk = 0.0f, ssq = 0.0f;
     for (int64_t d = tiitg; d < D; d += ntg) ssk += k[d] * k[d], ssq += q[d] * q[d];
-    const float ik = rg_inv_rms(rg_group_sum(ssk, part, sgitg, tiisg, ntg), D, a.eps);
-    const float iq = rg_inv_rms(rg_group_sum(ssq, part, sgitg, tiisg, ntg), D, a.eps);
+    const float ik = rg_ple_inv_rms(rg_group_sum(ssk, part, sgitg, tiisg, ntg), D, a.eps);
+    const float iq = rg_ple_inv_rms(rg_group_sum(ssq, part, sgitg, tiisg, ntg), D, a.eps);
 
     float2 kq = float2(0.0f, 0.0f);
     for (int64_t d = tiitg; d < D; d += ntg) {
         const float x = (k[d] * ik) * gk[d], y = (q[d] * iq) * gq[d];
         const float p = x * y, e = fma(x, y, -p);  // x y = p + e exactly
-        const float2 r = rg_two_sum(kq.x, p);
+        const float2 r = rg_ple_two_sum(kq.x, p);
         kq = float2(r.x, r.y + (kq.y + e));
     }
     for (ushort m = 16; m > 0; m >>= 1) {
         const float2 o = float2(simd_shuffle_xor(kq.x, m), simd_shuffle_xor(kq.y, m));
-        kq = rg_pair_add(kq, o);
+        kq = rg_ple_pair_add(kq, o);
     }
     if (tiisg == 0) pairs[sgitg] = kq.x, pairs[32 + sgitg] = kq.y;
     threadgroup_barrier(mem_flags::mem_threadgroup);
     kq = float2(pairs[0], pairs[32]);
-    for (uint sg = 1; sg < ntg / 32; ++sg) kq = rg_pair_add(kq, float2(pairs[sg], pairs[32 + sg]));
+    for (uint sg = 1; sg < ntg / 32; ++sg) kq = rg_ple_pair_add(kq, float2(pairs[sg], pairs[32 + sg]));
 
     float gv = (kq.x + kq.y) * a.inv_sqrt_hidden;
     const float sgn = gv > 0.0f ? 1.0f : (gv < 0.0f ? -1.0f : 0.0f);
@@ -76,7 +76,7 @@ kernel void rg_ple_gate(constant RgPleGateArgs& a [[buffer(0)]], device const ch
         gt[d] = x;
         ss += x * x;
     }
-    const float io = rg_inv_rms(rg_group_sum(ss, part, sgitg, tiisg, ntg), D, a.eps);
+    const float io = rg_ple_inv_rms(rg_group_sum(ss, part, sgitg, tiisg, ntg), D, a.eps);
     device const float* gc = rg_row<float>(norm_conv, a.norm_conv, 0) + off;
     device float* nr = rg_row<float>(normed, a.normed, t) + off;
     for (int64_t d = tiitg; d < D; d += ntg) nr[d] = (sig * v[d]) * io * gc[d];
