@@ -36,3 +36,67 @@ struct RgNormArgs {
     uint32_t pad;
 };
 static_assert(sizeof(RgNormArgs) == 176, "RgNormArgs layout");
+
+// ---- Gated DeltaNet and PLE (gdn.metal, ple.metal) ------------------------------------------------------
+// Ops over lists of sequences take up to RG_MAX_SEQS sequences per dispatch. Their per-sequence tensors
+// (states, checkpoints) are reached through RG_SEQ_BINDINGS buffers bound after the op's other buffers (at
+// offset 0, so sequences whose tensors share a buffer share a binding): a sequence's tensor starts `off`
+// bytes into binding `bind`, rows `stride` bytes apart.
+#define RG_MAX_SEQS 32
+#define RG_SEQ_BINDINGS 8
+struct RgSeqTensor {
+    uint64_t off;
+    int64_t stride;
+    uint32_t bind;  // RG_SEQ_BINDINGS: none
+    uint32_t pad;
+};
+static_assert(sizeof(RgSeqTensor) == 24, "RgSeqTensor layout");
+struct RgSeqSlot {
+    int64_t t0, ntok;  // the sequence's rows of the step's activations
+    int64_t first;     // ssm_conv / ple_conv: its first work item (token block) in the dispatch's y range
+    RgSeqTensor state, after;
+};
+static_assert(sizeof(RgSeqSlot) == 72, "RgSeqSlot layout");
+
+// ssm_conv (x, out [ntok][channels], w_t [kernel][channels]) and ple_conv (normed, out [ntok][channels],
+// w [channels][kernel]): tap k of token t reads ext row t + k * dilation, ext = hist state rows then the
+// sequence's rows; `block` tokens per work item (>= hist: only a sequence's first block reads its state).
+struct RgConvArgs {
+    RgShape x, w, out;
+    int64_t taps, dilation, hist, block;
+    uint32_t n_seqs;
+    uint32_t pad[3];
+    RgSeqSlot seqs[RG_MAX_SEQS];
+};
+static_assert(sizeof(RgConvArgs) == 3 * 32 + 4 * 8 + 16 + RG_MAX_SEQS * 72, "RgConvArgs layout");
+
+// gdn_prepare: qkv [ntok][conv_dim] (q, k heads normalised in place), g, beta [ntok][n_v], a, dt_bias [1][n_v].
+struct RgGdnPrepareArgs {
+    RgShape qkv, g, beta, a, dt;
+    int64_t n_k, n_v, k_dim;
+    uint32_t norm_groups;  // threadgroups of the q / k norms (the gates' follow)
+    uint32_t pad;
+};
+static_assert(sizeof(RgGdnPrepareArgs) == 5 * 32 + 3 * 8 + 8, "RgGdnPrepareArgs layout");
+
+// gdn_scan: qkv [ntok][conv_dim], g, beta [ntok][n_v], out [ntok][value_dim]; a sequence's state
+// [n_v][k_dim][v_dim] packed floats, after [ntok][n_v * k_dim * v_dim]. Threadgroups of RG_GDN_SCAN_GROUPS
+// SIMD-groups.
+#define RG_GDN_SCAN_GROUPS 8
+struct RgGdnScanArgs {
+    RgShape qkv, g, beta, out;
+    int64_t n_k, n_v, k_dim, v_dim;
+    uint32_t col_blocks;  // threadgroups per value head (32 value columns each)
+    uint32_t n_seqs;
+    RgSeqSlot seqs[RG_MAX_SEQS];
+};
+static_assert(sizeof(RgGdnScanArgs) == 4 * 32 + 4 * 8 + 8 + RG_MAX_SEQS * 72, "RgGdnScanArgs layout");
+
+// ple_gate: key, query, gated, normed [ntok][hc * hidden], value [ntok][hidden], norms [1][hc * hidden].
+struct RgPleGateArgs {
+    RgShape key, query, value, norm_key, norm_query, norm_conv, gated, normed;
+    int64_t hc, hidden;
+    float eps;
+    float inv_sqrt_hidden;  // float(1 / sqrt(hidden)) rounded from double, as the CPU's
+};
+static_assert(sizeof(RgPleGateArgs) == 8 * 32 + 2 * 8 + 8, "RgPleGateArgs layout");
