@@ -161,6 +161,12 @@ def test_bench_prints_one_table(capsys):
     ):
         assert row in out
     assert out.count("tok/s") == 2 and "±" in out  # two repetitions: a spread
+    assert "device" not in out  # the host's CPU: no device row
     with pytest.raises(SystemExit) as exit_:
         cli.main(["bench", "-p", "0"])
     assert exit_.value.code == 2
+
+
+def test_bench_names_the_device_of_a_gpu_backend(capsys):
+    assert cli.main(["bench", "-p", "8", "-n", "1", "-r", "1", "--backend", "metal-emu"]) == 0
+    assert "a Metal GPU emulated on the CPU" in capsys.readouterr().out

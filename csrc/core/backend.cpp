@@ -194,7 +194,8 @@ void Backend::ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, 
     for (int64_t i = 0; i < n_seqs; ++i) {
         const ConvSeq& q = seqs[i];
         if (w_t.rows > 1)
-            need(q.state.rows == w_t.rows - 1 && q.state.cols == x.cols, "ssm_conv", "a state is not [kernel-1][channels]");
+            need(q.state.rows == w_t.rows - 1 && q.state.cols == x.cols && q.state.contiguous(), "ssm_conv",
+                 "a state is not [kernel-1][channels], packed");
         if (q.after)
             need(q.after.rows >= q.ntok && q.after.cols == (w_t.rows - 1) * x.cols, "ssm_conv",
                  "after must be [ntok][(kernel-1) * channels]");
@@ -357,8 +358,8 @@ void Backend::ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, 
     const int64_t hist = (w.cols - 1) * dilation;
     need(w.rows == normed.cols && w.cols >= 1 && w.contiguous(), "ple_conv", "w must be [channels][kernel], packed");
     for (int64_t i = 0; i < n_seqs && hist > 0; ++i)
-        need(seqs[i].state.rows == hist && seqs[i].state.cols == normed.cols, "ple_conv",
-             "a state is not [history][channels]");
+        need(seqs[i].state.rows == hist && seqs[i].state.cols == normed.cols && seqs[i].state.contiguous(),
+             "ple_conv", "a state is not [history][channels], packed");
     do_ple_conv(normed, w, dilation, seqs, n_seqs, out);
 }
 

@@ -163,6 +163,8 @@ public:
     // A device's own memory (a discrete GPU's VRAM): its free and total bytes. False where the backend's
     // memory is the host's RAM (CPU, unified memory), which the memory plan counts as RAM.
     virtual bool device_memory(uint64_t* free_bytes, uint64_t* total_bytes) { return false; }
+    // The device the ops run on, for reports ("NVIDIA H200", "Apple M4 Pro"); empty for the host's CPU.
+    virtual std::string device_name() { return ""; }
 
     // Host <-> backend copies of a tensor's rows; the host side is packed (rows of the type's row bytes).
     // write() is recorded like an op (ops recorded before it see the old contents, ops after it the new) and

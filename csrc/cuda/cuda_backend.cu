@@ -309,6 +309,11 @@ public:
             cudaHostUnregister(p);
         });
     }
+    std::string device_name() override {
+        cudaDeviceProp p{};
+        RG_CUDA(cudaGetDeviceProperties(&p, 0));
+        return p.name;
+    }
     bool device_memory(uint64_t* free_bytes, uint64_t* total_bytes) override {
         end_capture();
         size_t f = 0, t = 0;

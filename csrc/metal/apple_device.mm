@@ -86,6 +86,7 @@ public:
     }
 
     const char* name() const override { return "metal"; }
+    std::string description() const override { return [[device_ name] UTF8String]; }
 
     DeviceBuffer* new_buffer(uint64_t bytes) override {
         id<MTLBuffer> b = [device_ newBufferWithLength:std::max<uint64_t>(bytes, 16)

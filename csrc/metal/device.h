@@ -42,6 +42,8 @@ class Device {
 public:
     virtual ~Device() = default;
     virtual const char* name() const = 0;
+    // The GPU's name for reports ("Apple M4 Pro"; the emulator says it is one).
+    virtual std::string description() const = 0;
     // A new buffer of `bytes` bytes (contents undefined); throws Error when the device has no memory for it.
     virtual DeviceBuffer* new_buffer(uint64_t bytes) = 0;
     // A buffer over host memory, without a copy (newBufferWithBytesNoCopy): p and bytes are page-aligned and

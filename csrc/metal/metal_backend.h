@@ -43,6 +43,7 @@ public:
     ~MetalBackend() override;
 
     const char* name() const override { return device_->name(); }
+    std::string device_name() override { return device_->description(); }
 
     BackendBuffer* alloc(uint64_t bytes, MemoryUse use) override;
     BackendBuffer* import_host(const void* data, uint64_t bytes) override;

@@ -21,6 +21,9 @@ void init_backends(nb::module_& m) {
         "(free, total) bytes of the backend's own device memory (a GPU's VRAM); None where its memory is the "
         "host's RAM.");
     m.def(
+        "backend_device", [](const std::string& name) { return regolith::backend_by_name(name).device_name(); },
+        nb::arg("backend"), "The device the backend runs on (a GPU's name); empty for the host's CPU.");
+    m.def(
         "check_backend",
         [](const std::string& name, const std::string& filter, uint64_t seed, uint64_t ref_seed) {
             regolith::Backend& be = regolith::backend_by_name(name);

@@ -264,6 +264,9 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     table = Table(title=title, title_justify="left")
     table.add_column("measure")
     table.add_column("value", justify="right")
+    device = backends.device_name(backends.resolve(args.backend))
+    if device:
+        table.add_row("device", device)
     table.add_row(f"prefill (pp{args.prompt})", rate(pp))
     table.add_row(f"decode (tg{args.gen})", rate(tg))
     if "hits" in after:

@@ -71,6 +71,7 @@ public:
         }
     }
     const char* name() const override { return "metal-emu"; }
+    std::string description() const override { return "a Metal GPU emulated on the CPU"; }
 
     metal::DeviceBuffer* new_buffer(uint64_t bytes) override {
         const size_t n = size_t((std::max<uint64_t>(bytes, 1) + 4095) / 4096 * 4096);

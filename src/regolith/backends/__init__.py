@@ -16,7 +16,7 @@ import os
 
 from .. import _core
 
-__all__ = ["DEFAULT", "available", "device_memory", "resolve"]
+__all__ = ["DEFAULT", "available", "device_memory", "device_name", "resolve"]
 
 DEFAULT = "cpu"
 
@@ -53,3 +53,9 @@ def device_memory(name: str) -> tuple[int, int] | None:
     """(free, total) bytes of backend ``name``'s own memory (a discrete GPU's VRAM); None where its memory is
     the host's RAM (the CPU backends), which memory plans count as RAM."""
     return _core.device_memory(resolve(name))
+
+
+def device_name(name: str) -> str:
+    """The device backend ``name`` runs on, for reports (a GPU's name, e.g. "NVIDIA H200", "Apple M4 Pro");
+    empty for the host's CPU."""
+    return _core.backend_device(resolve(name))
