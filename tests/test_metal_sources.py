@@ -109,5 +109,6 @@ def test_kernel_parameters_follow_the_emulator_conventions(path):
             m = re.search(r"\[\[buffer\((\d+)\)\]\]", p)
             assert m and int(m.group(1)) == i, f"{name}: parameter {i} ({p}) must be [[buffer({i})]]"
             assert re.match(r"(device|constant)\b", p), f"{name}: parameter {i} ({p}) names no address space"
-        registered = re.search(rf"RG_KERNEL\({name}\)|RG_INSTANTIATE\(\"\w+\",\s*{name}\b", text)
+        # RG_INSTANTIATE("name", fn, ...), or with a name built by a list macro: ("prefix_" #type, fn, ...)
+        registered = re.search(rf'RG_KERNEL\({name}\)|RG_INSTANTIATE\("\w+"(\s*#\s*\w+)?,\s*{name}\b', text)
         assert registered, f"{name} is never registered (RG_KERNEL / RG_INSTANTIATE)"

@@ -62,7 +62,9 @@ __global__ void top_k_k(View x, int64_t k, View ids, View values) {
     __shared__ int32_t best_i[32];
     __shared__ int32_t taken[64];
     for (int64_t j = 0; j < k; ++j) {
-        float bv = -FLT_MAX;
+        // from -inf (with the tie rule a -inf value still wins over no value): a row with fewer than k values
+        // above -inf (masked logits) takes its -inf columns too, never the no-id INT32_MAX
+        float bv = -INFINITY;
         int32_t bi = INT32_MAX;
         for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) {
             bool skip = false;
