@@ -74,39 +74,9 @@ kernel void rg_get_rows(constant RgGetRowsArgs& a [[buffer(0)]], device const ch
         for (int64_t r = 0; r < a.repeat; ++r) o[r * cols + e] = x;
     }
 }
-// One per entry of RG_METAL_WEIGHT_TYPES, spelled out: tests/test_metal_sources.py finds registrations by their
-// literal name. (A missing one fails its get_rows conformance case, which covers every supported type.)
-// clang-format off
-RG_INSTANTIATE("rg_get_rows_f32", rg_get_rows, RG_TYPE_F32)
-RG_INSTANTIATE("rg_get_rows_f16", rg_get_rows, RG_TYPE_F16)
-RG_INSTANTIATE("rg_get_rows_bf16", rg_get_rows, RG_TYPE_BF16)
-RG_INSTANTIATE("rg_get_rows_q4_0", rg_get_rows, RG_TYPE_Q4_0)
-RG_INSTANTIATE("rg_get_rows_q4_1", rg_get_rows, RG_TYPE_Q4_1)
-RG_INSTANTIATE("rg_get_rows_q5_0", rg_get_rows, RG_TYPE_Q5_0)
-RG_INSTANTIATE("rg_get_rows_q5_1", rg_get_rows, RG_TYPE_Q5_1)
-RG_INSTANTIATE("rg_get_rows_q8_0", rg_get_rows, RG_TYPE_Q8_0)
-RG_INSTANTIATE("rg_get_rows_q8_k", rg_get_rows, RG_TYPE_Q8_K)
-RG_INSTANTIATE("rg_get_rows_q2_k", rg_get_rows, RG_TYPE_Q2_K)
-RG_INSTANTIATE("rg_get_rows_q3_k", rg_get_rows, RG_TYPE_Q3_K)
-RG_INSTANTIATE("rg_get_rows_q4_k", rg_get_rows, RG_TYPE_Q4_K)
-RG_INSTANTIATE("rg_get_rows_q5_k", rg_get_rows, RG_TYPE_Q5_K)
-RG_INSTANTIATE("rg_get_rows_q6_k", rg_get_rows, RG_TYPE_Q6_K)
-RG_INSTANTIATE("rg_get_rows_iq1_s", rg_get_rows, RG_TYPE_IQ1_S)
-RG_INSTANTIATE("rg_get_rows_iq1_m", rg_get_rows, RG_TYPE_IQ1_M)
-RG_INSTANTIATE("rg_get_rows_iq2_xxs", rg_get_rows, RG_TYPE_IQ2_XXS)
-RG_INSTANTIATE("rg_get_rows_iq2_xs", rg_get_rows, RG_TYPE_IQ2_XS)
-RG_INSTANTIATE("rg_get_rows_iq2_s", rg_get_rows, RG_TYPE_IQ2_S)
-RG_INSTANTIATE("rg_get_rows_iq3_xxs", rg_get_rows, RG_TYPE_IQ3_XXS)
-RG_INSTANTIATE("rg_get_rows_iq3_s", rg_get_rows, RG_TYPE_IQ3_S)
-RG_INSTANTIATE("rg_get_rows_iq4_nl", rg_get_rows, RG_TYPE_IQ4_NL)
-RG_INSTANTIATE("rg_get_rows_iq4_xs", rg_get_rows, RG_TYPE_IQ4_XS)
-RG_INSTANTIATE("rg_get_rows_tq1_0", rg_get_rows, RG_TYPE_TQ1_0)
-RG_INSTANTIATE("rg_get_rows_tq2_0", rg_get_rows, RG_TYPE_TQ2_0)
-RG_INSTANTIATE("rg_get_rows_mxfp4", rg_get_rows, RG_TYPE_MXFP4)
-RG_INSTANTIATE("rg_get_rows_nvfp4", rg_get_rows, RG_TYPE_NVFP4)
-RG_INSTANTIATE("rg_get_rows_q1_0", rg_get_rows, RG_TYPE_Q1_0)
-RG_INSTANTIATE("rg_get_rows_q2_0", rg_get_rows, RG_TYPE_Q2_0)
-// clang-format on
+#define RG_GET_ROWS_KERNEL(type, name) RG_INSTANTIATE("rg_get_rows_" #name, rg_get_rows, type)
+RG_METAL_WEIGHT_TYPES(RG_GET_ROWS_KERNEL)
+#undef RG_GET_ROWS_KERNEL
 
 // ---- gather_rows ------------------------------------------------------------------------------------------
 
