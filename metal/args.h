@@ -71,3 +71,32 @@ struct RgAttnMergeArgs {
     uint32_t has_gate, pad;
 };
 static_assert(sizeof(RgAttnMergeArgs) == 96, "RgAttnMergeArgs layout");
+
+// qsa_pool of one sequence: blocks b0 + tgpig.x.
+struct RgQsaPoolArgs {
+    RgShape index_k, block_k, pos, norm, freq, axis;
+    int64_t b0;
+    int32_t ratio, index_head_dim, n_rot, pad;
+    float eps;
+    uint32_t pad2;
+};
+static_assert(sizeof(RgQsaPoolArgs) == 224, "RgQsaPoolArgs layout");
+
+// qsa_select of one sequence: scores [ntok][nb_stride] (device scratch), then sel / n_sel.
+struct RgQsaSelectArgs {
+    RgShape iq, block_k, sel, n_sel;
+    int64_t t0, ntok, n0, nb_stride;
+    int32_t ratio, topk, index_n_head, index_head_dim;
+    float index_scale;
+    uint32_t pad;
+};
+static_assert(sizeof(RgQsaSelectArgs) == 184, "RgQsaSelectArgs layout");
+
+// qsa_attend of one sequence: q, gate, out rows (t0 + t) * n_head + h; keys split n_split ways.
+struct RgQsaAttendArgs {
+    RgShape q, gate, sel, n_sel, k, v, out;
+    int64_t t0, ntok, n0;
+    int32_t n_head, n_head_kv, head_dim, ratio, n_split;
+    float scale;
+};
+static_assert(sizeof(RgQsaAttendArgs) == 272, "RgQsaAttendArgs layout");
