@@ -442,6 +442,24 @@ void add_qsa_cases(std::vector<Case>& cs) {
                       r.be().qsa_select(iq, seqs, 2, kQsa, sel, n_sel);
                       r.out(sel), r.out(n_sel);
                   }});
+    // Many blocks (more than a GPU threadgroup takes at once) in runs of 3 with the same pooled key, so the
+    // top 40 must break ties the CPU's way (the lower block) at the cut and inside the selection.
+    cs.push_back({"qsa_select", "598 blocks in runs of 3 equal keys, top 40, ties", kExact, [](Run& r) {
+                      constexpr QsaDims d{2, 1, 16, 2, 12, 2, 40, 4, 1e-6f};
+                      const int64_t cap = 1200, n0 = 1196, ntok = 3, nb = cap / d.ratio;
+                      const std::vector<float> distinct = r.floats((nb / 3 + 1) * d.index_head_dim);
+                      std::vector<float> keys(static_cast<size_t>(nb * d.index_head_dim));
+                      for (int64_t b = 0; b < nb; ++b)
+                          std::copy_n(&distinct[size_t(b / 3 * d.index_head_dim)], d.index_head_dim,
+                                      &keys[size_t(b * d.index_head_dim)]);
+                      const QsaSeq seq{r.f32(cap * d.n_head_kv, d.head_dim), r.f32(cap * d.n_head_kv, d.head_dim),
+                                       r.f32(cap, d.index_head_dim), r.put(RG_TYPE_F32, nb, d.index_head_dim, keys.data()),
+                                       r.zeros(RG_TYPE_I64, cap, 3), n0, 0, ntok};
+                      const Tensor iq = r.f32(ntok, d.index_n_head * d.index_head_dim);
+                      const Tensor sel = r.zeros(RG_TYPE_I32, ntok, d.topk), n_sel = r.zeros(RG_TYPE_I32, 1, ntok);
+                      r.be().qsa_select(iq, &seq, 1, d, sel, n_sel);
+                      r.out(sel), r.out(n_sel);
+                  }});
     cs.push_back({"qsa_attend", "2 sequences, selected blocks and tails", kComposite, [](Run& r) {
                       const QsaSeq seqs[] = {qsa_seq(r, 37, 0, 5), qsa_seq(r, 2, 5, 3)};
                       std::vector<int32_t> sel(static_cast<size_t>(8 * kQsa.topk)), n_sel(8);

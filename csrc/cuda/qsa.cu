@@ -60,8 +60,16 @@ __global__ void select_k(View iq, QsaSeqView s, QsaDims d, View sel, View n_sel)
         const float* bk = s.block_k.row(b);
         float sum = 0.0f;
         for (int64_t h = 0; h < IH; ++h) {
-            float dot = 0.0f;
-            for (int64_t i = 0; i < ID; ++i) dot += q[h * ID + i] * bk[i];
+            // nn::dot's order (8 partial sums, combined pairwise, then the tail), so the scores are the CPU's
+            // bits and near-ties fall the same way
+            const float* qh = q + h * ID;
+            float p[8] = {};
+            int64_t i = 0;
+            for (; i + 8 <= ID; i += 8)
+                for (int l = 0; l < 8; ++l) p[l] = __fadd_rn(p[l], __fmul_rn(qh[i + l], bk[i + l]));
+            float dot = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[4]), __fadd_rn(p[1], p[5])),
+                                  __fadd_rn(__fadd_rn(p[2], p[6]), __fadd_rn(p[3], p[7])));
+            for (; i < ID; ++i) dot = __fadd_rn(dot, __fmul_rn(qh[i], bk[i]));
             sum += fmaxf(dot, 0.0f);
         }
         score[b] = sum * scale;
