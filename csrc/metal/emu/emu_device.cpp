@@ -36,6 +36,10 @@ const KernelEntry* find_kernel(const char* name) {
 
 namespace {
 
+constexpr uint32_t kMaxThreadgroupMemory = 32 * 1024;
+constexpr int kMaxBufferArguments = 31;
+constexpr uint32_t kMaxSetBytes = 4096;
+
 class EmuBuffer final : public metal::DeviceBuffer {
 public:
     EmuBuffer(uint8_t* p, bool owned) : p_(p), owned_(owned) {}
@@ -87,6 +91,17 @@ public:
     void dispatch(const metal::Launch& l, const metal::KernelArg* args, int n_args) override {
         const KernelEntry* k = find_kernel(l.kernel);
         if (!k) throw Error(std::string("metal emulator: no kernel named ") + l.kernel);
+        // Metal's limits on every Apple GPU: what the emulator would run, a GPU would refuse.
+        const auto refuse = [&](const std::string& what) {
+            throw Error(std::string("metal emulator: kernel ") + l.kernel + ": " + what);
+        };
+        if (l.shmem > kMaxThreadgroupMemory)
+            refuse(std::to_string(l.shmem) + " bytes of threadgroup memory (Metal allows 32 KiB)");
+        if (n_args > kMaxBufferArguments) refuse(std::to_string(n_args) + " buffers (Metal binds at most 31)");
+        for (int i = 0; i < n_args; ++i)
+            if (args[i].bytes && args[i].size > kMaxSetBytes)
+                refuse("argument " + std::to_string(i) + " of " + std::to_string(args[i].size) +
+                       " bytes (setBytes takes at most 4 KiB)");
         if (n_args != k->n_buffers)
             throw Error(std::string("metal emulator: kernel ") + l.kernel + " takes " + std::to_string(k->n_buffers) +
                         " buffers, dispatched with " + std::to_string(n_args));
