@@ -36,3 +36,22 @@ struct RgNormArgs {
     uint32_t pad;
 };
 static_assert(sizeof(RgNormArgs) == 176, "RgNormArgs layout");
+
+// ---- elementwise (elementwise.metal), rotary embeddings (rope.metal), vision tower (vision.metal) ----------
+
+// unary: y = f(x) with parameter p (Backend::unary).
+struct RgUnaryArgs {
+    RgShape x, y;
+    float p;
+    uint32_t pad[3];
+};
+static_assert(sizeof(RgUnaryArgs) == 80, "RgUnaryArgs layout");
+
+// Two inputs, one output: glu (a gate, b up), add (b.stride 0 for one row added to every row), hc_mix (a gate,
+// b xn, y mixed) and hc_write (a out, b w, y streams) over hc streams.
+struct RgBinaryArgs {
+    RgShape a, b, y;
+    int64_t hc;
+    int64_t pad;
+};
+static_assert(sizeof(RgBinaryArgs) == 112, "RgBinaryArgs layout");
