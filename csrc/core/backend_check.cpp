@@ -629,6 +629,8 @@ std::vector<Case> all_cases() {
     return cs;
 }
 
+// sum (y - ref)^2 / sum ref^2 over the elements that differ (those that agree count neither way, so a few wrong
+// elements are not diluted by many right ones); NaN on one side only is infinitely wrong.
 double nmse(const std::vector<double>& y, const std::vector<double>& ref) {
     double err = 0.0, norm = 0.0;
     for (size_t i = 0; i < y.size(); ++i) {
