@@ -82,3 +82,36 @@ struct RgMoeMatmulArgs {
     uint32_t pad0;
 };
 static_assert(sizeof(RgMoeMatmulArgs) == 64, "RgMoeMatmulArgs layout");
+
+// The routing pairs p = t * k + j of ids [ntok][k] grouped by expert (rg_moe_group), into n_expert + 1 offsets,
+// 1 + n_expert active experts (their count, then their ids ascending) and the pairs in that order.
+struct RgMoeGroupArgs {
+    RgShape ids;
+    uint32_t n_expert;
+    uint32_t pad0, pad1, pad2;
+};
+static_assert(sizeof(RgMoeGroupArgs) == 48, "RgMoeGroupArgs layout");
+
+// moe_route: softmax of logits rows, the top k (the first `keep` by probability, the rest by score = logit +
+// bonus for resident experts), weights renormalised when norm_topk.
+struct RgMoeRouteArgs {
+    RgShape logits, ids, weights;
+    uint32_t k, keep, norm_topk, has_resident;
+    float bonus;
+    uint32_t pad0, pad1, pad2;
+};
+static_assert(sizeof(RgMoeRouteArgs) == 128, "RgMoeRouteArgs layout");
+
+// out = silu(g) * u, row by row.
+struct RgMoeSwigluArgs {
+    RgShape g, u, out;
+};
+static_assert(sizeof(RgMoeSwigluArgs) == 96, "RgMoeSwigluArgs layout");
+
+// moe_combine: y[t] = sum over the rows i with pairs[i] / k = t, in row order, of weights[t][pairs[i] % k] *
+// ys[i] (+ sigmoid(shared_gate[t][0]) * shared[t]); n_rows pairs (negative ones name no token).
+struct RgMoeCombineArgs {
+    RgShape ys, weights, shared, shared_gate, y;
+    uint32_t n_rows, k, has_shared, pad0;
+};
+static_assert(sizeof(RgMoeCombineArgs) == 176, "RgMoeCombineArgs layout");
