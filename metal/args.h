@@ -37,6 +37,36 @@ struct RgNormArgs {
 };
 static_assert(sizeof(RgNormArgs) == 176, "RgNormArgs layout");
 
+// ---- rows (rows.metal) ---------------------------------------------------------------------------------------
+// get_rows: out row i = dequantized table row ids[i] times scale (when scale != 1), `repeat` times side by side.
+struct RgGetRowsArgs {
+    RgShape table, ids, out;
+    int64_t repeat;
+    float scale;
+    uint32_t pad;
+};
+static_assert(sizeof(RgGetRowsArgs) == 112, "RgGetRowsArgs layout");
+
+// gather_rows: out[i] = x[rows[i]].
+struct RgGatherRowsArgs {
+    RgShape x, rows, out;
+};
+static_assert(sizeof(RgGatherRowsArgs) == 96, "RgGatherRowsArgs layout");
+
+// One pass of top_k over `n` entries per row: the columns of x (from_cand 0) or candidate pairs (from_cand 1,
+// rows of n (value, column) pairs), k largest per chunk of the row, written as candidate pairs (to_cand 1,
+// rows of chunks * k pairs) or, by the last pass, to ids / values.
+struct RgTopKArgs {
+    RgShape x, ids, values;
+    int64_t n;
+    int64_t k;
+    uint32_t from_cand;
+    uint32_t to_cand;
+    uint32_t has_ids;
+    uint32_t has_values;
+};
+static_assert(sizeof(RgTopKArgs) == 128, "RgTopKArgs layout");
+
 // ---- products and mixture of experts (metal/matmul.metal, metal/moe.metal) --------------------------------
 
 // The product tiles (metal/matmul.metal): RG_MM_ROWS weight rows x a decode (ntok <= RG_MM_DECODE_TOKENS)
