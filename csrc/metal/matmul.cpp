@@ -4,13 +4,13 @@
 // Every job's bits are independent of the batch and of the kernel (matmul.metal's header), so the grouping
 // is free to change them.
 #include <algorithm>
-#include <cctype>
 #include <string>
 #include <vector>
 
 #include "core/errors.h"
 #include "core/types.h"
 #include "metal/metal_backend.h"
+#include "metal/types.h"
 
 namespace regolith::metal {
 
@@ -18,15 +18,6 @@ namespace {
 
 constexpr int64_t kMaxTiles = int64_t(1) << 31;  // threadgroups of one dispatch (tile numbers are uint32)
 constexpr uint32_t kGroupsX = 1u << 16;           // a dispatch's tiles as a grid of kGroupsX columns
-
-// The kernels' name of a weight type: its GGUF name in lower case.
-std::string type_name(uint32_t type) {
-    const TypeTraits* t = type_traits(type);
-    if (!t) throw Error("metal matmul: unknown weight type id " + std::to_string(type));
-    std::string s(t->name);
-    for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-}
 
 // K must be whole 32-element parts of whole blocks (every type's block is a multiple of 32 elements).
 void check_cols(const View& w) {
@@ -58,7 +49,7 @@ void encode_products(MetalBackend& be, const View* w, const View* x, const View*
         for (int64_t j = i; j < n; ++j)
             if (!done[size_t(j)] && same(j)) group.push_back(j), done[size_t(j)] = true;
         const int64_t nt = dec ? RG_MM_DECODE_TOKENS : RG_MM_PREFILL_TOKENS;
-        const std::string kernel = "rg_matmul_" + type_name(w[i].shape.type);
+        const std::string kernel = "rg_matmul_" + metal_type_name(w[i].shape.type);
         const uint32_t shmem =
             dec ? RG_MM_SHMEM(RG_MM_DECODE_TOKENS, RG_MM_DECODE_KC) : RG_MM_SHMEM(RG_MM_PREFILL_TOKENS, RG_MM_PREFILL_KC);
         for (size_t g0 = 0; g0 < group.size();) {
@@ -115,7 +106,7 @@ void encode_expert_products(MetalBackend& be, const View& w, int64_t n, int64_t 
     // threadgroups in turn.
     a.tok_tiles = tiles(ntok, nt);
     a.decode = dec ? 1 : 0;
-    const std::string kernel = "rg_moe_matmul_" + type_name(w.shape.type);
+    const std::string kernel = "rg_moe_matmul_" + metal_type_name(w.shape.type);
     const uint32_t shmem =
         dec ? RG_MM_SHMEM(RG_MM_DECODE_TOKENS, RG_MM_DECODE_KC) : RG_MM_SHMEM(RG_MM_PREFILL_TOKENS, RG_MM_PREFILL_KC);
     be.launch(kernel.c_str(), tiles(n, RG_MM_ROWS), a.slots * a.tok_tiles, RG_MM_THREADS, shmem,
