@@ -64,8 +64,8 @@ void encode_products(MetalBackend& be, const View* w, const View* x, const View*
                 const int64_t rows = wj.shape.rows, ntok = xj.shape.rows;
                 const uint32_t row_tiles = tiles(rows, RG_MM_ROWS);
                 const int64_t job_tiles = int64_t(row_tiles) * tiles(ntok, nt);
-                if (rows > UINT32_MAX || ntok > UINT32_MAX || yj.shape.stride / 4 > UINT32_MAX)
-                    throw Error("metal matmul: a product of more than 2^32 rows or tokens");
+                if (rows > UINT32_MAX || ntok > INT32_MAX || yj.shape.stride / 4 > UINT32_MAX)
+                    throw Error("metal matmul: a product of more than 2^32 rows or 2^31 tokens");
                 if (n_tiles + job_tiles >= kMaxTiles) {
                     if (g1 == g0) throw Error("metal matmul: a product of more than 2^31 tiles");
                     break;
