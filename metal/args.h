@@ -79,9 +79,10 @@ static_assert(sizeof(RgTopKArgs) == 128, "RgTopKArgs layout");
 #define RG_MM_PREFILL_KC 64
 #define RG_MM_SHMEM(tokens, kc) (((RG_MM_ROWS + (tokens)) * ((kc) + 4) + 2 * (tokens)) * 4)
 
-// One product of a batch (rg_matmul_<type>): weight rows [0, rows) at w_off (bytes from the weight binding, rows
-// w_stride bytes apart, cols elements each) times the ntok packed f32 rows [ntok][cols] at x_off, into
-// y[t][r] at y_off (rows of y_ld floats). Its threadgroups are [tile0, tile0 + row_tiles * token tiles).
+// One product of a batch (rg_matmul_<type>): weight rows [0, rows) at w_off (bytes from the weight
+// binding, rows w_stride bytes apart, cols elements each) times the ntok packed f32 rows [ntok][cols] at
+// x_off, into y[t][r] at y_off (rows of y_ld floats). Its threadgroups: [tile0, tile0 + row_tiles * token
+// tiles).
 struct RgMatmulJob {
     int64_t w_off, x_off, y_off;
     int64_t w_stride;
@@ -100,10 +101,10 @@ struct RgMatmulArgs {
 };
 static_assert(sizeof(RgMatmulArgs) == 16 + 64 * RG_MATMUL_MAX_JOBS, "RgMatmulArgs layout");
 
-// The grouped products of moe_experts (rg_moe_matmul_<type>): expert e's rows [e * n, (e + 1) * n) of the stacked
-// weight (w_stride bytes apart, cols elements) times its grouped rows; x rows x_ld floats apart (row
-// order[i] / k of grouped row i, or row i where k is 0), y rows y_ld floats apart (row i). The grid: row tiles
-// x (slots * tok_tiles).
+// The grouped products of moe_experts (rg_moe_matmul_<type>): expert e's rows [e * n, (e + 1) * n) of the
+// stacked weight (w_stride bytes apart, cols elements) times its grouped rows; x rows x_ld floats apart (row
+// order[i] / k of grouped row i, or row i where k is 0), y rows y_ld floats apart (row i). The grid: row
+// tiles x (slots * tok_tiles).
 struct RgMoeMatmulArgs {
     int64_t w_stride, n, cols, x_ld, y_ld;
     uint32_t n_expert, k;
@@ -113,8 +114,8 @@ struct RgMoeMatmulArgs {
 };
 static_assert(sizeof(RgMoeMatmulArgs) == 64, "RgMoeMatmulArgs layout");
 
-// The routing pairs p = t * k + j of ids [ntok][k] grouped by expert (rg_moe_group), into n_expert + 1 offsets,
-// 1 + n_expert active experts (their count, then their ids ascending) and the pairs in that order.
+// The routing pairs p = t * k + j of ids [ntok][k] grouped by expert (rg_moe_group), into n_expert + 1
+// offsets, 1 + n_expert active experts (their count, then their ids ascending) and the pairs in that order.
 struct RgMoeGroupArgs {
     RgShape ids;
     uint32_t n_expert;

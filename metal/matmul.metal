@@ -10,8 +10,8 @@
 // products equal the streamed path's matmul jobs, and a quantized matrix equals its dequantized F32 twin bit
 // for bit (exact mode needs no path of its own).
 //
-// Kernels rg_matmul_<type> (a batch of jobs: a table of offsets, each job's tiles a range of threadgroups) and
-// rg_moe_matmul_<type> (every active expert's rows times its grouped pairs), each with the decode or the
+// Kernels rg_matmul_<type> (a batch of jobs: a table of offsets, each job's tiles a range of threadgroups)
+// and rg_moe_matmul_<type> (every active expert's rows times its grouped pairs), each with the decode or the
 // prefill tile as its arguments say (a branch uniform over the dispatch).
 // Tiles (threadgroups of 4 SIMD-groups, 128 threads; threadgroup memory in floats, rows padded by 4):
 //   decode (ntok <= 8): 32 rows x 8 tokens, K in chunks of 128: every thread dequantizes one 32-element part
@@ -32,15 +32,16 @@
 template <int RT_, int NT_, int KC_, int SGR_>
 struct RgMmTile {
     static constexpr int RT = RT_, NT = NT_, KC = KC_, SGR = SGR_, SGC = 4 / SGR_;
-    static constexpr int LD = KC + 4;                     // floats per staged row
+    static constexpr int LD = KC + 4;                           // floats per staged row
     static constexpr int MR = RT / SGR / 8, MC = NT / SGC / 8;  // a SIMD-group's 8x8 matrices
-    static constexpr int FLOATS = (RT + NT) * LD;         // staged weights and activations
-    static constexpr int SHMEM = FLOATS * 4 + 2 * NT * 4;  // + the tile's x / y row indices
+    static constexpr int FLOATS = (RT + NT) * LD;               // staged weights and activations
+    static constexpr int SHMEM = FLOATS * 4 + 2 * NT * 4;       // + the tile's x / y row indices
 };
 typedef RgMmTile<RG_MM_ROWS, RG_MM_DECODE_TOKENS, RG_MM_DECODE_KC, 4> RgMmDecode;
 typedef RgMmTile<RG_MM_ROWS, RG_MM_PREFILL_TOKENS, RG_MM_PREFILL_KC, 2> RgMmPrefill;
 static_assert(RgMmDecode::SHMEM == RG_MM_SHMEM(RG_MM_DECODE_TOKENS, RG_MM_DECODE_KC), "decode tile memory");
-static_assert(RgMmPrefill::SHMEM == RG_MM_SHMEM(RG_MM_PREFILL_TOKENS, RG_MM_PREFILL_KC), "prefill tile memory");
+static_assert(RgMmPrefill::SHMEM == RG_MM_SHMEM(RG_MM_PREFILL_TOKENS, RG_MM_PREFILL_KC),
+              "prefill tile memory");
 
 // One tile: weight rows [0, rows) at w (rows <= RT, w_stride bytes apart, `cols` elements) times the NT
 // activation rows xrow[c] of x (-1: padding), into y[yrow[c] * y_ld + r] (-1: not stored). xrow / yrow are
@@ -50,7 +51,7 @@ inline void rg_mm_tile(device const uchar* w, int64_t w_stride, int rows, int64_
                        int64_t x_ld, device float* y, int64_t y_ld, threadgroup const int* xrow,
                        threadgroup const int* yrow, threadgroup float* sh, uint sgitg, uint tiitg, uint ntg) {
     typedef RgQuant<TYPE> Q;
-    threadgroup float* ws = sh;              // [RT][LD] weights
+    threadgroup float* ws = sh;                  // [RT][LD] weights
     threadgroup float* xs = sh + T::RT * T::LD;  // [NT][LD] activations
     const int sr = int(sgitg) % T::SGR * T::MR * 8, sc = int(sgitg) / T::SGR * T::MC * 8;
     simdgroup_float8x8 acc[T::MR][T::MC];
@@ -85,7 +86,8 @@ inline void rg_mm_tile(device const uchar* w, int64_t w_stride, int rows, int64_
             for (int j = 0; j < T::MC; ++j)
                 simdgroup_load(b[j], xs + (sc + 8 * j) * T::LD + s, T::LD, ulong2(0, 0), true);
             for (int i = 0; i < T::MR; ++i)
-                for (int j = 0; j < T::MC; ++j) simdgroup_multiply_accumulate(acc[i][j], a[i], b[j], acc[i][j]);
+                for (int j = 0; j < T::MC; ++j)
+                    simdgroup_multiply_accumulate(acc[i][j], a[i], b[j], acc[i][j]);
         }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -103,8 +105,9 @@ inline void rg_mm_tile(device const uchar* w, int64_t w_stride, int rows, int64_
 // A batch of products (RgMatmulArgs): threadgroup `tile` (x + y * groups_x) takes row tile tile % row_tiles
 // and token tile tile / row_tiles of the job whose tiles hold it.
 template <uint TYPE, class T>
-inline void rg_matmul_tile(constant RgMatmulArgs& a, device const char* w, device const char* x, device char* y,
-                           uint3 tgpig, uint3 tgpg, uint sgitg, uint tiitg, uint ntg, threadgroup char* shmem) {
+inline void rg_matmul_tile(constant RgMatmulArgs& a, device const char* w, device const char* x,
+                           device char* y, uint3 tgpig, uint3 tgpg, uint sgitg, uint tiitg, uint ntg,
+                           threadgroup char* shmem) {
     const uint tile = tgpig.x + tgpig.y * tgpg.x;
     if (tile >= a.n_tiles) return;  // the whole threadgroup
     uint j = 0;

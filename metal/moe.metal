@@ -2,10 +2,11 @@
 // rg_moe_matmul_<type> kernels.
 //
 // rg_moe_route: one SIMD-group per token (routers have a few hundred experts: a lane per 32nd expert, the
-//   softmax and each of the k argmax passes reduced by shuffles). The CPU sums the softmax in double: here each
-//   lane sums its experts with the rounding error kept (two-sum), the lanes' pairs are added exactly the same
-//   way, and 1 / sum gets a Newton step from the low part, so the probabilities are the CPU's (its float(1 /
-//   sum) of a double sum) but for sums within ~2^-45 of a rounding boundary. Ties go to the lower id.
+//   softmax and each of the k argmax passes reduced by shuffles). The CPU sums the softmax in double: here
+//   each lane sums its experts with the rounding error kept (two-sum), the lanes' pairs are added exactly the
+//   same way, and 1 / sum gets a Newton step from the low part, so the probabilities are the CPU's (its
+//   float(1 / sum) of a double sum) but for sums within ~2^-45 of a rounding boundary. Ties go to the lower
+//   id.
 // rg_moe_group: one threadgroup of 256 threads groups the ntok * k routing pairs by expert without atomics:
 //   thread i owns a run of experts, counts their pairs over the ids staged 1,024 at a time, the runs' counts
 //   are scanned (SIMD prefix sums), and each thread writes its experts' pairs in pair order (token order),
@@ -104,12 +105,12 @@ kernel void rg_moe_route(constant RgMoeRouteArgs& a [[buffer(0)]], device const 
 }
 RG_KERNEL(rg_moe_route)
 
-// ---- grouping -----------------------------------------------------------------------------------------------
+// ---- grouping ---------------------------------------------------------------------------------------------
 
 #define RG_MOE_GROUP_CHUNK 1024
 
-// One threadgroup (ntg <= 256). groups: offset [n_expert + 1], active [1 + n_expert], order [pairs] (pairs past
-// offset[n_expert], those with an id outside [0, n_expert), are -1). Threadgroup memory: the staged ids
+// One threadgroup (ntg <= 256). groups: offset [n_expert + 1], active [1 + n_expert], order [pairs] (pairs
+// past offset[n_expert], those with an id outside [0, n_expert), are -1). Threadgroup memory: the staged ids
 // [RG_MOE_GROUP_CHUNK], counts [n_expert], SIMD-group totals [16].
 kernel void rg_moe_group(constant RgMoeGroupArgs& a [[buffer(0)]], device const char* ids [[buffer(1)]],
                          device int* groups [[buffer(2)]], RG_THREAD_IDS) {
@@ -168,7 +169,7 @@ kernel void rg_moe_group(constant RgMoeGroupArgs& a [[buffer(0)]], device const 
 }
 RG_KERNEL(rg_moe_group)
 
-// ---- SwiGLU and the weighted sum ------------------------------------------------------------------------------
+// ---- SwiGLU and the weighted sum --------------------------------------------------------------------------
 
 // Threadgroup (x, r) takes every tgpg.x-th stretch of ntg columns of row r.
 kernel void rg_moe_swiglu(constant RgMoeSwigluArgs& a [[buffer(0)]], device const char* g [[buffer(1)]],
@@ -182,13 +183,14 @@ kernel void rg_moe_swiglu(constant RgMoeSwigluArgs& a [[buffer(0)]], device cons
 }
 RG_KERNEL(rg_moe_swiglu)
 
-// Threadgroup (t, x): token t, columns x * ntg + tiitg, + tgpg.y * ntg, ... Threadgroup memory: the row of each
-// of the token's pairs [k] (-1: none), then the found rows in row order [k] and their j [k], and their count.
-// Each pair is listed at most once (as the core packs them and rg_moe_group groups them).
+// Threadgroup (t, x): token t, columns x * ntg + tiitg, + tgpg.y * ntg, ... Threadgroup memory: the row of
+// each of the token's pairs [k] (-1: none), then the found rows in row order [k] and their j [k], and their
+// count. Each pair is listed at most once (as the core packs them and rg_moe_group groups them).
 kernel void rg_moe_combine(constant RgMoeCombineArgs& a [[buffer(0)]], device const char* ys [[buffer(1)]],
                            device const int* pairs [[buffer(2)]], device const char* weights [[buffer(3)]],
-                           device const char* shared [[buffer(4)]], device const char* shared_gate [[buffer(5)]],
-                           device char* y [[buffer(6)]], RG_THREAD_IDS) {
+                           device const char* shared [[buffer(4)]],
+                           device const char* shared_gate [[buffer(5)]], device char* y [[buffer(6)]],
+                           RG_THREAD_IDS) {
     const int64_t t = tgpig.x;
     const int k = int(a.k);
     threadgroup int* row = (threadgroup int*)shmem;
@@ -209,7 +211,8 @@ kernel void rg_moe_combine(constant RgMoeCombineArgs& a [[buffer(0)]], device co
             const int rj = row[j];
             if (rj < 0) continue;
             int m = n++;
-            for (; m > 0 && sorted_row[m - 1] > rj; --m) sorted_row[m] = sorted_row[m - 1], sorted_j[m] = sorted_j[m - 1];
+            for (; m > 0 && sorted_row[m - 1] > rj; --m)
+                sorted_row[m] = sorted_row[m - 1], sorted_j[m] = sorted_j[m - 1];
             sorted_row[m] = rj, sorted_j[m] = j;
         }
         n_found[0] = n;

@@ -1,8 +1,8 @@
-// Matrix products (metal/matmul.metal). A batch's jobs are grouped by kernel (weight type; decode for ntok <= 8,
-// else prefill) and by the buffers they read and write (a MoE layer's experts: slots of one arena, rows of one
-// workspace), and each group is one dispatch per RG_MATMUL_MAX_JOBS jobs with a table of the jobs' offsets.
-// Every job's bits are independent of the batch and of the kernel (matmul.metal's header), so the grouping
-// is free to change them.
+// Matrix products (metal/matmul.metal). A batch's jobs are grouped by kernel (weight type; decode for ntok <=
+// 8, else prefill) and by the buffers they read and write (a MoE layer's experts: slots of one arena, rows of
+// one workspace), and each group is one dispatch per RG_MATMUL_MAX_JOBS jobs with a table of the jobs'
+// offsets. Every job's bits are independent of the batch and of the kernel (matmul.metal's header), so the
+// grouping is free to change them.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -17,7 +17,7 @@ namespace regolith::metal {
 namespace {
 
 constexpr int64_t kMaxTiles = int64_t(1) << 31;  // threadgroups of one dispatch (tile numbers are uint32)
-constexpr uint32_t kGroupsX = 1u << 16;           // a dispatch's tiles as a grid of kGroupsX columns
+constexpr uint32_t kGroupsX = 1u << 16;          // a dispatch's tiles as a grid of kGroupsX columns
 
 // K must be whole 32-element parts of whole blocks (every type's block is a multiple of 32 elements).
 void check_cols(const View& w) {
@@ -50,8 +50,8 @@ void encode_products(MetalBackend& be, const View* w, const View* x, const View*
             if (!done[size_t(j)] && same(j)) group.push_back(j), done[size_t(j)] = true;
         const int64_t nt = dec ? RG_MM_DECODE_TOKENS : RG_MM_PREFILL_TOKENS;
         const std::string kernel = "rg_matmul_" + metal_type_name(w[i].shape.type);
-        const uint32_t shmem =
-            dec ? RG_MM_SHMEM(RG_MM_DECODE_TOKENS, RG_MM_DECODE_KC) : RG_MM_SHMEM(RG_MM_PREFILL_TOKENS, RG_MM_PREFILL_KC);
+        const uint32_t shmem = dec ? RG_MM_SHMEM(RG_MM_DECODE_TOKENS, RG_MM_DECODE_KC)
+                                   : RG_MM_SHMEM(RG_MM_PREFILL_TOKENS, RG_MM_PREFILL_KC);
         for (size_t g0 = 0; g0 < group.size();) {
             RgMatmulArgs a{};
             a.decode = dec ? 1 : 0;
@@ -71,7 +71,8 @@ void encode_products(MetalBackend& be, const View* w, const View* x, const View*
                     break;
                 }
                 RgMatmulJob& jb = a.jobs[a.n_jobs++];
-                jb.w_off = int64_t(wj.arg.offset), jb.x_off = int64_t(xj.arg.offset), jb.y_off = int64_t(yj.arg.offset);
+                jb.w_off = int64_t(wj.arg.offset), jb.x_off = int64_t(xj.arg.offset),
+                jb.y_off = int64_t(yj.arg.offset);
                 jb.w_stride = wj.shape.stride;
                 jb.rows = uint32_t(rows), jb.cols = uint32_t(wj.shape.cols), jb.ntok = uint32_t(ntok);
                 jb.y_ld = uint32_t(yj.shape.stride / 4);
@@ -93,8 +94,8 @@ void encode_products(MetalBackend& be, const View* w, const View* x, const View*
 // [e * n, (e + 1) * n) of the stacked w times its grouped rows (x row order[i] / k, or row i where k is 0),
 // into y row i. ntok bounds the rows of one expert (its tokens), pairs the grouped rows.
 void encode_expert_products(MetalBackend& be, const View& w, int64_t n, int64_t n_expert, const KernelArg& x,
-                            int64_t x_ld, const KernelArg& y, int64_t y_ld, const KernelArg& groups, int64_t k,
-                            int64_t ntok, int64_t pairs) {
+                            int64_t x_ld, const KernelArg& y, int64_t y_ld, const KernelArg& groups,
+                            int64_t k, int64_t ntok, int64_t pairs) {
     check_cols(w);
     const bool dec = decode(ntok);
     const int64_t nt = dec ? RG_MM_DECODE_TOKENS : RG_MM_PREFILL_TOKENS;
@@ -107,8 +108,8 @@ void encode_expert_products(MetalBackend& be, const View& w, int64_t n, int64_t 
     a.tok_tiles = tiles(ntok, nt);
     a.decode = dec ? 1 : 0;
     const std::string kernel = "rg_moe_matmul_" + metal_type_name(w.shape.type);
-    const uint32_t shmem =
-        dec ? RG_MM_SHMEM(RG_MM_DECODE_TOKENS, RG_MM_DECODE_KC) : RG_MM_SHMEM(RG_MM_PREFILL_TOKENS, RG_MM_PREFILL_KC);
+    const uint32_t shmem = dec ? RG_MM_SHMEM(RG_MM_DECODE_TOKENS, RG_MM_DECODE_KC)
+                               : RG_MM_SHMEM(RG_MM_PREFILL_TOKENS, RG_MM_PREFILL_KC);
     be.launch(kernel.c_str(), tiles(n, RG_MM_ROWS), a.slots * a.tok_tiles, RG_MM_THREADS, shmem,
               {MetalBackend::bytes(a), w.arg, x, y, groups});
 }
