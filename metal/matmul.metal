@@ -13,14 +13,15 @@
 // Kernels rg_matmul_<type> (a batch of jobs: a table of offsets, each job's tiles a range of threadgroups)
 // and rg_moe_matmul_<type> (every active expert's rows times its grouped pairs), each with the decode or the
 // prefill tile as its arguments say (a branch uniform over the dispatch).
-// Tiles (threadgroups of 4 SIMD-groups, 128 threads; threadgroup memory in floats, rows padded by 4):
+// Tiles (threadgroups of 4 SIMD-groups, RG_MM_THREADS = 128 threads, which the SIMD-group layout assumes;
+// threadgroup memory in floats, rows padded by 4):
 //   decode (ntok <= 8): 32 rows x 8 tokens, K in chunks of 128: every thread dequantizes one 32-element part
 //     per chunk (4 adjacent lanes read 4 adjacent parts of a row), each SIMD-group owns 8 rows; 21 KiB.
 //     Decode is bound by the weight reads, so the tile keeps all 128 threads reading weights and is small
 //     enough for a 248,320-row LM head to spread over every GPU core.
 //   prefill: 32 rows x 32 tokens, K in chunks of 64; each SIMD-group owns 16 rows x 16 tokens (2 x 2
-//     matrices: 4 multiplies per 4 loads). Every dequantized weight serves 32 tokens; 17 KiB, so two
-//     threadgroups fit a core's threadgroup memory.
+//     matrices: 4 multiplies per 4 loads). Every dequantized weight serves 32 tokens; 17 KiB (float
+//     staging of 32 x 64 weights and 32 x 64 activations stays well under the 32 KiB limit).
 // The output tile goes through threadgroup memory (transposed) so that y's rows are written coalesced and
 // partial tiles (rows not a multiple of 32, ntok not a multiple of the tile) store only their valid part.
 #include "compat.h"
