@@ -78,7 +78,7 @@ public:
             }
         }
     }
-    ~AppleDevice() override {
+    void retire() override {
         try {
             wait(commit());
         } catch (...) {  // a failed command buffer nobody waited for: nothing left to report it to

@@ -63,6 +63,10 @@ public:
     // Error. May be called from any thread.
     virtual void wait(uint64_t serial) = 0;
     virtual uint64_t completed() = 0;
+    // Before the device goes away (the backend's destructor): afterwards no command buffer reads or writes
+    // memory. The GPU finishes what it was given; the emulator drops what has not started (nobody can read
+    // its results any more, and at process exit the threads it would run on may be gone).
+    virtual void retire() = 0;
 };
 
 // The system's default Metal device, or null (not an Apple platform, or no GPU): apple_device.mm /

@@ -68,11 +68,12 @@ struct CommandBuffer {
 
 class EmuDevice final : public metal::Device {
 public:
-    ~EmuDevice() override {
-        try {
-            wait(commit());
-        } catch (...) {  // a failed command buffer nobody waited for: nothing left to report it to
-        }
+    void retire() override {
+        std::lock_guard<std::mutex> run_lock(run_mu_);
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        queue_.clear();
+        current_ = CommandBuffer{};
+        completed_ = last_serial_;
     }
     const char* name() const override { return "metal-emu"; }
     std::string description() const override { return "a Metal GPU emulated on the CPU"; }

@@ -426,18 +426,46 @@ void simdgroup_store(const simdgroup_matrix<T, 8, 8>& m, D* dst, ulong elements_
     const MatrixAccess<const simdgroup_matrix<T, 8, 8>, D*> a{&m, dst, elements_per_row, origin, transpose};
     simd_call(&a, 0, &resolve_matrix_store<T, D>, file, line);
 }
-// d = a * b + c, each element's products added to c in order of k (as float).
+// d = a * b + c: each element's products a[i][k] b[k][j] added to c[i][j] in order of k, each product and
+// sum rounded to float (a GPU may fuse them; the order per element is what the kernels' contract needs, and
+// it does not depend on the other elements). The columns of a row go together, so the compiler vectorises.
 template <class TD, class TA, class TB, class TC>
 void simdgroup_multiply_accumulate(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
                                    const simdgroup_matrix<TB, 8, 8>& b, const simdgroup_matrix<TC, 8, 8>& c) {
-    simdgroup_matrix<TD, 8, 8> r;
-    for (int i = 0; i < 8; ++i)
-        for (int j = 0; j < 8; ++j) {
-            float s = float(c.e[i][j]);
-            for (int k = 0; k < 8; ++k) s = std::fma(float(a.e[i][k]), float(b.e[k][j]), s);
-            r.e[i][j] = TD(s);
+    float bf[8][8], r[8][8];
+    for (int k = 0; k < 8; ++k)
+        for (int j = 0; j < 8; ++j) bf[k][j] = float(b.e[k][j]);
+    for (int i = 0; i < 8; ++i) {
+        for (int j = 0; j < 8; ++j) r[i][j] = float(c.e[i][j]);
+        for (int k = 0; k < 8; ++k) {
+            const float aik = float(a.e[i][k]);
+            for (int j = 0; j < 8; ++j) r[i][j] += aik * bf[k][j];
         }
-    d = r;
+    }
+    for (int i = 0; i < 8; ++i)
+        for (int j = 0; j < 8; ++j) d.e[i][j] = TD(r[i][j]);
+}
+// The same for float matrices (the products'), a row's 8 columns as two 4-wide vectors (SSE2 / NEON
+// registers, which every host has).
+inline void simdgroup_multiply_accumulate(simdgroup_float8x8& d, const simdgroup_float8x8& a,
+                                          const simdgroup_float8x8& b, const simdgroup_float8x8& c) {
+    typedef float col4 __attribute__((vector_size(16)));
+    col4 lo[8], hi[8], r[16];
+    for (int k = 0; k < 8; ++k) {
+        std::memcpy(&lo[k], &b.e[k][0], sizeof(col4));
+        std::memcpy(&hi[k], &b.e[k][4], sizeof(col4));
+    }
+    for (int i = 0; i < 8; ++i) {
+        col4 acc_lo, acc_hi;
+        std::memcpy(&acc_lo, &c.e[i][0], sizeof(col4));
+        std::memcpy(&acc_hi, &c.e[i][4], sizeof(col4));
+        for (int k = 0; k < 8; ++k) {
+            acc_lo += a.e[i][k] * lo[k];
+            acc_hi += a.e[i][k] * hi[k];
+        }
+        r[2 * i] = acc_lo, r[2 * i + 1] = acc_hi;
+    }
+    std::memcpy(d.e, r, sizeof r);
 }
 template <class TD, class TA, class TB>
 void simdgroup_multiply(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
