@@ -5,7 +5,8 @@
 // contract, core/backend.h): a threadgroup dequantizes a tile of weight rows to float in threadgroup memory
 // (RgQuant<TYPE>::dequant32, bit-exact with the CPU), stages the float activations beside it, and each
 // SIMD-group accumulates 8x8 float SIMD-group matrices, acc = W[8 rows][8 k] * X^T[8 k][8 tokens] + acc, over
-// K in steps of 8 in increasing order from a zero accumulator (no split of K). Padding rows and tokens are
+// K in steps of 8 in increasing order from a zero accumulator (no split of K; a float row whose length is not
+// a multiple of 8 is padded with zero columns, which leave the sum as it is). Padding rows and tokens are
 // zeros whose results are never stored. So a decode and a prefill tile give the same bits, the experts'
 // products equal the streamed path's matmul jobs, and a quantized matrix equals its dequantized F32 twin bit
 // for bit (exact mode needs no path of its own).
@@ -59,15 +60,20 @@ inline void rg_mm_tile(device const uchar* w, int64_t w_stride, int rows, int64_
     for (int i = 0; i < T::MR; ++i)
         for (int j = 0; j < T::MC; ++j) acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     for (int64_t k0 = 0; k0 < cols; k0 += T::KC) {
-        const int kn = int(min(int64_t(T::KC), cols - k0));  // a multiple of 32
-        threadgroup_barrier(mem_flags::mem_threadgroup);     // the previous chunk's readers are done
+        // kn columns in this chunk (a multiple of 32 but at the end of a float row), zero-padded to kn8
+        const int kn = int(min(int64_t(T::KC), cols - k0)), kn8 = (kn + 7) / 8 * 8;
+        threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous chunk's readers are done
         for (int task = int(tiitg); task < T::RT * (T::KC / 32); task += int(ntg)) {
             const int r = task / (T::KC / 32), part = task % (T::KC / 32);
             if (32 * part >= kn) continue;
             float v[32];
             if (r < rows) {
                 const int64_t k = k0 + 32 * part;
-                Q::dequant32(w + r * w_stride + k / Q::QK * Q::BYTES, int(k % Q::QK) / 32, v);
+                device const uchar* block = w + r * w_stride + k / Q::QK * Q::BYTES;
+                if (32 * part + 32 <= kn)
+                    Q::dequant32(block, int(k % Q::QK) / 32, v);
+                else
+                    rg_dequant_head<TYPE>(block, int(k % Q::QK) / 32, kn - 32 * part, v);
             } else {
                 for (int j = 0; j < 32; ++j) v[j] = 0.0f;
             }
@@ -76,12 +82,12 @@ inline void rg_mm_tile(device const uchar* w, int64_t w_stride, int rows, int64_
         }
         for (int i = int(tiitg); i < T::NT * T::KC; i += int(ntg)) {
             const int c = i / T::KC, kk = i % T::KC;
-            if (kk >= kn) continue;
+            if (kk >= kn8) continue;
             const int xr = xrow[c];
-            xs[c * T::LD + kk] = xr >= 0 ? x[xr * x_ld + k0 + kk] : 0.0f;
+            xs[c * T::LD + kk] = xr >= 0 && kk < kn ? x[xr * x_ld + k0 + kk] : 0.0f;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        for (int s = 0; s < kn; s += 8) {
+        for (int s = 0; s < kn8; s += 8) {
             simdgroup_float8x8 a[T::MR], b[T::MC];
             for (int i = 0; i < T::MR; ++i) simdgroup_load(a[i], ws + (sr + 8 * i) * T::LD + s, T::LD);
             for (int j = 0; j < T::MC; ++j)

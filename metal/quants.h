@@ -47,6 +47,28 @@ struct RgQuant<RG_TYPE_BF16> {
     }
 };
 
+// out[0..32) = the first n elements of part `part` of a block, then zeros: a float row (F32, F16, BF16) may end
+// inside a part, a quantized row never does (whole blocks of whole parts), so n < 32 only for float types.
+template <uint TYPE>
+inline void rg_dequant_head(device const uchar* block, int part, int n, thread float* out) {
+    RgQuant<TYPE>::dequant32(block, part, out);
+}
+template <>
+inline void rg_dequant_head<RG_TYPE_F32>(device const uchar* block, int part, int n, thread float* out) {
+    device const float* x = (device const float*)block;
+    for (int j = 0; j < 32; ++j) out[j] = j < n ? x[j] : 0.0f;
+}
+template <>
+inline void rg_dequant_head<RG_TYPE_F16>(device const uchar* block, int part, int n, thread float* out) {
+    device const half* x = (device const half*)block;
+    for (int j = 0; j < 32; ++j) out[j] = j < n ? float(x[j]) : 0.0f;
+}
+template <>
+inline void rg_dequant_head<RG_TYPE_BF16>(device const uchar* block, int part, int n, thread float* out) {
+    device const ushort* x = (device const ushort*)block;
+    for (int j = 0; j < 32; ++j) out[j] = j < n ? as_type<float>(uint(x[j]) << 16) : 0.0f;
+}
+
 // gguf: x * d
 template <>
 struct RgQuant<RG_TYPE_Q8_0> {

@@ -224,6 +224,17 @@ void add_matmul_cases(std::vector<Case>& cs) {
                       }});
     }
     // a MoE layer's batch: experts of different types over row ranges of the packed activations
+    // Float weights of any row length (the models' small projections: hyper-connection mixes, gates)
+    for (uint32_t type : {RG_TYPE_F32, RG_TYPE_F16, RG_TYPE_BF16})
+        for (int64_t cols : {8, 20, 100})
+            for (int64_t ntok : {1, 9})
+                cs.push_back({"matmul", type_name(type) + " 11x" + std::to_string(cols) + " ntok " + std::to_string(ntok),
+                              kFloatMatmul, [=](Run& r) {
+                                  const Tensor w = r.weights(type, 11, cols), x = r.f32(ntok, cols);
+                                  const Tensor y = r.zeros(RG_TYPE_F32, ntok, 11);
+                                  r.be().matmul(w, x, y);
+                                  r.out(y);
+                              }});
     cs.push_back({"matmul", "batch of 6 experts (Q4_K, Q8_0, IQ2_XS) over packed rows", kQuantMatmul, [](Run& r) {
                       const uint32_t types[3] = {RG_TYPE_Q4_K, RG_TYPE_Q8_0, RG_TYPE_IQ2_XS};
                       const int64_t counts[6] = {1, 4, 2, 9, 1, 3};

@@ -19,12 +19,13 @@ namespace {
 constexpr int64_t kMaxTiles = int64_t(1) << 31;  // threadgroups of one dispatch (tile numbers are uint32)
 constexpr uint32_t kGroupsX = 1u << 16;          // a dispatch's tiles as a grid of kGroupsX columns
 
-// K must be whole 32-element parts of whole blocks (every type's block is a multiple of 32 elements).
+// K is whole blocks (quantized types: every block is a multiple of 32 elements) or any length (F32 / F16 /
+// BF16, whose rows may end inside a 32-element part).
 void check_cols(const View& w) {
     const TypeTraits* t = type_traits(w.shape.type);
-    if (!t || w.shape.cols % 32 != 0 || w.shape.cols % t->block_elems != 0 || w.shape.cols > UINT32_MAX)
+    if (!t || w.shape.cols % t->block_elems != 0 || w.shape.cols > UINT32_MAX)
         throw Error("metal matmul: a weight row of " + std::to_string(w.shape.cols) +
-                    " elements is not whole 32-element parts of its blocks");
+                    " elements is not whole blocks of its type");
 }
 
 bool decode(int64_t ntok) { return ntok <= RG_MM_DECODE_TOKENS; }
