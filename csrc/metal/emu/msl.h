@@ -358,9 +358,8 @@ template <class T, int R, int C>
 simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T v) {
     return simdgroup_matrix<T, R, C>(v);
 }
-// simdgroup_load and simdgroup_store are SIMD-group functions: every lane waits for the others, and the
-// load or store happens once for all of them (so no lane's store can precede another's load, as on the GPU).
-// All lanes must name the same memory.
+// simdgroup_store is a SIMD-group function: every lane waits for the others, and the store happens once for
+// all of them, from the first lane's matrix; all lanes must name the same memory.
 template <class M, class P>
 struct MatrixAccess {
     M* m;  // the calling lane's matrix
@@ -387,23 +386,6 @@ bool uniform_access(Lane* const* ls, uint32_t n) {
         if (!first->same(*lane_in<const A*>(ls[i]))) return false;
     return true;
 }
-template <class T, class S>
-void resolve_matrix_load(Lane* const* ls, uint32_t n) {
-    using A = MatrixAccess<simdgroup_matrix<T, 8, 8>, const S*>;
-    const A* first = lane_in<const A*>(ls[0]);
-    simdgroup_matrix<T, 8, 8> v;
-    for (int i = 0; i < 8; ++i)
-        for (int j = 0; j < 8; ++j) v.e[i][j] = T(first->at(i, j));
-    const bool uniform = uniform_access<A>(ls, n);
-    for (uint32_t l = 0; l < n; ++l) {
-        simdgroup_matrix<T, 8, 8>& m = *lane_in<const A*>(ls[l])->m;
-        if (uniform) {
-            m = v;
-        } else {
-            std::memset(&m, 0xff, sizeof m);
-        }
-    }
-}
 template <class T, class D>
 void resolve_matrix_store(Lane* const* ls, uint32_t n) {
     using A = MatrixAccess<const simdgroup_matrix<T, 8, 8>, D*>;
@@ -414,11 +396,18 @@ void resolve_matrix_store(Lane* const* ls, uint32_t n) {
 }
 
 // m[i][j] = src[i * elements_per_row + j] (transposed: src[j * elements_per_row + i]), origin (column, row).
+// Each lane loads on its own, as soon as it gets there: since a store waits for the whole SIMD-group, no
+// lane can store over a matrix before the others have loaded it from the same point of the kernel; a lane
+// that loads memory another lane writes with a plain store before any barrier sees the write where the GPU,
+// running the SIMD-group in lockstep, might not: the emulator is stricter there.
 template <class T, class S>
 void simdgroup_load(simdgroup_matrix<T, 8, 8>& m, const S* src, ulong elements_per_row = 8,
-                    ulong2 origin = ulong2(0), bool transpose = false, RG_EMU_SITE) {
-    const MatrixAccess<simdgroup_matrix<T, 8, 8>, const S*> a{&m, src, elements_per_row, origin, transpose};
-    simd_call(&a, 0, &resolve_matrix_load<T, S>, file, line);
+                    ulong2 origin = ulong2(0), bool transpose = false) {
+    src += origin.y * elements_per_row + origin.x;
+    for (int r = 0; r < 8; ++r) {
+        const S* row = src + r * elements_per_row;
+        for (int c = 0; c < 8; ++c) (transpose ? m.e[c][r] : m.e[r][c]) = T(row[c]);
+    }
 }
 template <class T, class D>
 void simdgroup_store(const simdgroup_matrix<T, 8, 8>& m, D* dst, ulong elements_per_row = 8,
