@@ -2,7 +2,9 @@
 // the same layout in C++ and the Metal Shading Language (fixed-width fields, sizes asserted).
 #pragma once
 
-#if !defined(__METAL_VERSION__)
+#if defined(__METAL_VERSION__)
+#include <metal_stdlib>
+#else
 #include <stdint.h>
 #endif
 
@@ -70,7 +72,8 @@ struct RgConvArgs {
 };
 static_assert(sizeof(RgConvArgs) == 3 * 32 + 4 * 8 + 16 + RG_MAX_SEQS * 72, "RgConvArgs layout");
 
-// gdn_prepare: qkv [ntok][conv_dim] (q, k heads normalised in place), g, beta [ntok][n_v], a, dt_bias [1][n_v].
+// gdn_prepare: qkv [ntok][conv_dim] (q, k heads normalised in place), g, beta [ntok][n_v], a, dt_bias
+// [1][n_v].
 struct RgGdnPrepareArgs {
     RgShape qkv, g, beta, a, dt;
     int64_t n_k, n_v, k_dim;
@@ -101,8 +104,9 @@ struct RgPleGateArgs {
 };
 static_assert(sizeof(RgPleGateArgs) == 8 * 32 + 2 * 8 + 8, "RgPleGateArgs layout");
 
-// ---- rows (rows.metal) ---------------------------------------------------------------------------------------
-// get_rows: out row i = dequantized table row ids[i] times scale (when scale != 1), `repeat` times side by side.
+// ---- rows (rows.metal)
+// --------------------------------------------------------------------------------------- get_rows: out row i
+// = dequantized table row ids[i] times scale (when scale != 1), `repeat` times side by side.
 struct RgGetRowsArgs {
     RgShape table, ids, out;
     int64_t repeat;
@@ -131,7 +135,8 @@ struct RgTopKArgs {
 };
 static_assert(sizeof(RgTopKArgs) == 128, "RgTopKArgs layout");
 
-// ---- attention: dense (attention.metal, csrc/metal/attention.cpp) and QSA (qsa.metal, csrc/metal/qsa.cpp) ----
+// ---- attention: dense (attention.metal, csrc/metal/attention.cpp) and QSA (qsa.metal, csrc/metal/qsa.cpp)
+// ----
 
 // kv_append of one sequence: k, v [ntok][n_head_kv * head_dim] (rows t0..) into its caches kc
 // [n_head_kv * cap][head_dim] and vt [n_head_kv * head_dim][cap] at positions n0...
@@ -195,7 +200,8 @@ struct RgQsaAttendArgs {
 };
 static_assert(sizeof(RgQsaAttendArgs) == 272, "RgQsaAttendArgs layout");
 
-// ---- elementwise (elementwise.metal), rotary embeddings (rope.metal), vision tower (vision.metal) ----------
+// ---- elementwise (elementwise.metal), rotary embeddings (rope.metal), vision tower (vision.metal)
+// ----------
 
 // unary: y = f(x) with parameter p (Backend::unary).
 struct RgUnaryArgs {
@@ -205,8 +211,8 @@ struct RgUnaryArgs {
 };
 static_assert(sizeof(RgUnaryArgs) == 80, "RgUnaryArgs layout");
 
-// Two inputs, one output: glu (a gate, b up), add (b.stride 0 for one row added to every row), hc_mix (a gate,
-// b xn, y mixed) and hc_write (a out, b w, y streams) over hc streams.
+// Two inputs, one output: glu (a gate, b up), add (b.stride 0 for one row added to every row), hc_mix (a
+// gate, b xn, y mixed) and hc_write (a out, b w, y streams) over hc streams.
 struct RgBinaryArgs {
     RgShape a, b, y;
     int64_t hc;

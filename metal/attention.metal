@@ -18,6 +18,7 @@
 // accumulate in float). One split writes the output itself; several write (m, l, o) to a scratch that
 // rg_attention_merge combines (also used by qsa.metal).
 #include "compat.h"
+
 #include "args.h"
 #include "common.h"
 
@@ -38,17 +39,20 @@ kernel void rg_kv_append(constant RgKvAppendArgs& a [[buffer(0)]], device const 
     threadgroup float* tile = (threadgroup float*)shmem;  // [32 tokens][33]
     for (int i = int(tiitg); i < nt * D; i += int(ntg)) {
         const int t = i / D, e = i % D;
-        rg_row<T>(kc, a.kc, h * a.cap + a.n0 + t_lo + t)[e] = T(rg_row<float>(k, a.k, a.t0 + t_lo + t)[h * D + e]);
+        rg_row<T>(kc, a.kc, h * a.cap + a.n0 + t_lo + t)[e] =
+            T(rg_row<float>(k, a.k, a.t0 + t_lo + t)[h * D + e]);
     }
     for (int e0 = 0; e0 < D; e0 += 32) {
         for (int i = int(tiitg); i < 32 * 32; i += int(ntg)) {
             const int t = i / 32, e = i % 32;
-            if (t < nt && e0 + e < D) tile[t * 33 + e] = rg_row<float>(v, a.v, a.t0 + t_lo + t)[h * D + e0 + e];
+            if (t < nt && e0 + e < D)
+                tile[t * 33 + e] = rg_row<float>(v, a.v, a.t0 + t_lo + t)[h * D + e0 + e];
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (int i = int(tiitg); i < 32 * 32; i += int(ntg)) {
             const int e = i / 32, t = i % 32;
-            if (t < nt && e0 + e < D) rg_row<T>(vt, a.vt, h * D + e0 + e)[a.n0 + t_lo + t] = T(tile[t * 33 + e]);
+            if (t < nt && e0 + e < D)
+                rg_row<T>(vt, a.vt, h * D + e0 + e)[a.n0 + t_lo + t] = T(tile[t * 33 + e]);
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
@@ -77,15 +81,15 @@ kernel void rg_attention(constant RgAttentionArgs& a [[buffer(0)]], device const
     const int64_t per = ((hi - lo8 + n_split - 1) / n_split + kAttnChunk - 1) / kAttnChunk * kAttnChunk;
     const int64_t kb = lo8 + split * per, ke = kb + per < hi ? kb + per : hi;
 
-    threadgroup T* qs = (threadgroup T*)shmem;                                   // [8][D]
-    threadgroup float* os = (threadgroup float*)shmem;                           // [D][8], after the keys
-    threadgroup float* st = (threadgroup float*)(shmem + kAttnRows * D * 4);     // [64][8]
-    threadgroup T* pt = (threadgroup T*)(st + kAttnChunk * kAttnRows);           // [64][8]
-    threadgroup float* ms = (threadgroup float*)(pt + kAttnChunk * kAttnRows);   // [8]
-    threadgroup float* ls = ms + kAttnRows;                                      // [8]
-    threadgroup float* cs = ls + kAttnRows;                                      // [8] Kahan compensation of ls
-    threadgroup float* al = cs + kAttnRows;                                      // [8]
-    threadgroup float* dg = al + kAttnRows;                                      // [8][8]
+    threadgroup T* qs = (threadgroup T*)shmem;                                  // [8][D]
+    threadgroup float* os = (threadgroup float*)shmem;                          // [D][8], after the keys
+    threadgroup float* st = (threadgroup float*)(shmem + kAttnRows * D * 4);    // [64][8]
+    threadgroup T* pt = (threadgroup T*)(st + kAttnChunk * kAttnRows);          // [64][8]
+    threadgroup float* ms = (threadgroup float*)(pt + kAttnChunk * kAttnRows);  // [8]
+    threadgroup float* ls = ms + kAttnRows;                                     // [8]
+    threadgroup float* cs = ls + kAttnRows;  // [8] Kahan compensation of ls
+    threadgroup float* al = cs + kAttnRows;  // [8]
+    threadgroup float* dg = al + kAttnRows;  // [8][8]
 
     for (int i = int(tiitg); i < kAttnRows * D; i += int(ntg)) {
         const int r = i / D, e = i % D;
@@ -208,9 +212,9 @@ RG_INSTANTIATE("rg_attention_f16", rg_attention, half)
 // The splits of a head's keys combined: a threadgroup per (token, head) of the sequence, threads over
 // head_dim. Each split's terms are rescaled to the largest max M: out = sum_s e^(m_s - M) o_s / sum_s
 // e^(m_s - M) l_s (splits that saw no key have m = -inf and count 0).
-kernel void rg_attention_merge(constant RgAttnMergeArgs& a [[buffer(0)]], device const float* part [[buffer(1)]],
-                               device const char* gate [[buffer(2)]], device char* out [[buffer(3)]],
-                               RG_THREAD_IDS) {
+kernel void rg_attention_merge(constant RgAttnMergeArgs& a [[buffer(0)]],
+                               device const float* part [[buffer(1)]], device const char* gate [[buffer(2)]],
+                               device char* out [[buffer(3)]], RG_THREAD_IDS) {
     const int D = a.head_dim, n_split = a.n_split, hpr = a.heads_per_row;
     const int64_t o = tgpig.x;
     device const float* p = part + o * n_split * (D + 2);

@@ -41,14 +41,22 @@ inline float rg_silu(float x) { return x / (1.0f + exp(-x)); }
 inline device char* rg_seq_binding(uint i, device char* b0, device char* b1, device char* b2, device char* b3,
                                    device char* b4, device char* b5, device char* b6, device char* b7) {
     switch (i) {
-        case 0: return b0;
-        case 1: return b1;
-        case 2: return b2;
-        case 3: return b3;
-        case 4: return b4;
-        case 5: return b5;
-        case 6: return b6;
-        default: return b7;
+        case 0:
+            return b0;
+        case 1:
+            return b1;
+        case 2:
+            return b2;
+        case 3:
+            return b3;
+        case 4:
+            return b4;
+        case 5:
+            return b5;
+        case 6:
+            return b6;
+        default:
+            return b7;
     }
 }
 inline device float* rg_seq_row(device char* binding, constant RgSeqTensor& t, int64_t r) {
@@ -56,7 +64,7 @@ inline device float* rg_seq_row(device char* binding, constant RgSeqTensor& t, i
 }
 // Row e of a causal conv's input, channel c: the sequence's state row e for e < hist, else its input row
 // e - hist (x row q.t0 + e - hist).
-inline float rg_conv_ext(device const char* x, constant RgShape& xs, device char* state, constant RgSeqSlot& q,
-                         int64_t hist, int64_t e, int64_t c) {
+inline float rg_conv_ext(device const char* x, constant RgShape& xs, device char* state,
+                         constant RgSeqSlot& q, int64_t hist, int64_t e, int64_t c) {
     return e < hist ? rg_seq_row(state, q.state, e)[c] : rg_row<float>(x, xs, q.t0 + e - hist)[c];
 }

@@ -14,18 +14,18 @@
 #include <metal_stdlib>
 using namespace metal;
 
-#define RG_THREAD_POSITIONS                                                                               \
-    uint3 tgpig [[threadgroup_position_in_grid]], uint tiitg [[thread_index_in_threadgroup]],            \
-        uint sgitg [[simdgroup_index_in_threadgroup]], uint tiisg [[thread_index_in_simdgroup]],         \
+#define RG_THREAD_POSITIONS                                                                      \
+    uint3 tgpig [[threadgroup_position_in_grid]], uint tiitg [[thread_index_in_threadgroup]],    \
+        uint sgitg [[simdgroup_index_in_threadgroup]], uint tiisg [[thread_index_in_simdgroup]], \
         uint ntg [[threads_per_threadgroup]], uint3 tgpg [[threadgroups_per_grid]]
 #define RG_KERNEL(fn)
 #if defined(RG_METAL_CHECK)
 // The address-space check (metal/check/metal_stdlib) parses this as C++, where `threadgroup` is a macro (so
 // not an attribute name) and there is no host_name.
-#define RG_THREAD_IDS RG_THREAD_POSITIONS, threadgroup char *shmem
+#define RG_THREAD_IDS RG_THREAD_POSITIONS, threadgroup char* shmem
 #define RG_INSTANTIATE(name, fn, ...) template decltype(fn<__VA_ARGS__>) fn<__VA_ARGS__>;
 #else
-#define RG_THREAD_IDS RG_THREAD_POSITIONS, threadgroup char *shmem [[threadgroup(0)]]
+#define RG_THREAD_IDS RG_THREAD_POSITIONS, threadgroup char* shmem [[threadgroup(0)]]
 #define RG_INSTANTIATE(name, fn, ...) \
     template [[host_name(name)]] [[kernel]] decltype(fn<__VA_ARGS__>) fn<__VA_ARGS__>;
 #endif

@@ -2,6 +2,7 @@
 // of `row_bytes` bytes, threadgroup (x, r) taking every tgpg.x-th stretch of ntg units of row r. Units are
 // 4-byte words where every offset and stride allows (the host picks), else bytes.
 #include "compat.h"
+
 #include "args.h"
 
 template <typename T>
@@ -16,7 +17,8 @@ kernel void rg_copy_rows(constant RgCopyArgs& a [[buffer(0)]], device const char
 RG_INSTANTIATE("rg_copy_rows_u8", rg_copy_rows, uchar)
 RG_INSTANTIATE("rg_copy_rows_u32", rg_copy_rows, uint)
 
-kernel void rg_zero_rows(constant RgCopyArgs& a [[buffer(0)]], device char* dst [[buffer(1)]], RG_THREAD_IDS) {
+kernel void rg_zero_rows(constant RgCopyArgs& a [[buffer(0)]], device char* dst [[buffer(1)]],
+                         RG_THREAD_IDS) {
     device char* d = dst + int64_t(tgpig.y) * a.dst_stride;
     for (int64_t i = int64_t(tgpig.x) * ntg + tiitg; i < a.row_bytes; i += int64_t(tgpg.x) * ntg) d[i] = 0;
 }

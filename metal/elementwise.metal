@@ -9,6 +9,7 @@
 // exp / tanh differ from the host's libm by a few ulp (the suite's elementwise tolerance). Metal has no erf:
 // rg_erf below.
 #include "compat.h"
+
 #include "args.h"
 #include "common.h"
 
@@ -79,14 +80,22 @@ inline float rg_gelu_tanh_sigmoid(float x) {
 template <uint OP>
 inline float rg_unary_op(float v, float p) {
     switch (OP) {
-        case RG_UNARY_SILU: return rg_silu(v);
-        case RG_UNARY_SIGMOID: return rg_sigmoid(v);
-        case RG_UNARY_SILU_DIV: return rg_silu(v / p);
-        case RG_UNARY_TWO_SIGMOID_DIV: return 2.0f * rg_sigmoid(v / p);
-        case RG_UNARY_GELU_TANH_EXP: return rg_gelu_tanh_exp(v);
-        case RG_UNARY_GELU_ERF: return 0.5f * v * (1.0f + rg_erf(v * 0.70710678118654752f));
-        case RG_UNARY_SOFTCAP: return p * tanh(v / p);
-        default: return v * p;  // RG_UNARY_SCALE
+        case RG_UNARY_SILU:
+            return rg_silu(v);
+        case RG_UNARY_SIGMOID:
+            return rg_sigmoid(v);
+        case RG_UNARY_SILU_DIV:
+            return rg_silu(v / p);
+        case RG_UNARY_TWO_SIGMOID_DIV:
+            return 2.0f * rg_sigmoid(v / p);
+        case RG_UNARY_GELU_TANH_EXP:
+            return rg_gelu_tanh_exp(v);
+        case RG_UNARY_GELU_ERF:
+            return 0.5f * v * (1.0f + rg_erf(v * 0.70710678118654752f));
+        case RG_UNARY_SOFTCAP:
+            return p * tanh(v / p);
+        default:
+            return v * p;  // RG_UNARY_SCALE
     }
 }
 
@@ -126,7 +135,8 @@ kernel void rg_add(constant RgBinaryArgs& a [[buffer(0)]], device const char* x 
     device const float* xr = rg_row<float>(x, a.a, tgpig.y);
     device const float* zr = rg_row<float>(z, a.b, tgpig.y);
     device float* yr = rg_row<float>(y, a.y, tgpig.y);
-    for (int64_t i = int64_t(tgpig.x) * ntg + tiitg; i < a.a.cols; i += int64_t(tgpg.x) * ntg) yr[i] = xr[i] + zr[i];
+    for (int64_t i = int64_t(tgpig.x) * ntg + tiitg; i < a.a.cols; i += int64_t(tgpg.x) * ntg)
+        yr[i] = xr[i] + zr[i];
 }
 RG_KERNEL(rg_add)
 
@@ -147,11 +157,13 @@ RG_KERNEL(rg_hc_mix)
 
 // streams[t][s H + i] += w[t][s] * out[t][i], t = y / hc, s = y % hc.
 kernel void rg_hc_write(constant RgBinaryArgs& a [[buffer(0)]], device const char* out [[buffer(1)]],
-                        device const char* w [[buffer(2)]], device char* streams [[buffer(3)]], RG_THREAD_IDS) {
+                        device const char* w [[buffer(2)]], device char* streams [[buffer(3)]],
+                        RG_THREAD_IDS) {
     const int64_t hidden = a.a.cols, t = int64_t(tgpig.y) / a.hc, s = int64_t(tgpig.y) % a.hc;
     device const float* o = rg_row<float>(out, a.a, t);
     const float wt = rg_row<float>(w, a.b, t)[s];
     device float* dst = rg_row<float>(streams, a.y, t) + s * hidden;
-    for (int64_t i = int64_t(tgpig.x) * ntg + tiitg; i < hidden; i += int64_t(tgpg.x) * ntg) dst[i] += wt * o[i];
+    for (int64_t i = int64_t(tgpig.x) * ntg + tiitg; i < hidden; i += int64_t(tgpg.x) * ntg)
+        dst[i] += wt * o[i];
 }
 RG_KERNEL(rg_hc_write)

@@ -1,6 +1,7 @@
 // Gated DeltaNet (Backend::ssm_conv, gdn_prepare, gdn_scan; model/gated_delta_net.h has the equations).
 //
-// rg_ssm_conv: a thread per (channel, block of tokens of one sequence), threadgroups of up to 256 channels, so
+// rg_ssm_conv: a thread per (channel, block of tokens of one sequence), threadgroups of up to 256 channels,
+// so
 //   every tap reads a row's consecutive channels. Blocks hold at least kernel-1 tokens, so only a sequence's
 //   first block reads its conv state; that block's threads write the new state (their own channel) last.
 // rg_gdn_prepare: a SIMD-group per (token, q / k head) for the L2 norms (simd_sum over k_dim), then a thread
@@ -20,6 +21,7 @@
 //   n_v_heads * v_dim / 32 threadgroups per sequence in flight; the CPU's chunked scan computes the same
 //   recurrence up to float rounding (`chunk` does not change the result, so it is not used here).
 #include "compat.h"
+
 #include "args.h"
 #include "common.h"
 
@@ -27,8 +29,9 @@
 
 kernel void rg_ssm_conv(constant RgConvArgs& a [[buffer(0)]], device const char* x [[buffer(1)]],
                         device const char* w [[buffer(2)]], device char* out [[buffer(3)]],
-                        device char* b0 [[buffer(4)]], device char* b1 [[buffer(5)]], device char* b2 [[buffer(6)]],
-                        device char* b3 [[buffer(7)]], device char* b4 [[buffer(8)]], device char* b5 [[buffer(9)]],
+                        device char* b0 [[buffer(4)]], device char* b1 [[buffer(5)]],
+                        device char* b2 [[buffer(6)]], device char* b3 [[buffer(7)]],
+                        device char* b4 [[buffer(8)]], device char* b5 [[buffer(9)]],
                         device char* b6 [[buffer(10)]], device char* b7 [[buffer(11)]], RG_THREAD_IDS) {
     const int64_t c = int64_t(tgpig.x) * ntg + tiitg, cd = a.x.cols, K = a.taps, hist = a.hist;
     if (c >= cd) return;
@@ -48,11 +51,12 @@ kernel void rg_ssm_conv(constant RgConvArgs& a [[buffer(0)]], device const char*
         rg_row<float>(out, a.out, q.t0 + t)[c] = rg_silu(acc);
         if (after) {  // the history after token t: ext rows t+1 .. t+hist
             device float* ar = rg_seq_row(after, q.after, t);
-            for (int64_t j = 0; j < hist; ++j) ar[j * cd + c] = rg_conv_ext(x, a.x, state, q, hist, t + 1 + j, c);
+            for (int64_t j = 0; j < hist; ++j)
+                ar[j * cd + c] = rg_conv_ext(x, a.x, state, q, hist, t + 1 + j, c);
         }
     }
-    // The new history, ext rows ntok .. ntok+hist-1, written in increasing rows: the old row ntok + j > j that
-    // row j may copy is read before it is overwritten.
+    // The new history, ext rows ntok .. ntok+hist-1, written in increasing rows: the old row ntok + j > j
+    // that row j may copy is read before it is overwritten.
     if (block == 0)
         for (int64_t j = 0; j < hist; ++j)
             rg_seq_row(state, q.state, j)[c] = rg_conv_ext(x, a.x, state, q, hist, q.ntok + j, c);
@@ -71,7 +75,8 @@ inline float rg_gdn_softplus(float x) {
 
 kernel void rg_gdn_prepare(constant RgGdnPrepareArgs& a [[buffer(0)]], device char* qkv [[buffer(1)]],
                            device char* g [[buffer(2)]], device char* beta [[buffer(3)]],
-                           device const char* av [[buffer(4)]], device const char* dt [[buffer(5)]], RG_THREAD_IDS) {
+                           device const char* av [[buffer(4)]], device const char* dt [[buffer(5)]],
+                           RG_THREAD_IDS) {
     const int64_t nk = a.n_k, dk = a.k_dim;
     if (tgpig.x < a.norm_groups) {
         // q and k heads: a SIMD-group per (token, head); FLA's eps 1e-6 inside the sqrt, q also by k_dim^-1/2
@@ -102,8 +107,9 @@ RG_KERNEL(rg_gdn_prepare)
 template <int R>
 kernel void rg_gdn_scan(constant RgGdnScanArgs& a [[buffer(0)]], device const char* qkv [[buffer(1)]],
                         device const char* g [[buffer(2)]], device const char* beta [[buffer(3)]],
-                        device char* out [[buffer(4)]], device char* b0 [[buffer(5)]], device char* b1 [[buffer(6)]],
-                        device char* b2 [[buffer(7)]], device char* b3 [[buffer(8)]], device char* b4 [[buffer(9)]],
+                        device char* out [[buffer(4)]], device char* b0 [[buffer(5)]],
+                        device char* b1 [[buffer(6)]], device char* b2 [[buffer(7)]],
+                        device char* b3 [[buffer(8)]], device char* b4 [[buffer(9)]],
                         device char* b5 [[buffer(10)]], device char* b6 [[buffer(11)]],
                         device char* b7 [[buffer(12)]], RG_THREAD_IDS) {
     constant RgSeqSlot& q = a.seqs[tgpig.y];
@@ -113,9 +119,11 @@ kernel void rg_gdn_scan(constant RgGdnScanArgs& a [[buffer(0)]], device const ch
     const uint nsg = RG_GDN_SCAN_GROUPS;  // ntg / 32
     const bool col = j < dv;
     const int64_t hs = dk * dv, head = h * hs;  // the head's state: [k_dim][v_dim] floats from `head`
-    device float* S = rg_seq_row(rg_seq_binding(q.state.bind, b0, b1, b2, b3, b4, b5, b6, b7), q.state, 0) + head;
-    device char* after =
-        q.after.bind < RG_SEQ_BINDINGS ? rg_seq_binding(q.after.bind, b0, b1, b2, b3, b4, b5, b6, b7) : nullptr;
+    device float* S =
+        rg_seq_row(rg_seq_binding(q.state.bind, b0, b1, b2, b3, b4, b5, b6, b7), q.state, 0) + head;
+    device char* after = q.after.bind < RG_SEQ_BINDINGS
+                             ? rg_seq_binding(q.after.bind, b0, b1, b2, b3, b4, b5, b6, b7)
+                             : nullptr;
 
     float s[R];  // S[i][j], i = m * nsg + sgitg
     for (int m = 0; m < R; ++m) {
@@ -148,7 +156,8 @@ kernel void rg_gdn_scan(constant RgGdnScanArgs& a [[buffer(0)]], device const ch
             QS += p[(nsg + sg) * 32 + tiisg];
             QK += p[(2 * nsg + sg) * 32 + tiisg];
         }
-        const float decay = exp(rg_row<float>(g, a.g, q.t0 + t)[h]), b = rg_row<float>(beta, a.beta, q.t0 + t)[h];
+        const float decay = exp(rg_row<float>(g, a.g, q.t0 + t)[h]),
+                    b = rg_row<float>(beta, a.beta, q.t0 + t)[h];
         const float v = col ? row[2 * kd + h * dv + j] : 0.0f;
         const float delta = (v - decay * KS) * b;
         for (int m = 0; m < R; ++m) s[m] = s[m] * decay + k[m] * delta;

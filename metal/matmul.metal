@@ -26,6 +26,7 @@
 // The output tile goes through threadgroup memory (transposed) so that y's rows are written coalesced and
 // partial tiles (rows not a multiple of 32, ntok not a multiple of the tile) store only their valid part.
 #include "compat.h"
+
 #include "args.h"
 #include "quants.h"
 
@@ -188,8 +189,8 @@ kernel void rg_moe_matmul(constant RgMoeMatmulArgs& a [[buffer(0)]], device cons
 
 // Every weight type of RG_METAL_WEIGHT_TYPES (metal/quants.h); the host names them rg_matmul_ /
 // rg_moe_matmul_ + metal_type_name() (csrc/metal/types.h).
-#define RG_MATMUL_KERNELS(type, name)                                  \
-    RG_INSTANTIATE("rg_matmul_" #name, rg_matmul, type)                \
+#define RG_MATMUL_KERNELS(type, name)                   \
+    RG_INSTANTIATE("rg_matmul_" #name, rg_matmul, type) \
     RG_INSTANTIATE("rg_moe_matmul_" #name, rg_moe_matmul, type)
 RG_METAL_WEIGHT_TYPES(RG_MATMUL_KERNELS)
 #undef RG_MATMUL_KERNELS

@@ -17,6 +17,7 @@
 //   pairs, thread 0 orders them by row, then each thread sums its columns over them in that order (the
 //   CPU's order, and the order moe_experts' rows are grouped in: ascending expert ids).
 #include "compat.h"
+
 #include "args.h"
 #include "common.h"
 

@@ -3,6 +3,7 @@
 // Metal GPUs have no double: float partial sums per thread, added in a tree, stay well inside the norms'
 // tolerance (relative error ~ eps log n, against the CPU's ~ eps).
 #include "compat.h"
+
 #include "args.h"
 #include "common.h"
 

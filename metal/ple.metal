@@ -11,6 +11,7 @@
 //   Blocks hold at least the history's (K-1) * dilation tokens, so only a sequence's first block reads its
 //   state; that block's threads write the new history (their own channel) last.
 #include "compat.h"
+
 #include "args.h"
 #include "common.h"
 
@@ -31,7 +32,8 @@ inline float rg_ple_inv_rms(float ss, int64_t n, float eps) { return 1.0f / sqrt
 
 kernel void rg_ple_gate(constant RgPleGateArgs& a [[buffer(0)]], device const char* key [[buffer(1)]],
                         device const char* query [[buffer(2)]], device const char* value [[buffer(3)]],
-                        device const char* norm_key [[buffer(4)]], device const char* norm_query [[buffer(5)]],
+                        device const char* norm_key [[buffer(4)]],
+                        device const char* norm_query [[buffer(5)]],
                         device const char* norm_conv [[buffer(6)]], device char* gated [[buffer(7)]],
                         device char* normed [[buffer(8)]], RG_THREAD_IDS) {
     const int64_t D = a.hidden, t = tgpig.x / a.hc, off = int64_t(tgpig.x % a.hc) * D;
@@ -40,7 +42,7 @@ kernel void rg_ple_gate(constant RgPleGateArgs& a [[buffer(0)]], device const ch
     device const float* gk = rg_row<float>(norm_key, a.norm_key, 0) + off;
     device const float* gq = rg_row<float>(norm_query, a.norm_query, 0) + off;
     threadgroup float* part = (threadgroup float*)shmem;  // [32]: rg_group_sum
-    threadgroup float* pairs = part + 32;                  // [2][32]: the SIMD-groups' key.query sums (hi, lo)
+    threadgroup float* pairs = part + 32;                 // [2][32]: the SIMD-groups' key.query sums (hi, lo)
 
     float ssk = 0.0f, ssq = 0.0f;
     for (int64_t d = tiitg; d < D; d += ntg) ssk += k[d] * k[d], ssq += q[d] * q[d];
@@ -89,10 +91,12 @@ RG_KERNEL(rg_ple_gate)
 // sequence's normed rows.
 kernel void rg_ple_conv(constant RgConvArgs& a [[buffer(0)]], device const char* x [[buffer(1)]],
                         device const char* w [[buffer(2)]], device char* out [[buffer(3)]],
-                        device char* b0 [[buffer(4)]], device char* b1 [[buffer(5)]], device char* b2 [[buffer(6)]],
-                        device char* b3 [[buffer(7)]], device char* b4 [[buffer(8)]], device char* b5 [[buffer(9)]],
+                        device char* b0 [[buffer(4)]], device char* b1 [[buffer(5)]],
+                        device char* b2 [[buffer(6)]], device char* b3 [[buffer(7)]],
+                        device char* b4 [[buffer(8)]], device char* b5 [[buffer(9)]],
                         device char* b6 [[buffer(10)]], device char* b7 [[buffer(11)]], RG_THREAD_IDS) {
-    const int64_t c = int64_t(tgpig.x) * ntg + tiitg, C = a.x.cols, K = a.taps, dil = a.dilation, hist = a.hist;
+    const int64_t c = int64_t(tgpig.x) * ntg + tiitg, C = a.x.cols, K = a.taps, dil = a.dilation,
+                  hist = a.hist;
     if (c >= C) return;
     uint s = 0;  // the sequence of this work item
     while (s + 1 < a.n_seqs && int64_t(tgpig.y) >= a.seqs[s + 1].first) ++s;
@@ -106,8 +110,8 @@ kernel void rg_ple_conv(constant RgConvArgs& a [[buffer(0)]], device const char*
         for (int64_t k = 0; k < K; ++k) acc += wc[k] * rg_conv_ext(x, a.x, state, q, hist, t + k * dil, c);
         rg_row<float>(out, a.out, q.t0 + t)[c] += rg_silu(acc);
     }
-    // The new history, ext rows ntok .. ntok+hist-1, written in increasing rows: the old row ntok + j > j that
-    // row j may copy is read before it is overwritten.
+    // The new history, ext rows ntok .. ntok+hist-1, written in increasing rows: the old row ntok + j > j
+    // that row j may copy is read before it is overwritten.
     if (block == 0)
         for (int64_t j = 0; j < hist; ++j)
             rg_seq_row(state, q.state, j)[c] = rg_conv_ext(x, a.x, state, q, hist, q.ntok + j, c);

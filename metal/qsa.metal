@@ -20,14 +20,15 @@
 // sigmoid(gate) is applied with the normalisation, here for one split, in rg_attention_merge
 // (attention.metal) for several.
 #include "compat.h"
+
 #include "args.h"
 #include "common.h"
 
 enum RgQsaConsts : int {
-    kQsaRows = 8,   // heads per threadgroup
-    kQsaSg = 4,     // SIMD-groups per threadgroup
-    kQsaChunk = 32, // keys per chunk: 8 per SIMD-group
-    kQsaMaxE = 4,   // head_dim elements per lane: head_dim <= 32 * kQsaSg * kQsaMaxE
+    kQsaRows = 8,    // heads per threadgroup
+    kQsaSg = 4,      // SIMD-groups per threadgroup
+    kQsaChunk = 32,  // keys per chunk: 8 per SIMD-group
+    kQsaMaxE = 4,    // head_dim elements per lane: head_dim <= 32 * kQsaSg * kQsaMaxE
 };
 
 kernel void rg_qsa_pool(constant RgQsaPoolArgs& a [[buffer(0)]], device const char* index_k [[buffer(1)]],
@@ -122,8 +123,8 @@ kernel void rg_qsa_topk(constant RgQsaSelectArgs& a [[buffer(0)]], device const 
     threadgroup uint* pick = tot + 8;
     const uint n_sg = ntg / 32;
 
-    // The k-th largest key, 8 bits at a time from the top: among the keys that match the digits chosen so far,
-    // the bin where the count from the largest reaches the number still wanted.
+    // The k-th largest key, 8 bits at a time from the top: among the keys that match the digits chosen so
+    // far, the bin where the count from the largest reaches the number still wanted.
     uint prefix = 0, mask = 0;
     uint krem = uint(k);
     for (int pass = 0; pass < 4; ++pass) {
@@ -201,14 +202,14 @@ kernel void rg_qsa_attend(constant RgQsaAttendArgs& a [[buffer(0)]], device cons
     const int64_t per = ((n_keys + n_split - 1) / n_split + kQsaChunk - 1) / kQsaChunk * kQsaChunk;
     const int64_t kb = split * per, ke = kb + per < n_keys ? kb + per : n_keys;
 
-    threadgroup float* qs = (threadgroup float*)shmem;       // [8][D]
-    threadgroup float* st = qs + kQsaRows * D;               // [32][8]
-    threadgroup float* pt = st + kQsaChunk * kQsaRows;       // [32][8]
+    threadgroup float* qs = (threadgroup float*)shmem;                      // [8][D]
+    threadgroup float* st = qs + kQsaRows * D;                              // [32][8]
+    threadgroup float* pt = st + kQsaChunk * kQsaRows;                      // [32][8]
     threadgroup int* kidx = (threadgroup int*)(pt + kQsaChunk * kQsaRows);  // [2][32]
-    threadgroup float* ms = (threadgroup float*)(kidx + 2 * kQsaChunk);   // [8]
-    threadgroup float* ls = ms + kQsaRows;                   // [8]
-    threadgroup float* cs = ls + kQsaRows;                   // [8] Kahan compensation of ls
-    threadgroup float* al = cs + kQsaRows;                   // [8]
+    threadgroup float* ms = (threadgroup float*)(kidx + 2 * kQsaChunk);     // [8]
+    threadgroup float* ls = ms + kQsaRows;                                  // [8]
+    threadgroup float* cs = ls + kQsaRows;                                  // [8] Kahan compensation of ls
+    threadgroup float* al = cs + kQsaRows;                                  // [8]
 
     for (int i = int(tiitg); i < kQsaRows * D; i += int(ntg)) {
         const int r = i / D, e = i % D;
@@ -305,7 +306,8 @@ kernel void rg_qsa_attend(constant RgQsaAttendArgs& a [[buffer(0)]], device cons
         for (int r = 0; r < nr; ++r) {
             const int64_t o = row * H + h0 + r;
             if (n_split == 1) {
-                rg_row<float>(out, a.out, o)[e] = acc[r][m] / ls[r] * rg_sigmoid(rg_row<float>(gate, a.gate, o)[e]);
+                rg_row<float>(out, a.out, o)[e] =
+                    acc[r][m] / ls[r] * rg_sigmoid(rg_row<float>(gate, a.gate, o)[e]);
             } else {
                 part[((t * H + h0 + r) * n_split + split) * (D + 2) + 2 + e] = acc[r][m];
             }

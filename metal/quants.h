@@ -47,8 +47,9 @@ struct RgQuant<RG_TYPE_BF16> {
     }
 };
 
-// out[0..32) = the first n elements of part `part` of a block, then zeros: a float row (F32, F16, BF16) may end
-// inside a part, a quantized row never does (whole blocks of whole parts), so n < 32 only for float types.
+// out[0..32) = the first n elements of part `part` of a block, then zeros: a float row (F32, F16, BF16) may
+// end inside a part, a quantized row never does (whole blocks of whole parts), so n < 32 only for float
+// types.
 template <uint TYPE>
 inline void rg_dequant_head(device const uchar* block, int part, int n, thread float* out) {
     RgQuant<TYPE>::dequant32(block, part, out);
@@ -115,8 +116,8 @@ inline void rg_q_iq1_8(uint idx, bool negative_delta, float d8, thread float* ou
     for (int i = 0; i < 8; ++i) out[i] = d8 * float(8 * int(g[i]) + delta);
 }
 
-// ---- legacy 32-element blocks -------------------------------------------------------------------------------
-// gguf: d * (nibble - 8)
+// ---- legacy 32-element blocks
+// ------------------------------------------------------------------------------- gguf: d * (nibble - 8)
 template <>
 struct RgQuant<RG_TYPE_Q4_0> {
     static constexpr int QK = QK4_0, BYTES = sizeof(block_q4_0);
@@ -246,8 +247,9 @@ struct RgQuant<RG_TYPE_Q2_0> {
     }
 };
 
-// ---- k-quants: 256-element super-blocks ---------------------------------------------------------------------
-// Parts of the 2-bit layouts (Q2_K, Q3_K, TQ2_0): part c = 4h + k, element l from bits 2k of qs[32h + l].
+// ---- k-quants: 256-element super-blocks
+// --------------------------------------------------------------------- Parts of the 2-bit layouts (Q2_K,
+// Q3_K, TQ2_0): part c = 4h + k, element l from bits 2k of qs[32h + l].
 
 // Q2_K: (d * (sc & 15)) * q - (dmin * (sc >> 4)) per 16; bias = -(dmin * m) (a - b == a + (-b)).
 template <>
@@ -261,7 +263,8 @@ struct RgQuant<RG_TYPE_Q2_K> {
         for (int h = 0; h < 2; ++h) {
             const uint sc = b->scales[2 * part + h];
             const float scale = d * float(sc & 15), bias = -(dmin * float(sc >> 4));
-            for (int l = 0; l < 16; ++l) out[16 * h + l] = scale * float((qs[16 * h + l] >> shift) & 3) + bias;
+            for (int l = 0; l < 16; ++l)
+                out[16 * h + l] = scale * float((qs[16 * h + l] >> shift) & 3) + bias;
         }
     }
 };
@@ -367,8 +370,9 @@ struct RgQuant<RG_TYPE_Q8_K> {
     }
 };
 
-// ---- ternary -------------------------------------------------------------------------------------------------
-// TQ1_0: a byte holds 5 trits as a base-3 fraction scaled to 0..255; trit k = ((uint8(v * 3^k) * 3) >> 8) - 1.
+// ---- ternary
+// ------------------------------------------------------------------------------------------------- TQ1_0: a
+// byte holds 5 trits as a base-3 fraction scaled to 0..255; trit k = ((uint8(v * 3^k) * 3) >> 8) - 1.
 // Elements 32k + l from qs[l] (k < 5: parts 0..4), 160 + 16k + l from qs[32 + l] (parts 5, 6 and the first
 // half of 7), 240 + 4k + l from qh[l] (k < 4: the second half of part 7).
 inline int rg_q_trit(uint v, uint k) {
@@ -406,9 +410,10 @@ struct RgQuant<RG_TYPE_TQ2_0> {
     }
 };
 
-// ---- i-quants ------------------------------------------------------------------------------------------------
-// IQ2_XXS: per 32 elements two uint32: 4 grid indices (bytes) | 4 x 7-bit ksigns indices + 4-bit scale s.
-// gguf: db = d * (0.5 + s) * 0.25.
+// ---- i-quants
+// ------------------------------------------------------------------------------------------------ IQ2_XXS:
+// per 32 elements two uint32: 4 grid indices (bytes) | 4 x 7-bit ksigns indices + 4-bit scale s. gguf: db = d
+// * (0.5 + s) * 0.25.
 template <>
 struct RgQuant<RG_TYPE_IQ2_XXS> {
     static constexpr int QK = QK_K, BYTES = sizeof(block_iq2_xxs);
@@ -418,8 +423,8 @@ struct RgQuant<RG_TYPE_IQ2_XXS> {
         const uint aux = uint(b->qs[4 * part + 2]) | (uint(b->qs[4 * part + 3]) << 16);
         const float db = float(b->d) * (0.5f + float(aux >> 28)) * 0.25f;
         for (int k = 0; k < 4; ++k)
-            rg_q_grid8((constant const uchar*)(rg_iq2xxs_grid + idx[k]), rg_ksigns[(aux >> (7 * k)) & 127], db,
-                       out + 8 * k);
+            rg_q_grid8((constant const uchar*)(rg_iq2xxs_grid + idx[k]), rg_ksigns[(aux >> (7 * k)) & 127],
+                       db, out + 8 * k);
     }
 };
 
@@ -435,7 +440,8 @@ struct RgQuant<RG_TYPE_IQ2_XS> {
         for (int t = 0; t < 4; ++t) {
             const float db = d * (0.5f + float((sc >> (4 * (t >> 1))) & 15)) * 0.25f;
             const uint v = b->qs[4 * part + t];
-            rg_q_grid8((constant const uchar*)(rg_iq2xs_grid + (v & 511)), rg_ksigns[v >> 9], db, out + 8 * t);
+            rg_q_grid8((constant const uchar*)(rg_iq2xs_grid + (v & 511)), rg_ksigns[v >> 9], db,
+                       out + 8 * t);
         }
     }
 };
@@ -471,7 +477,8 @@ struct RgQuant<RG_TYPE_IQ3_XXS> {
         for (int k = 0; k < 4; ++k) {
             const uint signs = rg_ksigns[(aux >> (7 * k)) & 127];
             rg_q_grid4((constant const uchar*)(rg_iq3xxs_grid + idx[2 * k]), signs, db, out + 8 * k);
-            rg_q_grid4((constant const uchar*)(rg_iq3xxs_grid + idx[2 * k + 1]), signs >> 4, db, out + 8 * k + 4);
+            rg_q_grid4((constant const uchar*)(rg_iq3xxs_grid + idx[2 * k + 1]), signs >> 4, db,
+                       out + 8 * k + 4);
         }
     }
 };
@@ -506,13 +513,14 @@ struct RgQuant<RG_TYPE_IQ1_S> {
         const uint qh = b->qh[part];
         const float d8 = float(b->d) * float(2 * ((qh >> 12) & 7) + 1) * 0.125f;
         for (int k = 0; k < 4; ++k)
-            rg_q_iq1_8(b->qs[4 * part + k] | (((qh >> (3 * k)) & 7) << 8), (qh & 0x8000) != 0, d8, out + 8 * k);
+            rg_q_iq1_8(b->qs[4 * part + k] | (((qh >> (3 * k)) & 7) << 8), (qh & 0x8000) != 0, d8,
+                       out + 8 * k);
     }
 };
 
 // IQ1_M: per 8 elements a nibble of qh: 3 high index bits + delta sign (bit 3); 3-bit scales per 16 in 4
-// uint16 (bytes: this block has no aligned field), whose top nibbles together hold the fp16 super-block scale.
-// gguf: dl = d * (2s + 1); x = dl * (grid + delta).
+// uint16 (bytes: this block has no aligned field), whose top nibbles together hold the fp16 super-block
+// scale. gguf: dl = d * (2s + 1); x = dl * (grid + delta).
 template <>
 struct RgQuant<RG_TYPE_IQ1_M> {
     static constexpr int QK = QK_K, BYTES = sizeof(block_iq1_m);
@@ -545,9 +553,10 @@ struct RgQuant<RG_TYPE_IQ4_XS> {
     }
 };
 
-// ---- every weight type ---------------------------------------------------------------------------------------
-// X(type id, lower-case GGUF name) for every type with an RgQuant: kernel files instantiate per-type kernels
-// named rg_<op>_<name> from it; the host forms the names with metal_type_name() (csrc/metal/types.h).
+// ---- every weight type
+// --------------------------------------------------------------------------------------- X(type id,
+// lower-case GGUF name) for every type with an RgQuant: kernel files instantiate per-type kernels named
+// rg_<op>_<name> from it; the host forms the names with metal_type_name() (csrc/metal/types.h).
 // clang-format off
 #define RG_METAL_WEIGHT_TYPES(X)                                                                            \
     X(RG_TYPE_F32, f32) X(RG_TYPE_F16, f16) X(RG_TYPE_BF16, bf16)                                           \

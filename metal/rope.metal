@@ -7,6 +7,7 @@
 // The table's cos / sin are precise:: (the angles reach thousands of radians: positions times frequencies
 // up to 1), within Metal's few-ulp bound of the CPU's libm values.
 #include "compat.h"
+
 #include "args.h"
 #include "common.h"
 

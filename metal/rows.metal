@@ -17,6 +17,7 @@
 // them until one chunk remains, which writes ids / values. NaNs never win (the CPU's order for them is
 // undefined anyway).
 #include "compat.h"
+
 #include "args.h"
 #include "common.h"
 #include "quants.h"
@@ -82,7 +83,8 @@ RG_METAL_WEIGHT_TYPES(RG_GET_ROWS_KERNEL)
 
 // A row id outside x leaves its output row untouched (ids live on the device; the contract rules them out).
 kernel void rg_gather_rows(constant RgGatherRowsArgs& a [[buffer(0)]], device const char* x [[buffer(1)]],
-                           device const char* rows [[buffer(2)]], device char* out [[buffer(3)]], RG_THREAD_IDS) {
+                           device const char* rows [[buffer(2)]], device char* out [[buffer(3)]],
+                           RG_THREAD_IDS) {
     const int64_t i = tgpig.y;
     const int32_t r = rg_row<int32_t>(rows, a.rows, 0)[i];
     if (r < 0 || r >= a.x.rows) return;
@@ -94,8 +96,8 @@ RG_KERNEL(rg_gather_rows)
 
 // ---- top_k ------------------------------------------------------------------------------------------------
 
-#define RG_TOPK_E 8                // entries per thread (csrc/metal/rows.cpp: kTopKPerThread)
-#define RG_TOPK_NONE 0x7fffffff    // the column of padding entries (value -inf): loses every tie
+#define RG_TOPK_E 8              // entries per thread (csrc/metal/rows.cpp: kTopKPerThread)
+#define RG_TOPK_NONE 0x7fffffff  // the column of padding entries (value -inf): loses every tie
 
 struct RgTopKPair {
     float v;
@@ -160,7 +162,8 @@ kernel void rg_top_k(constant RgTopKArgs& a [[buffer(0)]], device const char* x 
             bv = -INFINITY;
             bc = RG_TOPK_NONE;
             for (int e = 0; e < RG_TOPK_E; ++e)
-                if (!((taken >> e) & 1) && rg_topk_before(v[e], col[e], bv, bc)) bv = v[e], bc = col[e], bp = e;
+                if (!((taken >> e) & 1) && rg_topk_before(v[e], col[e], bv, bc))
+                    bv = v[e], bc = col[e], bp = e;
         }
         if (tiitg == 0) {
             if (a.to_cand) {

@@ -3,14 +3,15 @@
 //
 // add_interpolated: threadgroup (x, y) takes every tgpg.x-th stretch of ntg columns of row y, a thread per
 // column: each thread reads the row's 4 indices and weights (the same for the whole threadgroup, cached) and
-// 4 table rows at its column (coalesced across a SIMD-group); the 4 taps are added in order from 0, as the CPU.
+// 4 table rows at its column (coalesced across a SIMD-group); the 4 taps are added in order from 0, as the
+// CPU.
 //
 // vision_qkv: threadgroup (x, h) takes 32 tokens (32 x ..) of head h, 8 SIMD-groups. q and k: a SIMD-group
-// per token row, lanes over the hp output columns (rotated pairs j, j + hd/2, then zeros), so reads and writes
-// are coalesced. v is transposed through threadgroup memory, 32 dims at a time: read as [32 tokens][32 dims]
-// (lanes along dims), written as vt rows of 32 consecutive tokens (lanes along tokens), coalesced both ways;
-// the tile's rows are padded to 33 floats so the column reads hit 32 different banks. 4.2 KiB of threadgroup
-// memory whatever the head size.
+// per token row, lanes over the hp output columns (rotated pairs j, j + hd/2, then zeros), so reads and
+// writes are coalesced. v is transposed through threadgroup memory, 32 dims at a time: read as [32 tokens][32
+// dims] (lanes along dims), written as vt rows of 32 consecutive tokens (lanes along tokens), coalesced both
+// ways; the tile's rows are padded to 33 floats so the column reads hit 32 different banks. 4.2 KiB of
+// threadgroup memory whatever the head size.
 //
 // softmax_scaled: a threadgroup per row (whole SIMD-groups, up to 256 threads striding over the row): the max
 // of scale * x, e^(scale x - max) written in place, their sum, then the scaling. The CPU sums in double (8
@@ -19,12 +20,14 @@
 // frame (thousands of patches), far inside the reduction tolerance. The max is exact in any order. e^x is
 // Metal's precise exp (the CPU's exp_nonpos: both within a few ulp).
 #include "compat.h"
+
 #include "args.h"
 #include "common.h"
 
-kernel void rg_add_interpolated(constant RgInterpArgs& a [[buffer(0)]], device const char* table [[buffer(1)]],
-                                device const char* idx [[buffer(2)]], device const char* w [[buffer(3)]],
-                                device char* x [[buffer(4)]], RG_THREAD_IDS) {
+kernel void rg_add_interpolated(constant RgInterpArgs& a [[buffer(0)]],
+                                device const char* table [[buffer(1)]], device const char* idx [[buffer(2)]],
+                                device const char* w [[buffer(3)]], device char* x [[buffer(4)]],
+                                RG_THREAD_IDS) {
     const int64_t r = tgpig.y;
     device const int32_t* ir = rg_row<int32_t>(idx, a.idx, r);
     device const float* wr = rg_row<float>(w, a.w, r);
@@ -89,7 +92,8 @@ kernel void rg_vision_qkv(constant RgVisionQkvArgs& a [[buffer(0)]], device cons
 }
 RG_KERNEL(rg_vision_qkv)
 
-kernel void rg_softmax_scaled(constant RgSoftmaxArgs& a [[buffer(0)]], device char* x [[buffer(1)]], RG_THREAD_IDS) {
+kernel void rg_softmax_scaled(constant RgSoftmaxArgs& a [[buffer(0)]], device char* x [[buffer(1)]],
+                              RG_THREAD_IDS) {
     const int64_t n = a.x.cols;
     const float scale = a.scale;
     device float* s = rg_row<float>(x, a.x, tgpig.x);

@@ -28,6 +28,21 @@ def test_every_op_matches_the_cpu_reference(backend):
     assert not failed, "\n".join(failed)
 
 
+def test_metal_kernels_match_the_cpu_with_threads_in_the_other_order():
+    """The Metal emulator runs a threadgroup's threads in increasing order between waits; in decreasing order a
+    kernel that reads threadgroup memory before another thread writes it (a missing barrier) computes
+    something else, so the suite runs both (docs/metal.md)."""
+    from regolith import _core
+
+    _core.metal_emu_set_order(True)
+    try:
+        results = check.check("metal-emu")
+    finally:
+        _core.metal_emu_set_order(False)
+    failed = [f"{r['op']} {r['case']}: nmse {r['nmse']:.3g} {r['error']}" for r in results if not r["passed"]]
+    assert len(results) > 300 and not failed, "\n".join(failed)
+
+
 def test_opaque_backend_is_bit_identical_to_the_cpu():
     """cpu-opaque runs the CPU's kernels, only on memory the host cannot touch and with ops deferred: every
     output must be the same bits, so any difference is the engine reading memory it does not own."""

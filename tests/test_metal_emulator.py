@@ -48,7 +48,9 @@ def test_a_barrier_orders_threadgroup_memory_in_either_order(order):
     for reverse in (False, True):
         order(reverse)
         out = np.zeros_like(x)
-        dispatch("rg_emu_test_exchange", [x, out, np.array([1], np.uint32)], grid=(4, 1, 1), threads=64, shmem=256)
+        dispatch(
+            "rg_emu_test_exchange", [x, out, np.array([1], np.uint32)], grid=(4, 1, 1), threads=64, shmem=256
+        )
         np.testing.assert_array_equal(out, want)
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +72,19 @@ def test_the_kernel_files_compile_as_one_library(tmp_path):
     assert all(f"// ---- metal/{p.name}" in src.read_text() for p in KERNEL_FILES)
 
 
+def test_the_embedded_library_compiles_into_the_extension(tmp_path):
+    """An Apple build without the Metal toolchain compiles cmake/metal_embed.py's C++ file into the extension
+    (cmake/metal.cmake): a valid C++ source whose string is the library source."""
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not compiler:
+        pytest.skip("no C++ compiler")
+    cpp = tmp_path / "metal_library_source.cpp"
+    subprocess.run([sys.executable, str(ROOT / "cmake" / "metal_embed.py"), str(cpp)], check=True)
+    subprocess.run([compiler, "-std=c++17", "-fsyntax-only", str(cpp)], check=True)
+    text = cpp.read_text()
+    assert "const char* metal_library_source()" in text and "kernel void rg_rms_norm(" in text
+
+
 def test_the_check_catches_what_metal_rejects(tmp_path):
     """The stand-in library makes clang reject the errors it exists for (so a clean parse means something)."""
     bad = {
@@ -86,11 +102,13 @@ def test_the_check_catches_what_metal_rejects(tmp_path):
     for what, body in bad.items():
         src = tmp_path / "bad.metal"
         src.write_text('#include "compat.h"\n' + body)
-        errors = [d for d in cindex.Index.create().parse(str(src), args=CHECK_ARGS).diagnostics if d.severity >= 3]
+        errors = [
+            d for d in cindex.Index.create().parse(str(src), args=CHECK_ARGS).diagnostics if d.severity >= 3
+        ]
         assert errors, f"the check accepts {what}"
 
 
-KERNEL = re.compile(r"kernel\s+void\s+(\w+)\s*\((.*?)\)\s*\{", re.S)
+KERNEL = re.compile(r"kernel\s+void\s+(\w+)\s*\((.*?)\)\s*\{", re.DOTALL)
 
 
 def kernel_signatures(text: str) -> list[tuple[str, str]]:

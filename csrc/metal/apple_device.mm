@@ -34,7 +34,9 @@ const char* metal_library_source();
 
 namespace {
 
-std::string describe(NSError* e) { return e ? std::string([[e localizedDescription] UTF8String]) : "unknown error"; }
+std::string describe(NSError* e) {
+    return e ? std::string([[e localizedDescription] UTF8String]) : "unknown error";
+}
 
 // The folder of the extension module, where regolith.metallib is installed.
 std::string module_folder() {
@@ -46,7 +48,7 @@ std::string module_folder() {
 }
 
 class AppleBuffer final : public DeviceBuffer {
-public:
+  public:
     AppleBuffer(id<MTLBuffer> b, id residency) : buffer(b), residency_(residency) {}
     ~AppleBuffer() override {
         if (@available(macOS 15.0, *)) {
@@ -64,7 +66,7 @@ public:
 };
 
 class AppleDevice final : public Device {
-public:
+  public:
     AppleDevice(id<MTLDevice> device, id<MTLLibrary> library) : device_(device), library_(library) {
         queue_ = [device_ newCommandQueue];
         if (@available(macOS 15.0, *)) {
@@ -92,8 +94,9 @@ public:
         id<MTLBuffer> b = [device_ newBufferWithLength:std::max<uint64_t>(bytes, 16)
                                                options:MTLResourceStorageModeShared];
         if (!b)
-            throw Error("metal: cannot allocate a buffer of " + std::to_string(bytes) + " bytes (the device allows " +
-                        std::to_string(uint64_t([device_ maxBufferLength])) + " in one buffer)");
+            throw Error("metal: cannot allocate a buffer of " + std::to_string(bytes) +
+                        " bytes (the device allows " + std::to_string(uint64_t([device_ maxBufferLength])) +
+                        " in one buffer)");
         return new AppleBuffer(b, residency_);
     }
 
@@ -124,8 +127,8 @@ public:
     void dispatch(const Launch& l, const KernelArg* args, int n_args) override {
         id<MTLComputePipelineState> p = pipeline(l.kernel);
         if (l.threads > [p maxTotalThreadsPerThreadgroup])
-            throw Error(std::string("metal: kernel ") + l.kernel + " dispatched with " + std::to_string(l.threads) +
-                        " threads per threadgroup; its pipeline allows " +
+            throw Error(std::string("metal: kernel ") + l.kernel + " dispatched with " +
+                        std::to_string(l.threads) + " threads per threadgroup; its pipeline allows " +
                         std::to_string(uint64_t([p maxTotalThreadsPerThreadgroup])));
         if (!encoder_) {
             command_buffer_ = [queue_ commandBuffer];
@@ -137,7 +140,9 @@ public:
             if (a.bytes)
                 [encoder_ setBytes:a.bytes length:a.size atIndex:NSUInteger(i)];
             else
-                [encoder_ setBuffer:static_cast<AppleBuffer*>(a.buffer)->buffer offset:a.offset atIndex:NSUInteger(i)];
+                [encoder_ setBuffer:static_cast<AppleBuffer*>(a.buffer)->buffer
+                             offset:a.offset
+                            atIndex:NSUInteger(i)];
         }
         [encoder_ setThreadgroupMemoryLength:l.shmem atIndex:0];
         [encoder_ dispatchThreadgroups:MTLSizeMake(l.groups[0], l.groups[1], l.groups[2])
@@ -183,7 +188,7 @@ public:
         return completed_;
     }
 
-private:
+  private:
     id<MTLComputePipelineState> pipeline(const char* kernel) {
         std::lock_guard<std::mutex> lock(pipelines_mu_);
         auto it = pipelines_.find(kernel);
@@ -192,7 +197,8 @@ private:
         if (!f) throw Error(std::string("metal: the kernel library has no kernel ") + kernel);
         NSError* err = nil;
         id<MTLComputePipelineState> p = [device_ newComputePipelineStateWithFunction:f error:&err];
-        if (!p) throw Error(std::string("metal: cannot make the pipeline of ") + kernel + ": " + describe(err));
+        if (!p)
+            throw Error(std::string("metal: cannot make the pipeline of ") + kernel + ": " + describe(err));
         pipelines_.emplace(kernel, p);
         return p;
     }

@@ -11,11 +11,11 @@ namespace regolith::metal {
 
 namespace {
 
-constexpr int64_t kRows = 8;             // query rows per threadgroup (attention.metal: kAttnRows)
-constexpr int64_t kChunk = 64;           // keys per chunk (kAttnChunk)
-constexpr int64_t kMaxHeadDim = 256;     // O^T tiles held per SIMD-group (kAttnMaxDTiles)
-constexpr int64_t kMinSplitKeys = 128;   // keys below which a split is not worth its partial results
-constexpr int64_t kTargetGroups = 256;   // threadgroups that keep every core of the largest GPUs busy
+constexpr int64_t kRows = 8;            // query rows per threadgroup (attention.metal: kAttnRows)
+constexpr int64_t kChunk = 64;          // keys per chunk (kAttnChunk)
+constexpr int64_t kMaxHeadDim = 256;    // O^T tiles held per SIMD-group (kAttnMaxDTiles)
+constexpr int64_t kMinSplitKeys = 128;  // keys below which a split is not worth its partial results
+constexpr int64_t kTargetGroups = 256;  // threadgroups that keep every core of the largest GPUs busy
 
 // How many ways to split each threadgroup's keys: enough threadgroups for the GPU when there are few rows
 // (decode), never splits of fewer than kMinSplitKeys keys.
@@ -38,8 +38,9 @@ void MetalBackend::do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* s
         a.k = vk.shape, a.v = vv.shape, a.kc = kc.shape, a.vt = vt.shape;
         a.t0 = s.t0, a.ntok = s.ntok, a.n0 = s.n0, a.cap = s.k.rows / n_head_kv;
         a.n_head_kv = int32_t(n_head_kv), a.head_dim = int32_t(k.cols / n_head_kv);
-        launch(s.k.type == RG_TYPE_F16 ? "rg_kv_append_f16" : "rg_kv_append_f32", uint32_t((s.ntok + 31) / 32),
-               uint32_t(n_head_kv), 256, 32 * 33 * sizeof(float), {bytes(a), vk.arg, vv.arg, kc.arg, vt.arg});
+        launch(s.k.type == RG_TYPE_F16 ? "rg_kv_append_f16" : "rg_kv_append_f32",
+               uint32_t((s.ntok + 31) / 32), uint32_t(n_head_kv), 256, 32 * 33 * sizeof(float),
+               {bytes(a), vk.arg, vv.arg, kc.arg, vt.arg});
     }
 }
 
@@ -59,10 +60,12 @@ void MetalBackend::do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_se
         const int64_t keys = sh.window > 0 ? std::min(s.n0 + s.ntok, sh.window + kRows) : s.n0 + s.ntok;
         splits[size_t(i)] = s.ntok == 0 ? 1 : key_splits(groups, keys);
         if (splits[size_t(i)] > 1)
-            part_bytes = std::max(part_bytes, uint64_t(s.ntok * H * splits[size_t(i)] * (D + 2)) * sizeof(float));
+            part_bytes =
+                std::max(part_bytes, uint64_t(s.ntok * H * splits[size_t(i)] * (D + 2)) * sizeof(float));
     }
     const KernelArg part = part_bytes > 0 ? scratch(part_bytes) : vo.arg;
-    const uint32_t shmem = uint32_t((kRows * D + 2 * kChunk * kRows + 4 * kRows + kRows * kRows) * sizeof(float));
+    const uint32_t shmem =
+        uint32_t((kRows * D + 2 * kChunk * kRows + 4 * kRows + kRows * kRows) * sizeof(float));
     for (int64_t i = 0; i < n_seqs; ++i) {
         const KvSeq& s = seqs[i];
         if (s.ntok == 0) continue;
@@ -71,7 +74,8 @@ void MetalBackend::do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_se
         RgAttentionArgs a{};
         a.q = vq.shape, a.k = kc.shape, a.vt = vt.shape, a.out = vo.shape;
         a.t0 = s.t0, a.ntok = s.ntok, a.n0 = s.n0, a.cap = s.k.rows / KV, a.window = sh.window;
-        a.n_head = int32_t(H), a.n_head_kv = int32_t(KV), a.head_dim = int32_t(D), a.n_split = int32_t(n_split);
+        a.n_head = int32_t(H), a.n_head_kv = int32_t(KV), a.head_dim = int32_t(D),
+        a.n_split = int32_t(n_split);
         a.scale = sh.scale;
         const int64_t tiles = (s.ntok * G + kRows - 1) / kRows;
         launch(s.k.type == RG_TYPE_F16 ? "rg_attention_f16" : "rg_attention_f32", uint32_t(tiles * KV),
@@ -80,8 +84,9 @@ void MetalBackend::do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_se
             RgAttnMergeArgs m{};
             m.out = vo.shape, m.t0 = s.t0, m.n_head = int32_t(H), m.heads_per_row = int32_t(H);
             m.head_dim = int32_t(D), m.n_split = int32_t(n_split);
-            launch("rg_attention_merge", uint32_t(s.ntok * H), 1, uint32_t(std::min<int64_t>(256, (D + 31) / 32 * 32)),
-                   uint32_t(n_split * sizeof(float)), {bytes(m), part, vo.arg, vo.arg});
+            launch("rg_attention_merge", uint32_t(s.ntok * H), 1,
+                   uint32_t(std::min<int64_t>(256, (D + 31) / 32 * 32)), uint32_t(n_split * sizeof(float)),
+                   {bytes(m), part, vo.arg, vo.arg});
         }
     }
 }

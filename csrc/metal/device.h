@@ -15,7 +15,7 @@ namespace regolith::metal {
 // A device's buffer (an MTLBuffer, or host memory on the emulator). Its contents are host memory: shared
 // storage on Apple silicon's unified memory.
 class DeviceBuffer {
-public:
+  public:
     virtual ~DeviceBuffer() = default;
     virtual uint8_t* contents() = 0;
 };
@@ -39,7 +39,7 @@ struct Launch {
 };
 
 class Device {
-public:
+  public:
     virtual ~Device() = default;
     virtual const char* name() const = 0;
     // The GPU's name for reports ("Apple M4 Pro"; the emulator says it is one).

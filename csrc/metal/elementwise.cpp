@@ -20,14 +20,22 @@ ColumnGrid column_grid(int64_t cols) {
 
 const char* unary_kernel(Unary op) {
     switch (op) {
-        case Unary::Silu: return "rg_unary_silu";
-        case Unary::Sigmoid: return "rg_unary_sigmoid";
-        case Unary::SiluDiv: return "rg_unary_silu_div";
-        case Unary::TwoSigmoidDiv: return "rg_unary_two_sigmoid_div";
-        case Unary::GeluTanhExp: return "rg_unary_gelu_tanh_exp";
-        case Unary::GeluErf: return "rg_unary_gelu_erf";
-        case Unary::Softcap: return "rg_unary_softcap";
-        case Unary::Scale: return "rg_unary_scale";
+        case Unary::Silu:
+            return "rg_unary_silu";
+        case Unary::Sigmoid:
+            return "rg_unary_sigmoid";
+        case Unary::SiluDiv:
+            return "rg_unary_silu_div";
+        case Unary::TwoSigmoidDiv:
+            return "rg_unary_two_sigmoid_div";
+        case Unary::GeluTanhExp:
+            return "rg_unary_gelu_tanh_exp";
+        case Unary::GeluErf:
+            return "rg_unary_gelu_erf";
+        case Unary::Softcap:
+            return "rg_unary_softcap";
+        case Unary::Scale:
+            return "rg_unary_scale";
     }
     throw Error("metal unary: unknown op " + std::to_string(int(op)));
 }
@@ -47,8 +55,8 @@ void MetalBackend::do_glu(const Tensor& gate, const Tensor& up, Glu act, const T
     RgBinaryArgs a{};
     a.a = vg.shape, a.b = vu.shape, a.y = vy.shape;
     const ColumnGrid g = column_grid(gate.cols);
-    launch(act == Glu::GeluTanh ? "rg_glu_gelu_tanh" : "rg_glu_silu", g.groups, uint32_t(gate.rows), g.threads, 0,
-           {bytes(a), vg.arg, vu.arg, vy.arg});
+    launch(act == Glu::GeluTanh ? "rg_glu_gelu_tanh" : "rg_glu_silu", g.groups, uint32_t(gate.rows),
+           g.threads, 0, {bytes(a), vg.arg, vu.arg, vy.arg});
 }
 
 void MetalBackend::do_add(const Tensor& x, const Tensor& z, const Tensor& y) {
@@ -73,7 +81,8 @@ void MetalBackend::do_hc_write(const Tensor& out, const Tensor& w, int64_t hc, c
     RgBinaryArgs a{};
     a.a = vo.shape, a.b = vw.shape, a.y = vs.shape, a.hc = hc;
     const ColumnGrid g = column_grid(out.cols);
-    launch("rg_hc_write", g.groups, uint32_t(out.rows * hc), g.threads, 0, {bytes(a), vo.arg, vw.arg, vs.arg});
+    launch("rg_hc_write", g.groups, uint32_t(out.rows * hc), g.threads, 0,
+           {bytes(a), vo.arg, vw.arg, vs.arg});
 }
 
 }  // namespace regolith::metal

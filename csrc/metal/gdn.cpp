@@ -1,5 +1,5 @@
-// Gated DeltaNet (metal/gdn.metal): the causal conv and the delta-rule scan over up to RG_MAX_SEQS sequences per
-// dispatch (seq_dispatch.h), the q / k norms and gates in one dispatch.
+// Gated DeltaNet (metal/gdn.metal): the causal conv and the delta-rule scan over up to RG_MAX_SEQS sequences
+// per dispatch (seq_dispatch.h), the q / k norms and gates in one dispatch.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -46,14 +46,15 @@ void MetalBackend::do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor&
     a.qkv = vq.shape, a.g = vg.shape, a.beta = vb.shape, a.out = vo.shape;
     a.n_k = d.n_k_heads, a.n_v = d.n_v_heads, a.k_dim = d.k_dim, a.v_dim = d.v_dim;
     a.col_blocks = uint32_t((d.v_dim + 31) / 32);
-    const uint32_t shmem = uint32_t(2 * 3 * kGroups * 32 * sizeof(float));  // 2 x [3][kGroups][32] partial sums
+    const uint32_t shmem =
+        uint32_t(2 * 3 * kGroups * 32 * sizeof(float));  // 2 x [3][kGroups][32] partial sums
     SeqBindings sb;
     const auto flush = [&] {
         if (a.n_seqs == 0) return;
         const KernelArg& u = vq.arg;
         launch(kernel.c_str(), uint32_t(d.n_v_heads) * a.col_blocks, a.n_seqs, uint32_t(32 * kGroups), shmem,
-               {bytes(a), vq.arg, vg.arg, vb.arg, vo.arg, sb.arg(0, u), sb.arg(1, u), sb.arg(2, u), sb.arg(3, u),
-                sb.arg(4, u), sb.arg(5, u), sb.arg(6, u), sb.arg(7, u)});
+               {bytes(a), vq.arg, vg.arg, vb.arg, vo.arg, sb.arg(0, u), sb.arg(1, u), sb.arg(2, u),
+                sb.arg(3, u), sb.arg(4, u), sb.arg(5, u), sb.arg(6, u), sb.arg(7, u)});
         a.n_seqs = 0;
         sb.clear();
     };

@@ -51,11 +51,13 @@ BackendBuffer* MetalBackend::alloc(uint64_t bytes, MemoryUse use) {
         const uint64_t n = std::max<uint64_t>(1, (bytes + page_size() - 1) / page_size()) * page_size();
         void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED)
-            throw std::system_error(errno, std::generic_category(), "cannot allocate " + std::to_string(bytes) + " bytes");
+            throw std::system_error(errno, std::generic_category(),
+                                    "cannot allocate " + std::to_string(bytes) + " bytes");
         b->device = device_->wrap(p, n);
         if (!b->device) {
             ::munmap(p, n);
-            throw Error(std::string(device_->name()) + ": cannot wrap " + std::to_string(n) + " bytes of arena memory");
+            throw Error(std::string(device_->name()) + ": cannot wrap " + std::to_string(n) +
+                        " bytes of arena memory");
         }
         b->mapping = p;
         b->mapping_bytes = n;
@@ -142,7 +144,8 @@ View MetalBackend::view(const Tensor& t) const {
     if (t.rows < 0 || t.cols < 0 || (t.rows > 1 && t.row_bytes < row) ||
         (t.rows > 0 && t.offset + uint64_t((t.rows - 1) * t.row_bytes + row) > b->bytes))
         throw Error("tensor [" + std::to_string(t.rows) + "][" + std::to_string(t.cols) + "] at offset " +
-                    std::to_string(t.offset) + " does not fit its buffer of " + std::to_string(b->bytes) + " bytes");
+                    std::to_string(t.offset) + " does not fit its buffer of " + std::to_string(b->bytes) +
+                    " bytes");
     View v;
     v.arg = KernelArg{b->device, b->base + t.offset, nullptr, 0};
     v.shape = RgShape{t.rows, t.cols, t.row_bytes, t.type, 0};
@@ -151,8 +154,8 @@ View MetalBackend::view(const Tensor& t) const {
 
 // ---- encoding and submission ---------------------------------------------------------------------------
 
-void MetalBackend::launch(const char* kernel, uint32_t groups_x, uint32_t groups_y, uint32_t threads, uint32_t shmem,
-                          std::initializer_list<KernelArg> args) {
+void MetalBackend::launch(const char* kernel, uint32_t groups_x, uint32_t groups_y, uint32_t threads,
+                          uint32_t shmem, std::initializer_list<KernelArg> args) {
     if (groups_x == 0 || groups_y == 0) return;
     Launch l;
     l.kernel = kernel;
@@ -201,8 +204,8 @@ KernelArg MetalBackend::stage(const void* src, uint64_t bytes) {
 void MetalBackend::copy_rows(const KernelArg& src, int64_t src_stride, const View& dst, int64_t row) {
     // mu_ is held.
     const RgCopyArgs a{dst.shape.rows, row, src_stride, dst.shape.stride};
-    const bool words = row % 4 == 0 && src.offset % 4 == 0 && dst.arg.offset % 4 == 0 && src_stride % 4 == 0 &&
-                       dst.shape.stride % 4 == 0;
+    const bool words = row % 4 == 0 && src.offset % 4 == 0 && dst.arg.offset % 4 == 0 &&
+                       src_stride % 4 == 0 && dst.shape.stride % 4 == 0;
     const int64_t units = words ? row / 4 : row;
     Launch l;
     l.kernel = words ? "rg_copy_rows_u32" : "rg_copy_rows_u8";

@@ -25,8 +25,8 @@ struct MetalBuffer final : BackendBuffer {
     DeviceBuffer* device = nullptr;  // owned
     uint64_t base = 0;               // where byte 0 of this buffer is in `device` (imports wrap whole pages)
     uint64_t bytes = 0;
-    uint8_t* host = nullptr;         // byte 0, as host memory
-    void* mapping = nullptr;         // an arena's pages, unmapped with the buffer
+    uint8_t* host = nullptr;  // byte 0, as host memory
+    void* mapping = nullptr;  // an arena's pages, unmapped with the buffer
     uint64_t mapping_bytes = 0;
 };
 
@@ -38,7 +38,7 @@ struct View {
 };
 
 class MetalBackend final : public Backend {
-public:
+  public:
     explicit MetalBackend(std::unique_ptr<Device> device);
     ~MetalBackend() override;
 
@@ -57,8 +57,8 @@ public:
     uint64_t submitted() override;
     void wait_submitted(uint64_t n) override;
 
-    // For the op files: the checked view of a tensor (an empty View for an empty tensor), constant bytes as an
-    // argument, and a dispatch (recorded in order; any thread).
+    // For the op files: the checked view of a tensor (an empty View for an empty tensor), constant bytes as
+    // an argument, and a dispatch (recorded in order; any thread).
     View view(const Tensor& t) const;
     template <class Args>
     static KernelArg bytes(const Args& a) {
@@ -70,18 +70,21 @@ public:
     // Device scratch for an op's intermediates, valid for ops recorded until the next scratch() call.
     KernelArg scratch(uint64_t bytes);
 
-protected:
+  protected:
     void do_copy(const Tensor& src, const Tensor& dst) override;
     void do_zero(const Tensor& dst) override;
     void do_matmul(const regolith::MatmulJob* jobs, int64_t n_jobs) override;
-    void do_get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat, const Tensor& out) override;
+    void do_get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat,
+                     const Tensor& out) override;
     void do_gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override;
     void do_top_k(const Tensor& x, int64_t k, const Tensor& ids, const Tensor& values) override;
     void do_rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
     void do_rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Unary act,
                            const Tensor& y) override;
-    void do_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y) override;
-    void do_rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis, const Tensor& table) override;
+    void do_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
+                       const Tensor& y) override;
+    void do_rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis,
+                       const Tensor& table) override;
     void do_rope(const Tensor& x, const Tensor& table, int64_t rows_per_pos) override;
     void do_unary(const Tensor& x, Unary op, float p, const Tensor& y) override;
     void do_glu(const Tensor& gate, const Tensor& up, Glu act, const Tensor& y) override;
@@ -90,17 +93,18 @@ protected:
     void do_hc_write(const Tensor& out, const Tensor& w, int64_t hc, const Tensor& streams) override;
     void do_ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, int64_t n_seqs,
                      const Tensor& out) override;
-    void do_gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& dt_bias,
-                        const GdnDims& d) override;
-    void do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs, int64_t n_seqs,
-                     const GdnDims& d, int64_t chunk, const Tensor& out) override;
-    void do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq, const Tensor& axis,
-                     const QsaDims& d) override;
-    void do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& sel,
-                       const Tensor& n_sel) override;
-    void do_qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel, const QsaSeq* seqs,
-                       int64_t n_seqs, const QsaDims& d, const Tensor& out) override;
-    void do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs, int64_t n_head_kv) override;
+    void do_gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a,
+                        const Tensor& dt_bias, const GdnDims& d) override;
+    void do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs,
+                     int64_t n_seqs, const GdnDims& d, int64_t chunk, const Tensor& out) override;
+    void do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq,
+                     const Tensor& axis, const QsaDims& d) override;
+    void do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d,
+                       const Tensor& sel, const Tensor& n_sel) override;
+    void do_qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel,
+                       const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& out) override;
+    void do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs,
+                      int64_t n_head_kv) override;
     void do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s,
                       const Tensor& out) override;
     void do_moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
@@ -110,16 +114,17 @@ protected:
     void do_moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,
                         const Tensor& shared_gate, const Tensor& y) override;
     void do_ple_gate(const Tensor& key, const Tensor& query, const Tensor& value, const Tensor& norm_key,
-                     const Tensor& norm_query, const Tensor& norm_conv, int64_t hc, float eps, const Tensor& gated,
-                     const Tensor& normed) override;
-    void do_ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs, int64_t n_seqs,
-                     const Tensor& out) override;
-    void do_add_interpolated(const Tensor& table, const Tensor& idx, const Tensor& w, const Tensor& x) override;
-    void do_vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q, const Tensor& k,
-                       const Tensor& vt) override;
+                     const Tensor& norm_query, const Tensor& norm_conv, int64_t hc, float eps,
+                     const Tensor& gated, const Tensor& normed) override;
+    void do_ple_conv(const Tensor& normed, const Tensor& w, int64_t dilation, const PleConvSeq* seqs,
+                     int64_t n_seqs, const Tensor& out) override;
+    void do_add_interpolated(const Tensor& table, const Tensor& idx, const Tensor& w,
+                             const Tensor& x) override;
+    void do_vision_qkv(const Tensor& qkv, const Tensor& table, int64_t n_head, const Tensor& q,
+                       const Tensor& k, const Tensor& vt) override;
     void do_softmax_scaled(const Tensor& x, float scale) override;
 
-private:
+  private:
     // Copies rows of `row` bytes (src: host bytes staged by write(), or a buffer) into dst's rows.
     void copy_rows(const KernelArg& src, int64_t src_stride, const View& dst, int64_t row);
     // Staging for write(): host-visible memory kept until the command buffer that copies from it completes.
@@ -141,10 +146,11 @@ private:
         MetalBuffer* buffer;
         uint64_t serial;
     };
-    std::vector<Retired> retired_;  // freed while command buffers that may use them were pending
+    std::vector<Retired> retired_;           // freed while command buffers that may use them were pending
     std::unique_ptr<DeviceBuffer> scratch_;  // grown by doubling
     uint64_t scratch_bytes_ = 0;
-    std::vector<std::pair<std::unique_ptr<DeviceBuffer>, uint64_t>> old_scratch_;  // until their serial completes
+    std::vector<std::pair<std::unique_ptr<DeviceBuffer>, uint64_t>>
+        old_scratch_;  // until their serial completes
 };
 
 }  // namespace regolith::metal

@@ -6,7 +6,9 @@ namespace regolith::metal {
 namespace {
 
 // Threads for a threadgroup striding over `cols` columns: whole SIMD-groups, at most 256.
-uint32_t row_threads(int64_t cols) { return uint32_t(std::min<int64_t>(256, std::max<int64_t>(32, (cols + 31) / 32 * 32))); }
+uint32_t row_threads(int64_t cols) {
+    return uint32_t(std::min<int64_t>(256, std::max<int64_t>(32, (cols + 31) / 32 * 32)));
+}
 
 constexpr uint32_t kPartials = 32 * sizeof(float);  // rg_group_sum's threadgroup memory
 
@@ -30,7 +32,8 @@ void MetalBackend::do_rms_norm_gated(const Tensor& x, const Tensor& z, const Ten
            {bytes(a), vx.arg, vz.arg, vw.arg, vy.arg});
 }
 
-void MetalBackend::do_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y) {
+void MetalBackend::do_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
+                                 const Tensor& y) {
     const View vx = view(x), vw = view(w), vb = view(b), vy = view(y);
     RgNormArgs a{};
     a.x = vx.shape, a.w = vw.shape, a.b = vb.shape, a.y = vy.shape, a.eps = eps;

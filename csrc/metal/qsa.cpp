@@ -12,12 +12,12 @@ namespace regolith::metal {
 
 namespace {
 
-constexpr int64_t kRows = 8;             // heads per threadgroup (qsa.metal: kQsaRows)
-constexpr int64_t kChunk = 32;           // keys per chunk (kQsaChunk)
-constexpr int64_t kMaxHeadDim = 512;     // 128 * kQsaMaxE
-constexpr int64_t kScoreBlocks = 64;     // blocks per rg_qsa_score threadgroup
-constexpr int64_t kMinSplitKeys = 128;   // keys below which a split is not worth its partial results
-constexpr int64_t kTargetGroups = 256;   // threadgroups that keep every core of the largest GPUs busy
+constexpr int64_t kRows = 8;            // heads per threadgroup (qsa.metal: kQsaRows)
+constexpr int64_t kChunk = 32;          // keys per chunk (kQsaChunk)
+constexpr int64_t kMaxHeadDim = 512;    // 128 * kQsaMaxE
+constexpr int64_t kScoreBlocks = 64;    // blocks per rg_qsa_score threadgroup
+constexpr int64_t kMinSplitKeys = 128;  // keys below which a split is not worth its partial results
+constexpr int64_t kTargetGroups = 256;  // threadgroups that keep every core of the largest GPUs busy
 
 int64_t key_splits(int64_t groups, int64_t keys) {
     const int64_t by_keys = std::max<int64_t>(1, (keys + kMinSplitKeys - 1) / kMinSplitKeys);
@@ -38,9 +38,11 @@ void MetalBackend::do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor&
         const View ik = view(s.index_k), bk = view(s.block_k), pos = view(s.pos);
         RgQsaPoolArgs a{};
         a.index_k = ik.shape, a.block_k = bk.shape, a.pos = pos.shape, a.norm = vn.shape, a.freq = vf.shape;
-        a.axis = va.shape, a.b0 = b0, a.ratio = int32_t(d.ratio), a.index_head_dim = int32_t(d.index_head_dim);
+        a.axis = va.shape, a.b0 = b0, a.ratio = int32_t(d.ratio),
+        a.index_head_dim = int32_t(d.index_head_dim);
         a.n_rot = int32_t(d.n_rot), a.eps = d.eps;
-        launch("rg_qsa_pool", uint32_t(b1 - b0), 1, threads, uint32_t((32 + d.index_head_dim) * sizeof(float)),
+        launch("rg_qsa_pool", uint32_t(b1 - b0), 1, threads,
+               uint32_t((32 + d.index_head_dim) * sizeof(float)),
                {bytes(a), ik.arg, bk.arg, pos.arg, vn.arg, vf ? vf.arg : vn.arg, va ? va.arg : vn.arg});
     }
 }
@@ -66,7 +68,8 @@ void MetalBackend::do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n
         a.iq = viq.shape, a.block_k = bk.shape, a.sel = vs.shape, a.n_sel = vns.shape;
         a.t0 = s.t0, a.ntok = s.ntok, a.n0 = s.n0, a.nb_stride = nb;
         a.ratio = int32_t(d.ratio), a.topk = int32_t(d.topk), a.index_n_head = int32_t(d.index_n_head);
-        a.index_head_dim = int32_t(d.index_head_dim), a.index_scale = 1.0f / std::sqrt(float(d.index_head_dim));
+        a.index_head_dim = int32_t(d.index_head_dim),
+        a.index_scale = 1.0f / std::sqrt(float(d.index_head_dim));
         if (nb > d.topk)
             launch("rg_qsa_score", uint32_t((nb + kScoreBlocks - 1) / kScoreBlocks), uint32_t(s.ntok), 128, 0,
                    {bytes(a), viq.arg, bk ? bk.arg : viq.arg, scores});
@@ -77,9 +80,11 @@ void MetalBackend::do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n
 
 void MetalBackend::do_qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel,
                                  const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& out) {
-    const int64_t H = d.n_head, KV = d.n_head_kv, D = d.head_dim, G = H / KV, htiles = (G + kRows - 1) / kRows;
+    const int64_t H = d.n_head, KV = d.n_head_kv, D = d.head_dim, G = H / KV,
+                  htiles = (G + kRows - 1) / kRows;
     if (D > kMaxHeadDim)
-        throw Error("qsa_attend on metal: head_dim " + std::to_string(D) + " > " + std::to_string(kMaxHeadDim));
+        throw Error("qsa_attend on metal: head_dim " + std::to_string(D) + " > " +
+                    std::to_string(kMaxHeadDim));
     const View vq = view(q), vg = view(gate), vs = view(sel), vns = view(n_sel), vo = view(out);
     std::vector<int64_t> splits(size_t(n_seqs), 1);
     uint64_t part_bytes = 0;
@@ -89,17 +94,20 @@ void MetalBackend::do_qsa_attend(const Tensor& q, const Tensor& gate, const Tens
         const int64_t keys = std::min(d.topk, (s.n0 + s.ntok) / d.ratio) * d.ratio + d.ratio;  // at most
         splits[size_t(i)] = key_splits(s.ntok * KV * htiles, keys);
         if (splits[size_t(i)] > 1)
-            part_bytes = std::max(part_bytes, uint64_t(s.ntok * H * splits[size_t(i)] * (D + 2)) * sizeof(float));
+            part_bytes =
+                std::max(part_bytes, uint64_t(s.ntok * H * splits[size_t(i)] * (D + 2)) * sizeof(float));
     }
     const KernelArg part = part_bytes > 0 ? scratch(part_bytes) : vo.arg;
-    const uint32_t shmem = uint32_t((kRows * D + 2 * kChunk * kRows + 2 * kChunk + 4 * kRows) * sizeof(float));
+    const uint32_t shmem =
+        uint32_t((kRows * D + 2 * kChunk * kRows + 2 * kChunk + 4 * kRows) * sizeof(float));
     for (int64_t i = 0; i < n_seqs; ++i) {
         const QsaSeq& s = seqs[i];
         if (s.ntok == 0) continue;
         const View k = view(s.k), v = view(s.v);
         const int64_t n_split = splits[size_t(i)];
         RgQsaAttendArgs a{};
-        a.q = vq.shape, a.gate = vg.shape, a.sel = vs.shape, a.n_sel = vns.shape, a.k = k.shape, a.v = v.shape;
+        a.q = vq.shape, a.gate = vg.shape, a.sel = vs.shape, a.n_sel = vns.shape, a.k = k.shape,
+        a.v = v.shape;
         a.out = vo.shape, a.t0 = s.t0, a.ntok = s.ntok, a.n0 = s.n0;
         a.n_head = int32_t(H), a.n_head_kv = int32_t(KV), a.head_dim = int32_t(D), a.ratio = int32_t(d.ratio);
         a.n_split = int32_t(n_split), a.scale = 1.0f / std::sqrt(float(D));
@@ -109,8 +117,9 @@ void MetalBackend::do_qsa_attend(const Tensor& q, const Tensor& gate, const Tens
             RgAttnMergeArgs m{};
             m.out = vo.shape, m.gate = vg.shape, m.t0 = s.t0, m.n_head = int32_t(H), m.heads_per_row = 1;
             m.head_dim = int32_t(D), m.n_split = int32_t(n_split), m.has_gate = 1;
-            launch("rg_attention_merge", uint32_t(s.ntok * H), 1, uint32_t(std::min<int64_t>(256, (D + 31) / 32 * 32)),
-                   uint32_t(n_split * sizeof(float)), {bytes(m), part, vg.arg, vo.arg});
+            launch("rg_attention_merge", uint32_t(s.ntok * H), 1,
+                   uint32_t(std::min<int64_t>(256, (D + 31) / 32 * 32)), uint32_t(n_split * sizeof(float)),
+                   {bytes(m), part, vg.arg, vo.arg});
         }
     }
 }

@@ -11,11 +11,14 @@ namespace {
 uint32_t pair_threads(int64_t pairs) {
     return uint32_t(std::min<int64_t>(256, std::max<int64_t>(32, (pairs + 31) / 32 * 32)));
 }
-uint32_t pair_groups(int64_t pairs) { return uint32_t((pairs + pair_threads(pairs) - 1) / pair_threads(pairs)); }
+uint32_t pair_groups(int64_t pairs) {
+    return uint32_t((pairs + pair_threads(pairs) - 1) / pair_threads(pairs));
+}
 
 }  // namespace
 
-void MetalBackend::do_rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis, const Tensor& table) {
+void MetalBackend::do_rope_table(const Tensor& pos, const Tensor& freq, const Tensor& axis,
+                                 const Tensor& table) {
     const View vp = view(pos), vf = view(freq), va = view(axis), vt = view(table);
     RgRopeArgs a{};
     a.pos = vp.shape, a.freq = vf.shape, a.axis = va.shape, a.table = vt.shape;

@@ -10,8 +10,8 @@ namespace regolith::metal {
 
 namespace {
 
-constexpr int64_t kGetRowsParts = 128;   // 32-element parts per get_rows threadgroup (one per thread)
-constexpr int64_t kTopKPerThread = 8;    // RG_TOPK_E
+constexpr int64_t kGetRowsParts = 128;  // 32-element parts per get_rows threadgroup (one per thread)
+constexpr int64_t kTopKPerThread = 8;   // RG_TOPK_E
 constexpr int64_t kTopKThreads = 256;
 constexpr int64_t kTopKMax = kTopKThreads * kTopKPerThread / 2;  // so that every pass shrinks the row
 constexpr uint32_t kTopKSlots = 2 * 8 * 8;  // rg_top_k's threadgroup memory: 2 x 8 (value, column) pairs
@@ -20,7 +20,8 @@ int64_t round32(int64_t n) { return std::max<int64_t>(32, (n + 31) / 32 * 32); }
 
 }  // namespace
 
-void MetalBackend::do_get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat, const Tensor& out) {
+void MetalBackend::do_get_rows(const Tensor& table, const Tensor& ids, float scale, int64_t repeat,
+                               const Tensor& out) {
     const View vt = view(table), vi = view(ids), vo = view(out);
     const int64_t n = ids.rows * ids.cols, parts = (table.cols + 31) / 32;
     if (n == 0 || parts == 0 || repeat == 0) return;
@@ -38,8 +39,8 @@ void MetalBackend::do_gather_rows(const Tensor& x, const Tensor& rows, const Ten
     RgGatherRowsArgs a{};
     a.x = vx.shape, a.rows = vr.shape, a.out = vo.shape;
     const int64_t threads = std::min<int64_t>(256, round32(x.cols));
-    launch("rg_gather_rows", uint32_t(std::min<int64_t>((x.cols + threads - 1) / threads, 64)), uint32_t(out.rows),
-           uint32_t(threads), 0, {bytes(a), vx.arg, vr.arg, vo.arg});
+    launch("rg_gather_rows", uint32_t(std::min<int64_t>((x.cols + threads - 1) / threads, 64)),
+           uint32_t(out.rows), uint32_t(threads), 0, {bytes(a), vx.arg, vr.arg, vo.arg});
 }
 
 // Passes of rg_top_k: each leaves the k best of every chunk of kTopKThreads * kTopKPerThread entries as
@@ -66,8 +67,9 @@ void MetalBackend::do_top_k(const Tensor& x, int64_t k, const Tensor& ids, const
     for (int64_t n = x.cols;;) {
         const int64_t c = chunks(n);
         a.n = n, a.to_cand = c > 1 ? 1 : 0;
-        launch("rg_top_k", uint32_t(c), uint32_t(x.rows), uint32_t(threads(n)), kTopKSlots,
-               {bytes(a), vx.arg, in, c > 1 ? next : vx.arg, ids ? vi.arg : vx.arg, values ? vv.arg : vx.arg});
+        launch(
+            "rg_top_k", uint32_t(c), uint32_t(x.rows), uint32_t(threads(n)), kTopKSlots,
+            {bytes(a), vx.arg, in, c > 1 ? next : vx.arg, ids ? vi.arg : vx.arg, values ? vv.arg : vx.arg});
         if (c == 1) break;
         in = next;
         next.offset += uint64_t(x.rows * c * k) * 8;

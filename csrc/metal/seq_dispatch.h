@@ -12,7 +12,7 @@ namespace regolith::metal {
 
 // The buffers of one dispatch's per-sequence tensors.
 class SeqBindings {
-public:
+  public:
     // Whether the tensors of views v (empty ones need nothing) fit the bindings left.
     bool fits(std::initializer_list<const View*> vs) const {
         int added = 0;
@@ -45,7 +45,7 @@ public:
     }
     void clear() { n_ = 0; }
 
-private:
+  private:
     int find(const DeviceBuffer* b) const {
         for (int i = 0; i < n_; ++i)
             if (buffers_[i] == b) return i;
@@ -59,8 +59,8 @@ private:
 // set): a work item per block of a.block tokens of a sequence (y) and threadgroups of up to 256 channels (x).
 // after(seq) is the view of a sequence's per-token states (empty: none).
 template <class Seq, class After>
-void launch_conv(MetalBackend& be, const char* kernel, RgConvArgs& a, const View& x, const View& w, const View& out,
-                 const Seq* seqs, int64_t n_seqs, After after) {
+void launch_conv(MetalBackend& be, const char* kernel, RgConvArgs& a, const View& x, const View& w,
+                 const View& out, const Seq* seqs, int64_t n_seqs, After after) {
     const int64_t cols = x.shape.cols;
     const uint32_t threads = uint32_t(std::min<int64_t>(256, (cols + 31) / 32 * 32));
     SeqBindings sb;
@@ -68,8 +68,9 @@ void launch_conv(MetalBackend& be, const char* kernel, RgConvArgs& a, const View
     const auto flush = [&] {
         if (a.n_seqs == 0) return;
         be.launch(kernel, uint32_t((cols + threads - 1) / threads), uint32_t(items), threads, 0,
-                  {MetalBackend::bytes(a), x.arg, w.arg, out.arg, sb.arg(0, x.arg), sb.arg(1, x.arg), sb.arg(2, x.arg),
-                   sb.arg(3, x.arg), sb.arg(4, x.arg), sb.arg(5, x.arg), sb.arg(6, x.arg), sb.arg(7, x.arg)});
+                  {MetalBackend::bytes(a), x.arg, w.arg, out.arg, sb.arg(0, x.arg), sb.arg(1, x.arg),
+                   sb.arg(2, x.arg), sb.arg(3, x.arg), sb.arg(4, x.arg), sb.arg(5, x.arg), sb.arg(6, x.arg),
+                   sb.arg(7, x.arg)});
         a.n_seqs = 0, items = 0;
         sb.clear();
     };

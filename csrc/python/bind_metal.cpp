@@ -16,8 +16,8 @@ namespace {
 
 using Buffer = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-void emu_dispatch(const std::string& kernel, std::vector<Buffer> buffers, std::tuple<uint32_t, uint32_t, uint32_t> grid,
-                  uint32_t threads, uint32_t shmem) {
+void emu_dispatch(const std::string& kernel, std::vector<Buffer> buffers,
+                  std::tuple<uint32_t, uint32_t, uint32_t> grid, uint32_t threads, uint32_t shmem) {
     const regolith::metal_emu::KernelEntry* k = regolith::metal_emu::find_kernel(kernel.c_str());
     if (!k) throw nb::value_error(("the emulator has no kernel " + kernel).c_str());
     if (int(buffers.size()) != k->n_buffers)
@@ -32,10 +32,11 @@ void emu_dispatch(const std::string& kernel, std::vector<Buffer> buffers, std::t
 }  // namespace
 
 void init_metal(nb::module_& m) {
-    m.def("metal_emu_dispatch", &emu_dispatch, nb::arg("kernel"), nb::arg("buffers"), nb::arg("grid"),
-          nb::arg("threads"), nb::arg("shmem") = 0,
-          "Run a kernel of the Metal emulator now on uint8 numpy buffers (bound in order), grid x threads with "
-          "shmem bytes of threadgroup memory; errors the emulator finds raise.");
+    m.def(
+        "metal_emu_dispatch", &emu_dispatch, nb::arg("kernel"), nb::arg("buffers"), nb::arg("grid"),
+        nb::arg("threads"), nb::arg("shmem") = 0,
+        "Run a kernel of the Metal emulator now on uint8 numpy buffers (bound in order), grid x threads with "
+        "shmem bytes of threadgroup memory; errors the emulator finds raise.");
     m.def("metal_emu_set_order", &regolith::metal_emu::set_reverse_order, nb::arg("reverse"),
           "Run the emulator's threads in decreasing order between waits (True) or increasing (False).");
 }

@@ -27,7 +27,9 @@ std::unordered_map<std::string, KernelEntry>& registry() {
 
 }  // namespace
 
-void register_kernel(const char* name, KernelRun run, int n_buffers) { registry()[name] = KernelEntry{run, n_buffers}; }
+void register_kernel(const char* name, KernelRun run, int n_buffers) {
+    registry()[name] = KernelEntry{run, n_buffers};
+}
 
 const KernelEntry* find_kernel(const char* name) {
     auto it = registry().find(name);
@@ -41,14 +43,14 @@ constexpr int kMaxBufferArguments = 31;
 constexpr uint32_t kMaxSetBytes = 4096;
 
 class EmuBuffer final : public metal::DeviceBuffer {
-public:
+  public:
     EmuBuffer(uint8_t* p, bool owned) : p_(p), owned_(owned) {}
     ~EmuBuffer() override {
         if (owned_) std::free(p_);
     }
     uint8_t* contents() override { return p_; }
 
-private:
+  private:
     uint8_t* p_;
     bool owned_;
 };
@@ -67,7 +69,7 @@ struct CommandBuffer {
 };
 
 class EmuDevice final : public metal::Device {
-public:
+  public:
     void retire() override {
         std::lock_guard<std::mutex> run_lock(run_mu_);
         std::lock_guard<std::mutex> lock(queue_mu_);
@@ -85,7 +87,9 @@ public:
         std::memset(p, 0xff, n);  // undefined contents: NaN floats, -1 integers
         return new EmuBuffer(p, true);
     }
-    metal::DeviceBuffer* wrap(void* p, uint64_t) override { return new EmuBuffer(static_cast<uint8_t*>(p), false); }
+    metal::DeviceBuffer* wrap(void* p, uint64_t) override {
+        return new EmuBuffer(static_cast<uint8_t*>(p), false);
+    }
 
     uint32_t max_threads(const char*) override { return kMaxThreadsPerGroup; }
 
@@ -98,14 +102,15 @@ public:
         };
         if (l.shmem > kMaxThreadgroupMemory)
             refuse(std::to_string(l.shmem) + " bytes of threadgroup memory (Metal allows 32 KiB)");
-        if (n_args > kMaxBufferArguments) refuse(std::to_string(n_args) + " buffers (Metal binds at most 31)");
+        if (n_args > kMaxBufferArguments)
+            refuse(std::to_string(n_args) + " buffers (Metal binds at most 31)");
         for (int i = 0; i < n_args; ++i)
             if (args[i].bytes && args[i].size > kMaxSetBytes)
                 refuse("argument " + std::to_string(i) + " of " + std::to_string(args[i].size) +
                        " bytes (setBytes takes at most 4 KiB)");
         if (n_args != k->n_buffers)
-            throw Error(std::string("metal emulator: kernel ") + l.kernel + " takes " + std::to_string(k->n_buffers) +
-                        " buffers, dispatched with " + std::to_string(n_args));
+            throw Error(std::string("metal emulator: kernel ") + l.kernel + " takes " +
+                        std::to_string(k->n_buffers) + " buffers, dispatched with " + std::to_string(n_args));
         Command c{k, l.kernel, l, {}, {}};
         c.launch.kernel = nullptr;
         c.bytes.reserve(size_t(n_args));
@@ -143,7 +148,8 @@ public:
             }
             try {
                 for (const Command& c : cb.commands)
-                    c.kernel->run(c.name.c_str(), c.bindings.data(), c.launch.groups, c.launch.threads, c.launch.shmem);
+                    c.kernel->run(c.name.c_str(), c.bindings.data(), c.launch.groups, c.launch.threads,
+                                  c.launch.shmem);
             } catch (...) {
                 if (!error_) error_ = std::current_exception();
             }
@@ -162,7 +168,7 @@ public:
         return completed_;
     }
 
-private:
+  private:
     CommandBuffer current_;  // being encoded (the backend serialises encoders)
     std::mutex queue_mu_;    // the queue, the serials
     std::mutex run_mu_;      // command buffers run one at a time, in order

@@ -76,7 +76,8 @@ FiberStack::FiberStack(size_t bytes) {
     guard_ = page;
     size_ = guard_ + (bytes + page - 1) / page * page;
     void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "metal emulator: fiber stack");
+    if (p == MAP_FAILED)
+        throw std::system_error(errno, std::generic_category(), "metal emulator: fiber stack");
     base_ = static_cast<uint8_t*>(p);
     mprotect(base_, guard_, PROT_NONE);
 }
@@ -103,8 +104,8 @@ void Fiber::start(FiberStack& stack, void (*fn)(void*), void* arg) {
     frame[4] = reinterpret_cast<uint64_t>(arg);  // r12
     frame[7] = reinterpret_cast<uint64_t>(&rg_emu_start);
 #else
-    frame[0] = reinterpret_cast<uint64_t>(arg);  // x19
-    frame[1] = reinterpret_cast<uint64_t>(fn);   // x20
+    frame[0] = reinterpret_cast<uint64_t>(arg);             // x19
+    frame[1] = reinterpret_cast<uint64_t>(fn);              // x20
     frame[11] = reinterpret_cast<uint64_t>(&rg_emu_start);  // x30
 #endif
     impl_->sp = frame;

@@ -14,7 +14,7 @@ namespace regolith::metal_emu {
 
 // A stack of `bytes` usable bytes with an inaccessible guard page below it, so an overflow faults.
 class FiberStack {
-public:
+  public:
     explicit FiberStack(size_t bytes);
     ~FiberStack();
     FiberStack(const FiberStack&) = delete;
@@ -24,14 +24,14 @@ public:
     uint8_t* bottom() const { return base_ + guard_; }
     size_t size() const { return size_ - guard_; }
 
-private:
+  private:
     uint8_t* base_ = nullptr;
     size_t size_ = 0, guard_ = 0;
 };
 
 // A context to switch to: the OS thread's own (made by the constructor) or a fiber's (start()).
 class Fiber {
-public:
+  public:
     Fiber();
     ~Fiber();
     Fiber(const Fiber&) = delete;
@@ -45,7 +45,7 @@ public:
 
     struct Impl;
 
-private:
+  private:
     std::unique_ptr<Impl> impl_;
 };
 

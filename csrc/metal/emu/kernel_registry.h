@@ -1,7 +1,7 @@
 // The emulator's kernel library: every kernel of metal/*.metal, compiled as C++, under the name the Metal
-// library gives it. A kernel's parameters are its buffers, bound in order ([[buffer(0)]], [[buffer(1)]], ...),
-// then RG_THREAD_IDS (metal/compat.h): threadgroup position, thread index, SIMD-group index, lane, threads per
-// threadgroup and the threadgroup memory.
+// library gives it. A kernel's parameters are its buffers, bound in order ([[buffer(0)]], [[buffer(1)]],
+// ...), then RG_THREAD_IDS (metal/compat.h): threadgroup position, thread index, SIMD-group index, lane,
+// threads per threadgroup and the threadgroup memory.
 #pragma once
 
 #include <cstddef>
@@ -16,8 +16,8 @@
 namespace regolith::metal_emu {
 
 // Runs a dispatch of a kernel with `bindings[i]` the address bound at index i.
-using KernelRun = void (*)(const char* name, uint8_t* const* bindings, const uint32_t grid[3], uint32_t threads,
-                           uint32_t shmem);
+using KernelRun = void (*)(const char* name, uint8_t* const* bindings, const uint32_t grid[3],
+                           uint32_t threads, uint32_t shmem);
 struct KernelEntry {
     KernelRun run = nullptr;
     int n_buffers = 0;
@@ -68,7 +68,9 @@ struct KernelAdapter {
 };
 
 struct KernelRegistration {
-    KernelRegistration(const char* name, KernelRun run, int n_buffers) { register_kernel(name, run, n_buffers); }
+    KernelRegistration(const char* name, KernelRun run, int n_buffers) {
+        register_kernel(name, run, n_buffers);
+    }
 };
 
 }  // namespace regolith::metal_emu
@@ -76,7 +78,7 @@ struct KernelRegistration {
 #define RG_EMU_CAT2(a, b) a##b
 #define RG_EMU_CAT(a, b) RG_EMU_CAT2(a, b)
 // Registers the kernel function `...` (a function or a template's specialisation) under `name`.
-#define RG_EMU_REGISTER(name, ...)                                                                           \
-    static const ::regolith::metal_emu::KernelRegistration RG_EMU_CAT(rg_emu_kernel_, __COUNTER__)(        \
-        name, &::regolith::metal_emu::KernelAdapter<&__VA_ARGS__>::run,                                     \
+#define RG_EMU_REGISTER(name, ...)                                                                  \
+    static const ::regolith::metal_emu::KernelRegistration RG_EMU_CAT(rg_emu_kernel_, __COUNTER__)( \
+        name, &::regolith::metal_emu::KernelAdapter<&__VA_ARGS__>::run,                             \
         ::regolith::metal_emu::KernelAdapter<&__VA_ARGS__>::kBuffers);

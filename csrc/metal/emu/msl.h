@@ -1,6 +1,7 @@
 // The part of the Metal Shading Language standard library regolith's kernels use, in C++, for running
 // metal/*.metal on the host (the Metal emulator, threadgroup.h). Kernel files are compiled inside this
-// namespace, so these names hide the C library's (abs, exp, min ...) as `using namespace metal` does on Metal.
+// namespace, so these names hide the C library's (abs, exp, min ...) as `using namespace metal` does on
+// Metal.
 //
 // What differs from a GPU, on purpose: SIMD-group functions wait for the whole SIMD-group (threadgroup.h);
 // a simdgroup_matrix is held whole by every lane, which computes all of it (the same values a SIMD-group
@@ -60,23 +61,23 @@ struct vec<T, 4> {
     const T& operator[](int i) const { return (&x)[i]; }
 };
 
-#define RG_EMU_VEC_OP(op)                                                            \
-    template <class T, int N>                                                        \
-    vec<T, N> operator op(const vec<T, N>& a, const vec<T, N>& b) {                  \
-        vec<T, N> r;                                                                 \
-        for (int i = 0; i < N; ++i) r[i] = a[i] op b[i];                             \
-        return r;                                                                    \
-    }                                                                                \
-    template <class T, int N>                                                        \
-    vec<T, N> operator op(const vec<T, N>& a, T b) {                                 \
-        vec<T, N> r;                                                                 \
-        for (int i = 0; i < N; ++i) r[i] = a[i] op b;                                \
-        return r;                                                                    \
-    }                                                                                \
-    template <class T, int N>                                                        \
-    vec<T, N>& operator op##=(vec<T, N>& a, const vec<T, N>& b) {                    \
-        for (int i = 0; i < N; ++i) a[i] = a[i] op b[i];                             \
-        return a;                                                                    \
+#define RG_EMU_VEC_OP(op)                                            \
+    template <class T, int N>                                        \
+    vec<T, N> operator op(const vec<T, N>& a, const vec<T, N>& b) {  \
+        vec<T, N> r;                                                 \
+        for (int i = 0; i < N; ++i) r[i] = a[i] op b[i];             \
+        return r;                                                    \
+    }                                                                \
+    template <class T, int N>                                        \
+    vec<T, N> operator op(const vec<T, N>& a, T b) {                 \
+        vec<T, N> r;                                                 \
+        for (int i = 0; i < N; ++i) r[i] = a[i] op b;                \
+        return r;                                                    \
+    }                                                                \
+    template <class T, int N>                                        \
+    vec<T, N>& operator op## = (vec<T, N> & a, const vec<T, N>& b) { \
+        for (int i = 0; i < N; ++i) a[i] = a[i] op b[i];             \
+        return a;                                                    \
     }
 RG_EMU_VEC_OP(+)
 RG_EMU_VEC_OP(-)
@@ -297,9 +298,7 @@ template <class T>
 T simd_prefix_inclusive_sum(T v, RG_EMU_SITE) {
     return simd_call(v, 0, &resolve_prefix_inclusive_sum<T>, file, line);
 }
-inline void simdgroup_barrier(mem_flags, RG_EMU_SITE) {
-    simd_call(0, 0, &resolve_barrier, file, line);
-}
+inline void simdgroup_barrier(mem_flags, RG_EMU_SITE) { simd_call(0, 0, &resolve_barrier, file, line); }
 
 // ---- atomics ---------------------------------------------------------------------------------------------
 enum memory_order { memory_order_relaxed = __ATOMIC_RELAXED };

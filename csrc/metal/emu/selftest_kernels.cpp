@@ -8,7 +8,8 @@ namespace regolith::metal_emu::msl {
 
 // out[6][n]: per thread simd_sum, simd_max, simd_prefix_exclusive_sum, simd_shuffle_xor(., 5),
 // simd_shuffle_down(., 3) (a source past the SIMD-group gives poison), simd_broadcast(., 7).
-kernel void rg_emu_test_simd(device const float* in [[buffer(0)]], device float* out [[buffer(1)]], RG_THREAD_IDS) {
+kernel void rg_emu_test_simd(device const float* in [[buffer(0)]], device float* out [[buffer(1)]],
+                             RG_THREAD_IDS) {
     const uint n = ntg;
     const float v = in[tiitg];
     out[0 * n + tiitg] = simd_sum(v);

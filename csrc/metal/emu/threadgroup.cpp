@@ -19,14 +19,14 @@ constexpr size_t kStackBytes = 64 * 1024;
 
 // Runs threadgroups on one host thread: a fiber and a stack per emulated thread, grown on demand and kept.
 class GroupRunner {
-public:
+  public:
     void run(const char* kernel, const uint32_t tgpig[3], const uint32_t grid[3], uint32_t threads,
              uint32_t shmem_bytes, ThreadBody body, const void* ctx);
 
     Lane& lane() { return lanes_[current_]; }
     void yield() { Fiber::swap(*fibers_[current_], main_); }
 
-private:
+  private:
     static void thread_main(void* self);
     [[noreturn]] void fail(const char* kernel, const std::string& what) const;
 
@@ -68,8 +68,9 @@ void GroupRunner::thread_main(void* self) {
 }
 
 void GroupRunner::fail(const char* kernel, const std::string& what) const {
-    throw Error(std::string("metal emulator: kernel ") + kernel + " threadgroup (" + std::to_string(ids_.tgpig[0]) +
-                ", " + std::to_string(ids_.tgpig[1]) + ", " + std::to_string(ids_.tgpig[2]) + "): " + what);
+    throw Error(std::string("metal emulator: kernel ") + kernel + " threadgroup (" +
+                std::to_string(ids_.tgpig[0]) + ", " + std::to_string(ids_.tgpig[1]) + ", " +
+                std::to_string(ids_.tgpig[2]) + "): " + what);
 }
 
 void GroupRunner::run(const char* kernel, const uint32_t tgpig[3], const uint32_t grid[3], uint32_t threads,
@@ -82,7 +83,8 @@ void GroupRunner::run(const char* kernel, const uint32_t tgpig[3], const uint32_
     shmem_.assign(shmem_bytes, 0xff);
     body_ = body;
     ctx_ = ctx;
-    ids_ = ThreadIds{{tgpig[0], tgpig[1], tgpig[2]}, 0, 0, 0, threads, {grid[0], grid[1], grid[2]}, shmem_.data()};
+    ids_ = ThreadIds{
+        {tgpig[0], tgpig[1], tgpig[2]}, 0, 0, 0, threads, {grid[0], grid[1], grid[2]}, shmem_.data()};
     for (uint32_t i = 0; i < threads; ++i) {
         lanes_[i].index = i;
         fibers_[i]->start(*stacks_[i], &GroupRunner::thread_main, this);
@@ -124,7 +126,8 @@ void GroupRunner::run(const char* kernel, const uint32_t tgpig[3], const uint32_
             std::string where;
             for (const Lane& l : lanes_)
                 if (l.state == Lane::State::Simd) {
-                    where = "thread " + std::to_string(l.index) + " waits at a SIMD-group function while others of its "
+                    where = "thread " + std::to_string(l.index) +
+                            " waits at a SIMD-group function while others of its "
                             "SIMD-group wait at a barrier";
                     break;
                 }
@@ -148,11 +151,12 @@ GroupRunner& runner() {
 void set_reverse_order(bool reverse) { reverse_flag().store(reverse); }
 bool reverse_order() { return reverse_flag().load(); }
 
-void run_grid(const char* kernel, const uint32_t grid[3], uint32_t threads, uint32_t shmem_bytes, ThreadBody body,
-              const void* ctx) {
+void run_grid(const char* kernel, const uint32_t grid[3], uint32_t threads, uint32_t shmem_bytes,
+              ThreadBody body, const void* ctx) {
     if (threads == 0 || threads > kMaxThreadsPerGroup)
-        throw Error(std::string("metal emulator: kernel ") + kernel + " dispatched with " + std::to_string(threads) +
-                    " threads per threadgroup (1.." + std::to_string(kMaxThreadsPerGroup) + ")");
+        throw Error(std::string("metal emulator: kernel ") + kernel + " dispatched with " +
+                    std::to_string(threads) + " threads per threadgroup (1.." +
+                    std::to_string(kMaxThreadsPerGroup) + ")");
     const int64_t n = int64_t(grid[0]) * grid[1] * grid[2];
     if (n == 0) return;
     default_pool()->parallel_for(n, 1, [&](int64_t b, int64_t e) {
