@@ -122,7 +122,7 @@ struct ExpertSet {
 
 // The shared expert of a MoE layer, its gate and up products already computed (with the router's).
 struct SharedExpert {
-    Tensor gate, up;     // [ntok][ff_shared]
+    Tensor gate, up;     // [ntok][ff_shared]; moe_experts may overwrite gate (with silu(gate) * up)
     Tensor down;         // the weight [hidden][ff_shared]
     Tensor gate_logit;   // [ntok][1]: its output is scaled by sigmoid of this
 };
