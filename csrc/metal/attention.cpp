@@ -17,15 +17,13 @@ constexpr int64_t kMaxHeadDim = 256;    // O^T tiles held per SIMD-group (kAttnM
 constexpr int64_t kMinSplitKeys = 128;  // keys below which a split is not worth its partial results
 constexpr int64_t kTargetGroups = 256;  // threadgroups that keep every core of the largest GPUs busy
 
-// How many ways to split each threadgroup's keys: enough threadgroups for the GPU when there are few rows
-// (decode), never splits of fewer than kMinSplitKeys keys.
+}  // namespace
+
 int64_t key_splits(int64_t groups, int64_t keys) {
     const int64_t by_keys = std::max<int64_t>(1, (keys + kMinSplitKeys - 1) / kMinSplitKeys);
     const int64_t by_groups = std::max<int64_t>(1, (kTargetGroups + groups - 1) / groups);
     return std::min(by_keys, by_groups);
 }
-
-}  // namespace
 
 void MetalBackend::do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs,
                                 int64_t n_head_kv) {
@@ -84,9 +82,8 @@ void MetalBackend::do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_se
             RgAttnMergeArgs m{};
             m.out = vo.shape, m.t0 = s.t0, m.n_head = int32_t(H), m.heads_per_row = int32_t(H);
             m.head_dim = int32_t(D), m.n_split = int32_t(n_split);
-            launch("rg_attention_merge", uint32_t(s.ntok * H), 1,
-                   uint32_t(std::min<int64_t>(256, (D + 31) / 32 * 32)), uint32_t(n_split * sizeof(float)),
-                   {bytes(m), part, vo.arg, vo.arg});
+            launch("rg_attention_merge", uint32_t(s.ntok * H), 1, simd_threads(D),
+                   uint32_t(n_split * sizeof(float)), {bytes(m), part, vo.arg, vo.arg});
         }
     }
 }

@@ -14,8 +14,8 @@ struct ColumnGrid {
     uint32_t groups, threads;
 };
 ColumnGrid column_grid(int64_t cols) {
-    const int64_t threads = std::min<int64_t>(256, std::max<int64_t>(32, (cols + 31) / 32 * 32));
-    return {uint32_t(std::min<int64_t>(64, (cols + threads - 1) / threads)), uint32_t(threads)};
+    const uint32_t threads = simd_threads(cols);
+    return {uint32_t(std::min<int64_t>(64, (cols + threads - 1) / threads)), threads};
 }
 
 const char* unary_kernel(Unary op) {

@@ -209,7 +209,7 @@ void MetalBackend::copy_rows(const KernelArg& src, int64_t src_stride, const Vie
     const int64_t units = words ? row / 4 : row;
     Launch l;
     l.kernel = words ? "rg_copy_rows_u32" : "rg_copy_rows_u8";
-    l.threads = uint32_t(std::min<int64_t>(256, (units + 31) / 32 * 32));
+    l.threads = simd_threads(units);
     l.groups[0] = uint32_t(std::min<int64_t>((units + l.threads - 1) / l.threads, 64));
     l.groups[1] = uint32_t(dst.shape.rows);
     l.shmem = 16;

@@ -9,6 +9,7 @@
 // split where the host reads (routing ids of a streamed MoE layer, logits).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -36,6 +37,16 @@ struct View {
     RgShape shape{};
     explicit operator bool() const { return arg.buffer != nullptr; }
 };
+
+// Threads of a threadgroup striding over n items: whole SIMD-groups, at least one, at most 256.
+inline uint32_t simd_threads(int64_t n) {
+    return uint32_t(std::min<int64_t>(256, std::max<int64_t>(32, (n + 31) / 32 * 32)));
+}
+// Threadgroup memory of rg_group_sum / rg_group_max (metal/common.h): a partial per SIMD-group.
+constexpr uint32_t kGroupPartials = 32 * sizeof(float);
+// How many ways attention (attention.cpp, qsa.cpp) splits the keys of each of `groups` threadgroups: enough
+// threadgroups to keep the largest GPUs busy when there are few (decode), never splits of under 128 keys.
+int64_t key_splits(int64_t groups, int64_t keys);
 
 class MetalBackend final : public Backend {
   public:

@@ -3,22 +3,11 @@
 
 namespace regolith::metal {
 
-namespace {
-
-// Threads for a threadgroup striding over `cols` columns: whole SIMD-groups, at most 256.
-uint32_t row_threads(int64_t cols) {
-    return uint32_t(std::min<int64_t>(256, std::max<int64_t>(32, (cols + 31) / 32 * 32)));
-}
-
-constexpr uint32_t kPartials = 32 * sizeof(float);  // rg_group_sum's threadgroup memory
-
-}  // namespace
-
 void MetalBackend::do_rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) {
     const View vx = view(x), vw = view(w), vy = view(y);
     RgNormArgs a{};
     a.x = vx.shape, a.w = vw.shape, a.y = vy.shape, a.eps = eps, a.has_w = w ? 1 : 0;
-    launch("rg_rms_norm", uint32_t(x.rows), 1, row_threads(x.cols), kPartials,
+    launch("rg_rms_norm", uint32_t(x.rows), 1, simd_threads(x.cols), kGroupPartials,
            {bytes(a), vx.arg, w ? vw.arg : vx.arg, vy.arg});
 }
 
@@ -28,7 +17,7 @@ void MetalBackend::do_rms_norm_gated(const Tensor& x, const Tensor& z, const Ten
     RgNormArgs a{};
     a.x = vx.shape, a.z = vz.shape, a.w = vw.shape, a.y = vy.shape, a.eps = eps;
     a.act = act == Unary::Sigmoid ? 1 : 0;
-    launch("rg_rms_norm_gated", uint32_t(x.rows), 1, row_threads(x.cols), kPartials,
+    launch("rg_rms_norm_gated", uint32_t(x.rows), 1, simd_threads(x.cols), kGroupPartials,
            {bytes(a), vx.arg, vz.arg, vw.arg, vy.arg});
 }
 
@@ -37,7 +26,7 @@ void MetalBackend::do_layer_norm(const Tensor& x, const Tensor& w, const Tensor&
     const View vx = view(x), vw = view(w), vb = view(b), vy = view(y);
     RgNormArgs a{};
     a.x = vx.shape, a.w = vw.shape, a.b = vb.shape, a.y = vy.shape, a.eps = eps;
-    launch("rg_layer_norm", uint32_t(x.rows), 1, row_threads(x.cols), kPartials,
+    launch("rg_layer_norm", uint32_t(x.rows), 1, simd_threads(x.cols), kGroupPartials,
            {bytes(a), vx.arg, vw.arg, vb.arg, vy.arg});
 }
 

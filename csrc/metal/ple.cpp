@@ -17,8 +17,7 @@ void MetalBackend::do_ple_gate(const Tensor& key, const Tensor& query, const Ten
     a.norm_conv = vnc.shape, a.gated = vg.shape, a.normed = vn.shape;
     a.hc = hc, a.hidden = value.cols, a.eps = eps;
     a.inv_sqrt_hidden = float(1.0 / std::sqrt(double(value.cols)));
-    const uint32_t threads =
-        uint32_t(std::min<int64_t>(256, std::max<int64_t>(32, (value.cols + 31) / 32 * 32)));
+    const uint32_t threads = simd_threads(value.cols);
     const uint32_t shmem = 32 * sizeof(float) + 32 * 2 * sizeof(float);  // rg_group_sum's, the dot's pairs
     launch("rg_ple_gate", uint32_t(key.rows * hc), 1, threads, shmem,
            {bytes(a), vk.arg, vq.arg, vv.arg, vnk.arg, vnq.arg, vnc.arg, vg.arg, vn.arg});

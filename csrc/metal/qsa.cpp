@@ -12,18 +12,10 @@ namespace regolith::metal {
 
 namespace {
 
-constexpr int64_t kRows = 8;            // heads per threadgroup (qsa.metal: kQsaRows)
-constexpr int64_t kChunk = 32;          // keys per chunk (kQsaChunk)
-constexpr int64_t kMaxHeadDim = 512;    // 128 * kQsaMaxE
-constexpr int64_t kScoreBlocks = 64;    // blocks per rg_qsa_score threadgroup
-constexpr int64_t kMinSplitKeys = 128;  // keys below which a split is not worth its partial results
-constexpr int64_t kTargetGroups = 256;  // threadgroups that keep every core of the largest GPUs busy
-
-int64_t key_splits(int64_t groups, int64_t keys) {
-    const int64_t by_keys = std::max<int64_t>(1, (keys + kMinSplitKeys - 1) / kMinSplitKeys);
-    const int64_t by_groups = std::max<int64_t>(1, (kTargetGroups + groups - 1) / groups);
-    return std::min(by_keys, by_groups);
-}
+constexpr int64_t kRows = 8;          // heads per threadgroup (qsa.metal: kQsaRows)
+constexpr int64_t kChunk = 32;        // keys per chunk (kQsaChunk)
+constexpr int64_t kMaxHeadDim = 512;  // 128 * kQsaMaxE
+constexpr int64_t kScoreBlocks = 64;  // blocks per rg_qsa_score threadgroup
 
 }  // namespace
 
@@ -117,9 +109,8 @@ void MetalBackend::do_qsa_attend(const Tensor& q, const Tensor& gate, const Tens
             RgAttnMergeArgs m{};
             m.out = vo.shape, m.gate = vg.shape, m.t0 = s.t0, m.n_head = int32_t(H), m.heads_per_row = 1;
             m.head_dim = int32_t(D), m.n_split = int32_t(n_split), m.has_gate = 1;
-            launch("rg_attention_merge", uint32_t(s.ntok * H), 1,
-                   uint32_t(std::min<int64_t>(256, (D + 31) / 32 * 32)), uint32_t(n_split * sizeof(float)),
-                   {bytes(m), part, vg.arg, vo.arg});
+            launch("rg_attention_merge", uint32_t(s.ntok * H), 1, simd_threads(D),
+                   uint32_t(n_split * sizeof(float)), {bytes(m), part, vg.arg, vo.arg});
         }
     }
 }

@@ -7,12 +7,9 @@ namespace regolith::metal {
 
 namespace {
 
-// Threads for `pairs` pairs per row: whole SIMD-groups, at most 256; threadgroups per row to cover them.
-uint32_t pair_threads(int64_t pairs) {
-    return uint32_t(std::min<int64_t>(256, std::max<int64_t>(32, (pairs + 31) / 32 * 32)));
-}
+// Threadgroups per row to cover `pairs` pairs with simd_threads(pairs) threads each.
 uint32_t pair_groups(int64_t pairs) {
-    return uint32_t((pairs + pair_threads(pairs) - 1) / pair_threads(pairs));
+    return uint32_t((pairs + simd_threads(pairs) - 1) / simd_threads(pairs));
 }
 
 }  // namespace
@@ -23,7 +20,7 @@ void MetalBackend::do_rope_table(const Tensor& pos, const Tensor& freq, const Te
     RgRopeArgs a{};
     a.pos = vp.shape, a.freq = vf.shape, a.axis = va.shape, a.table = vt.shape;
     const int64_t half = freq.cols;
-    launch("rg_rope_table", pair_groups(half), uint32_t(pos.rows), pair_threads(half), 0,
+    launch("rg_rope_table", pair_groups(half), uint32_t(pos.rows), simd_threads(half), 0,
            {bytes(a), vp.arg, vf.arg, va.arg, vt.arg});
 }
 
@@ -32,7 +29,7 @@ void MetalBackend::do_rope(const Tensor& x, const Tensor& table, int64_t rows_pe
     RgRopeArgs a{};
     a.table = vt.shape, a.x = vx.shape, a.rows_per_pos = rows_per_pos;
     const int64_t half = table.cols / 2;
-    launch("rg_rope", pair_groups(half), uint32_t(x.rows), pair_threads(half), 0, {bytes(a), vt.arg, vx.arg});
+    launch("rg_rope", pair_groups(half), uint32_t(x.rows), simd_threads(half), 0, {bytes(a), vt.arg, vx.arg});
 }
 
 }  // namespace regolith::metal

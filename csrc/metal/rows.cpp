@@ -38,7 +38,7 @@ void MetalBackend::do_gather_rows(const Tensor& x, const Tensor& rows, const Ten
     if (out.rows == 0 || x.cols == 0) return;
     RgGatherRowsArgs a{};
     a.x = vx.shape, a.rows = vr.shape, a.out = vo.shape;
-    const int64_t threads = std::min<int64_t>(256, round32(x.cols));
+    const int64_t threads = simd_threads(x.cols);
     launch("rg_gather_rows", uint32_t(std::min<int64_t>((x.cols + threads - 1) / threads, 64)),
            uint32_t(out.rows), uint32_t(threads), 0, {bytes(a), vx.arg, vr.arg, vo.arg});
 }

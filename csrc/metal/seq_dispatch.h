@@ -62,7 +62,7 @@ template <class Seq, class After>
 void launch_conv(MetalBackend& be, const char* kernel, RgConvArgs& a, const View& x, const View& w,
                  const View& out, const Seq* seqs, int64_t n_seqs, After after) {
     const int64_t cols = x.shape.cols;
-    const uint32_t threads = uint32_t(std::min<int64_t>(256, (cols + 31) / 32 * 32));
+    const uint32_t threads = simd_threads(cols);
     SeqBindings sb;
     int64_t items = 0;
     const auto flush = [&] {

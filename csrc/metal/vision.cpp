@@ -7,12 +7,6 @@ namespace regolith::metal {
 
 namespace {
 
-// Whole SIMD-groups for `cols` columns, at most 256 threads.
-uint32_t simd_threads(int64_t cols) {
-    return uint32_t(std::min<int64_t>(256, std::max<int64_t>(32, (cols + 31) / 32 * 32)));
-}
-
-constexpr uint32_t kPartials = 32 * sizeof(float);         // rg_group_sum / rg_group_max
 constexpr uint32_t kVisionTile = 32 * 33 * sizeof(float);  // rg_vision_qkv's v tile: 32 tokens x (32 + 1)
 
 }  // namespace
@@ -42,7 +36,8 @@ void MetalBackend::do_softmax_scaled(const Tensor& x, float scale) {
     const View vx = view(x);
     RgSoftmaxArgs a{};
     a.x = vx.shape, a.scale = scale;
-    launch("rg_softmax_scaled", uint32_t(x.rows), 1, simd_threads(x.cols), kPartials, {bytes(a), vx.arg});
+    launch("rg_softmax_scaled", uint32_t(x.rows), 1, simd_threads(x.cols), kGroupPartials,
+           {bytes(a), vx.arg});
 }
 
 }  // namespace regolith::metal
