@@ -48,6 +48,14 @@ constexpr uint32_t kGroupPartials = 32 * sizeof(float);
 // threadgroups to keep the largest GPUs busy when there are few (decode), never splits of under 128 keys.
 int64_t key_splits(int64_t groups, int64_t keys);
 
+class MetalBackend;
+// The products of matmul.cpp, for moe.cpp: n products over views (as Backend::matmul's jobs), and a stacked
+// expert tensor's products over the routing pairs grouped by expert (rg_moe_group's output in `groups`).
+void encode_products(MetalBackend& be, const View* w, const View* x, const View* y, int64_t n);
+void encode_expert_products(MetalBackend& be, const View& w, int64_t n, int64_t n_expert, const KernelArg& x,
+                            int64_t x_ld, const KernelArg& y, int64_t y_ld, const KernelArg& groups,
+                            int64_t k, int64_t ntok, int64_t pairs);
+
 class MetalBackend final : public Backend {
   public:
     explicit MetalBackend(std::unique_ptr<Device> device);

@@ -12,12 +12,6 @@
 
 namespace regolith::metal {
 
-// matmul.cpp
-void encode_products(MetalBackend& be, const View* w, const View* x, const View* y, int64_t n);
-void encode_expert_products(MetalBackend& be, const View& w, int64_t n, int64_t n_expert, const KernelArg& x,
-                            int64_t x_ld, const KernelArg& y, int64_t y_ld, const KernelArg& groups,
-                            int64_t k, int64_t ntok, int64_t pairs);
-
 namespace {
 
 constexpr uint32_t kMaxShmem = 32 * 1024;
