@@ -119,6 +119,10 @@ def _sizes(tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str
     n_layer = int(metadata[p + "block_count"])
     if not 0 < n_layer <= len(tensors):  # every layer has tensors: a larger count is a lie
         raise ModelFormatError(f"qwen4exp.block_count {n_layer} exceeds the file's {len(tensors)} tensors")
+    nextn = int(metadata.get(p + "nextn_predict_layers", 0))
+    head = f"blk.{n_layer - nextn}.nextn.eh_proj.weight"
+    if manifest is None and nextn and head not in tensors:
+        n_layer -= nextn  # the MTP head is in a side file the model was opened without: no head
     hidden = int(metadata[p + "embedding_length"])
     n_expert = int(metadata[p + "expert_count"])
     parts: list[tuple[int, int, int]] = []
