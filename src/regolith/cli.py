@@ -245,6 +245,21 @@ def _positive(kind: type) -> Any:
     return _number(kind, 0, lo_open=True)
 
 
+def _contexts(text: str) -> list[int]:
+    """Context sizes: comma-separated positive integers, each optionally with k (x1024)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        scale = 1024 if part.endswith("k") else 1
+        digits = part.removesuffix("k")
+        if not digits.isdigit() or int(digits) == 0:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected positive token counts such as 32768 or 32k,128k"
+            )
+        out.append(int(digits) * scale)
+    return out
+
+
 def _bench(args: argparse.Namespace, console: Console) -> int:
     """llama-bench's measurement on one model: prefill of --prompt random tokens, then --gen greedy decode
     steps, --repetitions times; the arena's hit rate and disk reads over the runs; peak memory."""
@@ -552,8 +567,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--ctx",
-        type=_positive(int),
-        help="context size in tokens for --plan (default: the model's, at most 8192)",
+        type=_contexts,
+        help="context size in tokens for --plan, or several side by side: 32768,131072 or 32k,128k (k = 1024; "
+        "default: the model's, at most 8192)",
     )
     _add_memory_arguments(p)
     p.set_defaults(func=inspect_command)

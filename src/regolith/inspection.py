@@ -53,18 +53,22 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
         with _gguf.open(path, side_files=side) as f:
             sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, packed.manifest if packed else None)
             arch = f.architecture or ""
-            ctx = args.ctx or default_n_ctx(f.metadata.get(f"{arch}.context_length"))
-        plan = memory_plan.plan_memory(
-            sizes,
-            n_ctx=ctx,
-            memory_gb=args.memory_gb,
-            arena_gb=args.arena_gb,
-            ple_cache_gb=args.ple_cache_gb,
-            host_cache_gb=args.host_cache_gb,
-            overhead_bytes=memory_plan.process_rss(),
-            device=(backends.resolve(args.backend), dev[0]) if dev else None,
-        )
-        console.print(escape(plan.render(width=console.width)), highlight=False, soft_wrap=True)
+            contexts = args.ctx or [default_n_ctx(f.metadata.get(f"{arch}.context_length"))]
+        plans = [
+            memory_plan.plan_memory(
+                sizes,
+                n_ctx=ctx,
+                memory_gb=args.memory_gb,
+                arena_gb=args.arena_gb,
+                ple_cache_gb=args.ple_cache_gb,
+                host_cache_gb=args.host_cache_gb,
+                overhead_bytes=memory_plan.process_rss(),
+                device=(backends.resolve(args.backend), dev[0]) if dev else None,
+            )
+            for ctx in contexts
+        ]
+        text = plans[0].render(width=console.width) if len(plans) == 1 else memory_plan.render_contexts(plans)
+        console.print(escape(text), highlight=False, soft_wrap=True)
         return 0
     with _gguf.open(path, side_files=side) as f:
         md = f.metadata
