@@ -3,6 +3,8 @@ opened as one from any shard, and every way a set can be broken refused with the
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -19,7 +21,8 @@ from regolith.cli import main
 from regolith.models import DEFAULT_MODEL, resolve_model
 
 DEMO = resolve_model(DEFAULT_MODEL)
-SPLIT_KEYS = {"split.no": 0, "split.count": 0, "split.tensors.count": 0}
+LLAMACPP = Path(__file__).parent / "fixtures" / "llamacpp" / "split.json"
+SPLIT_KEYS = {"split.no": 0, "split.tensors.count": 0, "split.count": 0}  # in gguf-split's order
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +66,31 @@ def test_shards_match_gguf_split_layout_read_by_gguf_package(demo, shards):
         assert sum(a) <= 10**7 < sum(a) + b[0]
 
 
+def _sha256(path: Path, start: int = 0) -> str:
+    with open(path, "rb") as f:
+        f.seek(start)
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("mode", "limit"), [("tensors", {"max_tensors": 100}), ("size", {"max_size": 10**7})]
+)
+def test_shards_are_byte_for_byte_llama_gguf_splits(demo, tmp_path, mode, limit):
+    """llama-gguf-split --split-max-tensors 100 / --split-max-size 10M on the same model (the fixture holds the
+    sha256 of each shard it wrote: tools/llamacpp_fixtures/make_split_fixture.py)."""
+    expect = json.loads(LLAMACPP.read_text())["gguf_split"][mode]
+    shards = gguf_split.write_split(demo, tmp_path / f"{mode}.gguf", **limit)
+    assert {p.name: _sha256(p) for p in shards} == expect
+
+
+def test_llama_gguf_split_merges_our_shards_into_the_model(demo, shards):
+    """llama-gguf-split --merge read regolith's shards (by size, as the fixture above) back into a file whose
+    tensor data is the model's, byte for byte."""
+    merged = json.loads(LLAMACPP.read_text())["merge"]
+    assert merged["tensors"] == len(demo.tensors)
+    assert merged["tensor_data_sha256"] == _sha256(DEMO, min(t.offset for t in demo.tensors.values()))
+
+
 def test_plan_by_tensor_count_is_gguf_splits():
     assert gguf_split.plan_shards([1] * 7, max_tensors=3) == [[0, 1, 2], [3, 4, 5], [6]]
     assert gguf_split.plan_shards([10, 20, 100, 1], max_size=64) == [[0, 1], [2], [3]]
@@ -79,15 +107,30 @@ def test_any_shard_opens_the_whole_model(demo, shards, which):
         assert f.metadata == demo.metadata  # split.* describe the files, not the model
         assert list(f.tensors) == list(demo.tensors)
         for name, t in f.tensors.items():
-            assert t.shape == demo.tensors[name].shape and t.type_name == demo.tensors[name].type_name
-            assert np.array_equal(f.tensor_bytes(name), demo.tensor_bytes(name))
+            assert (
+                t.shape == _ggml_dims(demo.tensors[name].shape)
+                and t.type_name == demo.tensors[name].type_name
+            )
+            assert np.array_equal(f.tensor_bytes(name).reshape(-1), demo.tensor_bytes(name).reshape(-1))
         assert f.file_size == sum(p.stat().st_size for p in shards)
 
 
-def test_merge_restores_the_single_file_byte_for_byte(demo, shards, tmp_path):
+def test_merge_restores_the_single_file(demo, shards, tmp_path):
+    """The demo's only 1-row matrix ([1, 256], which the shards store as ggml does, 1-D) aside, its bytes."""
     with regolith.gguf.open(shards[0]) as f:
         out = gguf_split.write_merged(f, tmp_path / "merged.gguf")
-    assert out.read_bytes() == DEMO.read_bytes()
+    with regolith.gguf.open(out) as m:
+        assert m.metadata == demo.metadata and list(m.tensors) == list(demo.tensors)
+        for name, t in demo.tensors.items():
+            assert np.array_equal(m.tensor_bytes(name).reshape(-1), demo.tensor_bytes(name).reshape(-1))
+            assert m.tensors[name].shape == _ggml_dims(t.shape)
+
+
+def _ggml_dims(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A numpy shape as ggml counts its dims: leading 1s (ggml's trailing ones) dropped, at least one kept."""
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
 
 
 def _copy_set(shards, to: Path) -> list[Path]:
@@ -178,7 +221,12 @@ def test_convert_cli_splits_and_merges_a_gguf(tmp_path, capsys):
     assert [p.name for p in written] == [f"m-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
     assert [len(gguf.GGUFReader(p).tensors) for p in written] == [100, 100, 47]
     assert main(["convert", str(written[1]), str(tmp_path / "whole.gguf")]) == 0
-    assert (tmp_path / "whole.gguf").read_bytes() == DEMO.read_bytes()
+    with regolith.gguf.open(tmp_path / "whole.gguf") as whole, regolith.gguf.open(DEMO) as demo:
+        assert whole.paths == [str(tmp_path / "whole.gguf")] and whole.metadata == demo.metadata
+        assert all(
+            np.array_equal(whole.tensor_bytes(n).reshape(-1), demo.tensor_bytes(n).reshape(-1))
+            for n in demo.tensors
+        )
     assert "whole.gguf" in capsys.readouterr().out
     assert main(["convert", str(DEMO), str(tmp_path / "x.gguf"), "--split-max-size", "12K"]) == 2
     assert not list(tmp_path.glob("x*"))

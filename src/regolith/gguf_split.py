@@ -2,10 +2,12 @@
 
 gguf-split's layout (``tools/gguf-split/gguf-split.cpp``): shard ``i`` of ``n`` is named
 ``<prefix>-<i>-of-<n>.gguf`` (5 digits each, from 1); every shard is a GGUF v3 file with tensor data aligned to
-32 bytes; the first holds every metadata key of the model followed by ``split.no`` (u16, from 0), ``split.count``
-(u16) and ``split.tensors.count`` (i32, the tensors of all shards), the others those three keys only. Tensors
-keep the model's order; a new shard starts when the next tensor (its size padded to 32 bytes, metadata not
-counted) would take the current one past the size limit, or after every ``max_tensors`` tensors.
+32 bytes; the first holds every metadata key of the model followed by ``split.no`` (u16, from 0),
+``split.tensors.count`` (i32, the tensors of all shards) and ``split.count`` (u16), the others those three keys
+only. Tensors keep the model's order and their ggml dims (trailing dims of 1 dropped, as ggml counts them); a
+new shard starts when the next tensor (its size padded to 32 bytes, metadata not counted) would take the
+current one past the size limit, or after every ``max_tensors`` tensors. Merging (``--merge``) writes the same
+without the split keys.
 """
 
 from __future__ import annotations
@@ -118,14 +120,16 @@ def _write_shard(
         copy_metadata(src, writer, {"general.alignment", *_SPLIT_KEYS})
     elif index > 0:
         writer.kv_data[0].clear()
-    if count:
+    if count:  # in gguf-split's order: it sets split.count last (its placeholder is replaced at the end)
         writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, index)
-        writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, count)
         writer.add_int32(gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, total)
+        writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, count)
     infos = [src.tensors[n] for n in names]
     for t in infos:
+        # ggml's dims as gguf-split writes them, trailing dims of 1 dropped (ggml_n_dims); numpy order here
+        shape = t.shape[next((i for i, d in enumerate(t.shape) if d != 1), len(t.shape) - 1) :]
         byte_shape = (
-            *t.shape[:-1],
+            *shape[:-1],
             t.row_bytes,
         )  # the gguf writer turns a uint8 shape into elements by the type
         writer.add_tensor_info(
