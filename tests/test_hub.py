@@ -92,6 +92,11 @@ def test_pull_fetches_the_quantization_resuming_a_cut_download(repo_files, tmp_p
         again = _pull(server.url, cache, f"{REPO}:Q8_0")
         assert again.returncode == 0, again.stderr
         assert _gets(server) == []  # everything was cached
+        url = server.url
+    offline = _pull(url, cache, f"{REPO}:Q8_0")  # the Hub is gone: the cached snapshot serves
+    assert offline.returncode == 0, offline.stderr
+    assert offline.stdout.strip().splitlines()[-1] == str(first)
+    assert _pull(url, cache, f"{REPO}:Q4_0").returncode == 2  # not cached, and no Hub to fetch it from
 
 
 def test_hf_uri_loads_and_generates_like_the_local_model(repo_files, tmp_path):
@@ -149,6 +154,7 @@ def test_repo_spec_and_default_quantization():
     assert hub.parse_repo("hf://a/b:Q4_K_M") == ("a/b", "Q4_K_M")
     assert hub.parse_repo("a/b") == ("a/b", None)
     assert hub.parse_repo("./a/b") is None and hub.parse_repo("a/b/c") is None
+    assert hub.parse_repo("models/m.gguf") is None and hub.parse_repo("hf://a/m.gguf") == ("a/m.gguf", None)
     sets = {"m-Q4_K_M": ["m-Q4_K_M.gguf"], "m-Q4_K_M_L": ["m-Q4_K_M_L.gguf"], "m-Q8_0": ["m-Q8_0.gguf"]}
     assert hub._choose(sets, None, "model", "r", True) == ["m-Q4_K_M.gguf"]  # llama.cpp's -hf default
     assert hub._choose(sets, "q8_0", "model", "r", True) == ["m-Q8_0.gguf"]

@@ -25,12 +25,15 @@ __all__ = ["DEFAULT_QUANT", "HF_SCHEME", "describe", "parse_repo", "pull"]
 HF_SCHEME = "hf://"
 DEFAULT_QUANT = "Q4_K_M"  # llama.cpp's -hf default
 _REPO = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<quant>[\w.-]+))?$")
+_FILE = re.compile(r"\.gguf(:|$)", re.IGNORECASE)
 _CHUNK = 16 << 20
 
 
 def parse_repo(spec: str) -> tuple[str, str | None] | None:
     """``(repo id, quantization or None)`` of ``ORG/REPO[:QUANT]`` (with or without ``hf://``), or None when
-    ``spec`` is not of that form."""
+    ``spec`` is not of that form (a name ending in ``.gguf`` without ``hf://`` is a path, not a repository)."""
+    if not spec.startswith(HF_SCHEME) and _FILE.search(spec):
+        return None
     m = _REPO.match(spec.removeprefix(HF_SCHEME))
     return (m["repo"], m["quant"]) if m else None
 
@@ -81,33 +84,28 @@ def pull(repo_id: str, quant: str | None = None, *, revision: str | None = None)
     the Hub's cache; returns role (``"model"``, ``"ple"``, ``"mtp"``, ``"mmproj"``) -> the local paths of its
     files (a split model's shards in order), for the roles present.
 
-    Files already cached are not downloaded again; an interrupted download resumes where it stopped. Raises
-    :class:`regolith.HubError` when the repository or quantization is not there, the disk is too small, the
-    Hub cannot be reached or a downloaded file's sha256 is not the one the Hub lists (the file is removed).
+    Files already cached are not downloaded again; an interrupted download resumes where it stopped. When the
+    Hub cannot be reached (or ``HF_HUB_OFFLINE`` is set), the files are chosen the same way among those of the
+    cached snapshot. Raises :class:`regolith.HubError` when the repository or quantization is not there (nor
+    cached), the disk is too small or a downloaded file's sha256 is not the one the Hub lists (the file is
+    removed).
     """
+    import httpx2  # huggingface_hub's HTTP client (2.x): its errors are connection failures and HTTP statuses
     from huggingface_hub import HfApi, hf_hub_download, try_to_load_from_cache
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    failures = (httpx2.HTTPError, LocalEntryNotFoundError, OSError)
 
     try:
         info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as e:
-        raise HubError(f"cannot read {repo_id} on the Hub: {e}") from None
+    except failures as e:
+        cached = _cached(repo_id, quant, revision)
+        if cached is None:
+            raise HubError(f"cannot read {repo_id} on the Hub: {e}") from None
+        return cached
     commit = info.sha
     siblings = {s.rfilename: s for s in info.siblings or ()}
-    by_role: dict[str, dict[str, list[str]]] = {role: {} for role in ("model", *SIDE_ROLES)}
-    for key, files in group_sets(siblings).items():
-        by_role[role_of(files[0])][key] = files
-    chosen: dict[str, list[str]] = {}
-    for role, sets in by_role.items():
-        files = _choose(sets, quant, "model" if role == "model" else f"{role} file", repo_id, role == "model")
-        if files is not None:
-            chosen[role] = files
-    for files in chosen.values():
-        shard = shard_of(files[0].rsplit("/", 1)[-1])
-        if shard is not None and shard[2] != len(files):
-            raise HubError(
-                f"{repo_id}: {files[0]} is one of {shard[2]} shards; the repository has {len(files)}"
-            )
+    chosen = _chosen(list(siblings), quant, repo_id)
 
     names = [n for files in chosen.values() for n in files]
     missing = [n for n in names if not isinstance(try_to_load_from_cache(repo_id, n, revision=commit), str)]
@@ -130,14 +128,50 @@ def pull(repo_id: str, quant: str | None = None, *, revision: str | None = None)
         paths = []
         for n in files:
             try:
-                path = Path(hf_hub_download(repo_id, n, revision=commit))
-            except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as e:
+                # by the revision asked for (main), so the cache records the ref for offline use
+                path = Path(hf_hub_download(repo_id, n, revision=revision))
+            except failures as e:
                 raise HubError(f"downloading {repo_id}/{n}: {e}") from None
             if n in missing:
                 _verify(path, siblings[n].lfs.sha256, f"{repo_id}/{n}")  # type: ignore[union-attr]
             paths.append(path)
         local[role] = paths
     return local
+
+
+def _chosen(names: list[str], quant: str | None, repo_id: str) -> dict[str, list[str]]:
+    """Role -> the files of the set chosen for it among a repository's file ``names``."""
+    by_role: dict[str, dict[str, list[str]]] = {role: {} for role in ("model", *SIDE_ROLES)}
+    for key, files in group_sets(names).items():
+        by_role[role_of(files[0])][key] = files
+    chosen: dict[str, list[str]] = {}
+    for role, sets in by_role.items():
+        files = _choose(sets, quant, "model" if role == "model" else f"{role} file", repo_id, role == "model")
+        if files is not None:
+            chosen[role] = files
+    for files in chosen.values():
+        shard = shard_of(files[0].rsplit("/", 1)[-1])
+        if shard is not None and shard[2] != len(files):
+            raise HubError(f"{repo_id}: {files[0]} is one of {shard[2]} shards; there are {len(files)}")
+    return chosen
+
+
+def _cached(repo_id: str, quant: str | None, revision: str | None) -> dict[str, list[Path]] | None:
+    """:func:`pull`'s choice among the files of the cached snapshot of ``repo_id``, or None when none is cached
+    (files there were checked when they were downloaded)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        root = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+    names = [str(p.relative_to(root)) for p in root.rglob("*.gguf")]
+    try:
+        chosen = _chosen(names, quant, repo_id)
+    except HubError:
+        return None
+    return {role: [root / n for n in files] for role, files in chosen.items()}
 
 
 def _verify(path: Path, expected: str, what: str) -> None:
