@@ -91,7 +91,7 @@ def pull(repo_id: str, quant: str | None = None, *, revision: str | None = None)
     removed).
     """
     import httpx2  # huggingface_hub's HTTP client (2.x): its errors are connection failures and HTTP statuses
-    from huggingface_hub import HfApi, hf_hub_download, try_to_load_from_cache
+    from huggingface_hub import HfApi, constants, hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     failures = (httpx2.HTTPError, LocalEntryNotFoundError, OSError)
@@ -113,8 +113,6 @@ def pull(repo_id: str, quant: str | None = None, *, revision: str | None = None)
         lfs = siblings[n].lfs
         if lfs is None or not lfs.sha256:
             raise HubError(f"{repo_id}/{n}: the Hub lists no sha256 for it (not an LFS file)")
-    from huggingface_hub import constants
-
     cache = Path(constants.HF_HUB_CACHE)
     need = sum(int(siblings[n].lfs.size) for n in missing)  # type: ignore[union-attr]
     free = _free_bytes(cache)
