@@ -20,6 +20,16 @@ llama.cpp's converter rules (norms, routers and conv kernels stay F32).
         [--vocab 32768] [--ple] [--seed 0] [--check]
 
 ``--check`` loads the result in regolith and in llama.cpp and checks the logits are finite and not constant.
+
+``--bundle`` writes OUT as a directory laid out as Flash-Next is published: the model in gguf-split shards
+(``--split-max-size``) without its PLE table and MTP head, the table as ``ple-<type>.gguf`` (``--ple full``:
+the real ~320M-row table, ``--ple-type``) and the head as ``mtp-<type>.gguf`` (``--mtp``, its experts
+``--mtp-experts``). Only the headers are written: each file has its full length but its tensor data is a hole
+(a sparse file, a few MB on disk), which is what ``regolith inspect DIR --plan`` reads::
+
+    python benchmarks/synthetic_qwen4exp.py flash-next --bundle --layers 48 --experts IQ2_XS --vocab 248320 \
+        --ple full --mtp
+    regolith inspect flash-next --plan --memory-gb 18.8 --arena-gb 6.5 --ctx 32k,128k
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from regolith import gguf_split, quant
 from regolith._atomic import atomic_path
 from regolith.convert import qwen4exp
 from regolith.convert.tokenizer import gpt2_tokenizer_metadata
@@ -53,6 +64,7 @@ __all__ = [
     "expert_bytes",
     "layout",
     "write",
+    "write_bundle",
 ]
 
 # expert type -> general.file_type
@@ -86,7 +98,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[self.qtype]]
+        block, size = quant.type_size(self.qtype)  # regolith's: gguf-py 0.19 has no Q2_0
         return int(np.prod(self.shape, dtype=np.int64)) // block * size
 
     @property
@@ -94,10 +106,13 @@ class TensorSpec:
         return self.name.endswith("_exps.weight")
 
 
-def config(n_layers: int, *, vocab: int = 32768, ple: bool = False) -> dict[str, Any]:
+def config(
+    n_layers: int, *, vocab: int = 32768, ple: bool | str = False, mtp: bool = False
+) -> dict[str, Any]:
     """The config.json dict: ``Qwen4ExpTextConfig()`` defaults with ``n_layers`` layers (at least 2; every
     4th QSA, the last one when there are fewer than 4), the vocabulary ``vocab``, the QSA indexer and rope
-    of the real checkpoint, and with ``ple`` one PLE layer (the first) with a ~16k-row n-gram table."""
+    of the real checkpoint, with ``ple`` one PLE layer (the first) with a ~16k-row n-gram table (``"full"``:
+    the default config's ~320M rows), and with ``mtp`` an MTP head (``mtp_num_hidden_layers`` 1)."""
     from transformers import Qwen4ExpTextConfig
 
     if n_layers < 2:  # transformers wants a QSA layer, llama.cpp a GDN layer (its recurrent state)
@@ -121,19 +136,52 @@ def config(n_layers: int, *, vocab: int = 32768, ple: bool = False) -> dict[str,
         indexer_budget=2048,
         indexer_compress_ratio=64,
         ple_layer_ids=[1] if ple else [],
-        ngram_vocab_size_base=1000,
-        split_ngram_parts=4,
+        **({} if ple == "full" else {"ngram_vocab_size_base": 1000, "split_ngram_parts": 4}),
         output_gate_type="sigmoid",  # llama.cpp's qwen4exp graph always uses a sigmoid GDN gate
         eos_token_id=2,
         tie_word_embeddings=False,
     ).to_dict()
     cfg["architectures"] = ["Qwen4ExpForCausalLM"]
+    if mtp:
+        cfg["mtp_num_hidden_layers"] = 1
     return cfg
 
 
-def layout(cfg: dict[str, Any], expert_type: str = "Q4_K", dense_type: str = "Q8_0") -> list[TensorSpec]:
+def _mtp_sources(hf_cfg: Any) -> list[tuple[str, Any]]:
+    """``mtp.*`` tensors on the meta device for ``hf_cfg`` (regolith's MTP spec, docs/qwen4exp.md#mtp)."""
+    import torch
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import (
+        Qwen4ExpTextDecoderLayer,
+        Qwen4ExpTextGatedResidual,
+    )
+
+    from tests.qwen4exp_models import with_mtp_layer
+
+    H = hf_cfg.hidden_size
+    with torch.device("meta"):
+        layer = Qwen4ExpTextDecoderLayer(with_mtp_layer(hf_cfg), hf_cfg.num_hidden_layers)
+        mixer = Qwen4ExpTextGatedResidual(hf_cfg, use_combine=False)
+        out = [(f"mtp.layers.0.{k}", v) for k, v in layer.state_dict().items()]
+        out += [(f"mtp.hyper_connection_mixer.{k}", v) for k, v in mixer.state_dict().items()]
+        out.append(("mtp.fc.weight", torch.empty(H, 2 * H)))
+        out += [
+            (f"mtp.{k}.weight", torch.empty(H))
+            for k in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")
+        ]
+    return out
+
+
+def layout(
+    cfg: dict[str, Any],
+    expert_type: str = "Q4_K",
+    dense_type: str = "Q8_0",
+    *,
+    ple_type: str | None = None,
+    mtp_expert_type: str | None = None,
+) -> list[TensorSpec]:
     """The GGUF tensors in file order, from regolith's converter plan over the shapes of a transformers
-    model built on the meta device (nothing is allocated)."""
+    model built on the meta device (nothing is allocated). ``ple_type`` / ``mtp_expert_type``: the PLE
+    table's type and the MTP head's experts' (default: as the other tensors)."""
     import torch
     from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
@@ -142,14 +190,21 @@ def layout(cfg: dict[str, Any], expert_type: str = "Q4_K", dense_type: str = "Q8
     if dense_type not in DENSE_TYPES:
         raise ValueError(f"dense type {dense_type!r}: choose one of {', '.join(DENSE_TYPES)}")
     hf_cfg = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}
+    text_cfg = Qwen4ExpTextConfig(**{k: v for k, v in hf_cfg.items() if k != "mtp_num_hidden_layers"})
     with torch.device("meta"):
-        model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**hf_cfg))
-    sources = qwen4exp.collect_sources(model.state_dict().items())
+        model = Qwen4ExpForCausalLM(text_cfg)
+    items = list(model.state_dict().items())
+    if cfg.get("mtp_num_hidden_layers"):
+        items += _mtp_sources(text_cfg)
+    sources = qwen4exp.collect_sources(items)
+    head = f"blk.{cfg['num_hidden_layers']}."
     out = []
     for name, shape, _ in qwen4exp.tensor_plan(cfg, sources):
         shape = tuple(int(s) for s in shape)
         if name.endswith("_exps.weight"):
-            qtype = expert_type
+            qtype = mtp_expert_type if mtp_expert_type and name.startswith(head) else expert_type
+        elif name == qwen4exp.PLE_TABLE and ple_type:
+            qtype = ple_type
         else:
             qtype = tensor_type(name, shape, DENSE_TYPES[dense_type])
         out.append(TensorSpec(name, shape, qtype))
@@ -259,20 +314,8 @@ def write(
             f"(at least {MIN_FREE_BYTES / 2**30:.0f} GiB must remain); use fewer layers or a smaller type"
         )
     writer = gguf.GGUFWriter(path=None, arch=qwen4exp.ARCH)
-    for s in specs:
-        writer.add_tensor_info(
-            s.name, s.shape, np.dtype(np.float32), s.nbytes, raw_dtype=gguf.GGMLQuantizationType[s.qtype]
-        )
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(f"synthetic qwen4exp {n_layers}L {expert_type}")
-    for key, value, vtype in qwen4exp.gguf_metadata(cfg, file_type=int(EXPERT_TYPES[expert_type])) + (
-        _tokenizer_metadata(vocab)
-    ):
-        if isinstance(value, list):
-            writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=vtype)
-        else:
-            writer.add_key_value(key, value, vtype)
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    _add_tensor_infos(writer, specs)
+    _add_model_metadata(writer, cfg, expert_type, vocab)
 
     rng = np.random.default_rng(seed)
     pools: dict[tuple[str, float], _BlockPool] = {}
@@ -297,6 +340,88 @@ def write(
         finally:
             writer.close()
     return specs
+
+
+def _add_tensor_infos(writer: gguf.GGUFWriter, specs: list[TensorSpec]) -> None:
+    for s in specs:
+        # the type id as an int: gguf-py 0.19's enum has no Q2_0
+        raw = quant.TYPE_IDS[s.qtype]
+        writer.add_tensor_info(s.name, s.shape, np.dtype(np.float32), s.nbytes, raw_dtype=raw)  # type: ignore[arg-type]
+
+
+def _add_model_metadata(writer: gguf.GGUFWriter, cfg: dict[str, Any], expert_type: str, vocab: int) -> None:
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(f"synthetic qwen4exp {cfg['num_hidden_layers']}L {expert_type}")
+    for key, value, vtype in qwen4exp.gguf_metadata(cfg, file_type=int(EXPERT_TYPES[expert_type])) + (
+        _tokenizer_metadata(vocab)
+    ):
+        if isinstance(value, list):
+            writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=vtype)
+        else:
+            writer.add_key_value(key, value, vtype)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _write_headers(path: Path, writer: gguf.GGUFWriter, specs: list[TensorSpec]) -> None:
+    """``writer``'s header, metadata and tensor infos to ``path`` (atomically), the file extended to its full
+    length with the tensor data left a hole."""
+    _add_tensor_infos(writer, specs)
+    with atomic_path(path) as tmp:
+        try:
+            writer.write_header_to_file(path=tmp)
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+        finally:
+            writer.close()
+        data = sum((s.nbytes + 31) // 32 * 32 for s in specs)
+        os.truncate(tmp, (os.path.getsize(tmp) + 31) // 32 * 32 + data)
+
+
+def write_bundle(
+    out_dir: str | os.PathLike[str],
+    n_layers: int,
+    *,
+    vocab: int = 32768,
+    expert_type: str = "Q4_K",
+    dense_type: str = "Q8_0",
+    ple: bool | str = "full",
+    ple_type: str = "IQ4_NL",
+    mtp: bool = True,
+    mtp_expert_type: str = "Q2_0",
+    split_max_size: int = 48 * 10**9,
+) -> list[Path]:
+    """Write the headers of a synthetic model laid out as Flash-Next is published (module docstring,
+    ``--bundle``) into ``out_dir``: the model's gguf-split shards of at most ``split_max_size`` bytes,
+    ``ple-<ple_type>.gguf`` and ``mtp-<mtp_expert_type>.gguf``; returns the files, the first shard first."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = config(n_layers, vocab=vocab, ple=ple, mtp=mtp)
+    specs = layout(cfg, expert_type, dense_type, ple_type=ple_type, mtp_expert_type=mtp_expert_type)
+    head = f"blk.{n_layers}."
+    side = {
+        f"ple-{ple_type.lower()}.gguf": [s for s in specs if s.name == qwen4exp.PLE_TABLE],
+        f"mtp-{mtp_expert_type.lower()}.gguf": [s for s in specs if s.name.startswith(head)],
+    }
+    main = [s for s in specs if not any(s in group for group in side.values())]
+    plan = gguf_split.plan_shards([s.nbytes for s in main], max_size=split_max_size)
+    written = []
+    for i, shard in enumerate(plan):
+        writer = gguf.GGUFWriter(path=None, arch=qwen4exp.ARCH)
+        if i == 0:
+            _add_model_metadata(writer, cfg, expert_type, vocab)
+        else:
+            writer.kv_data[0].clear()
+        writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, i)
+        writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, len(plan))
+        writer.add_int32(gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, len(main))
+        path = gguf_split.shard_path(out / f"flash-next-{expert_type}.gguf", i, len(plan))
+        _write_headers(path, writer, [main[j] for j in shard])
+        written.append(path)
+    for name, group in side.items():
+        if group:
+            _write_headers(out / name, gguf.GGUFWriter(path=None, arch=qwen4exp.ARCH), group)
+            written.append(out / name)
+    return written
 
 
 def _logit_summary(logits: np.ndarray) -> str:
@@ -332,11 +457,42 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--experts", choices=list(EXPERT_TYPES), default="Q4_K")
     ap.add_argument("--dense", choices=list(DENSE_TYPES), default="Q8_0")
     ap.add_argument("--vocab", type=int, default=32768)
-    ap.add_argument("--ple", action="store_true", help="make the first layer a PLE layer")
+    ap.add_argument(
+        "--ple",
+        nargs="?",
+        const=True,
+        choices=[True, "full"],
+        help="make the first layer a PLE layer (full: with the real ~320M-row table)",
+    )
+    ap.add_argument("--ple-type", default="IQ4_NL", help="--bundle: the PLE table's type")
+    ap.add_argument("--mtp", action="store_true", help="--bundle: with an MTP head")
+    ap.add_argument("--mtp-experts", default="Q2_0", help="--bundle: the MTP head's experts' type")
+    ap.add_argument(
+        "--bundle", action="store_true", help="write OUT as a sparse, headers-only model directory"
+    )
+    ap.add_argument(
+        "--split-max-size", default="48G", help="--bundle: the largest shard (gguf-split's N(M|G))"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="load it in regolith and llama.cpp afterwards")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if args.bundle:
+        files = write_bundle(
+            args.out,
+            args.layers,
+            vocab=args.vocab,
+            expert_type=args.experts,
+            dense_type=args.dense,
+            ple=args.ple or False,
+            ple_type=args.ple_type,
+            mtp=args.mtp,
+            mtp_expert_type=args.mtp_experts,
+            split_max_size=gguf_split.parse_size(args.split_max_size),
+        )
+        for f in files:
+            print(f"{f}: {f.stat().st_size / 1e9:.2f} GB ({f.stat().st_blocks * 512 / 1e6:.1f} MB on disk)")
+        return
 
     def progress(spec: TensorSpec, done: int, total: int) -> None:
         if spec.name.endswith("ffn_down_exps.weight"):  # once per layer

@@ -17,10 +17,10 @@ PACKAGE_DIR = ROOT / "src" / "regolith"
 # extension. A module may import modules of earlier layers only, never one of its own layer or a later one.
 # A new module needs a place here and in the document.
 LAYERS: list[tuple[str, ...]] = [
-    ("_core", "errors.py", "_atomic.py", "antislop.py"),
-    ("quant.py", "sampling.py", "chat.py", "memory_plan.py", "models.py", "backends/__init__.py"),
+    ("_core", "errors.py", "_atomic.py", "antislop.py", "model_files.py"),
+    ("quant.py", "sampling.py", "chat.py", "memory_plan.py", "hub.py", "backends/__init__.py"),
     ("gguf.py", "backends/check.py"),
-    ("tokenizer.py", "vision.py", "state.py"),
+    ("tokenizer.py", "vision.py", "state.py", "models.py", "gguf_split.py"),
     ("pack.py", "window.py"),
     ("speculative.py", "prompt_cache.py"),
     ("generation.py",),

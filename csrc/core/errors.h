@@ -17,6 +17,8 @@ struct Error : std::runtime_error {
 struct GGUFError : Error {
     GGUFError(const std::string& what, uint64_t offset)
         : Error(what + " (at byte offset " + std::to_string(offset) + ")"), offset(offset) {}
+    // `e` with `context` (e.g. the file's path) before its message.
+    GGUFError(const std::string& context, const GGUFError& e) : Error(context + e.what()), offset(e.offset) {}
     uint64_t offset;
 };
 

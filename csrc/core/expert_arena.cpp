@@ -31,9 +31,14 @@ ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt, Backe
       policy_(layout_.n_layer * layout_.n_expert, opt.slots, opt.policy) {
     if (n_slots_ <= 0) throw Error("expert arena: the number of slots must be positive");
     const int64_t n_keys = layout_.n_layer * layout_.n_expert;
-    if (int64_t(layout_.layers.size()) != layout_.n_layer || int64_t(layout_.offsets.size()) != n_keys * 3 ||
-        (!layout_.crcs.empty() && int64_t(layout_.crcs.size()) != n_keys))
+    if (int64_t(layout_.layers.size()) != layout_.n_layer || int64_t(layout_.files.size()) != layout_.n_layer ||
+        int64_t(layout_.offsets.size()) != n_keys * 3 || layout_.paths.empty() ||
+        (!layout_.crcs.empty() && int64_t(layout_.crcs.size()) != n_keys) ||
+        (layout_.contiguous && layout_.paths.size() != 1))
         throw Error("expert arena: inconsistent expert file layout");
+    for (const auto& f : layout_.files)
+        for (uint32_t i : f)
+            if (i >= layout_.paths.size()) throw Error("expert arena: inconsistent expert file layout");
     for (int64_t l = 0; l < layout_.n_layer; ++l) slot_bytes_ = std::max(slot_bytes_, layout_.footprint(l));
     const uint64_t bytes = uint64_t(n_slots_) * slot_bytes_;
     try {
@@ -65,7 +70,7 @@ ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt, Backe
     slot_last_use_.assign(size_t(n_slots_), 0);
     stats_.layer_hits.assign(size_t(layout_.n_layer), 0);
     stats_.layer_misses.assign(size_t(layout_.n_layer), 0);
-    streamer_ = std::make_unique<ExpertStreamer>(layout_.path, opt.io_threads, opt.direct);
+    streamer_ = std::make_unique<ExpertStreamer>(layout_.paths, opt.io_threads, opt.direct);
 }
 
 ExpertArena::~ExpertArena() {
@@ -143,18 +148,19 @@ int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
     const int64_t layer = key / layout_.n_expert;
     const auto& parts = layout_.layers[size_t(layer)];
     const uint64_t* off = &layout_.offsets[size_t(key) * 3];
+    const auto& file = layout_.files[size_t(layer)];
     ReadJob job;
     job.slot = s;
     job.dst = slot.host >= 0 ? host_slot_memory(slot.host) : slot_memory(s);
     if (layout_.contiguous) {
         const uint64_t start = align_down(off[0]), end = off[0] + layout_.record_bytes(layer);
-        job.extents.push_back({start, align_up(end) - start, 0, end - start});
+        job.extents.push_back({file[0], start, align_up(end) - start, 0, end - start});
         for (int i = 0; i < 3; ++i) slot.part_offset[i] = off[i] - start;
     } else {
         uint64_t at = 0;
         for (int i = 0; i < 3; ++i) {
             const uint64_t start = align_down(off[i]), end = off[i] + parts[size_t(i)].bytes;
-            job.extents.push_back({start, align_up(end) - start, at, end - start});
+            job.extents.push_back({file[size_t(i)], start, align_up(end) - start, at, end - start});
             slot.part_offset[i] = at + (off[i] - start);
             at += align_up(end) - start;
         }
@@ -182,7 +188,7 @@ void ExpertArena::on_read(int64_t s, uint64_t bytes, std::exception_ptr error) {
         const int64_t layer = key / layout_.n_expert;
         if (crc32c(0, rec, layout_.record_bytes(layer)) != layout_.crcs[size_t(key)])
             error = std::make_exception_ptr(ModelFormatError(
-                layout_.path + ": the record of layer " + std::to_string(layer) + " expert " +
+                layout_.paths.front() + ": the record of layer " + std::to_string(layer) + " expert " +
                 std::to_string(key % layout_.n_expert) + " fails its checksum (the file is corrupt)"));
     }
     if (!error && (staging_ || h >= 0)) {

@@ -45,10 +45,11 @@ struct ExpertMatrixShape {
 
 // Where every (layer, expert) record of a model lies in one file.
 struct ExpertFileLayout {
-    std::string path;
+    std::vector<std::string> paths;  // the files holding the records (a split GGUF's shards)
     int64_t n_layer = 0, n_expert = 0;
     std::vector<std::array<ExpertMatrixShape, 3>> layers;  // [n_layer]: gate, up, down
-    std::vector<uint64_t> offsets;  // [n_layer][n_expert][3]: file offset of gate, up, down
+    std::vector<std::array<uint32_t, 3>> files;  // [n_layer]: index into `paths` of gate, up, down
+    std::vector<uint64_t> offsets;  // [n_layer][n_expert][3]: offset of gate, up, down in their file
     // Packed files: the three parts are adjacent (one read per record) and crcs[layer][expert] is the CRC32C
     // of the record's bytes. A GGUF read in place: three reads, no checksums (crcs empty).
     bool contiguous = false;

@@ -9,9 +9,9 @@
 
 namespace regolith {
 
-ExpertStreamer::ExpertStreamer(const std::string& path, int io_threads, bool direct)
-    : file_(path, O_RDONLY, direct), size_(file_.size()) {
+ExpertStreamer::ExpertStreamer(const std::vector<std::string>& paths, int io_threads, bool direct) {
     if (io_threads < 1 || io_threads > 64) throw Error("io_threads must be in [1, 64]");
+    for (const std::string& p : paths) files_.push_back(std::make_unique<DirectFile>(p, O_RDONLY, direct));
     for (int i = 0; i < io_threads; ++i) threads_.emplace_back([this] { worker(); });
 }
 
@@ -71,10 +71,11 @@ void ExpertStreamer::worker() {
         try {
             if (job.before_write) job.before_write();
             for (const ReadExtent& e : job.extents) {
-                const size_t got = file_.read_at(job.dst + e.slot_offset, size_t(e.bytes), e.offset);
+                DirectFile& file = *files_[e.file];
+                const size_t got = file.read_at(job.dst + e.slot_offset, size_t(e.bytes), e.offset);
                 bytes += got;
                 if (got < e.needed)
-                    throw IoError(EIO, file_.path(), "reading an expert record at byte " + std::to_string(e.offset) +
+                    throw IoError(EIO, file.path(), "reading an expert record at byte " + std::to_string(e.offset) +
                                                        ": unexpected end of file (truncated?)");
             }
         } catch (...) {

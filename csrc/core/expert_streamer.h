@@ -1,4 +1,4 @@
-// I/O threads that read expert records from a file into arena slots.
+// I/O threads that read expert records from files (a GGUF's shards, or a packed experts.bin) into arena slots.
 //
 // Three queues in strict priority order: demand (a computation is waiting for the record), prefetch (a
 // prediction: lookahead routing), background (warming the arena while it has empty slots). A queued prefetch
@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,9 +23,10 @@ namespace regolith {
 
 enum class IoPriority : int { Demand = 0, Prefetch = 1, Background = 2 };
 
-// One aligned read: file bytes [offset, offset + bytes) into slot memory at `slot_offset`. Reads past the end
-// of the file are allowed only beyond `needed` bytes (the alignment padding of the record's last extent).
+// One aligned read: bytes [offset, offset + bytes) of file `file` into slot memory at `slot_offset`. Reads past
+// the end of the file are allowed only beyond `needed` bytes (the alignment padding of the record's last extent).
 struct ReadExtent {
+    uint32_t file = 0;
     uint64_t offset = 0;
     uint64_t bytes = 0;
     uint64_t slot_offset = 0;
@@ -44,13 +46,12 @@ struct ReadJob {
 
 class ExpertStreamer {
   public:
-    ExpertStreamer(const std::string& path, int io_threads, bool direct);
+    ExpertStreamer(const std::vector<std::string>& paths, int io_threads, bool direct);
     ~ExpertStreamer();
     ExpertStreamer(const ExpertStreamer&) = delete;
     ExpertStreamer& operator=(const ExpertStreamer&) = delete;
 
-    bool direct() const { return file_.direct(); }
-    uint64_t file_size() const { return size_; }
+    bool direct() const { return files_.front()->direct(); }
     void submit(ReadJob job, IoPriority priority);
     // Moves the queued job of `slot` to the demand queue; false when it is not queued (already reading).
     bool promote(int64_t slot);
@@ -60,8 +61,7 @@ class ExpertStreamer {
   private:
     void worker();
 
-    DirectFile file_;
-    uint64_t size_;
+    std::vector<std::unique_ptr<DirectFile>> files_;
     mutable std::mutex mu_;
     std::condition_variable work_;
     std::deque<ReadJob> queues_[3];

@@ -62,6 +62,7 @@ struct GgufTensor {
     uint64_t nbytes = 0;
     uint64_t n_elements = 0;
     uint64_t row_bytes = 0;  // bytes of one ne[0] row
+    uint32_t file = 0;       // in a GgufSet: the index of the file holding it (0 in a lone GgufFile)
 };
 
 class GgufFile {

@@ -17,7 +17,7 @@ namespace {
 constexpr int64_t kChunk = 512;
 }  // namespace
 
-DenseConfig DenseConfig::from_gguf(const GgufFile& f) {
+DenseConfig DenseConfig::from_gguf(const GgufSet& f) {
     DenseConfig c;
     c.arch = meta::get_string(f, "general.architecture").value_or("<missing>");
     if (c.arch != "gemma3" && c.arch != "qwen2")
@@ -88,8 +88,8 @@ DenseConfig DenseConfig::from_gguf(const GgufFile& f) {
     return c;
 }
 
-DenseModel::DenseModel(const std::string& path, Backend& backend)
-    : file_(path), backend_(backend), store_(file_, backend), weights_(store_), config_(DenseConfig::from_gguf(file_)) {
+DenseModel::DenseModel(const std::vector<std::vector<std::string>>& files, Backend& backend)
+    : file_(files), backend_(backend), store_(file_, backend), weights_(store_), config_(DenseConfig::from_gguf(file_)) {
     with_context(config_.arch + ": ", [&] {
         const DenseConfig& c = config_;
         const int64_t h = c.hidden, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/buffers.h"
-#include "core/gguf.h"
+#include "core/gguf_set.h"
 #include "model/causal_attention.h"
 #include "model/language_model.h"
 #include "model/weights.h"
@@ -46,15 +46,16 @@ struct DenseConfig {
     FfnActivation act = FfnActivation::Silu;
     float final_softcap = 0.0f;  // logits = c * tanh(logits / c) when > 0
 
-    static DenseConfig from_gguf(const GgufFile& file);
+    static DenseConfig from_gguf(const GgufSet& file);
 };
 
 class DenseWindow;
 
 class DenseModel {
 public:
-    // Maps and validates a gemma3 or qwen2 GGUF. Throws GGUFError / ModelFormatError naming the key or tensor.
-    explicit DenseModel(const std::string& path, Backend& backend = cpu_backend());
+    // Maps and validates a gemma3 or qwen2 GGUF (files: as GgufSet takes them). Throws GGUFError /
+    // ModelFormatError naming the key or tensor.
+    explicit DenseModel(const std::vector<std::vector<std::string>>& files, Backend& backend = cpu_backend());
 
     Backend& backend() const { return backend_; }
     const DenseConfig& config() const { return config_; }
@@ -75,7 +76,7 @@ private:
         Tensor post_ffn_norm;             // [hidden]
     };
 
-    GgufFile file_;
+    GgufSet file_;
     Backend& backend_;
     WeightStore store_;
     ModelWeights weights_;

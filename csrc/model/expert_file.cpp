@@ -31,16 +31,16 @@ T get(const std::vector<uint8_t>& b, size_t off) {
 
 }  // namespace
 
-ExpertFileLayout expert_layout_from_gguf(const GgufFile& file, const std::string& path, int64_t n_layer,
-                                         const MoeShape& shape) {
+ExpertFileLayout expert_layout_from_gguf(const GgufSet& file, int64_t n_layer, const MoeShape& shape) {
     ExpertFileLayout L;
-    L.path = path;
+    for (size_t i = 0; i < file.n_files(); ++i) L.paths.push_back(file.path(i));
     L.n_layer = n_layer;
     L.n_expert = shape.n_expert;
     L.offsets.resize(size_t(n_layer * shape.n_expert * 3));
     const char* names[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
     for (int64_t l = 0; l < n_layer; ++l) {
         std::array<ExpertMatrixShape, 3> parts;
+        std::array<uint32_t, 3> files;
         for (int i = 0; i < 3; ++i) {
             int64_t rows, cols;
             part_dims(shape, i, rows, cols);
@@ -48,11 +48,13 @@ ExpertFileLayout expert_layout_from_gguf(const GgufFile& file, const std::string
             const GgufTensor& t = stacked_tensor(file, name, shape.n_expert, rows, cols);  // validates the shape
             const uint64_t bytes = uint64_t(rows) * t.row_bytes;
             parts[size_t(i)] = {t.type, rows, cols, t.row_bytes, bytes};
-            const uint64_t base = file.find_tensor(name)->offset;  // absolute offset in the file
+            const uint64_t base = t.offset;  // absolute offset in the file holding it
+            files[size_t(i)] = t.file;
             for (int64_t e = 0; e < shape.n_expert; ++e)
                 L.offsets[size_t((l * shape.n_expert + e) * 3 + i)] = base + uint64_t(e) * bytes;
         }
         L.layers.push_back(parts);
+        L.files.push_back(files);
     }
     return L;
 }
@@ -91,7 +93,8 @@ ExpertFileLayout expert_layout_from_pack(const std::string& path, int64_t n_laye
     if (crc != head_crc) throw bad("header checksum mismatch (the file is corrupt)");
 
     ExpertFileLayout L;
-    L.path = path;
+    L.paths = {path};
+    L.files.assign(size_t(n_layer), {0, 0, 0});
     L.n_layer = n_layer;
     L.n_expert = shape.n_expert;
     L.contiguous = true;

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "core/errors.h"
-#include "core/gguf.h"
+#include "core/gguf_set.h"
 #include "model/metadata.h"
 
 namespace regolith {
@@ -26,7 +26,7 @@ void GdnStates::copy_row(Backend& be, const GdnStates& src, int64_t from, int64_
 
 GatedDeltaNet::GatedDeltaNet(const ModelWeights& wt, int64_t layer, GdnGateAct gate_act) {
     with_context("Gated DeltaNet layer " + std::to_string(layer) + ": ", [&] {
-        const GgufFile& f = wt.file();
+        const GgufSet& f = wt.file();
         const std::string a = meta::require_string(f, "general.architecture") + ".";
         GdnShape& s = shape_;
         s.hidden = meta::require_positive_int(f, a + "embedding_length");

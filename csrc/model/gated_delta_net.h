@@ -20,7 +20,7 @@
 
 namespace regolith {
 
-class GgufFile;
+class GgufSet;
 
 enum class GdnGateAct { Sigmoid, Silu };
 

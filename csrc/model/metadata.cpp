@@ -61,7 +61,7 @@ int64_t array_int(const GgufArray& a, uint64_t i, const std::string& key, bool a
 
 }  // namespace
 
-std::optional<int64_t> get_int(const GgufFile& f, const std::string& key) {
+std::optional<int64_t> get_int(const GgufSet& f, const std::string& key) {
     const GgufValue* v = f.find(key);
     if (!v) return std::nullopt;
     const auto i = as_int(*v, key);
@@ -69,19 +69,19 @@ std::optional<int64_t> get_int(const GgufFile& f, const std::string& key) {
     return i;
 }
 
-int64_t require_int(const GgufFile& f, const std::string& key) {
+int64_t require_int(const GgufSet& f, const std::string& key) {
     const auto v = get_int(f, key);
     if (!v) throw ModelFormatError("missing metadata key '" + key + "'");
     return *v;
 }
 
-int64_t require_positive_int(const GgufFile& f, const std::string& key) {
+int64_t require_positive_int(const GgufSet& f, const std::string& key) {
     const int64_t v = require_int(f, key);
     if (v <= 0) throw ModelFormatError("metadata key '" + key + "' must be a positive integer, got " + std::to_string(v));
     return v;
 }
 
-std::optional<float> get_float(const GgufFile& f, const std::string& key) {
+std::optional<float> get_float(const GgufSet& f, const std::string& key) {
     const GgufValue* v = f.find(key);
     if (!v) return std::nullopt;
     if (const auto* x = std::get_if<float>(v)) return *x;
@@ -89,40 +89,40 @@ std::optional<float> get_float(const GgufFile& f, const std::string& key) {
     wrong(key, "a float");
 }
 
-float require_float(const GgufFile& f, const std::string& key) {
+float require_float(const GgufSet& f, const std::string& key) {
     const auto v = get_float(f, key);
     if (!v) throw ModelFormatError("missing metadata key '" + key + "'");
     return *v;
 }
 
-std::optional<bool> get_bool(const GgufFile& f, const std::string& key) {
+std::optional<bool> get_bool(const GgufSet& f, const std::string& key) {
     const GgufValue* v = f.find(key);
     if (!v) return std::nullopt;
     if (const auto* x = std::get_if<bool>(v)) return *x;
     wrong(key, "a bool");
 }
 
-std::optional<std::string> get_string(const GgufFile& f, const std::string& key) {
+std::optional<std::string> get_string(const GgufSet& f, const std::string& key) {
     const GgufValue* v = f.find(key);
     if (!v) return std::nullopt;
     if (const auto* x = std::get_if<std::string_view>(v)) return std::string(*x);
     wrong(key, "a string");
 }
 
-std::string require_arch(const GgufFile& f, const std::string& arch) {
+std::string require_arch(const GgufSet& f, const std::string& arch) {
     const std::string got = get_string(f, "general.architecture").value_or("<missing>");
     if (got != arch)
         throw ModelFormatError("architecture '" + got + "' is not supported by the " + arch + " loader");
     return arch + ".";
 }
 
-std::string require_string(const GgufFile& f, const std::string& key) {
+std::string require_string(const GgufSet& f, const std::string& key) {
     const auto v = get_string(f, key);
     if (!v) throw ModelFormatError("missing metadata key '" + key + "'");
     return *v;
 }
 
-std::optional<std::vector<int64_t>> get_int_array(const GgufFile& f, const std::string& key, int64_t n,
+std::optional<std::vector<int64_t>> get_int_array(const GgufSet& f, const std::string& key, int64_t n,
                                                   bool allow_bool) {
     const GgufValue* v = f.find(key);
     if (!v) return std::nullopt;

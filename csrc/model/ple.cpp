@@ -11,7 +11,7 @@
 #include "core/crc32c.h"
 #include "core/dequant.h"
 #include "core/errors.h"
-#include "core/gguf.h"
+#include "core/gguf_set.h"
 #include "core/types.h"
 #include "model/metadata.h"
 #include "model/weights.h"
@@ -203,9 +203,9 @@ void PleTable::reset_stats() {
 
 // ---- loading ---------------------------------------------------------------------------------------
 
-PleLayer::PleLayer(const ModelWeights& wt, const std::string& path, int64_t layer, const PleReadOptions& read,
+PleLayer::PleLayer(const ModelWeights& wt, int64_t layer, const PleReadOptions& read,
                    const PleTableSource* packed) {
-    const GgufFile& file = wt.file();
+    const GgufSet& file = wt.file();
     with_context("PLE: ", [&] {
         const std::string prefix = meta::require_arch(file, "qwen4exp");
         auto key = [&](const std::string& suffix) { return prefix + suffix; };
@@ -252,7 +252,7 @@ PleLayer::PleLayer(const ModelWeights& wt, const std::string& path, int64_t laye
         if (shape_.hidden < 1 || shape_.hc < 1 || shape_.conv_kernel < 1)
             throw ModelFormatError("embedding_length, hyper_connection.count and ple.conv_kernel must be positive");
 
-        // The table is read row by row (from `path` or the packed file); any supported type decodes whole
+        // The table is read row by row (from the file holding it or the packed file); any supported type decodes whole
         // rows (the GGUF parser checks a row is a whole number of blocks).
         PleTableSource source;
         if (packed) {
@@ -265,7 +265,7 @@ PleLayer::PleLayer(const ModelWeights& wt, const std::string& path, int64_t laye
                                        "-D");
             const int64_t hd = t ? int64_t(t->ne[0]) : 0, n_rows = t ? int64_t(t->ne[1]) : 0;
             const GgufTensor& tab = wt.tensor(table_name, {hd, n_rows});  // present, decodable
-            source.path = path;
+            source.path = file.path(tab);
             source.offset = tab.offset;
             source.type = tab.type;
             source.rows = n_rows;

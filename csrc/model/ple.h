@@ -28,7 +28,7 @@
 
 namespace regolith {
 
-class GgufFile;
+class GgufSet;
 
 // The n-gram hash constants (GGUF qwen4exp.ple.*).
 struct PleHashParams {
@@ -148,9 +148,9 @@ struct PleState {
 class PleLayer {
   public:
     // Loads layer `layer` of a qwen4exp GGUF; the table is read from `packed` when given (a packed model's
-    // ple.bin), else from the GGUF's per_layer_token_embd.weight through `path`. Throws ModelFormatError naming
-    // what is missing or wrong.
-    PleLayer(const ModelWeights& w, const std::string& path, int64_t layer, const PleReadOptions& read = {},
+    // ple.bin), else from per_layer_token_embd.weight in whichever of the model's files holds it. Throws
+    // ModelFormatError naming what is missing or wrong.
+    PleLayer(const ModelWeights& w, int64_t layer, const PleReadOptions& read = {},
              const PleTableSource* packed = nullptr);
 
     PleState new_state(Backend& be) const;

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "core/errors.h"
-#include "core/gguf.h"
+#include "core/gguf_set.h"
 #include "model/metadata.h"
 #include "model/weights.h"
 
@@ -179,7 +179,7 @@ std::string context(int64_t layer) { return "qwen4exp QSA layer " + std::to_stri
 
 }  // namespace
 
-QsaShape qsa_shape_from_gguf(const GgufFile& file, int64_t layer) {
+QsaShape qsa_shape_from_gguf(const GgufSet& file, int64_t layer) {
     return with_context(context(layer), [&] {
         const std::string prefix = meta::require_arch(file, "qwen4exp");
         auto key = [&](const char* suffix) { return prefix + suffix; };

@@ -20,7 +20,7 @@
 
 namespace regolith {
 
-class GgufFile;
+class GgufSet;
 
 struct QsaShape {
     int64_t hidden = 0;          // embedding_length
@@ -118,6 +118,6 @@ private:
 };
 
 // Shape of QSA layer `layer` of a qwen4exp GGUF. Throws ModelFormatError naming the missing or malformed key.
-QsaShape qsa_shape_from_gguf(const GgufFile& file, int64_t layer);
+QsaShape qsa_shape_from_gguf(const GgufSet& file, int64_t layer);
 
 }  // namespace regolith

@@ -9,7 +9,7 @@
 
 namespace regolith {
 
-Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
+Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufSet& f) {
     const std::string prefix = meta::require_arch(f, "qwen4exp");
     const auto key = [&](const char* suffix) { return prefix + suffix; };
     Qwen4ExpConfig c;
@@ -65,8 +65,9 @@ Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufFile& f) {
     return c;
 }
 
-Qwen4ExpModel::Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions& options, Backend& backend)
-    : file_(path),
+Qwen4ExpModel::Qwen4ExpModel(const std::vector<std::vector<std::string>>& files, const Qwen4ExpLoadOptions& options,
+                             Backend& backend)
+    : file_(files),
       backend_(backend),
       store_(file_, backend),
       weights_(store_),
@@ -76,10 +77,12 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions&
     if (packed && options.arena.slots <= 0)
         throw Error("a packed model streams its experts: the arena needs at least one slot");
     if (options.arena.slots > 0) {
-        // Every block's experts, the MTP head's (block n_layer) included: `regolith pack` stores them all.
-        const int64_t n_block = c.n_layer + c.n_nextn;
+        // Every block's experts, the MTP head's (block n_layer) included where the head is there (a model whose
+        // head is in a side file it was loaded without has none): `regolith pack` stores them all.
+        const bool head = c.n_nextn > 0 && MtpHead::present(file_, c.n_layer);
+        const int64_t n_block = c.n_layer + (head ? c.n_nextn : 0);
         ExpertFileLayout layout = packed ? expert_layout_from_pack(options.experts_path, n_block, c.moe)
-                                         : expert_layout_from_gguf(file_, path, n_block, c.moe);
+                                         : expert_layout_from_gguf(file_, n_block, c.moe);
         ArenaOptions arena = options.arena;
         arena.policy.lru_reserve = c.n_layer * c.moe.n_used;  // one token's experts always pass through LRU
         arena_ = std::make_unique<ExpertArena>(std::move(layout), arena, backend_);
@@ -102,7 +105,7 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions&
         if (arena_) l.moe.stream_from(arena_.get(), il);
         l.moe.set_moce(options.moce);
         if (std::find(c.ple_layers.begin(), c.ple_layers.end(), il) != c.ple_layers.end())
-            l.ple = std::make_unique<PleLayer>(weights_, path, il, options.ple, ple_source ? &*ple_source : nullptr);
+            l.ple = std::make_unique<PleLayer>(weights_, il, options.ple, ple_source ? &*ple_source : nullptr);
         if (c.recurrent[size_t(il)])
             l.gdn.emplace(weights_, il, c.gdn_gate);
         else

@@ -12,7 +12,7 @@
 
 #include "core/buffers.h"
 #include "core/expert_arena.h"
-#include "core/gguf.h"
+#include "core/gguf_set.h"
 #include "model/gated_delta_net.h"
 #include "model/hyper_connection.h"
 #include "model/language_model.h"
@@ -41,7 +41,7 @@ struct Qwen4ExpConfig {
     // qwen4exp.ssm.gate_activation; files without the key get llama.cpp's sigmoid.
     GdnGateAct gdn_gate = GdnGateAct::Sigmoid;
 
-    static Qwen4ExpConfig from_gguf(const GgufFile& file);
+    static Qwen4ExpConfig from_gguf(const GgufSet& file);
 };
 
 // How a model's routed experts and PLE table are reached.
@@ -70,15 +70,16 @@ struct MultimodalRows {
 
 class Qwen4ExpModel {
 public:
-    // Maps and validates a qwen4exp GGUF. Throws GGUFError / ModelFormatError.
-    explicit Qwen4ExpModel(const std::string& path, const Qwen4ExpLoadOptions& options = {},
+    // Maps and validates a qwen4exp GGUF: `files` as GgufSet takes them (the model's shards, then side files
+    // such as the PLE table or the MTP head). Throws GGUFError / ModelFormatError.
+    explicit Qwen4ExpModel(const std::vector<std::vector<std::string>>& files, const Qwen4ExpLoadOptions& options = {},
                            Backend& backend = cpu_backend());
 
     Backend& backend() const { return backend_; }
     ~Qwen4ExpModel();
 
     const Qwen4ExpConfig& config() const { return config_; }
-    const GgufFile& file() const { return file_; }
+    const GgufSet& file() const { return file_; }
     bool has_mtp() const { return mtp_ != nullptr; }
     const MtpHead* mtp() const { return mtp_.get(); }
     // The expert arena (null when the experts are resident) and the PLE tables (one per PLE layer).
@@ -98,7 +99,7 @@ private:
         std::unique_ptr<PleLayer> ple;  // on PLE layers: the n-gram addend to the streams
     };
 
-    GgufFile file_;
+    GgufSet file_;
     Backend& backend_;
     WeightStore store_;
     ModelWeights weights_;

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "core/errors.h"
-#include "core/gguf.h"
+#include "core/gguf_set.h"
 
 namespace regolith {
 
@@ -16,7 +16,7 @@ std::string nextn(int64_t layer, const char* name) {
 
 }  // namespace
 
-bool MtpHead::present(const GgufFile& file, int64_t layer) {
+bool MtpHead::present(const GgufSet& file, int64_t layer) {
     return file.find_tensor(nextn(layer, "eh_proj.weight")) != nullptr;
 }
 

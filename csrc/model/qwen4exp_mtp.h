@@ -40,7 +40,7 @@ public:
     int32_t next_token(Workspace& ws, const Tensor& o) const;
 
     // Whether block `layer` of the file holds an MTP head (its nextn.eh_proj tensor).
-    static bool present(const GgufFile& file, int64_t layer);
+    static bool present(const GgufSet& file, int64_t layer);
 
 private:
     int64_t hidden_, hc_;

@@ -29,7 +29,7 @@ void axis_taps(int64_t i, int64_t size, int64_t side, int64_t tap[2], float weig
 
 }  // namespace
 
-VisionConfig VisionConfig::from_gguf(const GgufFile& f) {
+VisionConfig VisionConfig::from_gguf(const GgufSet& f) {
     const std::string p = meta::require_arch(f, "clip");
     VisionConfig c;
     const std::string proj =

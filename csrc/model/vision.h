@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/buffers.h"
-#include "core/gguf.h"
+#include "core/gguf_set.h"
 #include "model/weights.h"
 
 namespace regolith {
@@ -31,7 +31,7 @@ struct VisionConfig {
 
     int64_t head_dim() const { return hidden / n_head; }
     int64_t patch_dim() const { return channels * temporal * patch * patch; }  // one pixel row
-    static VisionConfig from_gguf(const GgufFile& file);
+    static VisionConfig from_gguf(const GgufSet& file);
 };
 
 class VisionEncoder {
@@ -58,7 +58,7 @@ private:
     void attention(const Block& b, const Tensor& x, const Tensor& rope, const Tensor& y, const Scratch& sc) const;
     void linear(const Tensor& w, const Tensor& b, const Tensor& x, const Tensor& y) const;
 
-    GgufFile file_;
+    GgufSet file_;
     Backend& backend_;
     WeightStore store_;
     VisionConfig config_;

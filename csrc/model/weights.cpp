@@ -17,7 +17,7 @@ std::string dims_str(const GgufTensor& t) {
     throw ModelFormatError("tensor '" + name + "' has ggml shape " + dims_str(t) + ", expected " + want);
 }
 
-const GgufTensor& supported(const GgufFile& file, const std::string& name) {
+const GgufTensor& supported(const GgufSet& file, const std::string& name) {
     const GgufTensor* t = file.find_tensor(name);
     if (!t) throw ModelFormatError("missing tensor '" + name + "'");
     const TypeTraits* traits = type_traits(t->type);
@@ -29,7 +29,7 @@ const GgufTensor& supported(const GgufFile& file, const std::string& name) {
 
 }  // namespace
 
-const GgufTensor& stacked_tensor(const GgufFile& file, const std::string& name, int64_t n, int64_t rows, int64_t cols) {
+const GgufTensor& stacked_tensor(const GgufSet& file, const std::string& name, int64_t n, int64_t rows, int64_t cols) {
     const GgufTensor& t = supported(file, name);
     if (t.n_dims != 3 || int64_t(t.ne[0]) != cols || int64_t(t.ne[1]) != rows || int64_t(t.ne[2]) != n)
         bad_shape(name, t, "[" + std::to_string(cols) + ", " + std::to_string(rows) + ", " + std::to_string(n) + "]");

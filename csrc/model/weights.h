@@ -12,17 +12,17 @@
 
 #include "core/backend.h"
 #include "core/buffers.h"
-#include "core/gguf.h"
+#include "core/gguf_set.h"
 
 namespace regolith {
 
 class WeightStore {
 public:
-    WeightStore(const GgufFile& file, Backend& be) : file_(file), be_(be) {}
+    WeightStore(const GgufSet& file, Backend& be) : file_(file), be_(be) {}
     WeightStore(const WeightStore&) = delete;
     WeightStore& operator=(const WeightStore&) = delete;
 
-    const GgufFile& file() const { return file_; }
+    const GgufSet& file() const { return file_; }
     Backend& backend() const { return be_; }
     // Tensor t's data as a backend buffer (imported once): [ne1 * ne2 * ne3][ne0].
     Tensor whole(const GgufTensor& t);
@@ -30,7 +30,7 @@ public:
     Tensor upload(uint32_t type, int64_t rows, int64_t cols, const void* data);
 
 private:
-    const GgufFile& file_;
+    const GgufSet& file_;
     Backend& be_;
     std::unordered_map<const GgufTensor*, Buffer> imported_;
     std::vector<OwnedTensor> uploaded_;
@@ -38,13 +38,13 @@ private:
 
 // Tensor `name` of `file` checked to be a stacked 3-D tensor of numpy shape (n, rows, cols) of a type regolith
 // computes with (llama.cpp's *_exps tensors). Throws ModelFormatError.
-const GgufTensor& stacked_tensor(const GgufFile& file, const std::string& name, int64_t n, int64_t rows, int64_t cols);
+const GgufTensor& stacked_tensor(const GgufSet& file, const std::string& name, int64_t n, int64_t rows, int64_t cols);
 
 class ModelWeights {
 public:
     explicit ModelWeights(WeightStore& store) : store_(store), file_(store.file()) {}
 
-    const GgufFile& file() const { return file_; }
+    const GgufSet& file() const { return file_; }
     WeightStore& store() const { return store_; }
     bool has(const std::string& name) const { return file_.find_tensor(name) != nullptr; }
 
@@ -73,7 +73,7 @@ private:
     const GgufTensor& get(const std::string& name) const;
     void convert(const std::string& name, const GgufTensor& t, float* dst) const;
     WeightStore& store_;
-    const GgufFile& file_;
+    const GgufSet& file_;
 };
 
 }  // namespace regolith

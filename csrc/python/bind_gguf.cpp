@@ -1,5 +1,6 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cerrno>
 #include <cstring>
@@ -7,11 +8,11 @@
 #include <system_error>
 
 #include "bindings.h"
-#include "core/gguf.h"
+#include "core/gguf_set.h"
 #include "core/types.h"
 
 using regolith::GgufArray;
-using regolith::GgufFile;
+using regolith::GgufSet;
 using regolith::GgufTensor;
 using regolith::GgufValue;
 using regolith::GgufValueType;
@@ -122,7 +123,7 @@ nb::object checked(PyObject* o) {
     return nb::steal(o);
 }
 
-const GgufTensor& tensor_named(const GgufFile& f, const std::string& name) {
+const GgufTensor& tensor_named(const GgufSet& f, const std::string& name) {
     const GgufTensor* t = f.find_tensor(name);
     if (!t) throw nb::key_error(("no tensor named '" + name + "'").c_str());
     return *t;
@@ -131,33 +132,51 @@ const GgufTensor& tensor_named(const GgufFile& f, const std::string& name) {
 }  // namespace
 
 void init_gguf(nb::module_& m) {
-    nb::class_<GgufFile>(m, "GGUFFile", "A memory-mapped, validated GGUF file (use regolith.gguf.open).")
+    nb::class_<GgufSet>(m, "GGUFSet",
+                        "The memory-mapped, validated GGUF files of one model (use regolith.gguf.open): its shards "
+                        "and side files.")
         .def(
             "__init__",
-            [](GgufFile* self, const std::string& path) {
+            [](GgufSet* self, const std::vector<std::vector<std::string>>& groups) {
                 int err = 0;
+                std::string failed;
                 {
                     nb::gil_scoped_release release;
                     try {
-                        new (self) GgufFile(path);
+                        new (self) GgufSet(groups);
                     } catch (const std::system_error& e) {
                         err = e.code().value();
+                        failed = e.what();
                     }
                 }
                 if (err) {
                     errno = err;
+                    // GgufFile's system_error says which path; report the first group member it names.
+                    std::string path = groups.empty() || groups[0].empty() ? "" : groups[0][0];
+                    for (const auto& g : groups)
+                        for (const auto& p : g)
+                            if (failed.find(p) != std::string::npos) path = p;
                     PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
                     throw nb::python_error();
                 }
             },
-            nb::arg("path"), "Map and parse a GGUF file; raises GGUFError if it is malformed.")
-        .def_prop_ro("version", &GgufFile::version)
-        .def_prop_ro("alignment", &GgufFile::alignment)
-        .def_prop_ro("file_size", &GgufFile::file_size)
-        .def_prop_ro("data_offset", &GgufFile::data_offset, "Absolute offset of the tensor data section.")
+            nb::arg("groups"),
+            "Map and parse a model's files: groups[0] its shards in order, groups[1:] side files (each its "
+            "shards); raises GGUFError for a malformed file, ModelFormatError for an inconsistent set.")
+        .def_prop_ro("version", [](const GgufSet& s) { return s.main().version(); })
+        .def_prop_ro("alignment", [](const GgufSet& s) { return s.main().alignment(); })
+        .def(
+            "files",
+            [](const GgufSet& s) {
+                nb::list out;
+                for (size_t i = 0; i < s.n_files(); ++i)
+                    out.append(nb::make_tuple(s.path(i), s.file(i).file_size(), s.file(i).data_offset()));
+                return out;
+            },
+            "List of (path, size in bytes, offset of the tensor data section) of each file, in set order.")
         .def(
             "metadata",
-            [](const GgufFile& f) {
+            [](const GgufSet& f) {
                 nb::dict d;
                 for (const auto& [key, value] : f.metadata())
                     d[checked(str_to_py(key))] = checked(value_to_py(value));
@@ -166,7 +185,7 @@ void init_gguf(nb::module_& m) {
             "Metadata as a dict in file order (arrays become lists, strings decode UTF-8 with replacement).")
         .def(
             "metadata_types",
-            [](const GgufFile& f) {
+            [](const GgufSet& f) {
                 nb::dict d;
                 for (const auto& [key, value] : f.metadata())
                     d[checked(str_to_py(key))] = uint32_t(value.type());
@@ -175,7 +194,7 @@ void init_gguf(nb::module_& m) {
             "GGUF value type id of each metadata entry.")
         .def(
             "metadata_array_types",
-            [](const GgufFile& f) {
+            [](const GgufSet& f) {
                 nb::dict d;
                 for (const auto& [key, value] : f.metadata())
                     if (const auto* a = std::get_if<regolith::GgufArray>(&value))
@@ -185,24 +204,25 @@ void init_gguf(nb::module_& m) {
             "GGUF element type id of each array metadata entry.")
         .def(
             "tensors",
-            [](const GgufFile& f) {
+            [](const GgufSet& f) {
                 nb::list out;
                 for (const GgufTensor& t : f.tensors()) {
                     nb::list dims;
                     for (uint32_t d = 0; d < t.n_dims; ++d) dims.append(t.ne[d]);
                     out.append(nb::make_tuple(checked(str_to_py(t.name)), dims, t.type, t.offset, t.nbytes,
-                                              t.row_bytes));
+                                              t.row_bytes, t.file));
                 }
                 return out;
             },
-            "List of (name, ggml dims (ne0 first), type id, absolute offset, nbytes, row_bytes).")
+            "List of (name, ggml dims (ne0 first), type id, absolute offset in its file, nbytes, row_bytes, file "
+            "index).")
         .def(
             "tensor_data",
-            [](const GgufFile& f, const std::string& name) {
+            [](const GgufSet& f, const std::string& name) {
                 const GgufTensor& t = tensor_named(f, name);
                 size_t shape[1] = {size_t(t.nbytes)};
                 return nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>(f.tensor_data(t), 1, shape,
                                                                           nb::find(&f));
             },
-            nb::arg("name"), "Zero-copy read-only uint8 view of a tensor's bytes; keeps the file mapped.");
+            nb::arg("name"), "Zero-copy read-only uint8 view of a tensor's bytes; keeps the files mapped.");
 }

@@ -239,7 +239,7 @@ void init_model(nb::module_& m) {
              "logits or None).");
     nb::class_<Qwen4ExpModel>(m, "Qwen4ExpModel")
         .def("__init__",
-             [](Qwen4ExpModel* self, const std::string& path, const std::string& experts_path, int64_t arena_slots,
+             [](Qwen4ExpModel* self, const std::vector<std::vector<std::string>>& files, const std::string& experts_path, int64_t arena_slots,
                 int io_threads, bool direct, bool lock, double hot_fraction, bool lookahead, bool moce,
                 float moce_bonus, int64_t moce_protect, const std::string& ple_path, int64_t ple_cache_bytes,
                 const std::string& backend, int64_t host_slots) {
@@ -259,14 +259,14 @@ void init_model(nb::module_& m) {
                  o.ple.io_threads = io_threads;
                  regolith::Backend& be = regolith::backend_by_name(backend);
                  nb::gil_scoped_release release;
-                 new (self) Qwen4ExpModel(path, o, be);
+                 new (self) Qwen4ExpModel(files, o, be);
              },
-             nb::arg("path"), nb::arg("experts_path") = "", nb::arg("arena_slots") = 0, nb::arg("io_threads") = 4,
+             nb::arg("files"), nb::arg("experts_path") = "", nb::arg("arena_slots") = 0, nb::arg("io_threads") = 4,
              nb::arg("direct") = true, nb::arg("lock") = true, nb::arg("hot_fraction") = 0.75,
              nb::arg("lookahead") = true, nb::arg("moce") = false, nb::arg("moce_bonus") = 2.0f,
              nb::arg("moce_protect") = 2, nb::arg("ple_path") = "", nb::arg("ple_cache_bytes") = 0,
              nb::arg("backend") = "", nb::arg("host_slots") = 0,
-             "A qwen4exp model on `backend` ('' = $REGOLITH_BACKEND or 'cpu'). arena_slots > 0 streams the routed experts (from experts_path, a packed "
+             "A qwen4exp model (files: groups of paths, as GGUFSet takes them) on `backend` ('' = $REGOLITH_BACKEND or 'cpu'). arena_slots > 0 streams the routed experts (from experts_path, a packed "
              "experts.bin, or the GGUF in place) through an arena of that many slots; host_slots > 0 adds a "
              "host-RAM tier of that many records where the arena is device memory; ple_path reads the PLE "
              "table from a packed ple.bin.")
@@ -285,12 +285,12 @@ void init_model(nb::module_& m) {
         .def("new_window", &Qwen4ExpModel::new_window, nb::arg("max_ctx"), nb::keep_alive<0, 1>());
     nb::class_<DenseModel>(m, "DenseModel", "A gemma3 or qwen2 model (dense decoder-only transformer).")
         .def("__init__",
-             [](DenseModel* self, const std::string& path, const std::string& backend) {
+             [](DenseModel* self, const std::vector<std::vector<std::string>>& files, const std::string& backend) {
                  regolith::Backend& be = regolith::backend_by_name(backend);
                  nb::gil_scoped_release release;
-                 new (self) DenseModel(path, be);
+                 new (self) DenseModel(files, be);
              },
-             nb::arg("path"), nb::arg("backend") = "")
+             nb::arg("files"), nb::arg("backend") = "")
         .def("config", &dense_config_dict)
         .def_prop_ro("backend", [](const DenseModel& m) { return std::string(m.backend().name()); })
         .def(

@@ -12,10 +12,10 @@
 #include "bindings.h"
 #include "component.h"
 #include "numpy_out.h"
-#include "core/gguf.h"
+#include "core/gguf_set.h"
 #include "model/ple.h"
 
-using regolith::GgufFile;
+using regolith::GgufSet;
 using regolith::PleHashParams;
 using regolith::PleLayer;
 using regolith::PleState;
@@ -96,9 +96,9 @@ void init_ple(nb::module_& m) {
             "__init__",
             [](PyPleLayer* self, const std::string& path, int64_t layer, int64_t cache_bytes, bool direct) {
                 // Build everything first: nanobind does not destroy an object whose __init__ throws.
-                std::unique_ptr<GgufFile> file;
+                std::unique_ptr<GgufSet> file;
                 try {
-                    file = std::make_unique<GgufFile>(path);
+                    file = std::make_unique<GgufSet>(path);
                 } catch (const std::system_error& e) {
                     errno = e.code().value();
                     PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
@@ -108,7 +108,7 @@ void init_ple(nb::module_& m) {
                 read.cache_bytes = cache_bytes;
                 read.direct = direct;
                 auto c = std::make_unique<ComponentFile>(std::move(file));
-                auto ple = std::make_unique<PleLayer>(c->weights(), path, layer, read);
+                auto ple = std::make_unique<PleLayer>(c->weights(), layer, read);
                 new (self) PyPleLayer();
                 self->c = std::move(c);
                 self->layer = std::move(ple);

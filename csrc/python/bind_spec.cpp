@@ -52,7 +52,7 @@ void init_spec(nb::module_& m) {
     nb::class_<MtpHeadHandle>(m, "MtpHeadBlock", "A qwen4exp GGUF's MTP head over its own attention state.")
         .def("__init__",
              [](MtpHeadHandle* self, const std::string& path, int64_t max_ctx) {
-                 auto model = std::make_unique<regolith::Qwen4ExpModel>(path);
+                 auto model = std::make_unique<regolith::Qwen4ExpModel>(std::vector<std::vector<std::string>>{{path}});
                  if (!model->mtp()) throw regolith::ModelFormatError(path + " has no MTP head");
                  regolith::QsaState st = model->mtp()->new_state(model->backend(), max_ctx);
                  auto ws = std::make_unique<regolith::Workspace>(model->backend());

@@ -10,7 +10,7 @@
 
 #include "bindings.h"
 #include "core/buffers.h"
-#include "core/gguf.h"
+#include "core/gguf_set.h"
 #include "model/weights.h"
 #include "numpy_out.h"
 
@@ -19,8 +19,8 @@ using F32Out = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 
 struct ComponentFile {
     explicit ComponentFile(const std::string& path, const std::string& backend = "")
-        : ComponentFile(std::make_unique<regolith::GgufFile>(path), backend) {}
-    explicit ComponentFile(std::unique_ptr<regolith::GgufFile> f, const std::string& backend = "")
+        : ComponentFile(std::make_unique<regolith::GgufSet>(path), backend) {}
+    explicit ComponentFile(std::unique_ptr<regolith::GgufSet> f, const std::string& backend = "")
         : file(std::move(f)),
           be(&regolith::backend_by_name(backend)),
           store(std::make_unique<regolith::WeightStore>(*file, *be)),
@@ -41,7 +41,7 @@ struct ComponentFile {
         return a;
     }
 
-    std::unique_ptr<regolith::GgufFile> file;
+    std::unique_ptr<regolith::GgufSet> file;
     regolith::Backend* be;
     std::unique_ptr<regolith::WeightStore> store;
     std::unique_ptr<regolith::Workspace> ws;

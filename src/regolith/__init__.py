@@ -5,6 +5,7 @@ from .chat import ChatTemplate, ChatTemplateError
 from .errors import (
     ContextOverflowError,
     GGUFError,
+    HubError,
     ImageError,
     MemoryPlanError,
     ModelFormatError,
@@ -29,6 +30,7 @@ __all__ = [
     "GGUFError",
     "Generation",
     "GenerationStats",
+    "HubError",
     "ImageError",
     "MemoryPlanError",
     "Model",

@@ -17,7 +17,7 @@ from rich.table import Table
 from . import __version__
 from .errors import RegolithError
 from .inspection import inspect_command
-from .models import DEFAULT_MODEL, KNOWN_MODELS, resolve_model
+from .models import DEFAULT_MODEL, KNOWN_MODELS, resolve_files
 from .terminal import (
     CHAT_HELP,
     PrefillBar,
@@ -34,10 +34,29 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
+def _pull(args: argparse.Namespace, console: Console) -> int:
+    from . import hub
+
+    spec = hub.parse_repo(args.repo)
+    if spec is None:
+        raise RegolithError(f"{args.repo}: expected ORG/REPO or ORG/REPO:QUANT")
+    files = hub.pull(*spec, revision=args.revision)
+    for line in hub.describe(files):
+        console.print(escape(line), highlight=False, soft_wrap=True)
+    console.print(escape(str(files["model"][0])), highlight=False, soft_wrap=True)
+    return 0
+
+
 def _convert(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from .convert import convert
+    from .gguf_split import parse_size
+
+    try:
+        max_size = parse_size(args.split_max_size) if args.split_max_size else None
+    except ValueError as e:
+        raise RegolithError(f"--split-max-size {e}") from None
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True, disable=args.quiet) as bar:
@@ -46,17 +65,22 @@ def _convert(args: argparse.Namespace, console: Console) -> int:
         def step(name: str, index: int, count: int) -> None:
             bar.update(task, completed=index + 1, total=count, description=escape(name))
 
-        out = convert(
-            args.hf_dir,
+        written = convert(
+            args.source,
             args.out,
             args.outtype,
             tokenizer_pre=args.tokenizer_pre,
             progress=step,
             mmproj=args.mmproj,
+            split_max_size=max_size,
+            split_max_tensors=args.split_max_tensors,
         )
     if not args.quiet:
-        for path in (out, args.mmproj) if args.mmproj else (out,):
-            console.print(f"wrote {escape(str(path))} ({human_bytes(os.path.getsize(path))}, {args.outtype})")
+        from .gguf import split_paths
+
+        shards = split_paths(written)
+        for path in (*shards, args.mmproj) if args.mmproj else shards:
+            console.print(f"wrote {escape(str(path))} ({human_bytes(os.path.getsize(path))})")
     return 0
 
 
@@ -66,7 +90,7 @@ def _pack(args: argparse.Namespace, console: Console) -> int:
     from .pack import pack
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    source = str(resolve_model(args.model))
+    files = resolve_files(args.model, ple=args.ple, mtp=args.mtp)
     with Progress(*columns, console=console, transient=True, disable=args.quiet) as bar:
         tasks: dict[str, Any] = {}
 
@@ -75,7 +99,7 @@ def _pack(args: argparse.Namespace, console: Console) -> int:
                 tasks[name] = bar.add_task(f"writing {name}", total=total)
             bar.update(tasks[name], completed=done, total=total)
 
-        out = pack(source, args.out, overwrite=args.force, progress=step)
+        out = pack(files.model, args.out, side_files=files.side_files, overwrite=args.force, progress=step)
     if not args.quiet:
         size = sum(f.stat().st_size for f in out.iterdir())
         console.print(f"wrote {escape(str(out))} ({human_bytes(size)})")
@@ -94,6 +118,8 @@ def _load(args: argparse.Namespace, console: Console) -> Model:
             args.model,
             n_ctx=args.ctx,
             chat_template=template,
+            ple=args.ple,
+            mtp=args.mtp,
             mmproj=getattr(args, "mmproj", None),
             **_memory_options(args),
         )
@@ -217,6 +243,21 @@ def _number(
 
 def _positive(kind: type) -> Any:
     return _number(kind, 0, lo_open=True)
+
+
+def _contexts(text: str) -> list[int]:
+    """Context sizes: comma-separated positive integers, each optionally with k (x1024)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        scale = 1024 if part.endswith("k") else 1
+        digits = part.removesuffix("k")
+        if not digits.isdigit() or int(digits) == 0:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected positive token counts such as 32768 or 32k,128k"
+            )
+        out.append(int(digits) * scale)
+    return out
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
@@ -381,8 +422,11 @@ def _add_model_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model",
         nargs="?",
-        help=f"a .gguf file or a known model name (default: {DEFAULT_MODEL}); known models: {known}",
+        help="a .gguf file (any shard of a split model), a model directory, hf://ORG/REPO[:QUANT] (downloaded "
+        f"from the Hugging Face Hub) or a known model name (default: {DEFAULT_MODEL}); known models: {known}",
     )
+    p.add_argument("--ple", metavar="PLE.gguf", help="the PLE n-gram table kept in its own GGUF")
+    p.add_argument("--mtp", metavar="MTP.gguf", help="the MTP head kept in its own GGUF")
 
 
 def _add_generation_arguments(p: argparse.ArgumentParser, *, antislop_default: bool) -> None:
@@ -523,8 +567,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--ctx",
-        type=_positive(int),
-        help="context size in tokens for --plan (default: the model's, at most 8192)",
+        type=_contexts,
+        help="context size in tokens for --plan, or several side by side: 32768,131072 or 32k,128k (k = 1024; "
+        "default: the model's, at most 8192)",
     )
     _add_memory_arguments(p)
     p.set_defaults(func=inspect_command)
@@ -552,13 +597,25 @@ def _parser() -> argparse.ArgumentParser:
         "tokenizer.json) to one GGUF file in llama.cpp's qwen4exp layout. The output appears only when "
         "complete (written to a temporary file beside it, then renamed). MTP tensors are not converted.",
     )
-    c.add_argument("hf_dir", help="the Hugging Face model directory")
+    c.add_argument(
+        "source", help="the Hugging Face model directory, or a GGUF (any shard of a split one) to re-split"
+    )
     c.add_argument("out", help="the GGUF file to write (replaced if it exists)")
     c.add_argument(
         "--outtype",
         choices=list(OUTTYPES),
-        default="f16",
-        help="type of the weight matrices (norms, routers and conv kernels stay f32; default f16)",
+        help="type of the weight matrices of a Hugging Face checkpoint (norms, routers and conv kernels stay "
+        "f32; default f16); a GGUF source keeps its types",
+    )
+    split = c.add_mutually_exclusive_group()
+    split.add_argument(
+        "--split-max-size",
+        metavar="N(M|G)",
+        help="write shards of at most this much tensor data (M = 10^6, G = 10^9 bytes) in llama.cpp's gguf-split "
+        "layout: OUT-00001-of-0000N.gguf, ...",
+    )
+    split.add_argument(
+        "--split-max-tensors", type=_positive(int), metavar="N", help="write shards of at most N tensors"
     )
     c.add_argument("--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the regex is not recognised")
     c.add_argument(
@@ -569,6 +626,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     c.set_defaults(func=_convert)
+
+    pl = sub.add_parser(
+        "pull",
+        help="download a model from the Hugging Face Hub",
+        description="Download a GGUF model of a Hugging Face Hub repository (the quantization named by QUANT, "
+        "e.g. Q4_K_M: only its shards) and its side files (ple-*, mtp-*, mmproj-*) into the Hub's cache, "
+        "resuming interrupted downloads and checking each file's sha256 against the Hub's; prints the path "
+        "to load. HF_ENDPOINT, HF_HUB_CACHE and HF_TOKEN apply. Then: regolith run hf://ORG/REPO:QUANT.",
+    )
+    pl.add_argument("repo", metavar="ORG/REPO[:QUANT]", help="the repository, and the quantization to fetch")
+    pl.add_argument("--revision", help="a branch, tag or commit (default: main)")
+    pl.set_defaults(func=_pull)
 
     r = sub.add_parser(
         "run",

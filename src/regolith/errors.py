@@ -34,6 +34,11 @@ class MemoryPlanError(RegolithError, ValueError):
     plan."""
 
 
+class HubError(RegolithError):
+    """A model cannot be downloaded from the Hugging Face Hub: the repository or quantization is not there, the
+    Hub cannot be reached, the disk is too small, or a downloaded file's sha256 differs from the Hub's."""
+
+
 class ImageError(RegolithError, ValueError):
     """An image that cannot be used: corrupt or truncated data, an unsupported format, too many pixels, a
     remote URL (never fetched), or a model without vision support."""

@@ -8,14 +8,22 @@ Example::
 
 The file is memory-mapped and validated by the C++ core when opened: anything malformed raises
 :class:`regolith.GGUFError` naming the problem and its byte offset. Tensor bytes are zero-copy views of the
-mapping. Metadata strings are decoded as UTF-8 with invalid bytes replaced by U+FFFD (keys and tensor names
+mapping.
+
+A model split into shards by llama.cpp's ``gguf-split`` (``model-00001-of-00004.gguf``, ...) opens as one
+model from any of its shards: the metadata is the first shard's, the tensors are every shard's. Side files
+(``open(path, side_files=[...])``: a PLE table or an MTP head kept in its own GGUF) add their tensors to it.
+A missing shard, one from another set or a tensor held twice raises :class:`regolith.ModelFormatError`
+naming the file. Metadata strings are decoded as UTF-8 with invalid bytes replaced by U+FFFD (keys and tensor names
 must be valid UTF-8, or the file is rejected).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +31,13 @@ import numpy as np
 
 from . import _core
 from . import quant as _quant
+from .errors import ModelFormatError
+from .model_files import shard_of
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["GGUFFile", "TensorInfo", "open"]
+__all__ = ["GGUFFile", "TensorInfo", "open", "split_paths"]
 
 # Types read directly with numpy; everything else (F16, BF16, quantized) goes through quant.dequantize.
 _PLAIN_DTYPES: dict[str, str] = {
@@ -45,7 +55,7 @@ class TensorInfo:
     """Where and how a tensor is stored.
 
     ``shape`` is in numpy order (ggml's dims reversed, so a 2-D tensor with ne0 contiguous is
-    ``(ne1, ne0)``); ``offset`` is the absolute byte offset of its data in the file.
+    ``(ne1, ne0)``); ``offset`` is the absolute byte offset of its data in ``path``, the file holding it.
     """
 
     name: str
@@ -55,6 +65,7 @@ class TensorInfo:
     offset: int
     nbytes: int
     row_bytes: int
+    path: str = field(compare=False)
 
     @property
     def n_elements(self) -> int:
@@ -65,25 +76,57 @@ class TensorInfo:
         return n
 
 
+def split_paths(path: str | os.PathLike[str]) -> list[Path]:
+    """The files of the model ``path`` names, in order: every shard of its set when it is named as
+    gguf-split names shards (``<prefix>-00002-of-00004.gguf`` gives shards 1 to 4), else ``[path]``.
+
+    Raises :class:`regolith.ModelFormatError` naming the first shard that is missing.
+    """
+    p = Path(path)
+    shard = shard_of(p.name)
+    if shard is None:
+        return [p]
+    prefix, _, count = shard
+    shards = [p.with_name(f"{prefix}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    for i, shard in enumerate(shards):
+        if not shard.exists():
+            raise ModelFormatError(f"{shard}: missing (shard {i + 1} of {count} of the split model {p})")
+    return shards
+
+
+def _model_keys(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if not k.startswith("split.")}
+
+
 class GGUFFile:
-    """An open GGUF file. Create with :func:`open`; usable as a context manager.
+    """An open GGUF model: one file, or a split model's shards, with any side files. Create with :func:`open`;
+    usable as a context manager.
 
     Arrays returned by :meth:`tensor_bytes` (and :meth:`tensor` for F32 tensors) are read-only views of the
     mapping and keep it alive on their own, so they stay valid after :meth:`close`.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], side_files: Sequence[str | os.PathLike[str]] = ()
+    ) -> None:
         self.path = os.fspath(path)
-        self._file: _core.GGUFFile | None = _core.GGUFFile(self.path)
+        self.groups: list[list[str]] = [[os.fspath(p) for p in split_paths(f)] for f in (path, *side_files)]
+        """The files, grouped: the model's shards (one path for a whole file), then each side file's."""
+        self._file: _core.GGUFSet | None = _core.GGUFSet(self.groups)
         self.version: int = self._file.version
-        """GGUF format version (2 or 3)."""
+        """GGUF format version (2 or 3) of the first file."""
         self.alignment: int = self._file.alignment
-        """Tensor data alignment in bytes (``general.alignment``, default 32)."""
-        self.file_size: int = self._file.file_size
-        """Size of the file in bytes."""
+        """Tensor data alignment in bytes (``general.alignment``, default 32) of the first file."""
+        files = self._file.files()
+        self.paths: list[str] = [p for p, _, _ in files]
+        """Every file, in order: the model's shards, then the side files'."""
+        self.file_sizes: list[int] = [size for _, size, _ in files]
+        """The size of each of :attr:`paths` in bytes."""
+        self.file_size: int = sum(self.file_sizes)
+        """Size of the files in bytes, all together."""
         self._metadata: dict[str, Any] | None = None
         self._tensors: dict[str, TensorInfo] = {}
-        for name, dims, type_id, offset, nbytes, row_bytes in self._file.tensors():
+        for name, dims, type_id, offset, nbytes, row_bytes, index in self._file.tensors():
             self._tensors[name] = TensorInfo(
                 name=name,
                 shape=tuple(reversed(dims)),
@@ -92,33 +135,35 @@ class GGUFFile:
                 offset=offset,
                 nbytes=nbytes,
                 row_bytes=row_bytes,
+                path=self.paths[index],
             )
 
-    def _core_file(self) -> _core.GGUFFile:
+    def _core_file(self) -> _core.GGUFSet:
         if self._file is None:
             raise ValueError(f"GGUF file {self.path!r} is closed")
         return self._file
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """Metadata key -> value, in file order (ints, floats, bools, str and nested lists)."""
+        """Metadata key -> value, in file order (ints, floats, bools, str and nested lists). The ``split.*``
+        keys, which describe how the model is stored rather than the model, are left out."""
         if self._metadata is None:
-            self._metadata = self._core_file().metadata()
+            self._metadata = _model_keys(self._core_file().metadata())
         return self._metadata
 
     @property
     def metadata_types(self) -> dict[str, int]:
-        """Metadata key -> GGUF value type id (e.g. 4 for uint32, 9 for array)."""
-        return self._core_file().metadata_types()
+        """Metadata key -> GGUF value type id (e.g. 4 for uint32, 9 for array), ``split.*`` left out."""
+        return _model_keys(self._core_file().metadata_types())
 
     @property
     def metadata_array_types(self) -> dict[str, int]:
-        """Array metadata key -> GGUF type id of its elements."""
-        return self._core_file().metadata_array_types()
+        """Array metadata key -> GGUF type id of its elements, ``split.*`` left out."""
+        return _model_keys(self._core_file().metadata_array_types())
 
     @property
     def tensors(self) -> dict[str, TensorInfo]:
-        """Tensor name -> :class:`TensorInfo`, in file order."""
+        """Tensor name -> :class:`TensorInfo`, in file order (the shards', then the side files')."""
         return self._tensors
 
     @property
@@ -164,13 +209,17 @@ class GGUFFile:
 
     def __repr__(self) -> str:
         state = "closed" if self._file is None else f"{len(self._tensors)} tensors"
+        if len(self.paths) > 1:
+            state += f" in {len(self.paths)} files"
         return f"<regolith.gguf.GGUFFile {self.path!r} v{self.version} {state}>"
 
 
-def open(path: str | os.PathLike[str]) -> GGUFFile:
-    """Memory-map and validate a GGUF v2/v3 file.
+def open(path: str | os.PathLike[str], *, side_files: Sequence[str | os.PathLike[str]] = ()) -> GGUFFile:
+    """Memory-map and validate a GGUF v2/v3 file, or every shard of the split model it is a shard of, and
+    ``side_files`` (each whole or split too), as one model.
 
-    Raises :class:`regolith.GGUFError` if the file is malformed and :class:`OSError` (e.g.
-    FileNotFoundError) if it cannot be opened.
+    Raises :class:`regolith.GGUFError` if a file is malformed, :class:`regolith.ModelFormatError` for a split
+    set that is incomplete or inconsistent (naming the file), and :class:`OSError` (e.g. FileNotFoundError)
+    if a file cannot be opened.
     """
-    return GGUFFile(path)
+    return GGUFFile(path, side_files)

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import gguf as _gguf
-from .models import resolve_model
+from .models import resolve_files
 from .terminal import human_bytes
 
 __all__ = ["inspect_command"]
@@ -37,7 +37,9 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
     from .model import default_n_ctx
     from .pack import is_packed, open_packed
 
-    path = str(resolve_model(args.model))
+    files = resolve_files(args.model, ple=args.ple, mtp=args.mtp)
+    path = str(files.model)
+    side = files.side_files
     packed = open_packed(path, verify_dense=False) if is_packed(path) else None
     if packed is not None:
         path = str(packed.dense)
@@ -48,23 +50,27 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
         from . import backends
 
         dev = backends.device_memory(args.backend)  # a GPU backend: its parts against its free memory
-        with _gguf.open(path) as f:
+        with _gguf.open(path, side_files=side) as f:
             sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, packed.manifest if packed else None)
             arch = f.architecture or ""
-            ctx = args.ctx or default_n_ctx(f.metadata.get(f"{arch}.context_length"))
-        plan = memory_plan.plan_memory(
-            sizes,
-            n_ctx=ctx,
-            memory_gb=args.memory_gb,
-            arena_gb=args.arena_gb,
-            ple_cache_gb=args.ple_cache_gb,
-            host_cache_gb=args.host_cache_gb,
-            overhead_bytes=memory_plan.process_rss(),
-            device=(backends.resolve(args.backend), dev[0]) if dev else None,
-        )
-        console.print(escape(plan.render(width=console.width)), highlight=False, soft_wrap=True)
+            contexts = args.ctx or [default_n_ctx(f.metadata.get(f"{arch}.context_length"))]
+        plans = [
+            memory_plan.plan_memory(
+                sizes,
+                n_ctx=ctx,
+                memory_gb=args.memory_gb,
+                arena_gb=args.arena_gb,
+                ple_cache_gb=args.ple_cache_gb,
+                host_cache_gb=args.host_cache_gb,
+                overhead_bytes=memory_plan.process_rss(),
+                device=(backends.resolve(args.backend), dev[0]) if dev else None,
+            )
+            for ctx in contexts
+        ]
+        text = plans[0].render(width=console.width) if len(plans) == 1 else memory_plan.render_contexts(plans)
+        console.print(escape(text), highlight=False, soft_wrap=True)
         return 0
-    with _gguf.open(path) as f:
+    with _gguf.open(path, side_files=side) as f:
         md = f.metadata
         arch = f.architecture
 
@@ -85,6 +91,14 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
         summary.add_row("tensors", f"{len(f.tensors):,}")
         summary.add_row("parameters", f"{n_params:,} ({_human_count(n_params)})")
         summary.add_row("file size", f"{f.file_size:,} bytes ({human_bytes(f.file_size)})")
+        if len(f.paths) > 1:
+            shards = len(f.groups[0])
+            parts = [f"{shards} shards" if shards > 1 else "1 file"]
+            parts += [
+                f"side file {escape(g[0])}" + (f" ({len(g)} shards)" if len(g) > 1 else "")
+                for g in f.groups[1:]
+            ]
+            summary.add_row("files", ", ".join(parts))
         summary.add_row("alignment", str(f.alignment))
         summary.add_row("metadata keys", str(len(md)))
         console.print(summary)

@@ -12,7 +12,15 @@ from typing import Any
 
 from .errors import MemoryPlanError, ModelFormatError
 
-__all__ = ["MemoryPlan", "ModelSizes", "human_bytes", "plan_memory", "process_rss", "system_memory"]
+__all__ = [
+    "MemoryPlan",
+    "ModelSizes",
+    "human_bytes",
+    "plan_memory",
+    "process_rss",
+    "render_contexts",
+    "system_memory",
+]
 
 GIB = 1 << 30
 DIRECT_ALIGN = 4096
@@ -51,7 +59,7 @@ class ModelSizes:
     """Byte counts of a model's parts, read from its GGUF (and pack manifest)."""
 
     architecture: str
-    dense_bytes: int  # every tensor except routed experts and the PLE table: resident (mapped)
+    dense_bytes: int  # every tensor except routed experts, the PLE table and the MTP head: resident (mapped)
     expert_record_bytes: list[int] = field(default_factory=list)  # per MoE layer: one expert's gate+up+down
     n_expert: int = 0
     n_used: int = 0
@@ -66,6 +74,8 @@ class ModelSizes:
     hc: int = 1
     vocab: int = 0
     ff_expert: int = 0
+    mtp_bytes: int = 0  # the MTP head's tensors but its routed experts (which count as a layer's experts)
+    mtp_experts: int = 0  # the MTP head's routed experts (0: no head)
 
     @property
     def expert_bytes(self) -> int:
@@ -119,6 +129,17 @@ def _sizes(tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str
     n_layer = int(metadata[p + "block_count"])
     if not 0 < n_layer <= len(tensors):  # every layer has tensors: a larger count is a lie
         raise ModelFormatError(f"qwen4exp.block_count {n_layer} exceeds the file's {len(tensors)} tensors")
+    nextn = int(metadata.get(p + "nextn_predict_layers", 0))
+    mtp_bytes = 0
+    if nextn:
+        head = f"blk.{n_layer - nextn}."
+        if head + "nextn.eh_proj.weight" in tensors:
+            mtp_bytes = sum(
+                t.nbytes for n, t in tensors.items() if n.startswith(head) and not _EXPERT.match(n)
+            )
+            dense -= mtp_bytes
+        elif manifest is None:
+            n_layer -= nextn  # the MTP head is in a side file the model was opened without: no head
     hidden = int(metadata[p + "embedding_length"])
     n_expert = int(metadata[p + "expert_count"])
     parts: list[tuple[int, int, int]] = []
@@ -187,6 +208,8 @@ def _sizes(tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str
         hc=hc,
         vocab=vocab,
         ff_expert=int(metadata[p + "expert_feed_forward_length"]),
+        mtp_bytes=mtp_bytes,
+        mtp_experts=n_expert if mtp_bytes else 0,
         _parts=parts,
     )
 
@@ -205,7 +228,14 @@ class MemoryPlan:
     device: tuple[str, int] | None = None  # (backend, free bytes) where the backend has memory of its own
 
     # The parts a backend with its own memory (a GPU) holds there; the rest is host RAM.
-    DEVICE_PARTS = ("dense weights (resident)", "expert arena", "experts (resident)", "KV / state", "scratch")
+    DEVICE_PARTS = (
+        "dense weights (resident)",
+        "MTP head",
+        "expert arena",
+        "experts (resident)",
+        "KV / state",
+        "scratch",
+    )
 
     @property
     def streaming(self) -> bool:
@@ -231,6 +261,7 @@ class MemoryPlan:
     def total_bytes(self) -> int:
         return (
             self.sizes.dense_bytes
+            + self.sizes.mtp_bytes
             + self.resident_expert_bytes
             + self.state_bytes
             + self.sizes.scratch_bytes()
@@ -243,6 +274,9 @@ class MemoryPlan:
     def rows(self) -> list[tuple[str, int, str]]:
         s = self.sizes
         rows = [("dense weights (resident)", s.dense_bytes, "")]
+        if s.mtp_bytes:
+            where = "through the arena" if self.streaming else "resident"
+            rows.append(("MTP head (resident)", s.mtp_bytes, f"its {s.mtp_experts} experts {where}"))
         if s.n_experts_total:
             if self.streaming:
                 share = self.arena_slots / s.n_experts_total
@@ -321,6 +355,25 @@ class MemoryPlan:
                 lines.append(head + wrapped[0])
                 lines += [" " * len(head) + more for more in wrapped[1:]]
         return "\n".join(lines)
+
+
+def render_contexts(plans: list[MemoryPlan]) -> str:
+    """Plans of one model at several contexts side by side: a size column per plan (headed by its context),
+    the notes of the first."""
+    rows = [p.rows() for p in plans]
+    names = [name.replace(f" at {plans[0].n_ctx} tokens", "") for name, _, _ in rows[0]]
+    if any(len(r) != len(rows[0]) for r in rows):
+        raise ValueError("the plans have different parts")
+    label = max(len(n) for n in [*names, "total"])
+    head = " " * label + "".join(f"  {f'{p.n_ctx:,} ctx':>12}" for p in plans)
+    lines = [head]
+    for i, name in enumerate(names):
+        sizes = "".join(f"  {human_bytes(r[i][1]):>12}" for r in rows)
+        lines.append(f"{name:<{label}}{sizes}  {rows[0][i][2]}".rstrip())
+    budget = plans[0].budget_bytes
+    totals = "".join(f"  {human_bytes(p.total_bytes):>12}" for p in plans)
+    lines.append(f"{'total':<{label}}{totals}" + (f"  of a {human_bytes(budget)} budget" if budget else ""))
+    return "\n".join(lines)
 
 
 def human_bytes(n: int) -> str:

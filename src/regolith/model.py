@@ -8,6 +8,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from . import _core
@@ -21,7 +22,7 @@ from .chat import ChatTemplate, Message, fallback_template
 from .errors import ImageError, MemoryPlanError, ModelFormatError
 from .generation import Generation, TokenGuide
 from .memory_plan import MemoryPlan
-from .models import resolve_model
+from .models import ModelFiles, resolve_files
 from .prompt_cache import PromptCache, chat_boundaries
 from .sampling import SamplingParams
 from .speculative import CostGate, Speculation, speculation
@@ -83,9 +84,13 @@ class Model:
         plan: MemoryPlan | None = None,
         fingerprint: bytes | None = None,
         vision: VisionTower | None = None,
+        files: ModelFiles | None = None,
     ):
         self._core = core
         self.path = path
+        self.files = files or ModelFiles(Path(path))
+        """The model's files (:class:`regolith.models.ModelFiles`): the GGUF or its first shard (or the packed
+        directory) and the side files loaded with it."""
         self.config: dict[str, Any] = core.config()
         self._metadata = metadata
         self.n_ctx = int(n_ctx or default_n_ctx(self.config.get("context_length")))
@@ -123,12 +128,20 @@ class Model:
         lookahead: bool = True,
         io_threads: int = 4,
         lock_memory: bool = True,
+        ple: str | os.PathLike[str] | None = None,
+        mtp: str | os.PathLike[str] | None = None,
         mmproj: str | os.PathLike[str] | None = None,
         vision_idle_unload: float | None = 300.0,
         backend: str | None = None,
     ) -> Model:
-        """Load a GGUF file, a packed model directory (``regolith pack``), or a known model name (default: the
-        default model).
+        """Load a GGUF file (any shard of a split model: every shard is read), a model directory, a packed model
+        directory (``regolith pack``), a Hugging Face Hub repository (``"hf://ORG/REPO[:QUANT]"``, downloaded
+        into the Hub's cache) or a known model name (default: the default model).
+
+        ``ple`` and ``mtp`` are side files holding the PLE n-gram table and the MTP head apart from the model
+        (GGUFs of the same architecture, whole or split); in a model directory they, and the projector, are
+        found by name (``ple-*.gguf``, ``mtp-*.gguf``, ``mmproj-*.gguf``). The fingerprint saved states carry
+        covers every file.
 
         ``n_ctx`` is the context of the windows :meth:`generate`, :meth:`chat` and sessions use (default: the
         model's context length, at most 8192). ``chat_template`` (jinja2 source) replaces the file's chat
@@ -151,7 +164,8 @@ class Model:
         the GPU where there is one, else the CPU; default: ``$REGOLITH_BACKEND`` or ``"cpu"``).
 
         Raises :class:`regolith.GGUFError` for a malformed file, :class:`regolith.ModelFormatError` for an
-        architecture regolith does not run, missing / mis-shaped tensors or a corrupt pack, and
+        architecture regolith does not run, missing / mis-shaped tensors, a missing or foreign shard, a corrupt
+        pack, :class:`regolith.HubError` for a failed download, and
         :class:`regolith.MemoryPlanError` when the plan cannot fit (before anything large is allocated).
         """
         if n_ctx is not None and n_ctx <= 0:
@@ -160,13 +174,15 @@ class Model:
         if host_cache_gb is not None and backend == "cpu":
             raise MemoryPlanError("host_cache_gb: on the cpu backend the expert arena is host RAM already")
         overhead = _plan.process_rss()
-        resolved = str(resolve_model(path))
+        files = resolve_files(path, ple=ple, mtp=mtp, mmproj=mmproj)
+        resolved = str(files.model)
         packed = _pack.open_packed(resolved) if _pack.is_packed(resolved) else None
         gguf_path = str(packed.dense) if packed else resolved
-        with _gguf.open(gguf_path) as f:
+        with _gguf.open(gguf_path, side_files=files.side_files) as f:
             arch = f.architecture
             metadata = f.metadata
             tensors = f.tensors
+            groups = f.groups
         if arch not in _ARCHITECTURES:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
@@ -184,11 +200,11 @@ class Model:
         )
         _log.info("memory plan for %s:\n%s", resolved, plan.render())
         if arch != "qwen4exp":
-            core = _ARCHITECTURES[arch](gguf_path, backend=backend)
+            core = _ARCHITECTURES[arch](groups, backend=backend)
         else:
             moce_opts = dict(moce) if isinstance(moce, Mapping) else {}
             core = _core.Qwen4ExpModel(
-                gguf_path,
+                groups,
                 experts_path=str(packed.experts) if packed else "",
                 arena_slots=plan.arena_slots,
                 io_threads=io_threads,
@@ -206,10 +222,10 @@ class Model:
             if info is not None and lock_memory and not info["locked"]:
                 _warn_unlocked(info["lock_error"])
         vision = None
-        if mmproj is not None:
+        if files.mmproj is not None:
             if arch != "qwen4exp":
                 raise ModelFormatError(f"images need a qwen4exp model, not {arch!r}")
-            vision = VisionTower(os.fspath(mmproj), idle_unload=vision_idle_unload, backend=backend)
+            vision = VisionTower(os.fspath(files.mmproj), idle_unload=vision_idle_unload, backend=backend)
         model = cls(
             core,
             resolved,
@@ -219,6 +235,7 @@ class Model:
             plan=plan,
             fingerprint=packed.fingerprint if packed else None,
             vision=vision,
+            files=files,
         )
         if vision is not None and vision.out_dim != model.config["hidden_size"]:
             raise ModelFormatError(
@@ -258,9 +275,13 @@ class Model:
 
     @property
     def fingerprint(self) -> bytes:
-        """32 bytes identifying the model file (:func:`regolith.state.model_fingerprint`); saved states carry it."""
+        """32 bytes identifying the model's files (:func:`regolith.state.model_fingerprint`: its shards, side files
+        and projector); saved states carry it."""
         if self._fingerprint is None:
-            self._fingerprint = _state.model_fingerprint(self.path)
+            f = self.files
+            self._fingerprint = _state.model_fingerprint(
+                f.model, side_files=[*f.side_files, *([f.mmproj] if f.mmproj else [])]
+            )
         return self._fingerprint
 
     def window(self, max_ctx: int | None = None) -> Window:

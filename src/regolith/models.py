@@ -1,8 +1,11 @@
-"""Known models, and resolving a command's model argument.
+"""Known models, and resolving a command's model argument to the model's files.
 
-A model argument is a path to a GGUF file (or a packed model directory) or the name of a known model. The
-default, ``regolith-demo``, is bundled inside this package; the others are real GGUF weights published as
-Python packages, assembled into the user cache on first use.
+A model argument is a path to a GGUF file (any shard of a split one), a model directory (its GGUF and the side
+files beside it, found by name: :mod:`regolith.model_files`), a packed model directory, a Hugging Face Hub
+repository (``hf://ORG/REPO[:QUANT]``, or ``ORG/REPO[:QUANT]`` where no such path exists; downloaded into the
+Hub's cache, :mod:`regolith.hub`) or the name of a known model. The default, ``regolith-demo``, is bundled
+inside this package; the other known models are real GGUF weights published as Python packages, assembled
+into the user cache on first use.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import gguf as _gguf
+from . import hub as _hub
 from ._atomic import atomic_path
-from .errors import RegolithError
+from .errors import ModelFormatError, RegolithError
+from .model_files import SIDE_ROLES, group_sets, role_of
 
-__all__ = ["DEFAULT_MODEL", "KNOWN_MODELS", "KnownModel", "resolve_model"]
+__all__ = ["DEFAULT_MODEL", "KNOWN_MODELS", "KnownModel", "ModelFiles", "resolve_files", "resolve_model"]
 
 
 @dataclass(frozen=True)
@@ -125,14 +131,91 @@ def _assemble(model: KnownModel) -> Path:
     return target
 
 
-def resolve_model(model: str | os.PathLike[str] | None) -> Path:
-    """Path of the GGUF file for a model argument: a file path, a known model's name, or None (default)."""
+@dataclass(frozen=True)
+class ModelFiles:
+    """A model's files: ``model`` (a GGUF file, the first shard of a split one, or a packed model directory)
+    and its side files, each a whole file or the first of its shards, or None."""
+
+    model: Path
+    ple: Path | None = None
+    mtp: Path | None = None
+    mmproj: Path | None = None
+
+    @property
+    def side_files(self) -> list[Path]:
+        """The side files that add tensors to the model: the PLE table and the MTP head, those present."""
+        return [p for p in (self.ple, self.mtp) if p is not None]
+
+
+def _from_names(names: list[Path], where: str) -> ModelFiles:
+    """The model and side files among ``names`` (GGUF files of one place), by their names."""
+    roles: dict[str, list[list[Path]]] = {}
+    for files in group_sets([str(n) for n in names]).values():
+        roles.setdefault(role_of(Path(files[0]).name), []).append([Path(f) for f in files])
+    models = roles.get("model", [])
+    if len(models) != 1:
+        found = ", ".join(m[0].name for m in models) or "none"
+        raise ModelFormatError(
+            f"{where}: expected one model GGUF beside the side files, found {found}; name the file"
+        )
+    side: dict[str, Path] = {}
+    for role in SIDE_ROLES:
+        sets = roles.get(role, [])
+        if len(sets) > 1:
+            listed = ", ".join(s[0].name for s in sets)
+            raise ModelFormatError(f"{where}: several {role} files ({listed}); pass {role}= to choose")
+        if sets:
+            side[role] = sets[0][0]
+    return ModelFiles(models[0][0], **side)
+
+
+def resolve_files(
+    model: str | os.PathLike[str] | None,
+    *,
+    ple: str | os.PathLike[str] | None = None,
+    mtp: str | os.PathLike[str] | None = None,
+    mmproj: str | os.PathLike[str] | None = None,
+) -> ModelFiles:
+    """The files of a model argument (see the module docstring), with the side files given here in place of
+    those found beside it. Raises RegolithError for no such model, ModelFormatError for a directory whose files
+    do not make one model, HubError when a download fails."""
+    given = {k: Path(v) for k, v in (("ple", ple), ("mtp", mtp), ("mmproj", mmproj)) if v is not None}
+    for role, p in given.items():
+        if not p.exists():
+            raise RegolithError(f"no such {role} file: {p}")
     if model is None:
         model = DEFAULT_MODEL
-    if isinstance(model, str) and model in KNOWN_MODELS:
-        return _assemble(KNOWN_MODELS[model])
     path = Path(model)
-    if not path.exists():
+    if isinstance(model, str) and model in KNOWN_MODELS:
+        found = ModelFiles(_assemble(KNOWN_MODELS[model]))
+    elif isinstance(model, str) and (
+        model.startswith(_hub.HF_SCHEME) or (not path.exists() and _hub.parse_repo(model) is not None)
+    ):
+        spec = _hub.parse_repo(model)
+        if spec is None:
+            raise RegolithError(f"{model}: a Hub model is hf://ORG/REPO or hf://ORG/REPO:QUANT")
+        pulled = _hub.pull(*spec)
+        found = ModelFiles(
+            pulled["model"][0], **{role: pulled[role][0] for role in SIDE_ROLES if role in pulled}
+        )
+    elif path.is_dir() and not (path / "manifest.json").is_file():
+        found = _from_names(sorted(p for p in path.glob("*.gguf") if not p.name.startswith(".")), str(path))
+    elif path.exists():
+        found = ModelFiles(_gguf.split_paths(path)[0] if path.is_file() else path)
+    else:
         known = ", ".join(KNOWN_MODELS)
         raise RegolithError(f"no such model file: {path} (known model names: {known})")
-    return path
+    if given and found.model.is_dir():
+        raise ModelFormatError(f"{found.model} is a packed model: its side files are packed with it")
+    return ModelFiles(
+        found.model,
+        given.get("ple", found.ple),
+        given.get("mtp", found.mtp),
+        given.get("mmproj", found.mmproj),
+    )
+
+
+def resolve_model(model: str | os.PathLike[str] | None) -> Path:
+    """The model file (or packed directory) of a model argument: a file path, a model directory, a Hub
+    repository, a known model's name, or None (default). See :func:`resolve_files` for its side files."""
+    return resolve_files(model).model

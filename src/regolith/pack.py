@@ -17,7 +17,7 @@ import re
 import shutil
 import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -323,10 +323,13 @@ def pack(
     model: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
     *,
+    side_files: Sequence[str | os.PathLike[str]] = (),
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> Path:
-    """Pack the qwen4exp GGUF ``model`` into the directory ``out_dir`` (see the module docstring).
+    """Pack the qwen4exp GGUF ``model`` (a file, or any shard of a split model) and its ``side_files`` (the PLE
+    table and the MTP head kept apart, as :meth:`regolith.Model.load` takes them) into the directory ``out_dir``
+    (see the module docstring). The manifest's source fingerprint is theirs together.
 
     ``progress(file, done, total)`` is called as each file advances. The directory appears only when
     complete (built beside it and renamed); with ``overwrite`` an existing pack there is replaced, else
@@ -336,7 +339,7 @@ def pack(
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists (pass overwrite=True / --force to replace it)")
-    with _gguf.open(src_path) as src:
+    with _gguf.open(src_path, side_files=side_files) as src:
         arch = src.architecture
         if arch != "qwen4exp":
             raise ModelFormatError(
@@ -344,6 +347,9 @@ def pack(
             )
         md = src.metadata
         n_layer = int(md["qwen4exp.block_count"])
+        nextn = int(md.get("qwen4exp.nextn_predict_layers", 0))
+        if nextn and f"blk.{n_layer - nextn}.nextn.eh_proj.weight" not in src.tensors:
+            n_layer -= nextn  # the MTP head is in a side file not given: packed without it
         n_expert = int(md["qwen4exp.expert_count"])
         experts = {n for n in src.tensors if _EXPERT_TENSOR.match(n)}
         has_ple = _PLE_TABLE in src.tensors
@@ -368,7 +374,7 @@ def pack(
                 "source": {
                     "name": src_path.name,
                     "bytes": src.file_size,
-                    "fingerprint": model_fingerprint(src_path).hex(),
+                    "fingerprint": model_fingerprint(src_path, side_files=side_files).hex(),
                 },
                 "experts": {
                     "layers": n_layer,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -83,26 +84,38 @@ class IoStats:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
 
-def model_fingerprint(path: str | os.PathLike[str]) -> bytes:
-    """A 32-byte BLAKE2b digest identifying a GGUF file's model, cheap to compute (milliseconds).
+def model_fingerprint(
+    path: str | os.PathLike[str], *, side_files: Sequence[str | os.PathLike[str]] = ()
+) -> bytes:
+    """A 32-byte BLAKE2b digest identifying a GGUF model, cheap to compute (milliseconds).
 
-    It covers the file's length, its whole header byte for byte (every metadata key and value, every tensor's
-    name, type, shape and offset) and 64 bytes from the middle of every tensor's data, so files that differ
-    in architecture, shapes, quantization or trained weights get different fingerprints. The weights are
-    not hashed whole: two files equal in all of that but different elsewhere in their data would collide.
+    For one file it covers the file's length, its whole header byte for byte (every metadata key and value,
+    every tensor's name, type, shape and offset) and 64 bytes from the middle of every tensor's data, so files
+    that differ in architecture, shapes, quantization or trained weights get different fingerprints. The weights
+    are not hashed whole: two files equal in all of that but different elsewhere in their data would collide.
+    A model in several files (a split model's shards, then ``side_files``, each whole or split) gets the BLAKE2b
+    of those digests of each file in that order, so it differs from its single-file twin.
     """
-    digest = hashlib.blake2b(digest_size=32, person=b"regolith-model")
-    with _gguf.open(path) as f:
-        tensors = sorted(f.tensors.values(), key=lambda t: t.offset)
-        digest.update(f.file_size.to_bytes(8, "little"))
-        data_start = tensors[0].offset if tensors else f.file_size
-        with open(path, "rb") as raw:
-            digest.update(raw.read(data_start))
-        for t in tensors:
-            data = f.tensor_bytes(t.name).reshape(-1)
-            mid = max(0, data.size // 2 - _SAMPLE // 2)
-            digest.update(data[mid : mid + _SAMPLE].tobytes())
-    return digest.digest()
+    digests = []
+    for group in (path, *side_files):
+        with _gguf.open(group) as f:
+            for file_path, size in zip(f.paths, f.file_sizes, strict=True):
+                digest = hashlib.blake2b(digest_size=32, person=b"regolith-model")
+                tensors = sorted(
+                    (t for t in f.tensors.values() if t.path == file_path), key=lambda t: t.offset
+                )
+                digest.update(size.to_bytes(8, "little"))
+                data_start = tensors[0].offset if tensors else size
+                with open(file_path, "rb") as raw:
+                    digest.update(raw.read(data_start))
+                for t in tensors:
+                    data = f.tensor_bytes(t.name).reshape(-1)
+                    mid = max(0, data.size // 2 - _SAMPLE // 2)
+                    digest.update(data[mid : mid + _SAMPLE].tobytes())
+                digests.append(digest.digest())
+    if len(digests) == 1:
+        return digests[0]
+    return hashlib.blake2b(b"".join(digests), digest_size=32, person=b"regolith-model").digest()
 
 
 def read_header(path: str | os.PathLike[str]) -> StateHeader:

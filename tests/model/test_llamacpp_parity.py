@@ -5,6 +5,9 @@ gate and selects QSA blocks with a wider top-k than transformers (docs/qwen4exp.
 halves of that finding: where a model avoids the two differences (sigmoid gate; an indexer budget that
 covers the prompt), llama.cpp, regolith and transformers agree; where it does not, llama.cpp differs from
 both. Regenerate with tools/llamacpp_fixtures/make_qwen4exp_logits.py.
+
+llama.cpp also loaded the gguf-split shards regolith writes of one case (tools/llamacpp_fixtures/
+make_split_fixture.py): regolith's logits on those shards must agree with llama.cpp's on them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ CASES = {
     "sigmoid_gate_sparse_qsa": {**BASE, "output_gate_type": "sigmoid"},
     "silu_gate": {**BASE, "output_gate_type": "silu", "indexer_budget": 64},
 }
+
+
+SPLIT_FIXTURE = FIXTURE.with_name("qwen4exp-split-logits.npz")
+SPLIT_CASE = "sigmoid_gate_full_budget"
+SPLIT_TENSORS = 24  # tensors per shard
 
 
 def case_prompt() -> np.ndarray:
@@ -83,3 +91,24 @@ def test_llamacpp_agrees_where_its_graph_matches_the_reference(case):
         # llama.cpp's sigmoid-only gate / wider QSA top-k change the output (docs/qwen4exp.md):
         # measured 1.3 (silu gate) and 0.27 (sparse QSA) relative
         assert _rel(lc, ref) > 0.05
+
+
+def test_llamacpp_reads_our_shards_as_we_do(tmp_path):
+    """The shards are the very files llama.cpp loaded (their sha256), and both engines compute the same logits
+    from them (measured ~2e-6, as for the single file)."""
+    import hashlib
+
+    from regolith import gguf_split
+    from regolith.convert import convert
+    from tests.qwen4exp_models import save_tiny_model
+
+    with np.load(SPLIT_FIXTURE) as f:
+        ids, lc, recorded = f["ids"], f["logits"], [str(s) for s in f["shards"]]
+    np.testing.assert_array_equal(ids, case_prompt())
+    hf = save_tiny_model(tmp_path / "hf", SEED, **CASES[SPLIT_CASE])
+    with regolith.gguf.open(convert(hf, tmp_path / "m.gguf", "f32")) as src:
+        shards = gguf_split.write_split(src, tmp_path / "split" / "m.gguf", max_tensors=SPLIT_TENSORS)
+    assert [f"{p.name} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in shards] == recorded
+    assert len(shards) > 2
+    ours = regolith.Model.load(shards[1]).window(64).eval(ids)
+    assert _rel(ours, lc) <= 1e-4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,11 @@ from typing import Any
 import gguf
 import numpy as np
 
+from .. import gguf as _gguf
 from .. import quant
 from .._atomic import atomic_path
 from ..errors import ModelFormatError, RegolithError
+from ..gguf_split import write_merged, write_split
 from . import mmproj as _mmproj
 from . import qwen4exp
 from .checkpoint import Checkpoint
@@ -128,23 +131,56 @@ def _write_chunked(writer: gguf.GGUFWriter, name: str, chunks: Any, qtype: str) 
 def convert(
     hf_dir: str | os.PathLike[str],
     out_path: str | os.PathLike[str],
-    outtype: str = "f16",
+    outtype: str | None = None,
     *,
     tokenizer_pre: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     mmproj: str | os.PathLike[str] | None = None,
+    split_max_size: int | None = None,
+    split_max_tensors: int | None = None,
 ) -> Path:
-    """Convert a qwen4_exp Hugging Face directory to a GGUF file in llama.cpp's qwen4exp layout.
+    """Convert a qwen4_exp Hugging Face directory to a GGUF file in llama.cpp's qwen4exp layout (``outtype``,
+    default f16); returns its path (split: the first shard's).
 
     Everything is validated (config, tensor names and shapes, tokenizer) before the output is created; the
     file is written to a temporary file beside ``out_path``, fsynced and renamed, so an error or an
     interrupt leaves no partial output. ``progress(name, index, count)`` is called after each tensor.
     ``mmproj``: also write the vision tower to this path (:func:`convert_mmproj`).
+    ``split_max_size`` (bytes) or ``split_max_tensors``: write shards in llama.cpp's gguf-split layout
+    (:func:`regolith.gguf_split.write_split`) instead of one file. ``hf_dir`` may also be a GGUF file (any
+    shard of a split model): it is re-split, or merged into one file, with its tensors as they are.
     Raises ModelFormatError for an unsupported architecture or a malformed checkpoint.
     """
+    out_path = Path(out_path)
+    split = split_max_size is not None or split_max_tensors is not None
+    if Path(hf_dir).is_file():
+        if outtype is not None or mmproj is not None:
+            raise RegolithError(
+                "a GGUF source keeps its tensors as they are: --outtype and --mmproj apply to "
+                "Hugging Face checkpoints"
+            )
+        with _gguf.open(hf_dir) as src:
+            if split:
+                return write_split(
+                    src, out_path, max_size=split_max_size, max_tensors=split_max_tensors, progress=progress
+                )[0]
+            return write_merged(src, out_path, progress=progress)
+    outtype = outtype or "f16"
     if outtype not in OUTTYPES:
         raise RegolithError(f"unknown outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
-    out_path = Path(out_path)
+    if split:
+        # Converted whole beside the output first, then split (the converter streams tensors into one file).
+        with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=f".{out_path.name}.") as tmp:
+            whole = convert(
+                hf_dir,
+                Path(tmp) / out_path.name,
+                outtype,
+                tokenizer_pre=tokenizer_pre,
+                progress=progress,
+                mmproj=mmproj,
+            )
+            with _gguf.open(whole) as src:
+                return write_split(src, out_path, max_size=split_max_size, max_tensors=split_max_tensors)[0]
     ckpt = Checkpoint(hf_dir)
     if mmproj is not None:
         convert_mmproj(hf_dir, mmproj, outtype)
