@@ -18,7 +18,15 @@ PACKAGE_DIR = ROOT / "src" / "regolith"
 # A new module needs a place here and in the document.
 LAYERS: list[tuple[str, ...]] = [
     ("_core", "errors.py", "_atomic.py", "antislop.py"),
-    ("quant.py", "sampling.py", "chat.py", "memory_plan.py", "models.py", "backends/__init__.py"),
+    (
+        "quant.py",
+        "sampling.py",
+        "logprobs.py",
+        "chat.py",
+        "memory_plan.py",
+        "models.py",
+        "backends/__init__.py",
+    ),
     ("gguf.py", "backends/check.py"),
     ("tokenizer.py", "vision.py", "state.py"),
     ("pack.py", "window.py"),
