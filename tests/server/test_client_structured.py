@@ -1,7 +1,7 @@
-"""Structured output and forced tool calls through the clients people use, against a live server of the bundled
-demo model (a model never trained to write JSON, so only the grammar keeps its replies valid): the OpenAI SDK's
-``parse`` with a pydantic model, and langchain's ``with_structured_output`` (json_mode, json_schema,
-function_calling) and ``bind_tools``."""
+"""Structured output and forced tool calls through the clients people use, against live servers of the bundled
+demo model (a model never trained to write JSON, so only the grammar keeps its replies valid) and of the real
+Qwen2.5-Coder-0.5B (its own tool-call format): the OpenAI SDK's ``parse`` with a pydantic model, and
+langchain's ``with_structured_output`` (json_mode, json_schema, function_calling) and ``bind_tools``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from pydantic import BaseModel
 import regolith
 from regolith.models import resolve_model
 from regolith.server import ServerConfig, create_app
-from tests.server.conftest import LiveServer
+from tests.server.conftest import API_KEY, LiveServer
+from tests.server.conftest import MODEL as QWEN
 
 MODEL = "demo"
 
@@ -39,10 +40,19 @@ def demo_server() -> Iterator[LiveServer]:
     live.close()
 
 
-def test_openai_sdk_parse(demo_server):
-    client = openai.OpenAI(base_url=demo_server.url + "/v1", api_key="x", max_retries=0, timeout=60)
+@pytest.fixture(scope="module", params=["demo", "qwen2.5-coder"])
+def live(request) -> tuple[str, str, str]:
+    """(base URL, model name, API key) of the demo server or of the Qwen one (which needs its weights)."""
+    if request.param == "demo":
+        return request.getfixturevalue("demo_server").url + "/v1", MODEL, "x"
+    return request.getfixturevalue("server").url + "/v1", QWEN, API_KEY
+
+
+def test_openai_sdk_parse(live):
+    url, model, key = live
+    client = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60)
     r = client.chat.completions.parse(
-        model=MODEL,
+        model=model,
         messages=[{"role": "user", "content": "Alice is 30. Who is she?"}],
         response_format=Person,
         temperature=0,
@@ -50,7 +60,7 @@ def test_openai_sdk_parse(demo_server):
     )
     assert r.choices[0].finish_reason == "stop" and isinstance(r.choices[0].message.parsed, Person)
     r = client.chat.completions.create(
-        model=MODEL,
+        model=model,
         messages=[{"role": "user", "content": "Name three colors."}],
         response_format={"type": "json_object"},
         temperature=0,
@@ -60,12 +70,13 @@ def test_openai_sdk_parse(demo_server):
 
 
 @pytest.mark.parametrize("method", ["json_mode", "json_schema", "function_calling"])
-def test_langchain_structured_output(demo_server, method):
+def test_langchain_structured_output(live, method):
     langchain_openai = pytest.importorskip("langchain_openai")
+    url, model, key = live
     llm = langchain_openai.ChatOpenAI(
-        base_url=demo_server.url + "/v1",
-        api_key="x",
-        model=MODEL,
+        base_url=url,
+        api_key=key,
+        model=model,
         temperature=0,
         max_retries=0,
         max_tokens=200,
@@ -78,12 +89,13 @@ def test_langchain_structured_output(demo_server, method):
         assert isinstance(out, Person)
 
 
-def test_langchain_bind_tools_any(demo_server):
+def test_langchain_bind_tools_any(live):
     langchain_openai = pytest.importorskip("langchain_openai")
+    url, model, key = live
     llm = langchain_openai.ChatOpenAI(
-        base_url=demo_server.url + "/v1",
-        api_key="x",
-        model=MODEL,
+        base_url=url,
+        api_key=key,
+        model=model,
         temperature=0,
         max_retries=0,
         max_tokens=200,
