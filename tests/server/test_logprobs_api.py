@@ -5,6 +5,8 @@ logits' float64 log-softmax computed here; choice j of a seeded request is the l
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import pytest
@@ -103,6 +105,29 @@ def test_n_choices_are_the_seeded_runs(client, server):
             finishes[ch.index] = ch.finish_reason or finishes[ch.index]
     assert texts == [text for text, _ in want] and finishes == [c.finish_reason for c in r.choices]
     assert usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_n_choices_under_a_grammar(client):
+    """The choices of a request share its grammar's guide, which follows each choice from its start."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Bob is 41. Describe him as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+        n=3,
+        seed=7,
+        temperature=1.0,
+        max_tokens=40,
+    )
+    for c in r.choices:
+        assert c.finish_reason == "stop"
+        jsonschema.validate(json.loads(c.message.content), schema)
 
 
 def _prompt_logprobs(model, ids):
