@@ -324,7 +324,7 @@ class Generation(Iterator[str]):
         self._speculation = speculation
         self._gate = gate if gate is not None else CostGate()
         self._spec: Speculator | None = None
-        self._top = logprobs
+        self._top = logprobs or 0
         self._prompt_top = prompt_logprobs
         self._shared = shared
         self._steps = self._run()
@@ -391,7 +391,6 @@ class Generation(Iterator[str]):
                     break
                 self.tokens.append(token)
                 if self.logprobs is not None:
-                    assert self._top is not None
                     self.logprobs.append(token_logprob(logits, token, self._top))
                 sampler.accept(token)
                 out.push(tok.token_bytes(token, special=False))
