@@ -90,7 +90,8 @@ def test_langchain_structured_output(live, method):
         assert isinstance(out, Person)
 
 
-def test_langchain_bind_tools_any(live):
+@pytest.mark.parametrize("choice", ["any", "get_weather"])
+def test_langchain_bind_tools_forced(live, choice):
     langchain_openai = pytest.importorskip("langchain_openai")
     url, model, key = live
     llm = langchain_openai.ChatOpenAI(
@@ -101,7 +102,7 @@ def test_langchain_bind_tools_any(live):
         max_retries=0,
         max_tokens=200,
     )
-    reply = llm.bind_tools([get_weather], tool_choice="any").invoke("hello")
+    reply = llm.bind_tools([get_weather], tool_choice=choice).invoke("hello")
     (call,) = reply.tool_calls
     assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
 
