@@ -1,8 +1,11 @@
-"""The decoding loop on a tiny random qwen4_exp: greedy decoding equals transformers' ``generate``; stop
-strings, max_tokens, context limits, streaming, prefix reuse, sessions and cancellation behave as documented.
+"""The decoding loop on a tiny random qwen4_exp: greedy decoding equals transformers' ``generate`` and token
+log-probabilities its log-softmax; stop strings, max_tokens, context limits, streaming, prefix reuse, shared
+prompts, sessions and cancellation behave as documented.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -161,3 +164,72 @@ def test_cancel_records_the_partial_reply(tiny):
     assert gen.finish_reason in ("cancelled", "stop", "length")
     assert s.messages[-1] == {"role": "assistant", "content": gen.text}
     assert gen.text.startswith(first)
+
+
+def test_logprobs_match_transformers(tiny):
+    """Generated and prompt tokens' log-probabilities are the log-softmax of the model's raw logits at their
+    positions (sampled with a temperature and the end tokens banned by logit_bias, neither of which they
+    see): transformers' float64 log-softmax of its own logits."""
+    model, ref = tiny
+    ids = model.tokenize(PROMPT)
+    no_end = {t: -math.inf for t in model.tokenizer.eog_ids}
+    gen = model.start(
+        ids,
+        window=model.window(),
+        max_tokens=12,
+        temperature=1.5,
+        seed=3,
+        logit_bias=no_end,
+        logprobs=3,
+        prompt_logprobs=2,
+    )
+    "".join(gen)
+    seq = ids + gen.tokens
+    with torch.no_grad():
+        logits = ref(torch.tensor([seq])).logits[0].double()
+    want = torch.log_softmax(logits, dim=-1).numpy()
+    assert gen.prompt_logprobs[0] is None and len(gen.prompt_logprobs) == len(ids)
+    assert len(gen.logprobs) == len(gen.tokens) == 12
+    entries = [*gen.prompt_logprobs[1:], *gen.logprobs]
+    for pos, e in enumerate(entries):  # entry pos is token pos + 1, predicted by the logits at pos
+        assert e.token == seq[pos + 1]
+        assert abs(e.logprob - want[pos, e.token]) < 1e-5
+        k = 2 if pos < len(ids) - 1 else 3
+        assert len(e.top) == k and [lp for _, lp in e.top] == sorted((lp for _, lp in e.top), reverse=True)
+        np.testing.assert_allclose([lp for _, lp in e.top], np.sort(want[pos])[::-1][:k], atol=1e-5)
+    assert any(e.token != e.top[0][0] for e in gen.logprobs)  # sampled, not greedy
+
+
+def test_released_tokens_cover_the_text_yielded(tiny):
+    model, _ = tiny
+    tok = model.tokenizer
+    gen = model.start(
+        model.tokenize(PROMPT), max_tokens=40, temperature=1.0, seed=5, stop=["\n\n"], logprobs=0
+    )
+    text = ""
+    for piece in gen:
+        text += piece
+        covered = b"".join(tok.token_bytes(t, special=False) for t in gen.tokens[: gen.released_tokens])
+        assert text.startswith(covered.decode("utf-8", "replace"))
+    assert gen.released_tokens == len(gen.tokens) == len(gen.logprobs)
+
+
+def test_shared_prompt_is_evaluated_once_for_several_generations(tiny):
+    """Choices restore the first one's state of the prompt (qwen4exp's recurrent state cannot be cut back) and
+    are what independent generations on fresh windows are."""
+    from regolith.generation import SharedPrompt
+
+    model, _ = tiny
+    ids = model.tokenize(PROMPT)
+    w, shared = model.window(), SharedPrompt()
+    got = []
+    for seed in (1, 2, 3):
+        before = w.n_evaluated
+        g = model.start(ids, window=w, max_tokens=10, temperature=1.0, seed=seed, shared=shared, logprobs=1)
+        got.append(("".join(g), g.tokens, g.logprobs, g.stats.cached_tokens))
+        prompt_evals = w.n_evaluated - before - max(len(g.tokens) - 1, 0)
+        assert prompt_evals == (len(ids) if seed == 1 else 0)
+    for seed, (text, tokens, logprobs, cached) in zip((1, 2, 3), got, strict=True):
+        g = model.start(ids, window=model.window(), max_tokens=10, temperature=1.0, seed=seed, logprobs=1)
+        assert ("".join(g), g.tokens, g.logprobs) == (text, tokens, logprobs)
+        assert cached == (0 if seed == 1 else len(ids))

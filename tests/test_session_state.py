@@ -1,7 +1,7 @@
 """Window and session state files: continuing after a load gives the logits continuing without saving gave, bit
 for bit (tiny qwen4exp: Gated DeltaNet, QSA and PLE states; real gemma3: an f16 KV cache); corrupt, truncated,
 wrong-version and wrong-model files raise SessionError; a process killed mid-save leaves the file it was
-replacing intact.
+replacing intact. In-memory snapshots (Window.snapshot / restore) restore bit for bit too.
 """
 
 from __future__ import annotations
@@ -228,6 +228,39 @@ def test_a_state_longer_than_the_window_is_rejected(tiny, saved):
     w = tiny.window(40)
     with pytest.raises(SessionError, match="at most 40"):
         w.load(path)
+
+
+# ---- snapshots in memory -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "gemma"])
+def test_a_snapshot_restores_bit_identical(model_name, request):
+    model = request.getfixturevalue(model_name)
+    ids = _ids(model, 90, seed=5)
+    w = model.window(128)
+    w.eval(ids[:33])
+    w.eval(ids[33:50])
+    snap = w.snapshot()
+    assert snap.tokens == tuple(ids[:50]) and snap.nbytes > 0
+    want = _continue(w, ids[50:])
+    for _ in range(2):  # restored twice: a snapshot is not consumed
+        w.restore(snap)
+        assert w.tokens == ids[:50] and w.n_past == 50
+        _assert_same(_continue(w, ids[50:]), want)
+    fresh = model.window(128)
+    fresh.restore(snap)
+    _assert_same(_continue(fresh, ids[50:]), want)
+
+
+def test_a_snapshot_of_another_model_or_too_long_is_rejected(tiny, gemma):
+    w = tiny.window(64)
+    w.eval(_ids(tiny, 50))
+    snap = w.snapshot()
+    for window, match in ((gemma.window(64), "does not fit|state parts"), (tiny.window(40), "at most 40")):
+        window.eval([7, 8, 9])
+        with pytest.raises(SessionError, match=match):
+            window.restore(snap)
+        assert window.tokens == [] and window.n_past == 0  # reset, as the error says
 
 
 # ---- sessions ------------------------------------------------------------------------------------------------

@@ -229,6 +229,9 @@ void init_model(nb::module_& m) {
                 return w.draft(next, n);
             },
             nb::arg("next"), nb::arg("n"), "Up to n greedy tokens from the model's draft head (MTP) after `next`.")
+        .def("snapshot", &snapshot_window, "A copy of the whole state in host memory.")
+        .def("restore", &restore_window, nb::arg("snapshot"),
+             "Reset, then put back the state a snapshot() copied (StateError for another model's).")
         .def("save_state", &save_window_state, nb::arg("path"), nb::arg("fingerprint"),
              nb::arg("architecture"), nb::arg("tokens"), nb::arg("start"), nb::arg("meta"),
              nb::arg("logits").none(), nb::arg("threads") = 4, nb::arg("direct") = true,

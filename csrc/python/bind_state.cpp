@@ -100,7 +100,54 @@ nb::tuple load_window_state(regolith::ModelWindow& w, const std::string& path, c
     return nb::make_tuple(stats_dict(stats), logits);
 }
 
+uint64_t WindowSnapshot::bytes() const {
+    uint64_t n = 0;
+    for (const Part& p : parts) n += p.bytes.size();
+    return n;
+}
+
+WindowSnapshot snapshot_window(regolith::ModelWindow& w) {
+    WindowSnapshot s;
+    s.n = w.n_past();
+    nb::gil_scoped_release release;
+    w.export_state(0, [&](std::vector<regolith::StatePart>& parts) {
+        for (const regolith::StatePart& p : parts) {
+            WindowSnapshot::Part& q = s.parts.emplace_back(WindowSnapshot::Part{p.kind, p.layer, {}});
+            q.bytes.reserve(p.bytes());
+            for (const regolith::StateSpan& span : p.spans)
+                q.bytes.insert(q.bytes.end(), span.data, span.data + span.bytes);
+        }
+    });
+    return s;
+}
+
+void restore_window(regolith::ModelWindow& w, const WindowSnapshot& s) {
+    nb::gil_scoped_release release;
+    w.reset();
+    w.import_state(0, s.n, true, [&](std::vector<regolith::StatePart>& parts) {
+        if (parts.size() != s.parts.size())
+            throw regolith::StateError("the snapshot has " + std::to_string(s.parts.size()) +
+                                       " state parts; this window has " + std::to_string(parts.size()));
+        for (size_t i = 0; i < parts.size(); ++i) {
+            const regolith::StatePart& p = parts[i];
+            const WindowSnapshot::Part& q = s.parts[i];
+            if (p.kind != q.kind || p.layer != q.layer || p.bytes() != q.bytes.size())
+                throw regolith::StateError("the snapshot's " + regolith::state_part_name(q.kind, q.layer) +
+                                           " does not fit this window's " +
+                                           regolith::state_part_name(p.kind, p.layer));
+            size_t at = 0;
+            for (const regolith::StateSpan& span : p.spans) {
+                std::memcpy(span.data, q.bytes.data() + at, span.bytes);
+                at += span.bytes;
+            }
+        }
+    });
+}
+
 void init_state(nb::module_& m) {
+    nb::class_<WindowSnapshot>(m, "WindowSnapshot", "A window's whole state in host memory.")
+        .def_ro("n", &WindowSnapshot::n, "Tokens the state has seen.")
+        .def_prop_ro("bytes", &WindowSnapshot::bytes, "Host memory the copy takes.");
     m.def(
         "crc32c",
         [](nb::bytes data, uint32_t crc) { return regolith::crc32c(crc, data.c_str(), data.size()); },

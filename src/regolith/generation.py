@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from .errors import ContextOverflowError
+from .logprobs import TokenLogprob, token_logprob
 from .sampling import Sampler, SamplingParams
 from .speculative import CostGate, Speculation, Speculator
 
@@ -29,12 +30,15 @@ if TYPE_CHECKING:
     from .antislop import SlopMatcher, Violation
     from .prompt_cache import PromptCache
     from .tokenizer import Tokenizer
-    from .window import Window
+    from .window import Window, WindowSnapshot
 
-__all__ = ["Generation", "GenerationStats", "TokenGuide", "prefill"]
+__all__ = ["Generation", "GenerationStats", "SharedPrompt", "TokenGuide", "prefill", "score_prompt"]
 
 # Prompt tokens evaluated per call: bounds activation memory and lets a cancelled request stop between chunks.
 PREFILL_CHUNK = 512
+# Prompt tokens per call when every position's logits are kept (prompt log-probabilities): 128 rows of a
+# 152k vocabulary are 78 MB of float32 logits.
+LOGPROBS_CHUNK = 128
 # Bans at one position before anti-slop gives up and lets the phrase stand (every candidate may be slop).
 MAX_BANS_PER_POSITION = 16
 
@@ -138,6 +142,68 @@ def prefill(
     return logits[0], keep
 
 
+def score_prompt(
+    window: Window,
+    prompt: Sequence[int],
+    top: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[np.ndarray, list[TokenLogprob | None]]:
+    """Evaluate ``prompt`` on ``window`` from its first token (nothing the window holds is reused: every
+    position's logits are needed) and return (logits after its last token, each prompt token's log-probability
+    with the ``top`` most likely tokens at its position; None for the first token, which nothing predicts).
+    ``progress`` is as for :func:`prefill`."""
+    if not prompt:
+        raise ValueError("the prompt is empty: generation needs at least one token")
+    if len(prompt) >= window.max_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {len(prompt)} tokens; the context holds {window.max_ctx} (with room for one reply token)"
+        )
+    window.truncate(0)
+    out: list[TokenLogprob | None] = [None]
+    logits = None
+    for start in range(0, len(prompt), LOGPROBS_CHUNK):
+        end = min(start + LOGPROBS_CHUNK, len(prompt))
+        logits = window.eval(prompt[start:end], all_logits=True)
+        for i in range(start, end - 1 if end == len(prompt) else end):
+            out.append(token_logprob(logits[i - start], prompt[i + 1], top))
+        if progress is not None:
+            progress(end, len(prompt))
+    assert logits is not None
+    return logits[-1], out
+
+
+class SharedPrompt:
+    """One prompt's evaluation shared by several generations of it (a server's ``n`` choices): the first
+    generation given it keeps a :meth:`regolith.Window.snapshot` of the window after the prompt, with the
+    logits there and the prompt's log-probabilities; the others restore it instead of evaluating the prompt."""
+
+    def __init__(self) -> None:
+        self.prompt: list[int] | None = None
+        self.snapshot: WindowSnapshot | None = None
+        self.logits: np.ndarray | None = None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+
+    def keep(
+        self,
+        window: Window,
+        prompt: Sequence[int],
+        logits: np.ndarray,
+        logprobs: list[TokenLogprob | None] | None,
+    ) -> None:
+        self.prompt, self.snapshot = list(prompt), window.snapshot()
+        self.logits, self.prompt_logprobs = logits, logprobs
+
+    def restore(self, window: Window, prompt: Sequence[int], logprobs: bool) -> np.ndarray | None:
+        """The logits after ``prompt`` with ``window`` brought to the state after it, or None when this
+        holds no state of ``prompt`` (or lacks the prompt's log-probabilities, when ``logprobs``)."""
+        if self.snapshot is None or self.prompt != list(prompt):
+            return None
+        if logprobs and self.prompt_logprobs is None:
+            return None
+        window.restore(self.snapshot)
+        return self.logits
+
+
 @dataclass
 class _Text:
     """Generated tokens and their text, with where each token's text ends (for mapping text back to tokens)."""
@@ -165,6 +231,17 @@ class _Text:
             i -= 1
         return i
 
+    def tokens_before(self, char: int) -> int:
+        """How many tokens lie wholly before the character at ``char`` (all the tokens when ``char`` is the
+        text's end, but those holding the bytes of a character not yet complete)."""
+        if char < len(self.text):
+            return self.token_at(char)
+        i, pending = len(self.token_bytes), len(self.decoder.getstate()[0])
+        while pending > 0 and i > 0:
+            i -= 1
+            pending -= len(self.token_bytes[i])
+        return i
+
     def truncate(self, n: int) -> None:
         kept = self.token_bytes[:n]
         self.token_bytes, self.char_end, self.text = [], [], ""
@@ -181,6 +258,12 @@ class Generation(Iterator[str]):
     ``speculation`` (:class:`regolith.speculative.Speculation`) drafts are verified several tokens per model
     evaluation; the output is exactly what it would be without (see :mod:`regolith.speculative`); ``gate`` is
     the cost model to use (and teach), by default a new one.
+
+    With ``logprobs`` (a count of alternatives, 0 for none), :attr:`logprobs` holds each generated token's
+    log-probability (:class:`regolith.logprobs.TokenLogprob`: the log-softmax of the model's raw logits at its
+    position) and the ``logprobs`` most likely tokens there; with ``prompt_logprobs`` :attr:`prompt_logprobs`
+    holds the prompt's (the whole prompt is then evaluated: no prefix is reused). ``shared``
+    (:class:`SharedPrompt`) lets several generations of one prompt evaluate it once.
 
     Created by :meth:`regolith.Model.generate` and friends; :meth:`close` cancels it (a server does this when
     the client disconnects). Iteration runs the model; the window must not be used by anyone else meanwhile.
@@ -203,6 +286,9 @@ class Generation(Iterator[str]):
         speculation: Speculation | None = None,
         gate: CostGate | None = None,
         on_prefill: Callable[[int, int], None] | None = None,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+        shared: SharedPrompt | None = None,
     ):
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -210,11 +296,18 @@ class Generation(Iterator[str]):
             stop = [stop]
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError("stop strings must be non-empty strings")
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be None or an integer >= 0, got {value!r}")
         self.prompt = list(prompt)
         self.tokens: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
         self.end_token: int | None = None  # the end-of-generation token that ended the reply, if one did
+        self.logprobs: list[TokenLogprob] | None = [] if logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self.released_tokens = 0
+        """How many of :attr:`tokens` the text yielded so far covers whole (all of them once it has ended)."""
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))
         self._window = window
         self._tokenizer = tokenizer
@@ -231,6 +324,9 @@ class Generation(Iterator[str]):
         self._speculation = speculation
         self._gate = gate if gate is not None else CostGate()
         self._spec: Speculator | None = None
+        self._top = logprobs or 0
+        self._prompt_top = prompt_logprobs
+        self._shared = shared
         self._steps = self._run()
 
     def __next__(self) -> str:
@@ -260,9 +356,7 @@ class Generation(Iterator[str]):
     def _run(self) -> Iterator[str]:
         window, tok = self._window, self._tokenizer
         t0 = time.perf_counter()
-        logits, self.stats.cached_tokens = prefill(
-            window, self.prompt, self._cache, self._boundaries, self._on_prefill
-        )
+        logits = self._prefill()
         t1 = time.perf_counter()
         self.stats.prefill_seconds = t1 - t0
         if self._speculation is not None:
@@ -296,6 +390,8 @@ class Generation(Iterator[str]):
                     self.end_token = token
                     break
                 self.tokens.append(token)
+                if self.logprobs is not None:
+                    self.logprobs.append(token_logprob(logits, token, self._top))
                 sampler.accept(token)
                 out.push(tok.token_bytes(token, special=False))
                 text = out.text
@@ -329,10 +425,12 @@ class Generation(Iterator[str]):
                 if safe > emitted:
                     piece, emitted = text[emitted:safe], safe
                     self.text += piece
+                    self.released_tokens = out.tokens_before(emitted)
                     yield piece
             if final is None:
                 out.finish()
                 final = out.text
+            self.released_tokens = len(self.tokens)
             if len(final) > emitted:
                 self.text += final[emitted:]
                 yield final[emitted:]
@@ -349,6 +447,27 @@ class Generation(Iterator[str]):
                 self.stats.accepted_tokens = self._spec.accepted
             self.stats.generated_tokens = len(self.tokens)
             self.stats.decode_seconds = time.perf_counter() - t1
+
+    def _prefill(self) -> np.ndarray:
+        """Bring the window to the prompt (restoring the shared prompt's state, or evaluating what it does
+        not hold) and return the logits after it; fills :attr:`prompt_logprobs` when asked to."""
+        window, shared, top = self._window, self._shared, self._prompt_top
+        if shared is not None:
+            logits = shared.restore(window, self.prompt, top is not None)
+            if logits is not None:
+                self.stats.cached_tokens = len(self.prompt)
+                if top is not None:
+                    self.prompt_logprobs = shared.prompt_logprobs
+                return logits
+        if top is not None:
+            logits, self.prompt_logprobs = score_prompt(window, self.prompt, top, self._on_prefill)
+        else:
+            logits, self.stats.cached_tokens = prefill(
+                window, self.prompt, self._cache, self._boundaries, self._on_prefill
+            )
+        if shared is not None:
+            shared.keep(window, self.prompt, logits, self.prompt_logprobs)
+        return logits
 
     def _next_token(self, sampler: Sampler, logits: np.ndarray, banned: set[int]) -> int:
         """The next token: the guide's forced one, else a sample the guide allows (refused ones are banned)."""
@@ -406,6 +525,8 @@ class Generation(Iterator[str]):
     def _rollback(self, out: _Text, sampler: Sampler, start: int) -> np.ndarray:
         """Forget generated tokens from ``start`` on; returns the logits for sampling position ``start`` again."""
         del self.tokens[start:]
+        if self.logprobs is not None:
+            del self.logprobs[start:]
         out.truncate(start)
         history = self.prompt + self.tokens
         sampler.set_history(history)

@@ -20,7 +20,7 @@ from . import state as _state
 from .antislop import SlopList, SlopMatcher
 from .chat import ChatTemplate, Message, fallback_template
 from .errors import ImageError, MemoryPlanError, ModelFormatError
-from .generation import Generation, TokenGuide
+from .generation import Generation, SharedPrompt, TokenGuide
 from .memory_plan import MemoryPlan
 from .models import ModelFiles, resolve_files
 from .prompt_cache import PromptCache, chat_boundaries
@@ -420,6 +420,9 @@ class Model:
         boundaries: Sequence[int] = (),
         speculative: bool | str | Speculation | None = None,
         on_prefill: Callable[[int, int], None] | None = None,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+        shared: SharedPrompt | None = None,
         **sampling: Any,
     ) -> Generation:
         """A :class:`Generation` continuing token ids ``prompt`` on ``window`` (default: the model's window).
@@ -438,6 +441,9 @@ class Model:
         ``"mtp"`` one drafter; or a :class:`regolith.speculative.Speculation`. The output is the same either
         way. ``on_prefill(done, total)`` is called as the prompt is evaluated, after each chunk of
         :data:`regolith.generation.PREFILL_CHUNK` tokens (``total``: the tokens the prompt needs evaluated).
+        ``logprobs`` / ``prompt_logprobs`` record the log-probabilities of the generated / prompt tokens with
+        that many most likely alternatives, and ``shared`` shares one evaluation of the prompt between
+        generations of it (:class:`regolith.generation.Generation`).
         """
         params = SamplingParams(**{**SAMPLING_DEFAULTS, **sampling})
         spec = speculation(self.speculative if speculative is None else speculative)
@@ -460,6 +466,9 @@ class Model:
                 speculation=spec,
                 gate=self.spec_gate,
                 on_prefill=on_prefill,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                shared=shared,
             )
 
         if window is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,22 @@ from . import state as _state
 from .errors import ContextOverflowError, SessionError
 from .vision import ImageSpan, mrope_positions
 
-__all__ = ["Window"]
+__all__ = ["Window", "WindowSnapshot"]
+
+
+@dataclass(frozen=True)
+class WindowSnapshot:
+    """A copy of a window's whole state in host memory (:meth:`Window.snapshot`): the tokens it had seen,
+    their images, and the state's bytes (``nbytes``)."""
+
+    tokens: tuple[int, ...]
+    images: tuple[ImageSpan, ...]
+    _state: Any
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory the copy takes."""
+        return int(self._state.bytes)
 
 
 class Window:
@@ -99,6 +115,24 @@ class Window:
         self._images = images
         for start in range(0, n, 512):
             self.eval(kept[start : start + 512], all_logits=False)
+
+    def snapshot(self) -> WindowSnapshot:
+        """A copy of the window's whole state (every layer's state and the token ids) in host memory, which
+        :meth:`restore` puts back: several continuations of one prompt (a server's ``n`` choices) evaluate
+        the prompt once, also on models whose recurrent state cannot be cut back."""
+        return WindowSnapshot(tuple(self._tokens), tuple(self._images), self._w.snapshot())
+
+    def restore(self, snapshot: WindowSnapshot) -> None:
+        """Replace the window's state with ``snapshot`` (taken from a window of the same model): it then holds
+        the snapshot's tokens, and evaluating gives the logits the snapshotted window would have given, bit
+        for bit. Raises :class:`regolith.SessionError` for a snapshot of another model or one longer than the
+        window (the window is then reset)."""
+        try:
+            self._w.restore(snapshot._state)
+        except BaseException:
+            self._tokens, self._images = [], []
+            raise
+        self._tokens, self._images = list(snapshot.tokens), list(snapshot.images)
 
     def checkpoint(self) -> None:
         """Make the next :meth:`eval` (of at most 16 tokens) keep per-token states, so that :meth:`truncate`

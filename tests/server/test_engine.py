@@ -29,6 +29,7 @@ class FakeGeneration:
     def __init__(self, model, prompt, max_tokens, delay):
         self.model, self.prompt, self.tokens = model, prompt, []
         self.finish_reason = None
+        self.logprobs = None
         self.stats = _Stats(len(prompt))
         self._steps = self._run(max_tokens, delay)
 
@@ -65,9 +66,11 @@ class FakeModel:
         self.delay, self.fail_at, self.running = delay, None, False
         self.lock = threading.Lock()
         self.started: list[list[int]] = []
+        self.options: list[dict] = []
 
     def start(self, prompt, *, guide=None, max_tokens, **options):
         self.started.append(list(prompt))
+        self.options.append(options)
         return FakeGeneration(self, prompt, max_tokens, self.delay)
 
 
@@ -85,7 +88,7 @@ def test_jobs_run_one_at_a_time_in_arrival_order():
     engine.start()
 
     async def main():
-        jobs = [engine.submit([i], {"max_tokens": 3}, timeout=10) for i in range(8)]
+        jobs = [engine.submit([[i]], {"max_tokens": 3}, timeout=10) for i in range(8)]
         assert engine.queue_depth >= 6
         return await asyncio.gather(*(_text(j) for j in jobs)), jobs
 
@@ -99,15 +102,36 @@ def test_jobs_run_one_at_a_time_in_arrival_order():
     assert engine.metrics.generations["length"] == 8 and engine.metrics.generated_tokens == 24
 
 
+def test_choices_of_each_prompt_one_after_another_with_derived_seeds():
+    model = FakeModel()
+    engine = Engine(model, Metrics())
+    engine.start()
+
+    async def main():
+        job = engine.submit([[1], [2]], {"max_tokens": 2, "seed": 2**64 - 1}, n=2, timeout=10)
+        return [(p.index, p.text, p.done) async for p in job.events()], job
+
+    try:
+        events, job = _run(main())
+    finally:
+        engine.stop()
+    assert events == [(i, t, d) for i in range(4) for t, d in (("p0", False), ("p1", False), ("", True))]
+    assert model.started == [[1], [1], [2], [2]]
+    assert [o["seed"] for o in model.options] == [2**64 - 1, 0, 2**64 - 1, 0]  # seed + choice, mod 2**64
+    shared = [o["shared"] for o in model.options]
+    assert shared[0] is shared[1] and shared[2] is shared[3] and shared[0] is not shared[2]
+    assert len(job.generations) == 4 and engine.metrics.generated_tokens == 8
+
+
 def test_cancel_stops_the_running_job_and_skips_a_queued_one():
     model = FakeModel(delay=0.01)
     engine = Engine(model, Metrics())
     engine.start()
 
     async def main():
-        running = engine.submit([1], {"max_tokens": 1000}, timeout=10)
-        queued = engine.submit([2], {"max_tokens": 5}, timeout=10)
-        after = engine.submit([3], {"max_tokens": 2}, timeout=10)
+        running = engine.submit([[1]], {"max_tokens": 1000}, timeout=10)
+        queued = engine.submit([[2]], {"max_tokens": 5}, timeout=10)
+        after = engine.submit([[3]], {"max_tokens": 2}, timeout=10)
         queued.cancel()
         pieces = running.pieces()
         assert await pieces.__anext__() == "p0"
@@ -132,23 +156,23 @@ def test_queue_limit_timeout_and_failures():
     engine.start()
 
     async def main():
-        slow = engine.submit([1], {"max_tokens": 100}, timeout=0.2)  # runs: the worker takes it at once
+        slow = engine.submit([[1]], {"max_tokens": 100}, timeout=0.2)  # runs: the worker takes it at once
         await asyncio.sleep(0.05)
-        waiting = [engine.submit([i], {"max_tokens": 1}, timeout=10) for i in (2, 3)]
+        waiting = [engine.submit([[i]], {"max_tokens": 1}, timeout=10) for i in (2, 3)]
         with pytest.raises(APIError) as full:
-            engine.submit([4], {"max_tokens": 1}, timeout=10)
+            engine.submit([[4]], {"max_tokens": 1}, timeout=10)
         assert full.value.status == 503 and full.value.kind == "overloaded"
         with pytest.raises(APIError) as late:
             await _text(slow)
         assert late.value.status == 504
         assert [await _text(j) for j in waiting] == ["p0", "p0"]
         model.fail_at = 1
-        broken = engine.submit([5], {"max_tokens": 3}, timeout=10)
+        broken = engine.submit([[5]], {"max_tokens": 3}, timeout=10)
         with pytest.raises(APIError, match="RuntimeError: the model broke") as failed:
             await _text(broken)
         assert failed.value.status == 500
         model.fail_at = None
-        return await _text(engine.submit([6], {"max_tokens": 2}, timeout=10))
+        return await _text(engine.submit([[6]], {"max_tokens": 2}, timeout=10))
 
     try:
         assert _run(main()) == "p0p1"  # the worker survived the failure

@@ -9,7 +9,7 @@ import pytest
 
 from regolith.server.api_error import APIError
 from regolith.server.endpoint import DEFAULT_MAX_TOKENS, ServerConfig
-from regolith.server.plan import fit_max_tokens, tool_call_prefix
+from regolith.server.plan import fit_max_tokens, tool_call_grammar, tool_call_prefix
 from regolith.server.reply import parse_tool_calls
 
 
@@ -34,20 +34,30 @@ LLAMA3 = (
 
 
 @pytest.mark.parametrize("source", [HERMES, MISTRAL, MISTRAL_ARGS, LLAMA3, "{{ messages }}"])
-def test_forced_openings_parse_as_the_named_call(source):
-    """The forced start of a call plus what the model writes next parses as a call to the named tool."""
-    prefix = tool_call_prefix(source, "get_weather")
+def test_forced_openings_and_grammar_parse_as_the_call(source):
+    """The forced opening of a call plus a reply its grammar accepts parses as a call to the tool."""
+    llguidance = pytest.importorskip("llguidance")
+    prefix = tool_call_prefix(source)
+    key = "parameters" if source == LLAMA3 else "arguments"
     rest = {
-        HERMES: '{"city": "Oslo"}}\n</tool_call>',
-        MISTRAL: '{"city": "Oslo"}}]',
-        MISTRAL_ARGS: '{"city": "Oslo"}',
-    }
-    reply = prefix + rest.get(source, '{"city": "Oslo"}}')
-    content, calls = parse_tool_calls(reply, {"get_weather"})
+        HERMES: 'get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+        MISTRAL: 'get_weather", "arguments": {"city": "Oslo"}}]',
+        MISTRAL_ARGS: 'get_weather[ARGS]{"city": "Oslo"}',
+    }.get(source, 'get_weather", "' + key + '": {"city": "Oslo"}}')
+    content, calls = parse_tool_calls(prefix + rest, {"get_weather"})
     assert content == "" and [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Oslo"})]
-    if source == LLAMA3:
-        assert '"parameters"' in prefix
-    assert prefix.startswith(tool_call_prefix(source, None))  # 'required' forces the same opening
+    tools = [
+        {
+            "function": {
+                "name": n,
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            }
+        }
+        for n in ("get_weather", "get_time")
+    ]
+    grammar = llguidance.grammar_from("lark", tool_call_grammar(source, tools))
+    assert llguidance.LLMatcher.validate_grammar(grammar) == ""
+    assert tool_call_grammar(source, tools[:1]).count("%json") == 1  # a named tool: its call alone
 
 
 def test_serve_command_line(monkeypatch, tmp_path):

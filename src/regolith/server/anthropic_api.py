@@ -363,7 +363,7 @@ async def messages(request: Request) -> Any:
         sampling=sampling,
         antislop=state.config.antislop,
     )
-    job = state.submit(plan.prompt, plan.options, plan.guide)
+    job = state.submit([plan.prompt], plan.options, plan.guide)
     message = {
         "id": "msg_" + secrets.token_hex(12),
         "type": "message",
@@ -376,7 +376,7 @@ async def messages(request: Request) -> Any:
 
     parser = plan.parser()
     for piece in await collect(job, request):
-        parser.feed(piece)
+        parser.feed(piece.text)
     parser.finish()
     calls = parser.calls if plan.parallel_tool_calls else parser.calls[:1]
     stop_reason, seq = _stop_reason(job.generation, calls, stops, state.model)

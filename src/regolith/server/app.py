@@ -1,5 +1,6 @@
-"""The FastAPI application: the OpenAI and Anthropic routers (:mod:`.openai_api`, :mod:`.anthropic_api`),
-errors answered in each API's own schema, health, metrics and request counting.
+"""The FastAPI application: the OpenAI and Anthropic routers (:mod:`.openai_api`, :mod:`.anthropic_api`) and
+the tokenizer's (:mod:`.tokenize_api`), errors answered in each API's own schema, health, metrics and request
+counting.
 
 What the endpoints share (configuration, state, reading bodies, streaming) is in :mod:`.endpoint`.
 """
@@ -18,7 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from . import anthropic_api, openai_api
+from . import anthropic_api, openai_api, tokenize_api
 from .api_error import APIError, anthropic_body, openai_body
 from .endpoint import ServerConfig, ServerState, body_models, documented
 from .engine import Engine
@@ -38,6 +39,9 @@ _PATHS = (
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/models",
+    "/tokenize",
+    "/detokenize",
+    "/tokenizer_info",
     "/health",
     "/metrics",
 )
@@ -219,4 +223,5 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
 
     app.include_router(openai_api.router)
     app.include_router(anthropic_api.router)
+    app.include_router(tokenize_api.router)
     return app

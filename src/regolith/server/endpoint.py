@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .api_error import ANTHROPIC_ERROR_SCHEMA, OPENAI_ERROR_SCHEMA, APIError
-from .engine import Engine, Job
+from .engine import Engine, Job, Piece
 from .metrics import Metrics
 
 if TYPE_CHECKING:
@@ -122,9 +122,16 @@ class ServerState:
                 code="model_not_found",
             )
 
-    def submit(self, prompt: list[int], options: dict[str, Any], guide: TokenGuide | None = None) -> Job:
-        """Queue a generation with the configured timeout."""
-        return self.engine.submit(prompt, options, guide=guide, timeout=self.config.timeout)
+    def submit(
+        self,
+        prompts: list[list[int]],
+        options: dict[str, Any],
+        guide: TokenGuide | None = None,
+        *,
+        n: int = 1,
+    ) -> Job:
+        """Queue ``n`` generations of each of ``prompts`` with the configured timeout."""
+        return self.engine.submit(prompts, options, n=n, guide=guide, timeout=self.config.timeout)
 
 
 # The request models read_request validates, by name: the components of the OpenAPI document.
@@ -274,7 +281,7 @@ def _lone_surrogate(value: Any, path: str = "") -> str | None:
     return None
 
 
-async def collect(job: Job, request: Request) -> list[str]:
+async def collect(job: Job, request: Request) -> list[Piece]:
     """All pieces of ``job``; a client that disconnects meanwhile cancels it."""
 
     async def watch() -> None:
@@ -284,7 +291,7 @@ async def collect(job: Job, request: Request) -> list[str]:
 
     watcher = asyncio.create_task(watch())
     try:
-        return [piece async for piece in job.pieces()]
+        return [piece async for piece in job.events()]
     except BaseException:
         job.cancel()
         raise

@@ -14,16 +14,25 @@ from pydantic import Field
 
 from .api_error import APIError, openai_body
 from .endpoint import ServerState, StrictBody, collect, documented, event_stream, read_request, sse
-from .engine import Job
+from .engine import Job, Piece
+from .logprobs import CompletionLogprobs, chat_logprobs, merge
 from .plan import Plan, chat_prompt, check_sampling, fit_max_tokens, grammar_guide, plan_chat
-from .reply import ToolCall
+from .reply import ReplyParser, ToolCall
 
 if TYPE_CHECKING:
     from ..generation import Generation
+    from ..logprobs import TokenLogprob
 
 __all__ = ["router"]
 
 router = APIRouter()
+
+# The most choices a request may ask for (n, times the prompts of a completions request): they are generated
+# one after another.
+MAX_CHOICES = 16
+# The most alternatives per token that top_logprobs (chat) and logprobs (completions) may ask for (vLLM's
+# default limit; OpenAI's are 20 and 5).
+MAX_TOP_LOGPROBS = 20
 
 
 class ImageUrl(StrictBody):
@@ -117,7 +126,7 @@ class _Sampling(StrictBody):
     ) = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, Field(ge=1)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     user: str | None = None
     grammar: Annotated[str, Field(min_length=1)] | None = None  # llama-server's: GBNF (or Lark)
 
@@ -149,10 +158,6 @@ class _Sampling(StrictBody):
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def check_supported(self) -> None:
-        if self.n is not None and self.n > 1:
-            raise APIError(400, "n > 1 is not supported: this server makes one choice per request", param="n")
-
 
 class ChatRequest(_Sampling):
     model: str
@@ -165,7 +170,7 @@ class ChatRequest(_Sampling):
     response_format: ResponseFormat | None = None
     reasoning_effort: str | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     audio: dict[str, Any] | None = None
     modalities: list[str] | None = None
     prediction: dict[str, Any] | None = None
@@ -184,7 +189,7 @@ class CompletionRequest(_Sampling):
     )
     max_tokens: Annotated[int, Field(ge=0)] | None = 16
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     suffix: str | None = None
     best_of: int | None = None
 
@@ -277,9 +282,11 @@ def _messages(req: ChatRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _usage(n_prompt: int, gen: Generation | None) -> dict[str, Any]:
-    completion = len(gen.tokens) if gen is not None else 0
-    cached = gen.stats.cached_tokens if gen is not None else 0
+def _usage(n_prompt: int, gens: list[Generation]) -> dict[str, Any]:
+    """OpenAI's usage: each prompt counted once, the tokens of every choice, the first choice's cached
+    prompt tokens (the other choices of a prompt restore its state)."""
+    completion = sum(len(g.tokens) for g in gens)
+    cached = gens[0].stats.cached_tokens if gens else 0
     return {
         "prompt_tokens": n_prompt,
         "completion_tokens": completion,
@@ -318,9 +325,8 @@ def _response_format(req: ChatRequest) -> tuple[str | None, dict[str, Any] | Non
 
 
 def _check_chat_supported(req: ChatRequest) -> None:
-    req.check_supported()
-    if req.logprobs or req.top_logprobs is not None:
-        raise _unsupported("logprobs", "logprobs")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     for name in ("audio", "prediction", "web_search_options"):
         if getattr(req, name) is not None:
             raise _unsupported(name, name)
@@ -330,8 +336,39 @@ def _check_chat_supported(req: ChatRequest) -> None:
         raise _unsupported("functions / function_call (deprecated; use tools / tool_choice)", "functions")
 
 
-def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> str:
-    return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+def _chunk(
+    base: dict[str, Any],
+    delta: dict[str, Any],
+    finish: str | None = None,
+    *,
+    index: int = 0,
+    logprobs: dict[str, Any] | None = None,
+) -> str:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    return sse({**base, "choices": [choice]})
+
+
+def _by_choice(pieces: list[Piece], n: int) -> list[list[Piece]]:
+    out: list[list[Piece]] = [[] for _ in range(n)]
+    for piece in pieces:
+        out[piece.index].append(piece)
+    return out
+
+
+class _ChatChoice:
+    """One chat choice as its pieces come: the reply parser and the log-probabilities not yet sent."""
+
+    def __init__(self, plan: Plan, gen: Generation | None):
+        self.plan, self.gen = plan, gen
+        self.parser: ReplyParser = plan.parser()
+        self.pending: list[TokenLogprob] = []
+
+    def end(self) -> tuple[list[ToolCall], str, APIError | None]:
+        """The tool calls, finish reason and JSON problem once the reply is complete (after parser.finish)."""
+        parser, plan = self.parser, self.plan
+        calls = parser.calls if plan.parallel_tool_calls else parser.calls[:1]
+        finish = "tool_calls" if calls else _finish(self.gen)
+        return calls, finish, None if calls else plan.json_problem(parser.text, self.gen)
 
 
 @router.post("/v1/chat/completions", openapi_extra=documented(ChatRequest, anthropic=False, stream=True))
@@ -367,7 +404,10 @@ async def chat_completions(request: Request) -> Any:
         antislop=state.config.antislop,
         grammar=req.grammar,
     )
-    job = state.submit(plan.prompt, plan.options, plan.guide)
+    if req.logprobs:
+        plan.options["logprobs"] = req.top_logprobs or 0
+    n = req.n or 1
+    job = state.submit([plan.prompt], plan.options, plan.guide, n=n)
     base = {
         "id": "chatcmpl-" + secrets.token_hex(12),
         "object": "chat.completion",
@@ -377,53 +417,68 @@ async def chat_completions(request: Request) -> Any:
     }
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return event_stream(_stream_chat(job, plan, base, include_usage))
+        return event_stream(_stream_chat(state, job, plan, base, include_usage, bool(req.logprobs)))
 
-    parser = plan.parser()
-    for piece in await collect(job, request):
-        parser.feed(piece)
-    parser.finish()
-    gen = job.generation
-    calls = parser.calls if plan.parallel_tool_calls else parser.calls[:1]
-    finish = "tool_calls" if calls else _finish(gen)
-    problem = None if calls else plan.json_problem(parser.text, gen)
-    if problem is not None:
-        raise problem
-    message: dict[str, Any] = {"role": "assistant", "content": parser.text or (None if calls else "")}
-    if parser.thinking:
-        message["reasoning_content"] = parser.thinking
-    if calls:
-        message["tool_calls"] = _tool_calls(calls, streamed=False)
-    return {
-        **base,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-        "usage": _usage(len(plan.prompt), gen),
-    }
-
-
-async def _stream_chat(job: Job, plan: Plan, base: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
-    base = {**base, "object": "chat.completion.chunk"}
-    parser = plan.parser()
-    keys = {"thinking": "reasoning_content", "text": "content"}
-    try:
-        yield _chunk(base, {"role": "assistant", "content": ""})
-        async for piece in job.pieces():
-            for kind, text in parser.feed(piece):
-                yield _chunk(base, {keys[kind]: text})
-        for kind, text in parser.finish():
-            yield _chunk(base, {keys[kind]: text})
-        gen = job.generation
-        calls = parser.calls if plan.parallel_tool_calls else parser.calls[:1]
-        if calls:
-            yield _chunk(base, {"tool_calls": _tool_calls(calls, streamed=True)})
-        finish = "tool_calls" if calls else _finish(gen)
-        problem = None if calls else plan.json_problem(parser.text, gen)
+    choices = []
+    pieces_by_choice = _by_choice(await collect(job, request), n)
+    for i, pieces in enumerate(pieces_by_choice):
+        out = _ChatChoice(plan, job.generations[i] if i < len(job.generations) else None)
+        for piece in pieces:
+            out.parser.feed(piece.text)
+            out.pending += piece.logprobs
+        out.parser.finish()
+        calls, finish, problem = out.end()
         if problem is not None:
-            yield sse(openai_body(problem))
+            raise problem
+        parser = out.parser
+        message: dict[str, Any] = {"role": "assistant", "content": parser.text or (None if calls else "")}
+        if parser.thinking:
+            message["reasoning_content"] = parser.thinking
+        if calls:
+            message["tool_calls"] = _tool_calls(calls, streamed=False)
+        logprobs = chat_logprobs(state.model.tokenizer, out.pending) if req.logprobs else None
+        choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
+    return {**base, "choices": choices, "usage": _usage(len(plan.prompt), job.generations)}
+
+
+async def _stream_chat(
+    state: ServerState, job: Job, plan: Plan, base: dict[str, Any], include_usage: bool, logprobs: bool
+) -> AsyncIterator[str]:
+    base = {**base, "object": "chat.completion.chunk"}
+    keys = {"thinking": "reasoning_content", "text": "content"}
+    tok = state.model.tokenizer
+    choices: dict[int, _ChatChoice] = {}
+
+    def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> str:
+        out = choices[i]
+        lp = chat_logprobs(tok, out.pending) if logprobs and out.pending else None
+        out.pending = []
+        return _chunk(base, delta, finish, index=i, logprobs=lp)
+
+    try:
+        async for piece in job.events():
+            i = piece.index
+            if i not in choices:
+                choices[i] = _ChatChoice(plan, job.generations[i])
+                yield _chunk(base, {"role": "assistant", "content": ""}, index=i)
+            out = choices[i]
+            out.pending += piece.logprobs
+            for kind, text in out.parser.feed(piece.text):
+                yield chunk(i, {keys[kind]: text})
+            if not piece.done:
+                continue
+            for kind, text in out.parser.finish():
+                yield chunk(i, {keys[kind]: text})
+            calls, finish, problem = out.end()
+            if calls:
+                yield chunk(i, {"tool_calls": _tool_calls(calls, streamed=True)})
+            if problem is not None:
+                yield sse(openai_body(problem))
+                break
+            yield chunk(i, {}, finish)
         else:
-            yield _chunk(base, {}, finish)
             if include_usage:
-                yield sse({**base, "choices": [], "usage": _usage(len(plan.prompt), gen)})
+                yield sse({**base, "choices": [], "usage": _usage(len(plan.prompt), job.generations)})
     except APIError as e:
         yield sse(openai_body(e))
     finally:
@@ -431,41 +486,55 @@ async def _stream_chat(job: Job, plan: Plan, base: dict[str, Any], include_usage
     yield "data: [DONE]\n\n"
 
 
-def _completion_prompt(state: ServerState, req: CompletionRequest) -> list[int]:
+def _completion_prompts(state: ServerState, req: CompletionRequest) -> list[list[int]]:
+    """The request's prompts as token ids (a string is tokenized with BOS as the model asks)."""
     p = req.prompt
-    if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-        if len(p) > 1:
-            raise _unsupported("more than one prompt per request", "prompt")
-        p = p[0]
-    ids = state.model.tokenize(p) if isinstance(p, str) else list(p)
+    prompts = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
     vocab = state.model.config["vocab_size"]
-    bad = [t for t in ids if not 0 <= t < vocab]
-    if bad:
-        raise APIError(422, f"prompt token {bad[0]} is outside the vocabulary of {vocab}", param="prompt")
-    if not ids:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    return ids
+    out = []
+    for k, prompt in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{k}]"
+        ids = state.model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise APIError(422, f"prompt token {bad[0]} is outside the vocabulary of {vocab}", param=where)
+        if not ids:
+            raise APIError(400, "the prompt is empty", param=where)
+        out.append(ids)
+    return out
 
 
 @router.post("/v1/completions", openapi_extra=documented(CompletionRequest, anthropic=False, stream=True))
 async def completions(request: Request) -> Any:
     state, req = await read_request(request, CompletionRequest)
-    req.check_supported()
-    if req.logprobs is not None:
-        raise _unsupported("logprobs", "logprobs")
     if req.suffix:
         raise _unsupported("suffix (fill-in-the-middle)", "suffix")
     if req.best_of is not None and req.best_of > 1:
         raise _unsupported("best_of > 1", "best_of")
-    prompt = await asyncio.to_thread(_completion_prompt, state, req)
+    prompts = await asyncio.to_thread(_completion_prompts, state, req)
+    n = req.n or 1
+    if len(prompts) * n > MAX_CHOICES:
+        raise APIError(
+            400,
+            f"{len(prompts)} prompts times n = {n} make {len(prompts) * n} choices; at most {MAX_CHOICES} per "
+            "request",
+            param="n",
+        )
     sampling = req.sampling()
     check_sampling(state.model, sampling)
-    n_max = fit_max_tokens(state.model, len(prompt), req.max_tokens, state.config.default_max_tokens)
+    # A reply also ends where the context is full, so the longest prompt's room does not cut the others'.
+    n_max = max(
+        fit_max_tokens(state.model, len(p), req.max_tokens, state.config.default_max_tokens) for p in prompts
+    )
     options = {"max_tokens": n_max, "stop": req.stops(), "antislop": state.config.antislop, **sampling}
+    if req.logprobs is not None:
+        options["logprobs"] = req.logprobs
+        if req.echo:
+            options["prompt_logprobs"] = req.logprobs
     guide = (
         await asyncio.to_thread(grammar_guide, state.model, req.grammar) if req.grammar is not None else None
     )
-    job = state.submit(prompt, options, guide)
+    job = state.submit(prompts, options, guide, n=n)
     base = {
         "id": "cmpl-" + secrets.token_hex(12),
         "object": "text_completion",
@@ -473,35 +542,80 @@ async def completions(request: Request) -> Any:
         "model": req.model,
         "system_fingerprint": "regolith",
     }
-    echo = state.model.detokenize(prompt, skip_special=True) if req.echo else ""
+    n_prompt = sum(len(p) for p in prompts)
+    out = _Completions(state, req, prompts, n, job)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return event_stream(_stream_completion(job, base, len(prompt), echo, include_usage))
-    text = "".join(await collect(job, request))
-    gen = job.generation
-    return {
-        **base,
-        "choices": [{"text": echo + text, "index": 0, "logprobs": None, "finish_reason": _finish(gen)}],
-        "usage": _usage(len(prompt), gen),
-    }
+        return event_stream(_stream_completion(job, out, base, n_prompt, include_usage))
+    choices = []
+    for i, pieces in enumerate(_by_choice(await collect(job, request), len(prompts) * n)):
+        text, logprobs = out.start(i)
+        for piece in pieces:
+            text += piece.text
+            logprobs += out.generated(i, piece.logprobs)
+        lp = merge(logprobs) if req.logprobs is not None else None
+        choices.append({"text": text, "index": i, "logprobs": lp, "finish_reason": _finish(out.gen(i))})
+    return {**base, "choices": choices, "usage": _usage(n_prompt, job.generations)}
+
+
+class _Completions:
+    """The choices of a completions request as their pieces come: each one's echoed prompt and the
+    log-probabilities of its tokens (with ``logprobs``), its offsets counted in its own text."""
+
+    def __init__(
+        self, state: ServerState, req: CompletionRequest, prompts: list[list[int]], n: int, job: Job
+    ):
+        self._tok = state.model.tokenizer
+        self._req, self._prompts, self._n, self._job = req, prompts, n, job
+        self._logprobs: dict[int, CompletionLogprobs] = {}
+
+    def gen(self, i: int) -> Generation | None:
+        gens = self._job.generations
+        return gens[i] if i < len(gens) else None
+
+    def start(self, i: int) -> tuple[str, list[dict[str, Any]]]:
+        """Choice ``i``'s echo (or ''), and its prompt's logprobs lists when asked for (once the choice's
+        prompt is evaluated: at its first piece)."""
+        self._logprobs[i] = CompletionLogprobs(self._tok)
+        if not self._req.echo:
+            return "", []
+        prompt = self._prompts[i // self._n]
+        echo = self._tok.decode(prompt, skip_special=True)
+        gen = self.gen(i)
+        if self._req.logprobs is None or gen is None or gen.prompt_logprobs is None:
+            return echo, []
+        return echo, [self._logprobs[i].prompt(prompt, gen.prompt_logprobs)]
+
+    def generated(self, i: int, entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+        """The logprobs lists of choice ``i``'s next generated tokens (none without ``logprobs``)."""
+        if self._req.logprobs is None or not entries:
+            return []
+        return [self._logprobs[i].generated(entries)]
 
 
 async def _stream_completion(
-    job: Job, base: dict[str, Any], n_prompt: int, echo: str, include_usage: bool
+    job: Job, out: _Completions, base: dict[str, Any], n_prompt: int, include_usage: bool
 ) -> AsyncIterator[str]:
-    def chunk(text: str, finish: str | None = None) -> str:
-        return sse(
-            {**base, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
-        )
+    def chunk(i: int, text: str, logprobs: list[dict[str, Any]], finish: str | None = None) -> str:
+        lp = merge(logprobs) if logprobs else None
+        return sse({**base, "choices": [{"text": text, "index": i, "logprobs": lp, "finish_reason": finish}]})
 
+    started: set[int] = set()
     try:
-        if echo:
-            yield chunk(echo)
-        async for piece in job.pieces():
-            yield chunk(piece)
-        yield chunk("", _finish(job.generation))
+        async for piece in job.events():
+            i = piece.index
+            if i not in started:
+                started.add(i)
+                echo, logprobs = out.start(i)
+                if echo or logprobs:
+                    yield chunk(i, echo, logprobs)
+            logprobs = out.generated(i, piece.logprobs)
+            if piece.text or logprobs:
+                yield chunk(i, piece.text, logprobs)
+            if piece.done:
+                yield chunk(i, "", [], _finish(out.gen(i)))
         if include_usage:
-            yield sse({**base, "choices": [], "usage": _usage(n_prompt, job.generation)})
+            yield sse({**base, "choices": [], "usage": _usage(n_prompt, job.generations)})
     except APIError as e:
         yield sse(openai_body(e))
     finally:

@@ -144,37 +144,31 @@ def _call_format(template_source: str) -> tuple[str, str, str]:
     return "", "parameters" if '"parameters"' in template_source else "arguments", "}"
 
 
-def tool_call_prefix(template_source: str, name: str | None) -> str:
-    """The start of a tool call in the model's format, to force one: the head of a call to ``name`` up to
-    its arguments, or (None) the call's opening up to the function name."""
+def tool_call_prefix(template_source: str) -> str:
+    """The opening of a tool call in the model's format, up to the function's name: appended to the prompt
+    to force a call (the rest, the name included, is :func:`tool_call_grammar`'s)."""
     opener, key, _ = _call_format(template_source)
-    if not key:  # [TOOL_CALLS]name[ARGS]{...}
-        return opener + (f"{name}[ARGS]" if name is not None else "")
-    if name is None:
-        return opener + '{"name": "'
-    return opener + '{"name": ' + json.dumps(name) + ', "' + key + '": '
+    return opener if not key else opener + '{"name": "'  # [TOOL_CALLS]name[ARGS]{...} has no key
 
 
-def tool_call_grammar(template_source: str, tools: list[dict[str, Any]], name: str | None) -> str:
-    """The Lark grammar (llguidance's) of what follows :func:`tool_call_prefix`: the rest of one call to
-    ``name`` (None: to one of ``tools``) whose arguments match its JSON schema, and the call's closing."""
+def tool_call_grammar(template_source: str, tools: list[dict[str, Any]]) -> str:
+    """The Lark grammar (llguidance's) of what follows :func:`tool_call_prefix`: the rest of one call to one
+    of ``tools`` (the offered ones, or the one a tool_choice names), its arguments matching the tool's JSON
+    schema, and the call's closing. The model writes the name under the grammar rather than finding it in its
+    prompt: a head cut where the prompt ends tokenizes unlike what the model writes itself, and a small model
+    can lose its way after it (the bundled demo model then loops inside the first string argument)."""
     _, key, close = _call_format(template_source)
 
-    def call(tool: dict[str, Any], with_name: bool) -> str:
+    def call(tool: dict[str, Any]) -> str:
         fn = tool["function"]
         schema = {**(fn.get("parameters") or {"type": "object"}), "x-guidance": JSON_LAYOUT}
-        head = ""
-        if with_name:
-            head = fn["name"] + ("[ARGS]" if not key else '", "' + key + '": ')
-        parts = [json.dumps(head, ensure_ascii=False)] if head else []
-        parts.append("%json " + json.dumps(schema, ensure_ascii=False))
+        head = fn["name"] + ("[ARGS]" if not key else '", "' + key + '": ')
+        parts = [json.dumps(head, ensure_ascii=False), "%json " + json.dumps(schema, ensure_ascii=False)]
         if close:
             parts.append(json.dumps(close))
         return " ".join(parts)
 
-    if name is not None:
-        return "start: " + call(next(t for t in tools if t["function"]["name"] == name), False)
-    return "start: " + " | ".join(call(t, True) for t in tools)
+    return "start: " + " | ".join(call(t) for t in tools)
 
 
 def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
@@ -233,10 +227,9 @@ def chat_prompt(
         ) from None
     tags = think_tags(template)
     reply_prefix, reply_grammar = "", None
-    if tools is not None and choice != "auto":
-        forced = None if choice == "required" else choice
-        reply_prefix = tool_call_prefix(template.source, forced)
-        reply_grammar = tool_call_grammar(template.source, tools, forced)
+    if tools is not None and choice != "auto":  # tools: the named one alone, when a name is forced
+        reply_prefix = tool_call_prefix(template.source)
+        reply_grammar = tool_call_grammar(template.source, tools)
     text += prefill + reply_prefix
     names = None if tools is None else [t["function"]["name"] for t in tools]
     images: list[ImageSpan] = []
