@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import synthetic_qwen4exp as synthetic
 
 CAP_GB = 18.8  # the seed's plan cap on a 24 GB machine
-SRC = Path(__file__).resolve().parents[1] / "src"
 EXPERT = re.compile(r"_exps\.weight$")
 
 
@@ -95,7 +94,7 @@ def test_inspect_plan_prints_the_24gb_table(bundle):
     ]
     run = subprocess.run(
         [sys.executable, "-c", f"import sys; from regolith.cli import main; sys.exit(main({args!r}))"],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         capture_output=True,
         text=True,
         timeout=300,

@@ -24,7 +24,6 @@ DEMO = resolve_model(DEFAULT_MODEL)
 REPO = "someorg/demo-GGUF"
 PLE_TABLE = "per_layer_token_embd.weight"
 PROMPT = "import os\n\ndef main():"
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,7 @@ def _regolith(hub_url: str, cache: Path, code: str) -> subprocess.CompletedProce
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "NO_PROXY": "127.0.0.1",
         "no_proxy": "127.0.0.1",
-        "PYTHONPATH": os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(sys.path),  # the regolith this test process imports
     }
     return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False

@@ -13,6 +13,6 @@ def test_py_typed_and_core_stubs_are_installed():
     stub = Path(_core.__file__).parent / "_core.pyi"
     text = stub.read_text()
     # The stub is generated from the built module, so it names what the module defines.
-    for name in ("class GGUFFile", "class ModelWindow", "def eval(", "def truncate("):
+    for name in ("class GGUFSet", "class ModelWindow", "def eval(", "def truncate("):
         assert name in text, name
-    assert all(n in dir(_core) for n in ("GGUFFile", "ModelWindow"))
+    assert all(n in dir(_core) for n in ("GGUFSet", "ModelWindow"))
