@@ -120,6 +120,7 @@ def gemma():
     return regolith.Model.load(resolve_model("gemma3-270m"), n_ctx=512)
 
 
+@pytest.mark.real_weights
 def test_attention_only_models_share_a_cut_prefix_once(gemma, tmp_path):
     cache = PromptCache(tmp_path, 1 << 30)
     rng = np.random.default_rng(5)

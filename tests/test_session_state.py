@@ -103,7 +103,7 @@ def test_crc32c_matches_rfc3720_and_bitwise_definition():
 # ---- exactness -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model_name", ["tiny", "gemma"])
+@pytest.mark.parametrize("model_name", ["tiny", pytest.param("gemma", marks=pytest.mark.real_weights)])
 def test_continuing_after_load_is_bit_identical(model_name, request, tmp_path):
     model = request.getfixturevalue(model_name)
     ids = _ids(model, 120)
@@ -122,7 +122,7 @@ def test_continuing_after_load_is_bit_identical(model_name, request, tmp_path):
     _assert_same(_continue(fresh, ids[70:]), want)
 
 
-@pytest.mark.parametrize("model_name", ["tiny", "gemma"])
+@pytest.mark.parametrize("model_name", ["tiny", pytest.param("gemma", marks=pytest.mark.real_weights)])
 def test_delta_on_a_parent_restores_bit_identical(model_name, request, tmp_path):
     model = request.getfixturevalue(model_name)
     ids = _ids(model, 100, seed=2)
@@ -213,6 +213,7 @@ def test_other_versions_and_non_state_files_are_rejected(tiny, saved, tmp_path):
         tiny.window().load(tmp_path / "missing.rgs")
 
 
+@pytest.mark.real_weights
 def test_another_models_state_is_rejected_and_the_window_kept(tiny, other, gemma, saved):
     path, _ = saved
     for model in (other, gemma):
@@ -233,7 +234,7 @@ def test_a_state_longer_than_the_window_is_rejected(tiny, saved):
 # ---- snapshots in memory -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model_name", ["tiny", "gemma"])
+@pytest.mark.parametrize("model_name", ["tiny", pytest.param("gemma", marks=pytest.mark.real_weights)])
 def test_a_snapshot_restores_bit_identical(model_name, request):
     model = request.getfixturevalue(model_name)
     ids = _ids(model, 90, seed=5)
@@ -252,6 +253,7 @@ def test_a_snapshot_restores_bit_identical(model_name, request):
     _assert_same(_continue(fresh, ids[50:]), want)
 
 
+@pytest.mark.real_weights
 def test_a_snapshot_of_another_model_or_too_long_is_rejected(tiny, gemma):
     w = tiny.window(64)
     w.eval(_ids(tiny, 50))

