@@ -48,8 +48,9 @@ std::vector<PleConvSeqRows> rows_of(const std::vector<PleConvSeq>& s) {
 std::vector<QsaSeqRows> rows_of(const std::vector<QsaSeq>& s) {
     std::vector<QsaSeqRows> r;
     for (const QsaSeq& q : s)
-        r.push_back({resolve(q.k), resolve(q.v), resolve(q.index_k), resolve(q.block_k), resolve(q.pos), q.n0, q.t0,
-                     q.ntok});
+        r.push_back({resolve(q.k), resolve(q.v), resolve(q.index_k), resolve(q.block_k), resolve(q.pos), q.n0,
+                     q.t0, q.ntok, resolve(q.k_scale), resolve(q.v_scale), resolve(q.index_k_scale),
+                     resolve(q.block_k_scale)});
     return r;
 }
 std::vector<KvSeqRows> rows_of(const std::vector<KvSeq>& s) {
@@ -353,6 +354,11 @@ namespace {
 
 
 }  // namespace
+
+void CpuBackend::do_store_rows(const Tensor& x, const Tensor& dst, const Tensor& scale) {
+    resolve(x), resolve(dst), resolve(scale);
+    exec([=] { cpu::store_rows(resolve(x), resolve(dst), resolve(scale)); });
+}
 
 void CpuBackend::do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq,
                           const Tensor& axis, const QsaDims& d) {

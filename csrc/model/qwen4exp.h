@@ -87,9 +87,13 @@ public:
     std::vector<PleTable*> ple_tables() const;
     // Changes cache-aware routing for every layer (MoCE needs an arena to have an effect).
     void set_moce(const MoceOptions& moce);
-    std::unique_ptr<ModelWindow> new_window(int64_t max_ctx) const;
+    // A window of up to max_ctx tokens whose attention caches (QSA layers and the MTP head) are of
+    // `cache_type` (QsaState); throws Error where the backend has no kernels for it.
+    std::unique_ptr<ModelWindow> new_window(int64_t max_ctx, uint32_t cache_type = RG_TYPE_F32) const;
+    // Throws Error, as new_window would, where this model's windows cannot have caches of `cache_type`.
+    void check_cache_type(uint32_t cache_type) const;
 
-private:
+  private:
     friend class Qwen4ExpWindow;
     struct Layer {
         HyperConnection attn_hc, ffn_hc;
@@ -116,26 +120,27 @@ private:
 // One inference context: tokens in, logits out, continuing from the state of earlier calls.
 class Qwen4ExpWindow final : public ModelWindow {
 public:
-    Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx);
+  Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx, uint32_t cache_type);
 
-    int64_t n_past() const override { return n_past_; }
-    int64_t max_ctx() const override { return max_ctx_; }
-    int64_t vocab() const override;
-    int64_t hidden() const { return model_.config_.hidden; }
-    void reset() override;
-    void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
-    // eval with images: rows `mm.rows` take `mm.embd` as their input embedding (their ids, the image token,
-    // still feed PLE, as transformers does) and the tokens take their M-RoPE positions from mm.pos3.
-    void eval_multimodal(const int32_t* tokens, int64_t n, const MultimodalRows& mm, float* logits, bool all_logits);
-    // Gated DeltaNet and PLE states keep no history: truncate(n_past) succeeds, and so does any n within the
-    // last eval after checkpoint() (from the per-token states it kept).
-    bool truncate(int64_t n) override;
-    void checkpoint() override;
-    bool has_draft_head() const override { return model_.mtp_ != nullptr; }
-    std::vector<int32_t> draft(int32_t next, int64_t n) override;
-    // Per layer in order: the PLE part (if any), then the Gated DeltaNet or QSA part.
-    void export_state(int64_t from, const StateFn& fn) override;
-    void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
+  int64_t n_past() const override { return n_past_; }
+  int64_t max_ctx() const override { return max_ctx_; }
+  int64_t vocab() const override;
+  int64_t hidden() const { return model_.config_.hidden; }
+  void reset() override;
+  void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
+  // eval with images: rows `mm.rows` take `mm.embd` as their input embedding (their ids, the image token,
+  // still feed PLE, as transformers does) and the tokens take their M-RoPE positions from mm.pos3.
+  void eval_multimodal(const int32_t* tokens, int64_t n, const MultimodalRows& mm, float* logits,
+                       bool all_logits);
+  // Gated DeltaNet and PLE states keep no history: truncate(n_past) succeeds, and so does any n within the
+  // last eval after checkpoint() (from the per-token states it kept).
+  bool truncate(int64_t n) override;
+  void checkpoint() override;
+  bool has_draft_head() const override { return model_.mtp_ != nullptr; }
+  std::vector<int32_t> draft(int32_t next, int64_t n) override;
+  // Per layer in order: the PLE part (if any), then the Gated DeltaNet or QSA part.
+  void export_state(int64_t from, const StateFn& fn) override;
+  void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
 
 private:
     void eval_locked(const int32_t* tokens, int64_t n, const MultimodalRows* mm, float* logits, bool all_logits);
@@ -148,6 +153,7 @@ private:
     Backend& be_;
     Workspace ws_;  // the scratch tensors of an eval
     int64_t max_ctx_;
+    uint32_t cache_type_;
     int64_t n_past_ = 0;
     std::vector<std::optional<GdnStates>> gdn_;  // per layer, one row
     std::vector<std::optional<QsaState>> qsa_;

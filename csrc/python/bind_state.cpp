@@ -112,7 +112,8 @@ WindowSnapshot snapshot_window(regolith::ModelWindow& w) {
     nb::gil_scoped_release release;
     w.export_state(0, [&](std::vector<regolith::StatePart>& parts) {
         for (const regolith::StatePart& p : parts) {
-            WindowSnapshot::Part& q = s.parts.emplace_back(WindowSnapshot::Part{p.kind, p.layer, {}});
+            WindowSnapshot::Part& q =
+                s.parts.emplace_back(WindowSnapshot::Part{p.kind, p.layer, p.dtype, {}});
             q.bytes.reserve(p.bytes());
             for (const regolith::StateSpan& span : p.spans)
                 q.bytes.insert(q.bytes.end(), span.data, span.data + span.bytes);
@@ -131,6 +132,9 @@ void restore_window(regolith::ModelWindow& w, const WindowSnapshot& s) {
         for (size_t i = 0; i < parts.size(); ++i) {
             const regolith::StatePart& p = parts[i];
             const WindowSnapshot::Part& q = s.parts[i];
+            if (p.kind == q.kind && p.layer == q.layer && p.dtype != q.dtype)
+                throw regolith::StateError("the snapshot's " + regolith::state_part_name(q.kind, q.layer) +
+                                           " holds caches of another type than this window's");
             if (p.kind != q.kind || p.layer != q.layer || p.bytes() != q.bytes.size())
                 throw regolith::StateError("the snapshot's " + regolith::state_part_name(q.kind, q.layer) +
                                            " does not fit this window's " +
