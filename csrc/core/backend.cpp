@@ -74,6 +74,20 @@ void check_cache(const Backend& be, const Tensor& t, const Tensor& scale, const 
     }
 }
 
+// A dense cache: F16 / F32 keys and transposed values, or Q8_0 / I8 key and value rows (check_cache).
+void check_kv(const Backend& be, const KvSeq& q, int64_t n_head_kv, const char* op) {
+    if (q.k.type == RG_TYPE_F16 || q.k.type == RG_TYPE_F32) {
+        need(q.vt && q.k.type == q.vt.type && q.k.contiguous() && q.k.rows == q.vt.cols * n_head_kv &&
+                 q.vt.rows == q.k.cols * n_head_kv && !q.v && !q.k_scale && !q.v_scale,
+             op, "F16 / F32 caches are packed keys and transposed values of the same type");
+        return;
+    }
+    check_cache(be, q.k, q.k_scale, op, "k");
+    check_cache(be, q.v, q.v_scale, op, "v");
+    need(!q.vt && q.v.type == q.k.type && q.v.rows == q.k.rows && q.v.cols == q.k.cols, op,
+         "Q8_0 / I8 caches are key and value rows of the same type and shape");
+}
+
 void check_qsa(const Backend& be, const QsaSeq* seqs, int64_t n, const QsaDims& d, const char* op) {
     for (int64_t i = 0; i < n; ++i) {
         const QsaSeq& q = seqs[i];
@@ -318,10 +332,9 @@ void Backend::kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int
     check_seqs(seqs, n_seqs, k.rows, "kv_append");
     for (int64_t i = 0; i < n_seqs; ++i) {
         const KvSeq& q = seqs[i];
-        need(q.k.type == q.vt.type && (q.k.type == RG_TYPE_F16 || q.k.type == RG_TYPE_F32) && q.k.contiguous(),
-             "kv_append", "caches are packed F16 or F32");
-        need(q.k.cols * n_head_kv == k.cols && q.k.rows == q.vt.cols * n_head_kv && q.n0 + q.ntok <= q.vt.cols,
-             "kv_append", "the cache cannot hold the sequence's tokens");
+        check_kv(*this, q, n_head_kv, "kv_append");
+        need(q.k.cols * n_head_kv == k.cols && q.n0 + q.ntok <= q.k.rows / n_head_kv, "kv_append",
+             "the cache cannot hold the sequence's tokens");
     }
     do_kv_append(k, v, seqs, n_seqs, n_head_kv);
 }
@@ -334,8 +347,9 @@ void Backend::attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, cons
     check_seqs(seqs, n_seqs, q.rows, "attention");
     for (int64_t i = 0; i < n_seqs; ++i) {
         const KvSeq& c = seqs[i];
-        need(c.k.cols == s.head_dim && c.k.rows % s.n_head_kv == 0 && c.vt.cols % 16 == 0, "attention",
-             "caches are [n_head_kv * cap][head_dim] with cap a multiple of 16");
+        need(c.k.cols == s.head_dim && c.k.rows % s.n_head_kv == 0 && c.k.rows / s.n_head_kv % 16 == 0,
+             "attention", "caches are [n_head_kv * cap][head_dim] with cap a multiple of 16");
+        check_kv(*this, c, s.n_head_kv, "attention");
     }
     do_attention(q, seqs, n_seqs, s, out);
 }

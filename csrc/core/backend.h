@@ -86,10 +86,13 @@ struct QsaSeq {
     Tensor k_scale, v_scale, index_k_scale, block_k_scale;
 };
 // A dense attention cache of one sequence: k [n_head_kv * cap][head_dim], vt [n_head_kv * head_dim][cap]
-// (values transposed), F16 or F32; positions [0, n0 + ntok) valid after kv_append.
+// (values transposed), F16 or F32; positions [0, n0 + ntok) valid after kv_append. A Q8_0 or I8 cache (rows
+// quantized along head_dim, as store_rows stores them) keeps its values as rows v [n_head_kv * cap][head_dim]
+// instead (vt empty), and an I8 one its row scales in k_scale, v_scale [n_head_kv * cap][1] F32.
 struct KvSeq {
     Tensor k, vt;
     int64_t n0 = 0, t0 = 0, ntok = 0;
+    Tensor v, k_scale, v_scale;
 };
 
 struct GdnDims {
@@ -287,10 +290,11 @@ public:
 
     // ---- dense attention ----------------------------------------------------------------------------
     // Appends keys and values k, v [ntok][n_head_kv * head_dim] at positions n0.. of each sequence's cache
-    // (rounded to f16 for an F16 cache).
+    // (rounded to f16 for an F16 cache, stored as store_rows stores them for Q8_0 / I8).
     void kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs,
                            int64_t n_head_kv);
-    // Causal GQA attention of q [ntok][n_head * head_dim] at positions n0.. over each sequence's cache.
+    // Causal GQA attention of q [ntok][n_head * head_dim] at positions n0.. over each sequence's cache. A
+    // Q8_0 / I8 cache is read as its rows dequantized to f32 and computes as an F32 cache holding them does.
     void attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s,
                            const Tensor& out);
 

@@ -661,6 +661,35 @@ void add_attention_cases(std::vector<Case>& cs) {
                               for (const KvSeq& s : seqs) r.out(s.k), r.out(s.vt);
                               r.out(out);
                           }});
+    // Q8_0 / I8 caches: key and value rows
+    for (uint32_t type : {RG_TYPE_Q8_0, RG_TYPE_I8})
+        for (int64_t window : {0, 8})
+            cs.push_back({"attention",
+                          std::string(cache_type_name(type)) + " cache, GQA 4/2, window " +
+                              std::to_string(window) + ", 2 sequences",
+                          kComposite,
+                          [=](Run& r) {
+                              const int64_t KV = 2, H = 4, D = 32, cap = 64;
+                              std::vector<KvSeq> seqs;
+                              for (auto [n0, t0, ntok] :
+                                   {std::array<int64_t, 3>{20, 0, 5}, std::array<int64_t, 3>{0, 5, 3}}) {
+                                  KvSeq s{};
+                                  std::tie(s.k, s.k_scale) = cache_rows(r, type, KV * cap, D);
+                                  std::tie(s.v, s.v_scale) = cache_rows(r, type, KV * cap, D);
+                                  s.n0 = n0, s.t0 = t0, s.ntok = ntok;
+                                  seqs.push_back(s);
+                              }
+                              const Tensor kn = r.f32(8, KV * D), vn = r.f32(8, KV * D);
+                              r.be().kv_append(kn, vn, seqs.data(), 2, KV);
+                              const Tensor q = r.f32(8, H * D), out = r.zeros(RG_TYPE_F32, 8, H * D);
+                              r.be().attention(q, seqs.data(), 2, {H, KV, D, window, 0.25f}, out);
+                              for (const KvSeq& s : seqs) {
+                                  r.out(s.k), r.out(s.v);
+                                  if (s.k_scale) r.out(s.k_scale), r.out(s.v_scale);
+                              }
+                              r.out(out);
+                          },
+                          type});
     // gemma3's heads (head_dim 256) over a few hundred keys
     for (uint32_t type : {RG_TYPE_F32, RG_TYPE_F16})
         cs.push_back({"attention", type_name(type) + " cache, head_dim 256, 2 tokens after 300", kComposite, [=](Run& r) {

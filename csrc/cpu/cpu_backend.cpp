@@ -55,7 +55,9 @@ std::vector<QsaSeqRows> rows_of(const std::vector<QsaSeq>& s) {
 }
 std::vector<KvSeqRows> rows_of(const std::vector<KvSeq>& s) {
     std::vector<KvSeqRows> r;
-    for (const KvSeq& q : s) r.push_back({resolve(q.k), resolve(q.vt), q.n0, q.t0, q.ntok});
+    for (const KvSeq& q : s)
+        r.push_back({resolve(q.k), resolve(q.vt), q.n0, q.t0, q.ntok, resolve(q.v), resolve(q.k_scale),
+                     resolve(q.v_scale)});
     return r;
 }
 
@@ -383,9 +385,8 @@ void CpuBackend::do_qsa_attend(const Tensor& q, const Tensor& gate, const Tensor
 
 void CpuBackend::do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs, int64_t n_head_kv) {
     std::vector<KvSeq> s(seqs, seqs + n_seqs);
-    for (const KvSeq& q : s) {
-        resolve(q.k), resolve(q.vt);
-    }
+    for (const KvSeq& q : s)
+        resolve(q.k), resolve(q.vt), resolve(q.v), resolve(q.k_scale), resolve(q.v_scale);
     resolve(k), resolve(v);
     exec([=] { cpu::kv_append(resolve(k), resolve(v), rows_of(s), n_head_kv); });
 }
@@ -393,9 +394,8 @@ void CpuBackend::do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seq
 void CpuBackend::do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& sh,
                            const Tensor& out) {
     std::vector<KvSeq> s(seqs, seqs + n_seqs);
-    for (const KvSeq& c : s) {
-        resolve(c.k), resolve(c.vt);
-    }
+    for (const KvSeq& c : s)
+        resolve(c.k), resolve(c.vt), resolve(c.v), resolve(c.k_scale), resolve(c.v_scale);
     resolve(q), resolve(out);
     exec([=] { cpu::attention(resolve(q), rows_of(s), sh, resolve(out)); });
 }

@@ -66,6 +66,7 @@ struct QsaSeqRows {
 struct KvSeqRows {
     Rows k, vt;
     int64_t n0, t0, ntok;
+    Rows v, k_scale, v_scale;  // Q8_0 / I8 caches (vt empty)
 };
 
 void get_rows(const Rows& table, const Rows& ids, float scale, int64_t repeat, const Rows& out);

@@ -75,10 +75,9 @@ nb::dict dense_config_dict(const DenseModel& m) {
 regolith::KvType kv_type(const std::string& name) {
     if (name == "f16") return regolith::KvType::F16;
     if (name == "f32") return regolith::KvType::F32;
-    if (name == "q8_0" || name == "i8")
-        throw nb::value_error(
-            ("kv_type '" + name + "': the dense models' caches are 'f16' or 'f32'").c_str());
-    throw nb::value_error(("kv_type must be 'f16' or 'f32', not '" + name + "'").c_str());
+    if (name == "q8_0") return regolith::KvType::Q8_0;
+    if (name == "i8") return regolith::KvType::I8;
+    throw nb::value_error(("kv_type must be 'f32', 'f16', 'q8_0' or 'i8', not '" + name + "'").c_str());
 }
 
 uint32_t cache_type(const std::string& name) {
@@ -313,13 +312,15 @@ void init_model(nb::module_& m) {
             nb::arg("kv_type"),
             "Raises where this model's windows cannot have caches of kv_type on its backend.");
     nb::class_<DenseModel>(m, "DenseModel", "A gemma3 or qwen2 model (dense decoder-only transformer).")
-        .def("__init__",
-             [](DenseModel* self, const std::vector<std::vector<std::string>>& files, const std::string& backend) {
-                 regolith::Backend& be = regolith::backend_by_name(backend);
-                 nb::gil_scoped_release release;
-                 new (self) DenseModel(files, be);
-             },
-             nb::arg("files"), nb::arg("backend") = "")
+        .def(
+            "__init__",
+            [](DenseModel* self, const std::vector<std::vector<std::string>>& files,
+               const std::string& backend) {
+                regolith::Backend& be = regolith::backend_by_name(backend);
+                nb::gil_scoped_release release;
+                new (self) DenseModel(files, be);
+            },
+            nb::arg("files"), nb::arg("backend") = "")
         .def("config", &dense_config_dict)
         .def_prop_ro("backend", [](const DenseModel& m) { return std::string(m.backend().name()); })
         .def(
@@ -328,5 +329,13 @@ void init_model(nb::module_& m) {
                 return m.new_window(max_ctx, kv_type(kv));
             },
             nb::arg("max_ctx"), nb::arg("kv_type") = "f16", nb::keep_alive<0, 1>(),
-            "A window of up to max_ctx tokens; kv_type 'f16' (llama.cpp's default cache) or 'f32'.");
+            "A window of up to max_ctx tokens; kv_type 'f16' (llama.cpp's default cache), 'f32', 'q8_0' or "
+            "'i8'.")
+        .def(
+            "check_kv_type",
+            [](const DenseModel& m, const std::string& kv) {
+                regolith::KvCache(m.backend(), 1, m.config().head_dim, 1, kv_type(kv));
+            },
+            nb::arg("kv_type"),
+            "Raises where this model's windows cannot have caches of kv_type on its backend.");
 }

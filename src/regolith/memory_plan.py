@@ -124,7 +124,8 @@ def cache_row_bytes(kv_type: str, n: int) -> int:
 
 
 def check_kv_type(metadata: dict[str, Any], kv_type: str) -> None:
-    """Raise ValueError unless a qwen4exp model's QSA caches can be of ``kv_type`` (q8_0: rows of whole blocks)."""
+    """Raise ValueError unless a qwen4exp model's QSA caches can be of ``kv_type`` (q8_0: rows of whole blocks;
+    the dense models' are checked as their windows are made)."""
     cache_row_bytes(kv_type, 32)  # a known type
     if kv_type == "q8_0" and metadata.get("general.architecture") == "qwen4exp":
         for key in ("attention.key_length", "attention.indexer.key_length"):

@@ -60,6 +60,15 @@ def _warn_unlocked(reason: str) -> None:
 
 
 KV_TYPES = ("f32", "f16", "q8_0", "i8")
+
+
+def _check_kv_type(core: Any, kv_type: str) -> None:
+    try:
+        core.check_kv_type(kv_type)
+    except RegolithError as e:
+        raise ValueError(f"kv_type {kv_type!r}: {e}") from None
+
+
 _ARCHITECTURES = {
     "gemma3": _core.DenseModel,
     "qwen2": _core.DenseModel,
@@ -168,8 +177,9 @@ class Model:
         ``kv_type`` is the type of the windows' attention caches (llama.cpp's ``-ctk`` / ``-ctv`` names):
         ``"f32"``, ``"f16"``, ``"q8_0"`` (llama.cpp's blocks of 32) or ``"i8"`` (int8 rows with one f32 scale
         each, the seed's) for qwen4exp's QSA keys, values, indexer keys and pooled block keys (default
-        ``"f32"``); ``"f16"`` (the default) or ``"f32"`` for the dense models' KV. A type the backend has no
-        kernels for is refused here with a ``ValueError``, as is a type the model cannot take.
+        ``"f32"``) and for the dense models' keys and values (default ``"f16"``, llama.cpp's). A type the
+        backend has no kernels for is refused here with a ``ValueError``, as is a type the model cannot take
+        (q8_0 needs head dims that are multiples of 32).
 
         ``backend`` names the compute engine (:func:`regolith.backends.available` lists this build's; ``"auto"``:
         the GPU where there is one, else the CPU; default: ``$REGOLITH_BACKEND`` or ``"cpu"``).
@@ -199,12 +209,7 @@ class Model:
         if arch not in _ARCHITECTURES:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
-        if arch == "qwen4exp":
-            kv_type = kv_type or "f32"
-        else:
-            kv_type = kv_type or "f16"
-            if kv_type not in ("f16", "f32"):
-                raise ValueError(f"kv_type {kv_type!r}: the {arch} model's KV cache is 'f16' or 'f32'")
+        kv_type = kv_type or ("f32" if arch == "qwen4exp" else "f16")
         sizes = _plan.sizes_from_gguf(tensors, metadata, packed.manifest if packed else None, kv_type)
         ctx = int(n_ctx or default_n_ctx(metadata.get(f"{arch}.context_length")))
         plan = _plan.plan_memory(
@@ -220,6 +225,7 @@ class Model:
         _log.info("memory plan for %s:\n%s", resolved, plan.render())
         if arch != "qwen4exp":
             core = _ARCHITECTURES[arch](groups, backend=backend)
+            _check_kv_type(core, kv_type)
         else:
             moce_opts = dict(moce) if isinstance(moce, Mapping) else {}
             core = _core.Qwen4ExpModel(
@@ -237,10 +243,7 @@ class Model:
                 backend=backend,
                 host_slots=plan.host_slots,
             )
-            try:
-                core.check_kv_type(kv_type)
-            except RegolithError as e:
-                raise ValueError(f"kv_type {kv_type!r}: {e}") from None
+            _check_kv_type(core, kv_type)
             info = core.arena_info()
             if info is not None and lock_memory and not info["locked"]:
                 _warn_unlocked(info["lock_error"])

@@ -1,9 +1,11 @@
-"""Attention cache types (``Model.load(kv_type=...)``) of qwen4exp's QSA caches: f32, f16, q8_0 and i8.
+"""Attention cache types (``Model.load(kv_type=...)``): f32, f16, q8_0 and i8, for qwen4exp's QSA caches and
+the dense models' (gemma3, qwen2) keys and values.
 
 References: the stored rows against gguf-py's quantizers (f16, q8_0) and the seed's int8 row written out in
-numpy (i8); whole-model logits against transformers 5.24 with its keys, values, raw indexer keys and pooled
-block keys rounded through those same quantizers (f16, i8); and every type against the f32 cache. Saving and
-restoring a quantized window is exact; a state of another cache type is refused.
+numpy (i8); whole-model logits against transformers 5.24 with its cached tensors rounded through those same
+quantizers (QSA: keys, values, raw indexer keys and pooled block keys, for f16 and i8; dense: keys and values,
+for q8_0 and i8); and every type against the f32 cache. Saving and restoring a quantized window is exact; a
+state of another cache type is refused.
 """
 
 from __future__ import annotations
@@ -264,3 +266,81 @@ def test_cache_types_a_model_or_backend_cannot_take_are_refused_at_load(selectin
     ):
         regolith.Model.load(path, kv_type="q8_0")
     assert regolith.Model.load(path, kv_type="i8").window(16).eval(_ids(5)).shape == (5, 304)
+
+
+# ---- the dense models ------------------------------------------------------------------------------------------
+
+DENSE = {
+    "gemma3": {"head_dim": 32, "query_pre_attn_scalar": 32},
+    "qwen2": {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32},
+}
+
+
+@pytest.fixture(scope="module", params=list(DENSE))
+def dense(request, tmp_path_factory):
+    from tests.dense_models import tiny_model, write_gguf
+
+    model = tiny_model(request.param, 7, **DENSE[request.param])
+    return request.param, write_gguf(model, tmp_path_factory.mktemp(f"kv_{request.param}") / "tiny.gguf")
+
+
+def _dense_reference(arch: str, kv: str, ids: np.ndarray) -> np.ndarray:
+    """transformers' logits with the keys (after norm and RoPE) and values rounded to kv."""
+    import importlib
+
+    from tests.dense_models import tiny_model
+
+    hf = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+    model = tiny_model(arch, 7, **DENSE[arch])
+    rope = hf.apply_rotary_pos_emb
+
+    def rounded_rope(q, k, cos, sin, *args, **kwargs):
+        q, k = rope(q, k, cos, sin, *args, **kwargs)
+        return q, _rounded_as(k, kv)
+
+    for layer in model.model.layers:
+        d = layer.self_attn.head_dim
+        layer.self_attn.v_proj.register_forward_hook(
+            lambda m, i, o, d=d: _rounded_as(o.view(*o.shape[:-1], -1, d), kv).view(o.shape)
+        )
+    hf.apply_rotary_pos_emb = rounded_rope
+    try:
+        with torch.no_grad():
+            return model(torch.tensor(ids)[None]).logits[0].numpy().astype(np.float64)
+    finally:
+        hf.apply_rotary_pos_emb = rope
+
+
+def _rounded_as(x: torch.Tensor, kv: str) -> torch.Tensor:
+    if kv != "q8_0":
+        return _rounded(x, kv)
+    a = x.detach().numpy().astype(np.float32)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    y = gguf.quants.dequantize(gguf.quants.quantize(a.reshape(-1, a.shape[-1]), q8), q8)
+    return torch.from_numpy(y.reshape(a.shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "i8"])
+def test_dense_logits_match_transformers_with_rounded_caches(dense, kv):
+    arch, path = dense
+    ids = np.random.default_rng(0).integers(0, 320, 40)
+    got = regolith.Model.load(path, kv_type=kv).window(64).eval(ids)
+    assert _rel(got, _dense_reference(arch, kv, ids)) <= 1e-4  # the f32 cache's bound (test_dense_model.py)
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "i8"])
+def test_dense_chunks_tokens_and_restore_are_exact(dense, kv, tmp_path):
+    model = regolith.Model.load(dense[1], kv_type=kv)
+    ids = np.random.default_rng(1).integers(0, 320, 40)
+    whole = model.window(64).eval(ids)
+    w = model.window(64)
+    np.testing.assert_array_equal(np.concatenate([w.eval(ids[i : i + 1]) for i in range(40)]), whole)
+    w = model.window(64)
+    w.eval(ids[:23])
+    w.save(tmp_path / "w.rgs")
+    r = model.window(64)
+    r.load(tmp_path / "w.rgs")
+    np.testing.assert_array_equal(r.eval(ids[23:]), whole[23:])
+    f16 = regolith.Model.load(dense[1])  # the default f16 cache
+    with pytest.raises(SessionError, match=f"holds .* bytes of {kv}; this window's holds .* bytes of f16"):
+        f16.window(64).load(tmp_path / "w.rgs")
