@@ -42,6 +42,13 @@ uint32_t kv_tensor_type(KvType type) {
     return RG_TYPE_F32;
 }
 
+uint64_t KvCache::bytes() const {
+    uint64_t n = 0;
+    for (const OwnedTensor* t : {&k_, &vt_, &v_, &k_scale_, &v_scale_})
+        if (t->t) n += t->buffer.bytes();
+    return n;
+}
+
 void KvCache::truncate(int64_t n) {
     if (n < 0 || n > n_)
         throw Error("KV cache: cannot truncate to " + std::to_string(n) + " tokens, it holds " + std::to_string(n_));

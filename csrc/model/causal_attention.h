@@ -28,6 +28,7 @@ public:
     int64_t size() const { return n_; }
     int64_t max_ctx() const { return max_ctx_; }
     KvType type() const { return type_; }
+    uint64_t bytes() const;  // backend memory held (its capacity's)
     // Keeps the first n tokens (0 <= n <= size()).
     void truncate(int64_t n);
     // Makes room for ntok more tokens (Error beyond max_ctx) and returns this cache as the sequence of a step

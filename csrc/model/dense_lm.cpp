@@ -150,6 +150,13 @@ DenseWindow::DenseWindow(const DenseModel& model, int64_t max_ctx, KvType kv_typ
     reset_locked();
 }
 
+uint64_t DenseWindow::attention_cache_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint64_t n = 0;
+    for (const KvCache& kv : kv_) n += kv.bytes();
+    return n;
+}
+
 void DenseWindow::reset() {
     std::lock_guard<std::mutex> lock(mutex_);
     reset_locked();

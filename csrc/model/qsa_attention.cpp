@@ -40,13 +40,12 @@ void QsaState::check_cache_type(const Backend& be, const QsaShape& shape, uint32
                     std::to_string(shape.head_dim) + " and " + std::to_string(shape.index_head_dim));
 }
 
-double QsaState::bytes_per_token(const QsaShape& s, uint32_t type) {
-    // a cache row of n elements: its storage plus an I8 row's scale
-    const auto row = [&](int64_t n) {
-        return type == RG_TYPE_I8 ? double(n + 4) : double(tensor_bytes(type, 1, n));
-    };
-    return 2.0 * double(s.n_head_kv) * row(s.head_dim) + row(s.index_head_dim) + 3.0 * 8.0 +
-           row(s.index_head_dim) / double(s.compress_ratio);
+uint64_t QsaState::bytes() const {
+    uint64_t n = 0;
+    for (const OwnedTensor* t :
+         {&k_, &v_, &index_k_, &block_k_, &pos_, &k_scale_, &v_scale_, &index_k_scale_, &block_k_scale_})
+        if (t->t) n += t->buffer.bytes();
+    return n;
 }
 
 void QsaState::reserve(int64_t n) {

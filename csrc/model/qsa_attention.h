@@ -64,29 +64,28 @@ struct QsaWeights {
 // stored in the cache type (F32, F16, Q8_0, or I8 with a per-row scale: Backend::store_rows).
 class QsaState {
 public:
-  // Throws Error when the backend has no kernels for the cache type or Q8_0 rows would not be whole blocks
-  // (check_cache_type).
-  QsaState(Backend& be, const QsaShape& shape, int64_t max_ctx, uint32_t cache_type = RG_TYPE_F32);
-  static void check_cache_type(const Backend& be, const QsaShape& shape, uint32_t cache_type);
+    // Throws Error when the backend has no kernels for the cache type or Q8_0 rows would not be whole blocks
+    // (check_cache_type).
+    QsaState(Backend& be, const QsaShape& shape, int64_t max_ctx, uint32_t cache_type = RG_TYPE_F32);
+    static void check_cache_type(const Backend& be, const QsaShape& shape, uint32_t cache_type);
 
-  uint32_t cache_type() const { return type_; }
-  // Bytes one token takes (keys, values, indexer key, position and its share of a pooled key).
-  static double bytes_per_token(const QsaShape& shape, uint32_t cache_type);
+    uint32_t cache_type() const { return type_; }
+    uint64_t bytes() const;  // backend memory held (its capacity's)
 
-  int64_t size() const { return n_; }
-  int64_t max_ctx() const { return max_ctx_; }
-  int64_t n_blocks() const { return n_ / shape_.compress_ratio; }  // complete blocks
+    int64_t size() const { return n_; }
+    int64_t max_ctx() const { return max_ctx_; }
+    int64_t n_blocks() const { return n_ / shape_.compress_ratio; }  // complete blocks
 
-  // Keeps the first n tokens (speculative rollback). n must be <= size().
-  void truncate(int64_t n);
+    // Keeps the first n tokens (speculative rollback). n must be <= size().
+    void truncate(int64_t n);
 
-  // Saving and restoring: tokens [from, to) as tensor views, in file order: keys [to-from][n_head_kv]
-  // [head_dim], values (same shape), raw indexer keys [to-from][index_head_dim], positions [to-from][3]
-  // (int64), then the pooled keys of blocks [from/ratio, to/ratio) [.][index_head_dim], each cache in the
-  // cache type; an I8 state then has the four caches' row scales (F32) in the same order.
-  void state_tensors(int64_t from, int64_t to, std::vector<Tensor>& out) const;
-  // Holds n >= size() tokens, the new ones to be filled through state_tensors (throws Error beyond max_ctx).
-  void grow(int64_t n);
+    // Saving and restoring: tokens [from, to) as tensor views, in file order: keys [to-from][n_head_kv]
+    // [head_dim], values (same shape), raw indexer keys [to-from][index_head_dim], positions [to-from][3]
+    // (int64), then the pooled keys of blocks [from/ratio, to/ratio) [.][index_head_dim], each cache in the
+    // cache type; an I8 state then has the four caches' row scales (F32) in the same order.
+    void state_tensors(int64_t from, int64_t to, std::vector<Tensor>& out) const;
+    // Holds n >= size() tokens, the new ones to be filled through state_tensors (throws Error beyond max_ctx).
+    void grow(int64_t n);
 
 private:
     friend class QsaAttention;

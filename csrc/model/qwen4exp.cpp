@@ -133,6 +133,14 @@ std::unique_ptr<ModelWindow> Qwen4ExpModel::new_window(int64_t max_ctx, uint32_t
     return std::make_unique<Qwen4ExpWindow>(*this, max_ctx, cache_type);
 }
 
+uint64_t Qwen4ExpWindow::attention_cache_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint64_t n = 0;
+    for (const auto& q : qsa_)
+        if (q) n += q->bytes();
+    return n;
+}
+
 void Qwen4ExpModel::check_cache_type(uint32_t cache_type) const {
     for (const auto& l : layers_)
         if (l.qsa) QsaState::check_cache_type(backend_, l.qsa->shape(), cache_type);

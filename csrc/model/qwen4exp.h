@@ -93,7 +93,7 @@ public:
     // Throws Error, as new_window would, where this model's windows cannot have caches of `cache_type`.
     void check_cache_type(uint32_t cache_type) const;
 
-  private:
+private:
     friend class Qwen4ExpWindow;
     struct Layer {
         HyperConnection attn_hc, ffn_hc;
@@ -120,27 +120,27 @@ public:
 // One inference context: tokens in, logits out, continuing from the state of earlier calls.
 class Qwen4ExpWindow final : public ModelWindow {
 public:
-  Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx, uint32_t cache_type);
+    Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx, uint32_t cache_type);
 
-  int64_t n_past() const override { return n_past_; }
-  int64_t max_ctx() const override { return max_ctx_; }
-  int64_t vocab() const override;
-  int64_t hidden() const { return model_.config_.hidden; }
-  void reset() override;
-  void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
-  // eval with images: rows `mm.rows` take `mm.embd` as their input embedding (their ids, the image token,
-  // still feed PLE, as transformers does) and the tokens take their M-RoPE positions from mm.pos3.
-  void eval_multimodal(const int32_t* tokens, int64_t n, const MultimodalRows& mm, float* logits,
-                       bool all_logits);
-  // Gated DeltaNet and PLE states keep no history: truncate(n_past) succeeds, and so does any n within the
-  // last eval after checkpoint() (from the per-token states it kept).
-  bool truncate(int64_t n) override;
-  void checkpoint() override;
-  bool has_draft_head() const override { return model_.mtp_ != nullptr; }
-  std::vector<int32_t> draft(int32_t next, int64_t n) override;
-  // Per layer in order: the PLE part (if any), then the Gated DeltaNet or QSA part.
-  void export_state(int64_t from, const StateFn& fn) override;
-  void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
+    int64_t n_past() const override { return n_past_; }
+    int64_t max_ctx() const override { return max_ctx_; }
+    uint64_t attention_cache_bytes() const override;
+    int64_t vocab() const override;
+    int64_t hidden() const { return model_.config_.hidden; }
+    void reset() override;
+    void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
+    // eval with images: rows `mm.rows` take `mm.embd` as their input embedding (their ids, the image token,
+    // still feed PLE, as transformers does) and the tokens take their M-RoPE positions from mm.pos3.
+    void eval_multimodal(const int32_t* tokens, int64_t n, const MultimodalRows& mm, float* logits, bool all_logits);
+    // Gated DeltaNet and PLE states keep no history: truncate(n_past) succeeds, and so does any n within the
+    // last eval after checkpoint() (from the per-token states it kept).
+    bool truncate(int64_t n) override;
+    void checkpoint() override;
+    bool has_draft_head() const override { return model_.mtp_ != nullptr; }
+    std::vector<int32_t> draft(int32_t next, int64_t n) override;
+    // Per layer in order: the PLE part (if any), then the Gated DeltaNet or QSA part.
+    void export_state(int64_t from, const StateFn& fn) override;
+    void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
 
 private:
     void eval_locked(const int32_t* tokens, int64_t n, const MultimodalRows* mm, float* logits, bool all_logits);
@@ -148,7 +148,7 @@ private:
     void prepare_slots(int64_t n);  // rollback slots for an eval of n tokens; slot 0 = the current states
     std::vector<TensorPart> state_parts(int64_t from, int64_t to, bool whole);
 
-    std::mutex mutex_;
+    mutable std::mutex mutex_;
     const Qwen4ExpModel& model_;
     Backend& be_;
     Workspace ws_;  // the scratch tensors of an eval

@@ -222,6 +222,8 @@ void init_model(nb::module_& m) {
     nb::class_<ModelWindow>(m, "ModelWindow")
         .def_prop_ro("n_past", &ModelWindow::n_past)
         .def_prop_ro("max_ctx", &ModelWindow::max_ctx)
+        .def_prop_ro("attention_cache_bytes", &ModelWindow::attention_cache_bytes,
+                     "Backend memory the attention caches hold now (the memory plan's per-token state).")
         .def_prop_ro("vocab", &ModelWindow::vocab)
         .def("reset", &ModelWindow::reset)
         .def("truncate", &ModelWindow::truncate, nb::arg("n"),

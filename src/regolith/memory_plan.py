@@ -123,16 +123,31 @@ def cache_row_bytes(kv_type: str, n: int) -> int:
     raise ValueError(f"kv_type must be one of f32, f16, q8_0, i8, not {kv_type!r}")
 
 
+def _dense_head_dim(metadata: dict[str, Any], arch: str) -> int:
+    p = f"{arch}."
+    if p + "attention.key_length" in metadata:
+        return int(metadata[p + "attention.key_length"])
+    return int(metadata[p + "embedding_length"]) // int(metadata[p + "attention.head_count"])
+
+
 def check_kv_type(metadata: dict[str, Any], kv_type: str) -> None:
-    """Raise ValueError unless a qwen4exp model's QSA caches can be of ``kv_type`` (q8_0: rows of whole blocks;
-    the dense models' are checked as their windows are made)."""
+    """Raise ValueError unless the model's attention caches can be of ``kv_type`` (q8_0: rows of whole
+    blocks of 32)."""
     cache_row_bytes(kv_type, 32)  # a known type
-    if kv_type == "q8_0" and metadata.get("general.architecture") == "qwen4exp":
-        for key in ("attention.key_length", "attention.indexer.key_length"):
+    arch = metadata.get("general.architecture")
+    if kv_type == "q8_0" and arch:
+        keys = ("attention.key_length", "attention.indexer.key_length") if arch == "qwen4exp" else ()
+        for key in keys:
             n = metadata.get(f"qwen4exp.{key}")
             if n is not None and int(n) % 32:
                 raise ValueError(
                     f"kv_type 'q8_0': a q8_0 cache needs rows of whole blocks of 32; {key} is {n}"
+                )
+        if arch != "qwen4exp" and f"{arch}.embedding_length" in metadata:
+            n = _dense_head_dim(metadata, arch)
+            if n % 32:
+                raise ValueError(
+                    f"kv_type 'q8_0': a q8_0 cache needs rows of whole blocks of 32; head dim is {n}"
                 )
 
 
@@ -159,8 +174,13 @@ def _sizes(
 ) -> ModelSizes:
     arch = metadata.get("general.architecture", "")
     dense = sum(t.nbytes for n, t in tensors.items() if not _EXPERT.match(n) and n != _PLE_TABLE)
-    if arch != "qwen4exp":
-        return ModelSizes(arch, dense)
+    if arch != "qwen4exp":  # gemma3, qwen2: every layer keeps keys and values of every position
+        p = f"{arch}."
+        kvh = metadata[p + "attention.head_count_kv"]
+        n_layer = int(metadata[p + "block_count"])
+        heads = [int(h) for h in kvh] if isinstance(kvh, list) else [int(kvh)] * n_layer
+        row = cache_row_bytes(kv_type, _dense_head_dim(metadata, arch))
+        return ModelSizes(arch, dense, state_per_token=sum(2 * h * row for h in heads))
     p = "qwen4exp."
     n_layer = int(metadata[p + "block_count"])
     if not 0 < n_layer <= len(tensors):  # every layer has tensors: a larger count is a lie

@@ -344,3 +344,31 @@ def test_dense_chunks_tokens_and_restore_are_exact(dense, kv, tmp_path):
     f16 = regolith.Model.load(dense[1])  # the default f16 cache
     with pytest.raises(SessionError, match=f"holds .* bytes of {kv}; this window's holds .* bytes of f16"):
         f16.window(64).load(tmp_path / "w.rgs")
+
+
+# ---- the memory plan ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kv", TYPES)
+def test_the_plan_counts_the_caches_a_full_window_allocates(selecting, dense, kv):
+    """The plan's per-token state at the cache type against what a full window's caches hold: exactly for the
+    dense models; for qwen4exp it rounds each QSA layer's share of a pooled key up to a byte per token
+    (q8_0's 34-byte rows do not split in 4)."""
+    ids = np.random.default_rng(2).integers(0, 300, 128)
+    model = regolith.Model.load(selecting, kv_type=kv, n_ctx=128)
+    w = model.window()
+    w.eval(ids)
+    planned, held = model.plan.sizes.state_per_token * 128, w._w.attention_cache_bytes
+    assert 0 <= planned - held <= 2 * 128  # 2 QSA layers
+    model = regolith.Model.load(dense[1], kv_type=kv, n_ctx=128)
+    w = model.window()
+    w.eval(ids)
+    assert model.plan.sizes.state_per_token * 128 == w._w.attention_cache_bytes
+
+
+def test_a_dense_q8_0_cache_needs_head_dims_of_whole_blocks(tmp_path):
+    from tests.dense_models import tiny_model, write_gguf
+
+    path = write_gguf(tiny_model("qwen2", 7), tmp_path / "hd16.gguf")
+    with pytest.raises(ValueError, match="q8_0 cache needs rows of whole blocks of 32; head dim is 16"):
+        regolith.Model.load(path, kv_type="q8_0")
