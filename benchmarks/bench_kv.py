@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rows = [r for name in args.models for ctx in args.ctx for r in measure(name, ctx, args.chunk, args.types)]
     if args.markdown:
-        print("| model | context | kv | cache bytes / token | mean KL | p99 KL | max KL | top-1 | ppl | eval s |")
+        print(
+            "| model | context | kv | cache bytes / token | mean KL | p99 KL | max KL | top-1 | ppl | eval s |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(

@@ -434,10 +434,11 @@ def render_contexts(plans: list[MemoryPlan]) -> str:
 
 
 def human_bytes(n: int) -> str:
-    """``n`` bytes as B / KiB / MiB / GiB with three significant figures."""
+    """``n`` bytes as B / KiB / MiB / GiB with three significant figures (four from 1000 up to the next unit)."""
     for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
-            return f"{n / size:.3g} {unit}"
+            v = n / size
+            return f"{v:.3g} {unit}" if v < 1000 else f"{v:.0f} {unit}"
     return f"{n} B"
 
 
