@@ -52,6 +52,16 @@ void init_backends(nb::module_& m) {
           "(the rows' bytes as uint8 (rows, row bytes), the i8 row scales (rows, 1) or None).");
     m.def("backend_names", &regolith::backend_names, "The backends this build has, the reference first.");
     m.def(
+        "backend_cache_types",
+        [](const std::string& name) {
+            const regolith::Backend& be = regolith::backend_by_name(name);
+            std::vector<std::string> out;
+            for (uint32_t t : {RG_TYPE_F32, RG_TYPE_F16, RG_TYPE_Q8_0, RG_TYPE_I8})
+                if (be.supports_cache(t)) out.push_back(regolith::cache_type_name(t));
+            return out;
+        },
+        nb::arg("backend"), "The attention cache types the backend has kernels for (Backend::supports_cache).");
+    m.def(
         "device_memory",
         [](const std::string& name) -> nb::object {
             uint64_t free_bytes = 0, total_bytes = 0;
