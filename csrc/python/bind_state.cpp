@@ -179,6 +179,21 @@ void init_state(nb::module_& m) {
         .def_ro("file_bytes", &StateHeader::file_bytes)
         .def_prop_ro("has_logits", [](const StateHeader& h) { return logits_entry(h) != nullptr; })
         .def_prop_ro(
+            "kv_type",
+            [](const StateHeader& h) -> nb::object {
+                for (const auto& e : h.parts) {
+                    if (e.kind != regolith::StateKind::Qsa && e.kind != regolith::StateKind::Kv) continue;
+                    switch (e.dtype) {
+                        case regolith::StateDtype::F16: return nb::str("f16");
+                        case regolith::StateDtype::Q8_0: return nb::str("q8_0");
+                        case regolith::StateDtype::I8: return nb::str("i8");
+                        default: return nb::str("f32");  // F32, and Mixed: a QSA part of f32 caches
+                    }
+                }
+                return nb::none();
+            },
+            "The type of the state's attention caches ('f32', 'f16', 'q8_0', 'i8'), None without any.")
+        .def_prop_ro(
             "parts",
             [](const StateHeader& h) {
                 nb::list out;

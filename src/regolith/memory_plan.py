@@ -107,6 +107,11 @@ class ModelSizes:
         return 4 * (streams + moe + 2 * self.vocab)
 
 
+def default_kv_type(architecture: str) -> str:
+    """The attention cache type ``Model.load`` gives a model of ``architecture`` without ``kv_type``."""
+    return "f32" if architecture == "qwen4exp" else "f16"
+
+
 def cache_row_bytes(kv_type: str, n: int) -> int:
     """Bytes of one attention-cache row of n elements of a cache type (``Model.load``'s ``kv_type``): f32, f16,
     q8_0 (34 bytes per 32 elements) or i8 (n bytes and an f32 scale)."""

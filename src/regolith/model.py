@@ -107,7 +107,7 @@ class Model:
         self.n_ctx = int(n_ctx or default_n_ctx(self.config.get("context_length")))
         self.plan = plan
         """The :class:`regolith.memory_plan.MemoryPlan` made at load (dense, arena, state, totals)."""
-        self.kv_type = kv_type or ("f32" if isinstance(core, _core.Qwen4ExpModel) else "f16")
+        self.kv_type = kv_type or _plan.default_kv_type(self.config["architecture"])
         """The type of the windows' attention caches (:meth:`load`'s ``kv_type``)."""
         self._tokens_evaluated = 0
         self._tokenizer: Tokenizer | None = None
@@ -209,7 +209,7 @@ class Model:
         if arch not in _ARCHITECTURES:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
-        kv_type = kv_type or ("f32" if arch == "qwen4exp" else "f16")
+        kv_type = kv_type or _plan.default_kv_type(arch)
         sizes = _plan.sizes_from_gguf(tensors, metadata, packed.manifest if packed else None, kv_type)
         ctx = int(n_ctx or default_n_ctx(metadata.get(f"{arch}.context_length")))
         plan = _plan.plan_memory(

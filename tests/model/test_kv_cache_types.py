@@ -391,3 +391,22 @@ def test_a_dense_q8_0_cache_needs_head_dims_of_whole_blocks(tmp_path):
     path = write_gguf(tiny_model("qwen2", 7), tmp_path / "hd16.gguf")
     with pytest.raises(ValueError, match="q8_0 cache needs rows of whole blocks of 32; head dim is 16"):
         regolith.Model.load(path, kv_type="q8_0")
+
+
+def test_the_prompt_cache_keeps_each_cache_types_entries_apart(selecting, tmp_path):
+    _need("q8_0")
+    from regolith import PromptCache
+
+    cache = PromptCache(tmp_path / "cache", 1 << 30, min_tokens=4)
+    ids = _ids(40)
+    q8 = regolith.Model.load(selecting, kv_type="q8_0")
+    w = q8.window(128)
+    logits = w.eval(ids)[-1]
+    assert cache.store(w, logits=logits)
+    f32 = regolith.Model.load(selecting)
+    assert cache.restore(f32.window(128), ids) is None  # no entry of its type, and the q8_0 one is kept
+    assert cache.stats.discarded == 0
+    r = q8.window(128)
+    hit = cache.restore(r, ids)
+    assert hit is not None and r.n_past == 40
+    np.testing.assert_array_equal(hit.logits, logits)
