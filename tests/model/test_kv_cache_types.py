@@ -359,6 +359,8 @@ def test_dense_chunks_tokens_and_restore_are_exact(dense, kv, tmp_path):
     r = model.window(64)
     r.load(tmp_path / "w.rgs")
     np.testing.assert_array_equal(r.eval(ids[23:]), whole[23:])
+    with pytest.raises(ValueError, match=f"metal-emu backend has no kernels for {kv} attention caches"):
+        regolith.Model.load(dense[1], kv_type=kv, backend="metal-emu")
     f16 = regolith.Model.load(dense[1])  # the default f16 cache
     with pytest.raises(SessionError, match=f"holds .* bytes of {kv}; this window's holds .* bytes of f16"):
         f16.window(64).load(tmp_path / "w.rgs")
