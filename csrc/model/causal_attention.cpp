@@ -19,13 +19,13 @@ KvCache::KvCache(Backend& be, int64_t n_head_kv, int64_t head_dim, int64_t max_c
     : be_(&be), n_head_kv_(n_head_kv), head_dim_(head_dim), max_ctx_(max_ctx), type_(type) {
     if (n_head_kv <= 0 || head_dim <= 0) throw Error("KV cache: head count and head dim must be positive");
     if (max_ctx <= 0) throw Error("KV cache: max_ctx must be positive, got " + std::to_string(max_ctx));
+    if (type == KvType::Q8_0 && head_dim % QK8_0 != 0)
+        throw Error("KV cache: a q8_0 cache needs a head dim that is a multiple of 32, not " +
+                    std::to_string(head_dim));
     const uint32_t t = kv_tensor_type(type);
     if ((type == KvType::Q8_0 || type == KvType::I8) && !be.supports_cache(t))
         throw Error(std::string("KV cache: the ") + be.name() + " backend has no kernels for " +
                     cache_type_name(t) + " attention caches");
-    if (type == KvType::Q8_0 && head_dim % QK8_0 != 0)
-        throw Error("KV cache: a q8_0 cache needs a head dim that is a multiple of 32, not " +
-                    std::to_string(head_dim));
 }
 
 uint32_t kv_tensor_type(KvType type) {

@@ -32,12 +32,12 @@ QsaState::QsaState(Backend& be, const QsaShape& shape, int64_t max_ctx, uint32_t
 void QsaState::check_cache_type(const Backend& be, const QsaShape& shape, uint32_t cache_type) {
     if (std::string(cache_type_name(cache_type)) == "unknown")
         throw Error("QSA state: type id " + std::to_string(cache_type) + " is not an attention cache type");
-    if (!be.supports_cache(cache_type))
-        throw Error(std::string("QSA state: the ") + be.name() + " backend has no kernels for " +
-                    cache_type_name(cache_type) + " attention caches");
     if (cache_type == RG_TYPE_Q8_0 && (shape.head_dim % QK8_0 != 0 || shape.index_head_dim % QK8_0 != 0))
         throw Error("QSA state: a q8_0 cache needs key lengths that are multiples of 32, not " +
                     std::to_string(shape.head_dim) + " and " + std::to_string(shape.index_head_dim));
+    if (!be.supports_cache(cache_type))
+        throw Error(std::string("QSA state: the ") + be.name() + " backend has no kernels for " +
+                    cache_type_name(cache_type) + " attention caches");
 }
 
 uint64_t QsaState::bytes() const {
