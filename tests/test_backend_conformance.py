@@ -56,7 +56,7 @@ def test_every_op_of_the_interface_has_cases():
         "matmul", "copy", "get_rows", "gather_rows", "top_k", "rms_norm", "rms_norm_gated", "layer_norm",
         "rope", "unary", "glu", "add", "hc_mix", "hc_write", "ssm_conv", "gdn_prepare", "gdn_scan", "qsa_pool",
         "qsa_select", "qsa_attend", "attention", "moe_route", "moe_experts", "moe_combine", "ple_gate", "ple_conv",
-        "add_interpolated", "vision_qkv", "softmax_scaled",
+        "add_interpolated", "vision_qkv", "softmax_scaled", "store_rows",
     }  # fmt: skip
     assert interface <= ops, f"ops without a conformance case: {sorted(interface - ops)}"
 

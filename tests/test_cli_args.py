@@ -26,6 +26,10 @@ from regolith import cli, terminal
         (["--ctx", "0"], "argument --ctx: must be > 0, got 0"),
         (["--arena-gb", "inf"], "argument --arena-gb: must be a finite number, got inf"),
         (["--top-p", "x"], "argument --top-p: invalid float value: 'x'"),
+        (
+            ["--kv-type", "q4_0"],
+            "argument --kv-type: invalid choice: 'q4_0' (choose from 'f32', 'f16', 'q8_0', 'i8')",
+        ),
     ],
 )
 @pytest.mark.parametrize("command", ["run", "chat"])
@@ -170,3 +174,16 @@ def test_bench_prints_one_table(capsys):
 def test_bench_names_the_device_of_a_gpu_backend(capsys):
     assert cli.main(["bench", "-p", "8", "-n", "1", "-r", "1", "--backend", "metal-emu"]) == 0
     assert "a Metal GPU emulated on the CPU" in capsys.readouterr().out
+
+
+def test_kv_type_reaches_the_model(capsys):
+    assert (
+        cli.main(
+            ["run", "-p", "class Stack:", "-n", "3", "--temp", "0", "-q", "--spec", "off", "--kv-type", "i8"]
+        )
+        == 0
+    )
+    ref = regolith.Model.load(kv_type="i8").generate("class Stack:", max_tokens=3, temperature=0)
+    assert ref and ref in capsys.readouterr().out
+    args = cli._parser().parse_args(["serve", "--kv-type", "q8_0"])
+    assert cli._memory_options(args)["kv_type"] == "q8_0"

@@ -130,3 +130,15 @@ def test_inspect_plan_prints_the_24gb_table(bundle):
     )
     arena = next(r for r in rows if r.startswith("expert arena"))
     assert f"{plans[0].arena_slots} of {49 * 512} experts" in arena
+
+
+def test_an_8_bit_cache_plans_128k_within_the_seeds_context_state(bundle):
+    """The seed holds 128k tokens of context in 2.23 GB (int8 QSA keys, values and pooled indexer keys, and
+    the Gated DeltaNet state); q8_0 and i8 caches plan within it, the f32 cache at 3.7x."""
+    files = resolve_files(bundle)
+    with regolith.gguf.open(files.model, side_files=files.side_files) as f:
+        state = {
+            kv: memory_plan.sizes_from_gguf(f.tensors, f.metadata, None, kv).state_bytes(131072)
+            for kv in ("f32", "q8_0", "i8")
+        }
+    assert state["i8"] < state["q8_0"] <= 2.23e9 < state["f32"] / 3.5

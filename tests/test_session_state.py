@@ -207,7 +207,7 @@ def test_truncated_files_are_rejected(tiny, saved):
 def test_other_versions_and_non_state_files_are_rejected(tiny, saved, tmp_path):
     path, data = saved
     path.write_bytes(data[:8] + struct.pack("<I", 1) + data[12:])
-    _load_fails(tiny, path, "version 1 state file; this regolith reads version 2")
+    _load_fails(tiny, path, "version 1 state file; this regolith reads versions 2 to 3")
     _load_fails(tiny, Path(tiny.path), "not a regolith window state file")
     with pytest.raises(FileNotFoundError):
         tiny.window().load(tmp_path / "missing.rgs")

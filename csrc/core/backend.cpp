@@ -60,9 +60,41 @@ void check_seqs(const S* seqs, int64_t n, int64_t rows, const char* op) {
                          ") are outside the step's " + std::to_string(rows));
 }
 
-void check_qsa(const QsaSeq* seqs, int64_t n, const QsaDims& d, const char* op) {
+// A cache of a type the backend takes, its I8 scales [rows][1] F32 (and none for other types).
+void check_cache(const Backend& be, const Tensor& t, const Tensor& scale, const char* op, const char* name) {
+    if (!t) fail(op, std::string(name) + " is missing");
+    if (!be.supports_cache(t.type))
+        fail(op, std::string(name) + ": the " + be.name() + " backend has no kernels for " +
+                     std::string(cache_type_name(t.type)) + " attention caches");
+    if (t.type == RG_TYPE_I8) {
+        need_type(scale, RG_TYPE_F32, op, (std::string(name) + " scale").c_str());
+        need(scale.cols == 1 && scale.rows >= t.rows, op, "an I8 cache's scales are [rows][1]");
+    } else if (scale) {
+        fail(op, std::string(name) + " has scales but is not an I8 cache");
+    }
+}
+
+// A dense cache: F16 / F32 keys and transposed values, or Q8_0 / I8 key and value rows (check_cache).
+void check_kv(const Backend& be, const KvSeq& q, int64_t n_head_kv, const char* op) {
+    if (q.k.type == RG_TYPE_F16 || q.k.type == RG_TYPE_F32) {
+        need(q.vt && q.k.type == q.vt.type && q.k.contiguous() && q.k.rows == q.vt.cols * n_head_kv &&
+                 q.vt.rows == q.k.cols * n_head_kv && !q.v && !q.k_scale && !q.v_scale,
+             op, "F16 / F32 caches are packed keys and transposed values of the same type");
+        return;
+    }
+    check_cache(be, q.k, q.k_scale, op, "k");
+    check_cache(be, q.v, q.v_scale, op, "v");
+    need(!q.vt && q.v.type == q.k.type && q.v.rows == q.k.rows && q.v.cols == q.k.cols, op,
+         "Q8_0 / I8 caches are key and value rows of the same type and shape");
+}
+
+void check_qsa(const Backend& be, const QsaSeq* seqs, int64_t n, const QsaDims& d, const char* op) {
     for (int64_t i = 0; i < n; ++i) {
         const QsaSeq& q = seqs[i];
+        check_cache(be, q.k, q.k_scale, op, "k");
+        check_cache(be, q.v, q.v_scale, op, "v");
+        check_cache(be, q.index_k, q.index_k_scale, op, "index_k");
+        check_cache(be, q.block_k, q.block_k_scale, op, "block_k");
         const int64_t n1 = q.n0 + q.ntok;
         need(q.k.rows >= n1 * d.n_head_kv && q.v.rows >= n1 * d.n_head_kv && q.index_k.rows >= n1 && q.pos.rows >= n1 &&
                  q.block_k.rows >= n1 / d.ratio && q.k.cols == d.head_dim && q.index_k.cols == d.index_head_dim &&
@@ -80,6 +112,37 @@ void Backend::copy(const Tensor& src, const Tensor& dst) {
 }
 
 void Backend::zero(const Tensor& dst) { do_zero(dst); }
+
+const char* cache_type_name(uint32_t type) {
+    switch (type) {
+        case RG_TYPE_F32:
+            return "f32";
+        case RG_TYPE_F16:
+            return "f16";
+        case RG_TYPE_Q8_0:
+            return "q8_0";
+        case RG_TYPE_I8:
+            return "i8";
+        default:
+            return "unknown";
+    }
+}
+
+void Backend::store_rows(const Tensor& x, const Tensor& dst, const Tensor& scale) {
+    need_f32("store_rows", {{"x", &x}});
+    same_shape(x, dst, "store_rows");
+    check_cache(*this, dst, scale, "store_rows", "dst");
+    need(dst.type != RG_TYPE_Q8_0 || dst.cols % QK8_0 == 0, "store_rows", "Q8_0 rows are whole blocks of 32");
+    if (dst.type == RG_TYPE_F32)
+        do_copy(x, dst);
+    else
+        do_store_rows(x, dst, scale);
+}
+
+void Backend::do_store_rows(const Tensor&, const Tensor& dst, const Tensor&) {
+    throw Error(std::string("store_rows: the ") + name() + " backend has no kernels for " +
+                cache_type_name(dst.type) + " attention caches");
+}
 
 void Backend::matmul(const MatmulJob* jobs, int64_t n_jobs) {
     for (int64_t i = 0; i < n_jobs; ++i) {
@@ -235,7 +298,7 @@ void Backend::qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, c
     need_type(axis, RG_TYPE_I32, "qsa_pool", "axis");
     need(d.ratio > 0 && 2 * freq.cols == d.n_rot && d.n_rot <= d.index_head_dim, "qsa_pool",
          "ratio must be positive and n_rot at most the indexer key length");
-    check_qsa(seqs, n_seqs, d, "qsa_pool");
+    check_qsa(*this, seqs, n_seqs, d, "qsa_pool");
     do_qsa_pool(seqs, n_seqs, norm, freq, axis, d);
 }
 
@@ -248,7 +311,7 @@ void Backend::qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, c
              sel.cols == std::max<int64_t>(d.topk, 1) && n_sel.rows == 1 && n_sel.cols == iq.rows,
          "qsa_select", "iq [ntok][IH * ID], sel [ntok][max(topk, 1)], n_sel [1][ntok]");
     check_seqs(seqs, n_seqs, iq.rows, "qsa_select");
-    check_qsa(seqs, n_seqs, d, "qsa_select");
+    check_qsa(*this, seqs, n_seqs, d, "qsa_select");
     do_qsa_select(iq, seqs, n_seqs, d, sel, n_sel);
 }
 
@@ -259,7 +322,7 @@ void Backend::qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel,
     same_shape(q, out, "qsa_attend");
     need(q.cols == d.head_dim && d.n_head % d.n_head_kv == 0, "qsa_attend", "q rows are heads of head_dim");
     check_seqs(seqs, n_seqs, q.rows / d.n_head, "qsa_attend");
-    check_qsa(seqs, n_seqs, d, "qsa_attend");
+    check_qsa(*this, seqs, n_seqs, d, "qsa_attend");
     do_qsa_attend(q, gate, sel, n_sel, seqs, n_seqs, d, out);
 }
 
@@ -269,10 +332,9 @@ void Backend::kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int
     check_seqs(seqs, n_seqs, k.rows, "kv_append");
     for (int64_t i = 0; i < n_seqs; ++i) {
         const KvSeq& q = seqs[i];
-        need(q.k.type == q.vt.type && (q.k.type == RG_TYPE_F16 || q.k.type == RG_TYPE_F32) && q.k.contiguous(),
-             "kv_append", "caches are packed F16 or F32");
-        need(q.k.cols * n_head_kv == k.cols && q.k.rows == q.vt.cols * n_head_kv && q.n0 + q.ntok <= q.vt.cols,
-             "kv_append", "the cache cannot hold the sequence's tokens");
+        check_kv(*this, q, n_head_kv, "kv_append");
+        need(q.k.cols * n_head_kv == k.cols && q.n0 + q.ntok <= q.k.rows / n_head_kv, "kv_append",
+             "the cache cannot hold the sequence's tokens");
     }
     do_kv_append(k, v, seqs, n_seqs, n_head_kv);
 }
@@ -285,8 +347,9 @@ void Backend::attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, cons
     check_seqs(seqs, n_seqs, q.rows, "attention");
     for (int64_t i = 0; i < n_seqs; ++i) {
         const KvSeq& c = seqs[i];
-        need(c.k.cols == s.head_dim && c.k.rows % s.n_head_kv == 0 && c.vt.cols % 16 == 0, "attention",
-             "caches are [n_head_kv * cap][head_dim] with cap a multiple of 16");
+        need(c.k.cols == s.head_dim && c.k.rows % s.n_head_kv == 0 && c.k.rows / s.n_head_kv % 16 == 0,
+             "attention", "caches are [n_head_kv * cap][head_dim] with cap a multiple of 16");
+        check_kv(*this, c, s.n_head_kv, "attention");
     }
     do_attention(q, seqs, n_seqs, s, out);
 }

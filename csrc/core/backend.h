@@ -77,15 +77,22 @@ struct PleConvSeq {  // dilated causal conv (PLE): state [history][channels], up
 // A QSA layer's keys of one sequence, tokens [0, n0 + ntok) (this step's already appended):
 // k, v [cap * n_head_kv][head_dim] (normed, rotated keys), index_k [cap][index_head_dim] (raw),
 // block_k [cap / ratio][index_head_dim] (pooled), pos [cap][3] I64 (M-RoPE positions).
+// k, v, index_k and block_k are attention caches (F32, F16, Q8_0 or I8: see store_rows); an I8 cache has its
+// per-row scales in the matching *_scale tensor [rows][1] F32, which is empty otherwise. The ops read a
+// cache as its rows dequantized to f32 and compute on them as on an F32 cache.
 struct QsaSeq {
     Tensor k, v, index_k, block_k, pos;
     int64_t n0 = 0, t0 = 0, ntok = 0;
+    Tensor k_scale, v_scale, index_k_scale, block_k_scale;
 };
 // A dense attention cache of one sequence: k [n_head_kv * cap][head_dim], vt [n_head_kv * head_dim][cap]
-// (values transposed), F16 or F32; positions [0, n0 + ntok) valid after kv_append.
+// (values transposed), F16 or F32; positions [0, n0 + ntok) valid after kv_append. A Q8_0 or I8 cache (rows
+// quantized along head_dim, as store_rows stores them) keeps its values as rows v [n_head_kv * cap][head_dim]
+// instead (vt empty), and an I8 one its row scales in k_scale, v_scale [n_head_kv * cap][1] F32.
 struct KvSeq {
     Tensor k, vt;
     int64_t n0 = 0, t0 = 0, ntok = 0;
+    Tensor v, k_scale, v_scale;
 };
 
 struct GdnDims {
@@ -252,9 +259,24 @@ public:
     void gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs,
                           int64_t n_seqs, const GdnDims& d, int64_t chunk, const Tensor& out);
 
+    // ---- attention caches ----------------------------------------------------------------------------
+    // Whether the QSA ops take caches of this type (store_rows stores it, qsa_* read it): F32 everywhere;
+    // F16, Q8_0 and I8 where the backend has their kernels. The model refuses a cache type at load where
+    // this is false.
+    virtual bool supports_cache(uint32_t type) const { return type == RG_TYPE_F32; }
+    // dst[r] = x[r] stored in dst's cache type, x [n][cols] F32:
+    //   F32  copied;
+    //   F16  rounded to nearest even (inf beyond the range);
+    //   Q8_0 ggml's blocks of 32 (quant.h block_q8_0): d = max|x| / 127, q = round(x * (1 / d)) (halves
+    //        away from zero; 0 where d is 0), d stored as f16: byte for byte gguf-py's quantizer;
+    //   I8   the seed's int8 with a per-row scale: s = max|x[r]| / 127 in scale[r] (F32 [n][1]),
+    //        q = round(x * (1 / s)) as Q8_0 does, read back as q * s.
+    // `scale` is given for I8 only.
+    void store_rows(const Tensor& x, const Tensor& dst, const Tensor& scale);
+
     // ---- QSA sparse attention -----------------------------------------------------------------------
     // Pooled keys of the blocks this step completes: block_k[b] = rope(rms_norm(mean of index_k rows of
-    // block b) * norm, at pos[b * ratio]) with the rope pairs' freq / axis.
+    // block b) * norm, at pos[b * ratio]) with the rope pairs' freq / axis, stored as store_rows stores it.
     void qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq,
                           const Tensor& axis, const QsaDims& d);
     // sel [ntok][topk] I32: per query the top min(topk, complete blocks) blocks by sum_h relu(iq_h . bk) /
@@ -268,10 +290,11 @@ public:
 
     // ---- dense attention ----------------------------------------------------------------------------
     // Appends keys and values k, v [ntok][n_head_kv * head_dim] at positions n0.. of each sequence's cache
-    // (rounded to f16 for an F16 cache).
+    // (rounded to f16 for an F16 cache, stored as store_rows stores them for Q8_0 / I8).
     void kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs,
                            int64_t n_head_kv);
-    // Causal GQA attention of q [ntok][n_head * head_dim] at positions n0.. over each sequence's cache.
+    // Causal GQA attention of q [ntok][n_head * head_dim] at positions n0.. over each sequence's cache. A
+    // Q8_0 / I8 cache is read as its rows dequantized to f32 and computes as an F32 cache holding them does.
     void attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s,
                            const Tensor& out);
 
@@ -333,6 +356,8 @@ protected:
     virtual void do_ssm_conv(const Tensor& x, const Tensor& w_t, const ConvSeq* seqs, int64_t n_seqs, const Tensor& out) = 0;
     virtual void do_gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a, const Tensor& dt_bias, const GdnDims& d) = 0;
     virtual void do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs, int64_t n_seqs, const GdnDims& d, int64_t chunk, const Tensor& out) = 0;
+    // Types other than F32, for a backend whose supports_cache() says it has them.
+    virtual void do_store_rows(const Tensor& x, const Tensor& dst, const Tensor& scale);
     virtual void do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq, const Tensor& axis, const QsaDims& d) = 0;
     virtual void do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& sel, const Tensor& n_sel) = 0;
     virtual void do_qsa_attend(const Tensor& q, const Tensor& gate, const Tensor& sel, const Tensor& n_sel, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& out) = 0;
@@ -370,6 +395,9 @@ Backend* metal_emu_backend();
 // it on at start-up.
 void set_exact_activations(bool on);
 bool exact_activations();
+
+// A cache type's name as the command line spells it ("f32", "f16", "q8_0", "i8"), "unknown" for other types.
+const char* cache_type_name(uint32_t type);
 
 // A backend by name ("cpu", "cpu-opaque", "cuda", "metal", "metal-emu"; "" = the default: $REGOLITH_BACKEND or
 // "cpu"). Throws Error naming the backends this build and machine have.

@@ -20,6 +20,7 @@ struct OpCheck {
     double tolerance = 0.0;
     bool passed = false;
     std::string error;  // a failure to run or an integer mismatch
+    std::string skipped;  // why the case did not run (a cache type the backend refuses); passed is then true
 };
 
 // Runs every case whose op name contains `filter` (all for "") on `be` and on `ref`, the inputs drawn from

@@ -572,4 +572,11 @@ void quantize_row(uint32_t type, const float* src, void* dst, int64_t n) {
     }
 }
 
+float quantize_i8_row(const float* x, int8_t* q, int64_t n) {
+    const float s = np_amax(x, int(n)) / 127.0f;
+    const float is = s == 0.0f ? 0.0f : 1.0f / s;
+    for (int64_t i = 0; i < n; ++i) q[i] = int8_t(np_cast_u8(std::round(x[i] * is)));
+    return s;
+}
+
 }  // namespace regolith

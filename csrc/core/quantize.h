@@ -29,4 +29,8 @@ size_t quantized_row_bytes(uint32_t type, int64_t n);
 // Quantize n floats to quantized_row_bytes(type, n) bytes at dst. Throws regolith::Error as above.
 void quantize_row(uint32_t type, const float* src, void* dst, int64_t n);
 
+// The seed's int8 row with one scale (the I8 attention cache, Backend::store_rows): returns s = max|x| / 127
+// and q[i] = round(x[i] * (1 / s)) (0 where s is 0), rounded as Q8_0's codes are.
+float quantize_i8_row(const float* x, int8_t* q, int64_t n);
+
 }  // namespace regolith

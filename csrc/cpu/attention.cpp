@@ -1,6 +1,7 @@
 // Causal grouped-query attention over a dense KV cache (model/causal_attention.h): appending keys and
-// values (rounded to f16 for an F16 cache), then per kv head the q·K and p·V products as matmuls over views
-// of the cache, the mask, softmax and sliding window applied by position in between.
+// values (rounded to f16 for an F16 cache, quantized per row for Q8_0 / I8), then per kv head the q·K and p·V
+// products as matmuls over views of the cache (a Q8_0 / I8 cache: over f32 tiles of its dequantized rows),
+// the mask, softmax and sliding window applied by position in between.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -45,6 +46,14 @@ void kv_append(const Rows& k, const Rows& v, const std::vector<KvSeqRows>& seqs,
     const int64_t KV = n_head_kv, D = k.cols / KV;
     for (const KvSeqRows& s : seqs) {
         const int64_t cap = s.k.rows / KV;
+        if (s.v) {  // Q8_0 / I8: key and value rows
+            for (int64_t t = 0; t < s.ntok; ++t)
+                for (int64_t h = 0; h < KV; ++h) {
+                    store_row(k.row(s.t0 + t) + h * D, s.k, s.k_scale, h * cap + s.n0 + t);
+                    store_row(v.row(s.t0 + t) + h * D, s.v, s.v_scale, h * cap + s.n0 + t);
+                }
+            continue;
+        }
         const bool f16 = s.k.type == RG_TYPE_F16;
         for (int64_t t = 0; t < s.ntok; ++t) {
             const int64_t i = s.n0 + t;
@@ -68,12 +77,13 @@ void attention(const Rows& q, const std::vector<KvSeqRows>& seqs, const Attentio
     const int64_t H = s.n_head, KV = s.n_head_kv, D = s.head_dim, group = H / KV;
     for (const KvSeqRows& seq : seqs) {
         const int64_t ntok = seq.ntok, n0 = seq.n0, cap = seq.k.rows / KV;
-        const bool f16 = seq.k.type == RG_TYPE_F16;
+        const bool f16 = seq.k.type == RG_TYPE_F16, rows_cache = bool(seq.v);
         const int64_t elt = f16 ? 2 : 4;
         const int64_t max_rows = std::min(ntok, kQueryBlock) * group;
         std::vector<float> qg(size_t(max_rows * D));   // [rows][D] one kv head's queries, token-major
         std::vector<float> heads(size_t(max_rows * D));  // [rows][D]
         std::vector<float> p;                          // [rows][keys] scores, then probabilities
+        std::vector<float> kt, vtt, vrow;  // Q8_0 / I8: keys [keys][D], values [D][keys], a value row, in f32
         for (int64_t t0 = 0; t0 < ntok; t0 += kQueryBlock) {
             const int64_t t1 = std::min(ntok, t0 + kQueryBlock), rows = (t1 - t0) * group;
             // keys any query of the block may see, from the first query's window start to the last query,
@@ -88,7 +98,20 @@ void attention(const Rows& q, const std::vector<KvSeqRows>& seqs, const Attentio
                     float* dst = &qg[size_t((t - t0) * group * D)];
                     for (int64_t i = 0; i < group * D; ++i) dst[i] = f16 ? round_f16(src[i]) : src[i];
                 }
-                const WeightView keys{seq.k.type, seq.k.row<uint8_t>(g * cap + lo), nk, D, D * elt};
+                WeightView keys, values;
+                if (rows_cache) {  // rows [lo, hi) dequantized: the F32 products over the values they hold
+                    kt.resize(size_t(nk * D)), vtt.resize(size_t(nk * D)), vrow.resize(size_t(D));
+                    for (int64_t j = 0; j < nk; ++j) {
+                        cache_row(seq.k, seq.k_scale, g * cap + lo + j, &kt[size_t(j * D)]);
+                        cache_row(seq.v, seq.v_scale, g * cap + lo + j, vrow.data());
+                        for (int64_t e = 0; e < D; ++e) vtt[size_t(e * nk + j)] = vrow[size_t(e)];
+                    }
+                    keys = {RG_TYPE_F32, kt.data(), nk, D, D * 4};
+                    values = {RG_TYPE_F32, vtt.data(), D, nk, nk * 4};
+                } else {
+                    keys = {seq.k.type, seq.k.row<uint8_t>(g * cap + lo), nk, D, D * elt};
+                    values = {seq.vt.type, seq.vt.row<uint8_t>(g * D) + lo * elt, D, nk, seq.vt.stride};
+                }
                 matmul(keys, qg.data(), rows, p.data());
 
                 const auto softmax_rows = [&](int64_t r0, int64_t r1) {
@@ -121,7 +144,6 @@ void attention(const Rows& q, const std::vector<KvSeqRows>& seqs, const Attentio
                 else
                     softmax_rows(0, rows);
 
-                const WeightView values{seq.vt.type, seq.vt.row<uint8_t>(g * D) + lo * elt, D, nk, seq.vt.stride};
                 matmul(values, p.data(), rows, heads.data());
                 for (int64_t t = t0; t < t1; ++t)
                     std::memcpy(out.row(seq.t0 + t) + g * group * D, &heads[size_t((t - t0) * group * D)],

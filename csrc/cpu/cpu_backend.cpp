@@ -48,13 +48,16 @@ std::vector<PleConvSeqRows> rows_of(const std::vector<PleConvSeq>& s) {
 std::vector<QsaSeqRows> rows_of(const std::vector<QsaSeq>& s) {
     std::vector<QsaSeqRows> r;
     for (const QsaSeq& q : s)
-        r.push_back({resolve(q.k), resolve(q.v), resolve(q.index_k), resolve(q.block_k), resolve(q.pos), q.n0, q.t0,
-                     q.ntok});
+        r.push_back({resolve(q.k), resolve(q.v), resolve(q.index_k), resolve(q.block_k), resolve(q.pos), q.n0,
+                     q.t0, q.ntok, resolve(q.k_scale), resolve(q.v_scale), resolve(q.index_k_scale),
+                     resolve(q.block_k_scale)});
     return r;
 }
 std::vector<KvSeqRows> rows_of(const std::vector<KvSeq>& s) {
     std::vector<KvSeqRows> r;
-    for (const KvSeq& q : s) r.push_back({resolve(q.k), resolve(q.vt), q.n0, q.t0, q.ntok});
+    for (const KvSeq& q : s)
+        r.push_back({resolve(q.k), resolve(q.vt), q.n0, q.t0, q.ntok, resolve(q.v), resolve(q.k_scale),
+                     resolve(q.v_scale)});
     return r;
 }
 
@@ -354,6 +357,11 @@ namespace {
 
 }  // namespace
 
+void CpuBackend::do_store_rows(const Tensor& x, const Tensor& dst, const Tensor& scale) {
+    resolve(x), resolve(dst), resolve(scale);
+    exec([=] { cpu::store_rows(resolve(x), resolve(dst), resolve(scale)); });
+}
+
 void CpuBackend::do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq,
                           const Tensor& axis, const QsaDims& d) {
     std::vector<QsaSeq> s(seqs, seqs + n_seqs);
@@ -377,9 +385,8 @@ void CpuBackend::do_qsa_attend(const Tensor& q, const Tensor& gate, const Tensor
 
 void CpuBackend::do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs, int64_t n_head_kv) {
     std::vector<KvSeq> s(seqs, seqs + n_seqs);
-    for (const KvSeq& q : s) {
-        resolve(q.k), resolve(q.vt);
-    }
+    for (const KvSeq& q : s)
+        resolve(q.k), resolve(q.vt), resolve(q.v), resolve(q.k_scale), resolve(q.v_scale);
     resolve(k), resolve(v);
     exec([=] { cpu::kv_append(resolve(k), resolve(v), rows_of(s), n_head_kv); });
 }
@@ -387,9 +394,8 @@ void CpuBackend::do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seq
 void CpuBackend::do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& sh,
                            const Tensor& out) {
     std::vector<KvSeq> s(seqs, seqs + n_seqs);
-    for (const KvSeq& c : s) {
-        resolve(c.k), resolve(c.vt);
-    }
+    for (const KvSeq& c : s)
+        resolve(c.k), resolve(c.vt), resolve(c.v), resolve(c.k_scale), resolve(c.v_scale);
     resolve(q), resolve(out);
     exec([=] { cpu::attention(resolve(q), rows_of(s), sh, resolve(out)); });
 }

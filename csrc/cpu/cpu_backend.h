@@ -61,6 +61,10 @@ public:
                      const GdnDims& d) override;
     void do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs, int64_t n_seqs,
                   const GdnDims& d, int64_t chunk, const Tensor& out) override;
+    bool supports_cache(uint32_t type) const override {
+        return type == RG_TYPE_F32 || type == RG_TYPE_F16 || type == RG_TYPE_Q8_0 || type == RG_TYPE_I8;
+    }
+    void do_store_rows(const Tensor& x, const Tensor& dst, const Tensor& scale) override;
     void do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq, const Tensor& axis,
                   const QsaDims& d) override;
     void do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d, const Tensor& sel,

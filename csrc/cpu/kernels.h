@@ -61,10 +61,12 @@ struct PleConvSeqRows {
 struct QsaSeqRows {
     Rows k, v, index_k, block_k, pos;
     int64_t n0, t0, ntok;
+    Rows k_scale, v_scale, index_k_scale, block_k_scale;  // I8 caches' row scales, else empty
 };
 struct KvSeqRows {
     Rows k, vt;
     int64_t n0, t0, ntok;
+    Rows v, k_scale, v_scale;  // Q8_0 / I8 caches (vt empty)
 };
 
 void get_rows(const Rows& table, const Rows& ids, float scale, int64_t repeat, const Rows& out);
@@ -89,6 +91,13 @@ void gdn_prepare(const Rows& qkv, const Rows& g, const Rows& beta, const Rows& a
                  const GdnDims& d);
 void gdn_scan(const Rows& qkv, const Rows& g, const Rows& beta, const std::vector<GdnSeqRows>& seqs,
               const GdnDims& d, int64_t chunk, const Rows& out);
+
+// Attention caches (Backend::store_rows): x [n][cols] F32 stored in dst's type, I8 scales in `scale`.
+void store_rows(const Rows& x, const Rows& dst, const Rows& scale);
+// One row: x [dst.cols] stored as row r of dst.
+void store_row(const float* x, const Rows& dst, const Rows& scale, int64_t r);
+// Row r of a cache as f32: an F32 cache's row in place, else the row dequantized into buf [cols].
+const float* cache_row(const Rows& t, const Rows& scale, int64_t r, float* buf);
 
 void qsa_pool(const std::vector<QsaSeqRows>& seqs, const Rows& norm, const Rows& freq, const Rows& axis,
               const QsaDims& d);

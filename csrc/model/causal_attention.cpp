@@ -19,6 +19,34 @@ KvCache::KvCache(Backend& be, int64_t n_head_kv, int64_t head_dim, int64_t max_c
     : be_(&be), n_head_kv_(n_head_kv), head_dim_(head_dim), max_ctx_(max_ctx), type_(type) {
     if (n_head_kv <= 0 || head_dim <= 0) throw Error("KV cache: head count and head dim must be positive");
     if (max_ctx <= 0) throw Error("KV cache: max_ctx must be positive, got " + std::to_string(max_ctx));
+    if (type == KvType::Q8_0 && head_dim % QK8_0 != 0)
+        throw Error("KV cache: a q8_0 cache needs a head dim that is a multiple of 32, not " +
+                    std::to_string(head_dim));
+    const uint32_t t = kv_tensor_type(type);
+    if ((type == KvType::Q8_0 || type == KvType::I8) && !be.supports_cache(t))
+        throw Error(std::string("KV cache: the ") + be.name() + " backend has no kernels for " +
+                    cache_type_name(t) + " attention caches");
+}
+
+uint32_t kv_tensor_type(KvType type) {
+    switch (type) {
+        case KvType::F16:
+            return RG_TYPE_F16;
+        case KvType::Q8_0:
+            return RG_TYPE_Q8_0;
+        case KvType::I8:
+            return RG_TYPE_I8;
+        case KvType::F32:
+            break;
+    }
+    return RG_TYPE_F32;
+}
+
+uint64_t KvCache::bytes() const {
+    uint64_t n = 0;
+    for (const OwnedTensor* t : {&k_, &vt_, &v_, &k_scale_, &v_scale_})
+        if (t->t) n += t->buffer.bytes();
+    return n;
 }
 
 void KvCache::truncate(int64_t n) {
@@ -26,8 +54,10 @@ void KvCache::truncate(int64_t n) {
         throw Error("KV cache: cannot truncate to " + std::to_string(n) + " tokens, it holds " + std::to_string(n_));
     // Zero the dropped positions: aligned key ranges multiply them by probability 0, which must give 0.
     if (n < n_) {
-        for (int64_t h = 0; h < n_head_kv_; ++h) be_->zero(k_.t.row_range(h * cap_ + n, n_ - n));
-        be_->zero(vt_.t.col_range(n, n_ - n));
+        for (int64_t h = 0; h < n_head_kv_; ++h)
+            for (const OwnedTensor* t : {&k_, &v_, &k_scale_, &v_scale_})
+                if (t->t) be_->zero(t->t.row_range(h * cap_ + n, n_ - n));
+        if (vt_.t) be_->zero(vt_.t.col_range(n, n_ - n));
         be_->submit();
     }
     n_ = n;
@@ -37,15 +67,30 @@ void KvCache::reserve(int64_t n) {
     if (n <= cap_) return;
     const int64_t cap = align_up(std::min(max_ctx_, std::max({n, 2 * cap_, int64_t(64)})));
     const int64_t KV = n_head_kv_, D = head_dim_;
-    const uint32_t type = type_ == KvType::F16 ? RG_TYPE_F16 : RG_TYPE_F32;
-    OwnedTensor k(*be_, type, KV * cap, D), vt(*be_, type, KV * D, cap);
-    be_->zero(k.t);
-    be_->zero(vt.t);
-    for (int64_t h = 0; h < KV && n_ > 0; ++h)
-        be_->copy(k_.t.row_range(h * cap_, n_), k.t.row_range(h * cap, n_));
-    if (n_ > 0) be_->copy(vt_.t.col_range(0, n_), vt.t.col_range(0, n_));
-    k_ = std::move(k);
-    vt_ = std::move(vt);
+    const uint32_t type = kv_tensor_type(type_);
+    const bool rows = type_ == KvType::Q8_0 || type_ == KvType::I8;
+    OwnedTensor k(*be_, type, KV * cap, D), vt, v, ks, vs;
+    if (rows)
+        v = OwnedTensor(*be_, type, KV * cap, D);
+    else
+        vt = OwnedTensor(*be_, type, KV * D, cap);
+    if (type_ == KvType::I8)
+        ks = OwnedTensor(*be_, RG_TYPE_F32, KV * cap, 1), vs = OwnedTensor(*be_, RG_TYPE_F32, KV * cap, 1);
+    // per head, positions [0, n_) of the old storage into the new one; the rest zeroed
+    const std::pair<const OwnedTensor*, const OwnedTensor*> by_head[] = {
+        {&k_, &k}, {&v_, &v}, {&k_scale_, &ks}, {&v_scale_, &vs}};
+    for (const auto& [from, to] : by_head) {
+        if (!to->t) continue;
+        be_->zero(to->t);
+        for (int64_t h = 0; h < KV && n_ > 0; ++h)
+            be_->copy(from->t.row_range(h * cap_, n_), to->t.row_range(h * cap, n_));
+    }
+    if (vt.t) {
+        be_->zero(vt.t);
+        if (n_ > 0) be_->copy(vt_.t.col_range(0, n_), vt.t.col_range(0, n_));
+    }
+    k_ = std::move(k), vt_ = std::move(vt), v_ = std::move(v), k_scale_ = std::move(ks),
+    v_scale_ = std::move(vs);
     cap_ = cap;
 }
 
@@ -54,7 +99,7 @@ KvSeq KvCache::append_seq(int64_t t0, int64_t ntok) {
         throw Error("KV cache: " + std::to_string(n_) + " + " + std::to_string(ntok) + " tokens exceed its " +
                     std::to_string(max_ctx_));
     reserve(n_ + ntok);
-    return {k_.t, vt_.t, n_, t0, ntok};
+    return {k_.t, vt_.t, n_, t0, ntok, v_.t, k_scale_.t, v_scale_.t};
 }
 
 void KvCache::state_tensors(int64_t from, int64_t to, std::vector<Tensor>& out) const {
@@ -63,7 +108,10 @@ void KvCache::state_tensors(int64_t from, int64_t to, std::vector<Tensor>& out) 
                     std::to_string(n_));
     if (to == from) return;
     for (int64_t h = 0; h < n_head_kv_; ++h) out.push_back(k_.t.row_range(h * cap_ + from, to - from));
-    out.push_back(vt_.t.col_range(from, to - from));
+    if (vt_.t) out.push_back(vt_.t.col_range(from, to - from));
+    for (const OwnedTensor* t : {&v_, &k_scale_, &v_scale_})
+        for (int64_t h = 0; h < n_head_kv_ && t->t; ++h)
+            out.push_back(t->t.row_range(h * cap_ + from, to - from));
 }
 
 void KvCache::grow(int64_t n) {

@@ -14,8 +14,12 @@ namespace regolith {
 
 // How a cache stores keys and values. F16 is llama.cpp's default cache and computes as ggml's f16 products
 // do: the query and the attention probabilities are rounded to f16 before their products (f32 sums).
-// F32 keeps every value in float32.
-enum class KvType { F16, F32 };
+// F32 keeps every value in float32. Q8_0 and I8 (int8 rows with an f32 scale) quantize each head's key and
+// value rows (Backend::store_rows) and compute as an F32 cache holding the dequantized values would.
+enum class KvType { F16, F32, Q8_0, I8 };
+
+// The tensor type of a cache type (RG_TYPE_F16, ...).
+uint32_t kv_tensor_type(KvType type);
 
 class KvCache {
 public:
@@ -24,6 +28,7 @@ public:
     int64_t size() const { return n_; }
     int64_t max_ctx() const { return max_ctx_; }
     KvType type() const { return type_; }
+    uint64_t bytes() const;  // backend memory held (its capacity's)
     // Keeps the first n tokens (0 <= n <= size()).
     void truncate(int64_t n);
     // Makes room for ntok more tokens (Error beyond max_ctx) and returns this cache as the sequence of a step
@@ -33,7 +38,8 @@ public:
     void commit(int64_t ntok) { n_ += ntok; }
 
     // Saving and restoring: positions [from, to) as tensor views in the cache's element type, keys
-    // [n_head_kv][to - from][head_dim] then values [n_head_kv][head_dim][to - from].
+    // [n_head_kv][to - from][head_dim] then values [n_head_kv][head_dim][to - from]; Q8_0 / I8: values as
+    // rows [n_head_kv][to - from][head_dim], then for I8 the key and value row scales [n_head_kv][n].
     void state_tensors(int64_t from, int64_t to, std::vector<Tensor>& out) const;
     // Holds n >= size() positions, the new ones to be filled through state_tensors (Error beyond max_ctx).
     void grow(int64_t n);
@@ -47,7 +53,9 @@ private:
     int64_t cap_ = 0;
     int64_t n_ = 0;
     OwnedTensor k_;   // [n_head_kv * cap][head_dim]
-    OwnedTensor vt_;  // [n_head_kv * head_dim][cap]
+    OwnedTensor vt_;  // [n_head_kv * head_dim][cap] (F16 / F32)
+    OwnedTensor v_;   // [n_head_kv * cap][head_dim] (Q8_0 / I8)
+    OwnedTensor k_scale_, v_scale_;  // [n_head_kv * cap][1] F32 (I8)
 };
 
 }  // namespace regolith

@@ -150,6 +150,13 @@ DenseWindow::DenseWindow(const DenseModel& model, int64_t max_ctx, KvType kv_typ
     reset_locked();
 }
 
+uint64_t DenseWindow::attention_cache_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint64_t n = 0;
+    for (const KvCache& kv : kv_) n += kv.bytes();
+    return n;
+}
+
 void DenseWindow::reset() {
     std::lock_guard<std::mutex> lock(mutex_);
     reset_locked();
@@ -173,7 +180,10 @@ bool DenseWindow::truncate(int64_t n) {
 
 std::vector<TensorPart> DenseWindow::state_parts(int64_t from, int64_t to) {
     std::vector<TensorPart> parts;
-    const StateDtype dtype = kv_type_ == KvType::F16 ? StateDtype::F16 : StateDtype::F32;
+    const StateDtype dtype = kv_type_ == KvType::F16    ? StateDtype::F16
+                             : kv_type_ == KvType::Q8_0 ? StateDtype::Q8_0
+                             : kv_type_ == KvType::I8   ? StateDtype::I8
+                                                        : StateDtype::F32;
     for (size_t il = 0; il < kv_.size(); ++il) {
         std::vector<Tensor> ts;
         kv_[il].state_tensors(from, to, ts);

@@ -96,6 +96,7 @@ public:
 
     int64_t n_past() const override { return n_past_; }
     int64_t max_ctx() const override { return max_ctx_; }
+    uint64_t attention_cache_bytes() const override;
     int64_t vocab() const override { return model_.config_.vocab; }
     void reset() override;
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
@@ -109,7 +110,7 @@ private:
     void reset_locked();
     std::vector<TensorPart> state_parts(int64_t from, int64_t to);
 
-    std::mutex mutex_;
+    mutable std::mutex mutex_;
     const DenseModel& model_;
     Backend& be_;
     Workspace ws_;

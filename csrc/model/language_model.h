@@ -51,6 +51,10 @@ public:
     // (recurrent states) too; without them the window is only a base for restoring a later delta on top.
     // If fn throws, the window is reset and the exception propagates.
     virtual void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) = 0;
+
+    // Bytes of backend memory the window's growing attention caches hold now (QSA or KV caches; not the MTP
+    // head's): what the memory plan's per-token state estimates.
+    virtual uint64_t attention_cache_bytes() const = 0;
 };
 
 }  // namespace regolith

@@ -23,25 +23,57 @@ bool same_shape(const QsaShape& a, const QsaShape& b) {
 
 // ---- state ------------------------------------------------------------------------------------------------
 
-QsaState::QsaState(Backend& be, const QsaShape& shape, int64_t max_ctx) : be_(&be), shape_(shape), max_ctx_(max_ctx) {
+QsaState::QsaState(Backend& be, const QsaShape& shape, int64_t max_ctx, uint32_t cache_type)
+    : be_(&be), shape_(shape), max_ctx_(max_ctx), type_(cache_type) {
     if (max_ctx < 1) throw Error("QSA state: max_ctx must be at least 1, got " + std::to_string(max_ctx));
+    check_cache_type(be, shape, cache_type);
+}
+
+void QsaState::check_cache_type(const Backend& be, const QsaShape& shape, uint32_t cache_type) {
+    if (std::string(cache_type_name(cache_type)) == "unknown")
+        throw Error("QSA state: type id " + std::to_string(cache_type) + " is not an attention cache type");
+    if (cache_type == RG_TYPE_Q8_0 && (shape.head_dim % QK8_0 != 0 || shape.index_head_dim % QK8_0 != 0))
+        throw Error("QSA state: a q8_0 cache needs key lengths that are multiples of 32, not " +
+                    std::to_string(shape.head_dim) + " and " + std::to_string(shape.index_head_dim));
+    if (!be.supports_cache(cache_type))
+        throw Error(std::string("QSA state: the ") + be.name() + " backend has no kernels for " +
+                    cache_type_name(cache_type) + " attention caches");
+}
+
+uint64_t QsaState::bytes() const {
+    uint64_t n = 0;
+    for (const OwnedTensor* t :
+         {&k_, &v_, &index_k_, &block_k_, &pos_, &k_scale_, &v_scale_, &index_k_scale_, &block_k_scale_})
+        if (t->t) n += t->buffer.bytes();
+    return n;
 }
 
 void QsaState::reserve(int64_t n) {
     if (n <= cap_) return;
     const QsaShape& s = shape_;
     const int64_t cap = std::min(max_ctx_, std::max({n, 2 * cap_, int64_t(64)})), r = s.compress_ratio;
-    OwnedTensor k(*be_, RG_TYPE_F32, cap * s.n_head_kv, s.head_dim), v(*be_, RG_TYPE_F32, cap * s.n_head_kv, s.head_dim);
-    OwnedTensor ik(*be_, RG_TYPE_F32, cap, s.index_head_dim), bk(*be_, RG_TYPE_F32, std::max<int64_t>(cap / r, 1), s.index_head_dim);
+    const int64_t kv_rows = cap * s.n_head_kv, blocks = std::max<int64_t>(cap / r, 1);
+    OwnedTensor k(*be_, type_, kv_rows, s.head_dim), v(*be_, type_, kv_rows, s.head_dim);
+    OwnedTensor ik(*be_, type_, cap, s.index_head_dim), bk(*be_, type_, blocks, s.index_head_dim);
     OwnedTensor pos(*be_, RG_TYPE_I64, cap, 3);
-    if (n_ > 0) {
-        be_->copy(k_.t.row_range(0, n_ * s.n_head_kv), k.t.row_range(0, n_ * s.n_head_kv));
-        be_->copy(v_.t.row_range(0, n_ * s.n_head_kv), v.t.row_range(0, n_ * s.n_head_kv));
-        be_->copy(index_k_.t.row_range(0, n_), ik.t.row_range(0, n_));
-        be_->copy(pos_.t.row_range(0, n_), pos.t.row_range(0, n_));
-        if (n_ / r > 0) be_->copy(block_k_.t.row_range(0, n_ / r), bk.t.row_range(0, n_ / r));
+    OwnedTensor ks, vs, iks, bks;
+    if (type_ == RG_TYPE_I8) {
+        ks = OwnedTensor(*be_, RG_TYPE_F32, kv_rows, 1), vs = OwnedTensor(*be_, RG_TYPE_F32, kv_rows, 1);
+        iks = OwnedTensor(*be_, RG_TYPE_F32, cap, 1), bks = OwnedTensor(*be_, RG_TYPE_F32, blocks, 1);
     }
+    // the first `rows` rows of a tensor of the old storage into the new one
+    const auto keep = [&](const OwnedTensor& from, const OwnedTensor& to, int64_t rows) {
+        if (rows > 0 && from.t) be_->copy(from.t.row_range(0, rows), to.t.row_range(0, rows));
+    };
+    const int64_t held[] = {n_ * s.n_head_kv, n_ * s.n_head_kv, n_, n_ / r};
+    const OwnedTensor* olds[] = {&k_,       &v_,       &index_k_,       &block_k_,
+                                 &k_scale_, &v_scale_, &index_k_scale_, &block_k_scale_};
+    const OwnedTensor* news[] = {&k, &v, &ik, &bk, &ks, &vs, &iks, &bks};
+    for (int i = 0; i < 8; ++i) keep(*olds[i], *news[i], held[i % 4]);
+    keep(pos_, pos, n_);
     k_ = std::move(k), v_ = std::move(v), index_k_ = std::move(ik), block_k_ = std::move(bk), pos_ = std::move(pos);
+    k_scale_ = std::move(ks), v_scale_ = std::move(vs), index_k_scale_ = std::move(iks),
+    block_k_scale_ = std::move(bks);
     cap_ = cap;
 }
 
@@ -64,6 +96,12 @@ void QsaState::state_tensors(int64_t from, int64_t to, std::vector<Tensor>& out)
     rows(index_k_, 1, from, to);
     rows(pos_, 1, from, to);
     rows(block_k_, 1, from / s.compress_ratio, to / s.compress_ratio);
+    if (type_ == RG_TYPE_I8) {
+        rows(k_scale_, s.n_head_kv, from, to);
+        rows(v_scale_, s.n_head_kv, from, to);
+        rows(index_k_scale_, 1, from, to);
+        rows(block_k_scale_, 1, from / s.compress_ratio, to / s.compress_ratio);
+    }
 }
 
 void QsaState::grow(int64_t n) {
@@ -74,7 +112,10 @@ void QsaState::grow(int64_t n) {
     n_ = n;
 }
 
-QsaSeq QsaState::seq(int64_t ntok) const { return {k_.t, v_.t, index_k_.t, block_k_.t, pos_.t, n_, 0, ntok}; }
+QsaSeq QsaState::seq(int64_t ntok) const {
+    return {k_.t, v_.t, index_k_.t, block_k_.t, pos_.t,           n_,
+            0,    ntok, k_scale_.t, v_scale_.t, index_k_scale_.t, block_k_scale_.t};
+}
 
 // ---- layer ------------------------------------------------------------------------------------------------
 
@@ -148,11 +189,19 @@ void QsaAttention::forward(Workspace& ws, const Tensor& x, const int64_t* pos3, 
     const Tensor q = ws.f32(ntok * H, D);  // [ntok][H][D]
     be.rms_norm(heads.col_range(0, D), w_.q_norm, s.eps, q);
     be.rope(q, rot, H);
-    const Tensor k = st.k_.t.row_range(n0 * KV, ntok * KV);
+    // a cache's rows [r0, r0 + n) and their scales (I8)
+    const auto rows = [](const OwnedTensor& t, const OwnedTensor& scale, int64_t r0, int64_t n) {
+        return std::make_pair(t.t.row_range(r0, n), scale.t ? scale.t.row_range(r0, n) : Tensor{});
+    };
+    const Tensor k = ws.f32(ntok * KV, D);
     be.rms_norm(kx.reshaped(ntok * KV, D), w_.k_norm, s.eps, k);
     be.rope(k, rot, KV);
-    be.copy(vx.reshaped(ntok * KV, D), st.v_.t.row_range(n0 * KV, ntok * KV));
-    be.copy(ik, st.index_k_.t.row_range(n0, ntok));
+    const auto [kc, kcs] = rows(st.k_, st.k_scale_, n0 * KV, ntok * KV);
+    const auto [vc, vcs] = rows(st.v_, st.v_scale_, n0 * KV, ntok * KV);
+    const auto [ic, ics] = rows(st.index_k_, st.index_k_scale_, n0, ntok);
+    be.store_rows(k, kc, kcs);
+    be.store_rows(vx.reshaped(ntok * KV, D), vc, vcs);
+    be.store_rows(ik, ic, ics);
     const Tensor iqh = iq.reshaped(ntok * IH, ID);
     be.rms_norm(iqh, w_.index_q_norm, s.eps, iqh);
     be.rope(iqh, rot, IH);

@@ -60,10 +60,17 @@ struct QsaWeights {
 };
 
 // What one QSA layer keeps between calls, in backend buffers. Storage grows with the tokens held (doubling,
-// the old rows copied by the backend), up to max_ctx.
+// the old rows copied by the backend), up to max_ctx. Keys, values, indexer keys and pooled block keys are
+// stored in the cache type (F32, F16, Q8_0, or I8 with a per-row scale: Backend::store_rows).
 class QsaState {
 public:
-    QsaState(Backend& be, const QsaShape& shape, int64_t max_ctx);
+    // Throws Error when the backend has no kernels for the cache type or Q8_0 rows would not be whole blocks
+    // (check_cache_type).
+    QsaState(Backend& be, const QsaShape& shape, int64_t max_ctx, uint32_t cache_type = RG_TYPE_F32);
+    static void check_cache_type(const Backend& be, const QsaShape& shape, uint32_t cache_type);
+
+    uint32_t cache_type() const { return type_; }
+    uint64_t bytes() const;  // backend memory held (its capacity's)
 
     int64_t size() const { return n_; }
     int64_t max_ctx() const { return max_ctx_; }
@@ -74,7 +81,8 @@ public:
 
     // Saving and restoring: tokens [from, to) as tensor views, in file order: keys [to-from][n_head_kv]
     // [head_dim], values (same shape), raw indexer keys [to-from][index_head_dim], positions [to-from][3]
-    // (int64), then the pooled keys of blocks [from/ratio, to/ratio) [.][index_head_dim].
+    // (int64), then the pooled keys of blocks [from/ratio, to/ratio) [.][index_head_dim], each cache in the
+    // cache type; an I8 state then has the four caches' row scales (F32) in the same order.
     void state_tensors(int64_t from, int64_t to, std::vector<Tensor>& out) const;
     // Holds n >= size() tokens, the new ones to be filled through state_tensors (throws Error beyond max_ctx).
     void grow(int64_t n);
@@ -87,6 +95,7 @@ private:
     Backend* be_;
     QsaShape shape_;
     int64_t max_ctx_ = 0;
+    uint32_t type_ = RG_TYPE_F32;
     int64_t n_ = 0;
     int64_t cap_ = 0;
     OwnedTensor k_;        // [cap * n_head_kv][head_dim]  after k_norm and RoPE
@@ -94,6 +103,8 @@ private:
     OwnedTensor index_k_;  // [cap][index_head_dim]       raw indexer keys (pooling precedes norm and RoPE)
     OwnedTensor block_k_;  // [cap / ratio][index_head_dim] pooled, normed, rotated keys of complete blocks
     OwnedTensor pos_;      // [cap][3] I64                M-RoPE positions (t, h, w)
+    // I8 caches: the row scales of k_, v_, index_k_, block_k_ ([rows][1] F32); empty otherwise
+    OwnedTensor k_scale_, v_scale_, index_k_scale_, block_k_scale_;
 };
 
 class QsaAttention {
@@ -102,7 +113,9 @@ public:
     QsaAttention(const ModelWeights& w, int64_t layer);
 
     const QsaShape& shape() const { return shape_; }
-    QsaState new_state(Backend& be, int64_t max_ctx) const { return QsaState(be, shape_, max_ctx); }
+    QsaState new_state(Backend& be, int64_t max_ctx, uint32_t cache_type = RG_TYPE_F32) const {
+        return QsaState(be, shape_, max_ctx, cache_type);
+    }
 
     // y[t] = attention of token t over the state's tokens and tokens 0..t of this call; the tokens are
     // appended to the state. x: [ntok][hidden], pos3: host [ntok][3] M-RoPE positions (t, h, w) (text: the

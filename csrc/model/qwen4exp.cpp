@@ -129,12 +129,26 @@ void Qwen4ExpModel::set_moce(const MoceOptions& moce) {
     for (auto& l : layers_) l.moe.set_moce(moce);
 }
 
-std::unique_ptr<ModelWindow> Qwen4ExpModel::new_window(int64_t max_ctx) const {
-    return std::make_unique<Qwen4ExpWindow>(*this, max_ctx);
+std::unique_ptr<ModelWindow> Qwen4ExpModel::new_window(int64_t max_ctx, uint32_t cache_type) const {
+    return std::make_unique<Qwen4ExpWindow>(*this, max_ctx, cache_type);
 }
 
-Qwen4ExpWindow::Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx)
-    : model_(model), be_(model.backend_), ws_(model.backend_), max_ctx_(max_ctx) {
+uint64_t Qwen4ExpWindow::attention_cache_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint64_t n = 0;
+    for (const auto& q : qsa_)
+        if (q) n += q->bytes();
+    return n;
+}
+
+void Qwen4ExpModel::check_cache_type(uint32_t cache_type) const {
+    for (const auto& l : layers_)
+        if (l.qsa) QsaState::check_cache_type(backend_, l.qsa->shape(), cache_type);
+    if (mtp_) QsaState::check_cache_type(backend_, mtp_->qsa_shape(), cache_type);
+}
+
+Qwen4ExpWindow::Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx, uint32_t cache_type)
+    : model_(model), be_(model.backend_), ws_(model.backend_), max_ctx_(max_ctx), cache_type_(cache_type) {
     if (max_ctx <= 0) throw Error("window: max_ctx must be positive");
     reset();
 }
@@ -185,7 +199,7 @@ void Qwen4ExpWindow::reset_locked() {
     armed_ = false;
     cp_.base = -1;
     mtp_.reset();
-    if (model_.mtp_) mtp_.emplace(be_, *model_.mtp_, max_ctx_ + kMaxCheckpointTokens);
+    if (model_.mtp_) mtp_.emplace(be_, *model_.mtp_, max_ctx_ + kMaxCheckpointTokens, cache_type_);
     gdn_.clear();
     qsa_.clear();
     ple_.clear();
@@ -193,7 +207,8 @@ void Qwen4ExpWindow::reset_locked() {
         ple_.push_back(l.ple ? std::optional<PleState>(l.ple->new_state(be_)) : std::nullopt);
         gdn_.emplace_back();
         if (l.gdn) gdn_.back().emplace(be_, l.gdn->shape(), 1), gdn_.back()->zero(be_);
-        qsa_.push_back(l.qsa ? std::optional<QsaState>(l.qsa->new_state(be_, max_ctx_)) : std::nullopt);
+        qsa_.push_back(l.qsa ? std::optional<QsaState>(l.qsa->new_state(be_, max_ctx_, cache_type_))
+                             : std::nullopt);
     }
     be_.submit();
 }
@@ -214,7 +229,8 @@ std::vector<TensorPart> Qwen4ExpWindow::state_parts(int64_t from, int64_t to, bo
         if (qsa_[il]) {
             std::vector<Tensor> ts;
             qsa_[il]->state_tensors(from, to, ts);
-            TensorPart& p = parts.emplace_back(TensorPart{StateKind::Qsa, layer, StateDtype::Mixed, {}});
+            TensorPart& p =
+                parts.emplace_back(TensorPart{StateKind::Qsa, layer, qsa_state_dtype(cache_type_), {}});
             for (const Tensor& t : ts) p.items.push_back({t, {}});
         }
     }

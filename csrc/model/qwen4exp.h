@@ -87,7 +87,11 @@ public:
     std::vector<PleTable*> ple_tables() const;
     // Changes cache-aware routing for every layer (MoCE needs an arena to have an effect).
     void set_moce(const MoceOptions& moce);
-    std::unique_ptr<ModelWindow> new_window(int64_t max_ctx) const;
+    // A window of up to max_ctx tokens whose attention caches (QSA layers and the MTP head) are of
+    // `cache_type` (QsaState); throws Error where the backend has no kernels for it.
+    std::unique_ptr<ModelWindow> new_window(int64_t max_ctx, uint32_t cache_type = RG_TYPE_F32) const;
+    // Throws Error, as new_window would, where this model's windows cannot have caches of `cache_type`.
+    void check_cache_type(uint32_t cache_type) const;
 
 private:
     friend class Qwen4ExpWindow;
@@ -116,10 +120,11 @@ private:
 // One inference context: tokens in, logits out, continuing from the state of earlier calls.
 class Qwen4ExpWindow final : public ModelWindow {
 public:
-    Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx);
+    Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx, uint32_t cache_type);
 
     int64_t n_past() const override { return n_past_; }
     int64_t max_ctx() const override { return max_ctx_; }
+    uint64_t attention_cache_bytes() const override;
     int64_t vocab() const override;
     int64_t hidden() const { return model_.config_.hidden; }
     void reset() override;
@@ -143,11 +148,12 @@ private:
     void prepare_slots(int64_t n);  // rollback slots for an eval of n tokens; slot 0 = the current states
     std::vector<TensorPart> state_parts(int64_t from, int64_t to, bool whole);
 
-    std::mutex mutex_;
+    mutable std::mutex mutex_;
     const Qwen4ExpModel& model_;
     Backend& be_;
     Workspace ws_;  // the scratch tensors of an eval
     int64_t max_ctx_;
+    uint32_t cache_type_;
     int64_t n_past_ = 0;
     std::vector<std::optional<GdnStates>> gdn_;  // per layer, one row
     std::vector<std::optional<QsaState>> qsa_;

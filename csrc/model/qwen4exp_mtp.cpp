@@ -93,8 +93,8 @@ int32_t MtpHead::next_token(Workspace& ws, const Tensor& o) const {
 
 // ---- window-side context ----------------------------------------------------------------------------------
 
-MtpContext::MtpContext(Backend& b, const MtpHead& head, int64_t max_ctx_)
-    : be(&b), width(head.hidden()), max_ctx(max_ctx_), kv(head.new_state(b, max_ctx_)) {}
+MtpContext::MtpContext(Backend& b, const MtpHead& head, int64_t max_ctx_, uint32_t cache_type)
+    : be(&b), width(head.hidden()), max_ctx(max_ctx_), kv(head.new_state(b, max_ctx_, cache_type)) {}
 
 void MtpContext::append(const int32_t* ids, const Tensor& rows) {
     const int64_t n0 = size(), n = rows.rows;

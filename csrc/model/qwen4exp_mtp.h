@@ -29,7 +29,10 @@ public:
 
     int64_t hidden() const { return hidden_; }
     int64_t vocab() const { return output_.rows; }
-    QsaState new_state(Backend& be, int64_t max_ctx) const { return qsa_.new_state(be, max_ctx); }
+    const QsaShape& qsa_shape() const { return qsa_.shape(); }
+    QsaState new_state(Backend& be, int64_t max_ctx, uint32_t cache_type = RG_TYPE_F32) const {
+        return qsa_.new_state(be, max_ctx, cache_type);
+    }
     // Pairs (h[t], tokens[t]) at RoPE positions[t] -> o[t] (before shared_head_norm); the pairs join `state`.
     // h, o: [ntok][hidden]; tokens, positions: host [ntok].
     void forward(Workspace& ws, const Tensor& h, const int32_t* tokens, const int64_t* positions, QsaState& state,
@@ -68,7 +71,7 @@ struct MtpContext {
     int64_t known_from = 0;
     QsaState kv;
 
-    MtpContext(Backend& be, const MtpHead& head, int64_t max_ctx);
+    MtpContext(Backend& be, const MtpHead& head, int64_t max_ctx, uint32_t cache_type);
     int64_t size() const { return int64_t(tokens.size()); }
     void append(const int32_t* ids, const Tensor& rows);  // rows [n][width]
     void truncate(int64_t n);      // keep the first n tokens

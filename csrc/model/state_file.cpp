@@ -135,7 +135,11 @@ const char* dtype_name(StateDtype d) {
         case StateDtype::F16:
             return "f16";
         case StateDtype::Mixed:
-            return "mixed";
+            return "mixed (f32 caches)";
+        case StateDtype::Q8_0:
+            return "q8_0";
+        case StateDtype::I8:
+            return "i8";
     }
     return "unknown";
 }
@@ -214,9 +218,10 @@ StateHeader read_state_header(const std::string& path) {
     if (got < kFixed) throw StateError(path + " is truncated: " + std::to_string(size) + " bytes");
     StateHeader head;
     head.version = get<uint32_t>(h, 8);
-    if (head.version != kStateVersion)
+    if (head.version < kStateOldestVersion || head.version > kStateVersion)
         throw StateError(path + " is a version " + std::to_string(head.version) +
-                         " state file; this regolith reads version " + std::to_string(kStateVersion));
+                         " state file; this regolith reads versions " + std::to_string(kStateOldestVersion) +
+                         " to " + std::to_string(kStateVersion));
     const auto head_bytes = get<uint64_t>(h, 16);
     head.file_bytes = get<uint64_t>(h, 24);
     if (size < head.file_bytes)
@@ -259,7 +264,7 @@ StateHeader read_state_header(const std::string& path) {
             get<uint32_t>(h, o + 12),       get<uint64_t>(h, o + 16), get<uint64_t>(h, o + 24)};
         const uint32_t kind = uint32_t(e.kind), dtype = uint32_t(e.dtype);
         if (kind < uint32_t(StateKind::Kv) || kind > uint32_t(StateKind::Logits) ||
-            dtype > uint32_t(StateDtype::Mixed))
+            dtype > uint32_t(StateDtype::I8))
             throw corrupt("part " + std::to_string(i) + " has kind " + std::to_string(kind) + ", dtype " +
                           std::to_string(dtype));
         if (e.offset != end || e.offset > head.file_bytes || e.bytes > head.file_bytes - e.offset)
@@ -283,6 +288,10 @@ StateIoStats read_state_parts(const std::string& path, const StateHeader& head,
         const auto it = by_key.find({uint32_t(p.kind), p.layer});
         if (it == by_key.end()) throw StateError(path + " has no part " + name + "; the window has one");
         const StatePartEntry& e = *it->second;
+        if (e.dtype != p.dtype && p.kind == StateKind::Qsa)
+            throw StateError(path + ": part " + name + " was saved with " + dtype_name(e.dtype) +
+                             " attention caches; this window's are " + dtype_name(p.dtype) +
+                             " (load the model with that kv_type to restore it)");
         if (e.dtype != p.dtype || e.bytes != p.bytes())
             throw StateError(path + ": part " + name + " holds " + std::to_string(e.bytes) + " bytes of " +
                              dtype_name(e.dtype) + "; this window's holds " + std::to_string(p.bytes()) +

@@ -13,7 +13,9 @@
 
 namespace regolith {
 
-constexpr uint32_t kStateVersion = 2;
+// Version 3 added the q8_0 and i8 cache dtypes; version 2 files (f32 / f16 caches) read unchanged.
+constexpr uint32_t kStateVersion = 3;
+constexpr uint32_t kStateOldestVersion = 2;
 
 struct StatePartEntry {
     StateKind kind;

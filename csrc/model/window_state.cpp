@@ -5,6 +5,19 @@
 
 namespace regolith {
 
+StateDtype qsa_state_dtype(uint32_t cache_type) {
+    switch (cache_type) {
+        case RG_TYPE_F16:
+            return StateDtype::F16;
+        case RG_TYPE_Q8_0:
+            return StateDtype::Q8_0;
+        case RG_TYPE_I8:
+            return StateDtype::I8;
+        default:
+            return StateDtype::Mixed;
+    }
+}
+
 std::string state_part_name(StateKind kind, uint32_t layer) {
     const std::string blk = "blk." + std::to_string(layer) + " ";
     switch (kind) {

@@ -20,7 +20,12 @@ enum class StateKind : uint32_t {
     Logits = 5,  // f32 logits after the last token (whole, optional)
 };
 
-enum class StateDtype : uint32_t { F32 = 0, F16 = 1, Mixed = 2 };
+// A part's storage type. A QSA part's names its attention caches: Mixed for f32 (its positions are I64), F16,
+// Q8_0, I8 (then also F32 row scales); a dense KV part's is F32 or F16.
+enum class StateDtype : uint32_t { F32 = 0, F16 = 1, Mixed = 2, Q8_0 = 3, I8 = 4 };
+
+// The dtype of a QSA part whose caches are of this type (F32, F16, Q8_0, I8).
+StateDtype qsa_state_dtype(uint32_t cache_type);
 
 struct StateSpan {
     uint8_t* data;

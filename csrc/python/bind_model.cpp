@@ -75,7 +75,15 @@ nb::dict dense_config_dict(const DenseModel& m) {
 regolith::KvType kv_type(const std::string& name) {
     if (name == "f16") return regolith::KvType::F16;
     if (name == "f32") return regolith::KvType::F32;
-    throw nb::value_error(("kv_type must be 'f16' or 'f32', not '" + name + "'").c_str());
+    if (name == "q8_0") return regolith::KvType::Q8_0;
+    if (name == "i8") return regolith::KvType::I8;
+    throw nb::value_error(("kv_type must be 'f32', 'f16', 'q8_0' or 'i8', not '" + name + "'").c_str());
+}
+
+uint32_t cache_type(const std::string& name) {
+    for (uint32_t t : {RG_TYPE_F32, RG_TYPE_F16, RG_TYPE_Q8_0, RG_TYPE_I8})
+        if (name == regolith::cache_type_name(t)) return t;
+    throw nb::value_error(("kv_type must be 'f32', 'f16', 'q8_0' or 'i8', not '" + name + "'").c_str());
 }
 
 Logits eval(ModelWindow& w, Tokens tokens, bool all_logits) {
@@ -214,6 +222,8 @@ void init_model(nb::module_& m) {
     nb::class_<ModelWindow>(m, "ModelWindow")
         .def_prop_ro("n_past", &ModelWindow::n_past)
         .def_prop_ro("max_ctx", &ModelWindow::max_ctx)
+        .def_prop_ro("attention_cache_bytes", &ModelWindow::attention_cache_bytes,
+                     "Backend memory the attention caches hold now (the memory plan's per-token state).")
         .def_prop_ro("vocab", &ModelWindow::vocab)
         .def("reset", &ModelWindow::reset)
         .def("truncate", &ModelWindow::truncate, nb::arg("n"),
@@ -241,38 +251,42 @@ void init_model(nb::module_& m) {
              "Restore a state file onto a window holding its first header.start tokens; returns (stats, "
              "logits or None).");
     nb::class_<Qwen4ExpModel>(m, "Qwen4ExpModel")
-        .def("__init__",
-             [](Qwen4ExpModel* self, const std::vector<std::vector<std::string>>& files, const std::string& experts_path, int64_t arena_slots,
-                int io_threads, bool direct, bool lock, double hot_fraction, bool lookahead, bool moce,
-                float moce_bonus, int64_t moce_protect, const std::string& ple_path, int64_t ple_cache_bytes,
-                const std::string& backend, int64_t host_slots) {
-                 regolith::Qwen4ExpLoadOptions o;
-                 o.experts_path = experts_path;
-                 o.arena.slots = arena_slots;
-                 o.arena.io_threads = io_threads;
-                 o.arena.direct = direct;
-                 o.arena.lock = lock;
-                 o.arena.host_slots = host_slots;
-                 o.arena.policy.hot_fraction = hot_fraction;
-                 o.lookahead = lookahead;
-                 o.moce = {moce, moce_bonus, moce_protect};
-                 o.ple_path = ple_path;
-                 o.ple.direct = direct;
-                 o.ple.cache_bytes = ple_cache_bytes;
-                 o.ple.io_threads = io_threads;
-                 regolith::Backend& be = regolith::backend_by_name(backend);
-                 nb::gil_scoped_release release;
-                 new (self) Qwen4ExpModel(files, o, be);
-             },
-             nb::arg("files"), nb::arg("experts_path") = "", nb::arg("arena_slots") = 0, nb::arg("io_threads") = 4,
-             nb::arg("direct") = true, nb::arg("lock") = true, nb::arg("hot_fraction") = 0.75,
-             nb::arg("lookahead") = true, nb::arg("moce") = false, nb::arg("moce_bonus") = 2.0f,
-             nb::arg("moce_protect") = 2, nb::arg("ple_path") = "", nb::arg("ple_cache_bytes") = 0,
-             nb::arg("backend") = "", nb::arg("host_slots") = 0,
-             "A qwen4exp model (files: groups of paths, as GGUFSet takes them) on `backend` ('' = $REGOLITH_BACKEND or 'cpu'). arena_slots > 0 streams the routed experts (from experts_path, a packed "
-             "experts.bin, or the GGUF in place) through an arena of that many slots; host_slots > 0 adds a "
-             "host-RAM tier of that many records where the arena is device memory; ple_path reads the PLE "
-             "table from a packed ple.bin.")
+        .def(
+            "__init__",
+            [](Qwen4ExpModel* self, const std::vector<std::vector<std::string>>& files,
+               const std::string& experts_path, int64_t arena_slots, int io_threads, bool direct, bool lock,
+               double hot_fraction, bool lookahead, bool moce, float moce_bonus, int64_t moce_protect,
+               const std::string& ple_path, int64_t ple_cache_bytes, const std::string& backend,
+               int64_t host_slots) {
+                regolith::Qwen4ExpLoadOptions o;
+                o.experts_path = experts_path;
+                o.arena.slots = arena_slots;
+                o.arena.io_threads = io_threads;
+                o.arena.direct = direct;
+                o.arena.lock = lock;
+                o.arena.host_slots = host_slots;
+                o.arena.policy.hot_fraction = hot_fraction;
+                o.lookahead = lookahead;
+                o.moce = {moce, moce_bonus, moce_protect};
+                o.ple_path = ple_path;
+                o.ple.direct = direct;
+                o.ple.cache_bytes = ple_cache_bytes;
+                o.ple.io_threads = io_threads;
+                regolith::Backend& be = regolith::backend_by_name(backend);
+                nb::gil_scoped_release release;
+                new (self) Qwen4ExpModel(files, o, be);
+            },
+            nb::arg("files"), nb::arg("experts_path") = "", nb::arg("arena_slots") = 0,
+            nb::arg("io_threads") = 4, nb::arg("direct") = true, nb::arg("lock") = true,
+            nb::arg("hot_fraction") = 0.75, nb::arg("lookahead") = true, nb::arg("moce") = false,
+            nb::arg("moce_bonus") = 2.0f, nb::arg("moce_protect") = 2, nb::arg("ple_path") = "",
+            nb::arg("ple_cache_bytes") = 0, nb::arg("backend") = "", nb::arg("host_slots") = 0,
+            "A qwen4exp model (files: groups of paths, as GGUFSet takes them) on `backend` ('' = "
+            "$REGOLITH_BACKEND or 'cpu'). arena_slots > 0 streams the routed experts (from experts_path, a "
+            "packed "
+            "experts.bin, or the GGUF in place) through an arena of that many slots; host_slots > 0 adds a "
+            "host-RAM tier of that many records where the arena is device memory; ple_path reads the PLE "
+            "table from a packed ple.bin.")
         .def("config", &config_dict)
         .def_prop_ro("backend", [](const Qwen4ExpModel& m) { return std::string(m.backend().name()); })
         .def("arena_info", &arena_info, "None when the experts are resident, else the arena's geometry.")
@@ -284,16 +298,31 @@ void init_model(nb::module_& m) {
                 m.set_moce({enabled, bonus, protect});
             },
             nb::arg("enabled"), nb::arg("bonus") = 2.0f, nb::arg("protect") = 2,
-            "Cache-aware routing (MoCE): resident experts' router logits get `bonus`; the top `protect` stay.")
-        .def("new_window", &Qwen4ExpModel::new_window, nb::arg("max_ctx"), nb::keep_alive<0, 1>());
+            "Cache-aware routing (MoCE): resident experts' router logits get `bonus`; the top `protect` "
+            "stay.")
+        .def(
+            "new_window",
+            [](const Qwen4ExpModel& m, int64_t max_ctx, const std::string& kv) {
+                return m.new_window(max_ctx, cache_type(kv));
+            },
+            nb::arg("max_ctx"), nb::arg("kv_type") = "f32", nb::keep_alive<0, 1>(),
+            "A window of up to max_ctx tokens; kv_type: its attention caches' type ('f32', 'f16', 'q8_0', "
+            "'i8').")
+        .def(
+            "check_kv_type",
+            [](const Qwen4ExpModel& m, const std::string& kv) { m.check_cache_type(cache_type(kv)); },
+            nb::arg("kv_type"),
+            "Raises where this model's windows cannot have caches of kv_type on its backend.");
     nb::class_<DenseModel>(m, "DenseModel", "A gemma3 or qwen2 model (dense decoder-only transformer).")
-        .def("__init__",
-             [](DenseModel* self, const std::vector<std::vector<std::string>>& files, const std::string& backend) {
-                 regolith::Backend& be = regolith::backend_by_name(backend);
-                 nb::gil_scoped_release release;
-                 new (self) DenseModel(files, be);
-             },
-             nb::arg("files"), nb::arg("backend") = "")
+        .def(
+            "__init__",
+            [](DenseModel* self, const std::vector<std::vector<std::string>>& files,
+               const std::string& backend) {
+                regolith::Backend& be = regolith::backend_by_name(backend);
+                nb::gil_scoped_release release;
+                new (self) DenseModel(files, be);
+            },
+            nb::arg("files"), nb::arg("backend") = "")
         .def("config", &dense_config_dict)
         .def_prop_ro("backend", [](const DenseModel& m) { return std::string(m.backend().name()); })
         .def(
@@ -302,5 +331,13 @@ void init_model(nb::module_& m) {
                 return m.new_window(max_ctx, kv_type(kv));
             },
             nb::arg("max_ctx"), nb::arg("kv_type") = "f16", nb::keep_alive<0, 1>(),
-            "A window of up to max_ctx tokens; kv_type 'f16' (llama.cpp's default cache) or 'f32'.");
+            "A window of up to max_ctx tokens; kv_type 'f16' (llama.cpp's default cache), 'f32', 'q8_0' or "
+            "'i8'.")
+        .def(
+            "check_kv_type",
+            [](const DenseModel& m, const std::string& kv) {
+                regolith::KvCache(m.backend(), 1, m.config().head_dim, 1, kv_type(kv));
+            },
+            nb::arg("kv_type"),
+            "Raises where this model's windows cannot have caches of kv_type on its backend.");
 }

@@ -112,7 +112,8 @@ WindowSnapshot snapshot_window(regolith::ModelWindow& w) {
     nb::gil_scoped_release release;
     w.export_state(0, [&](std::vector<regolith::StatePart>& parts) {
         for (const regolith::StatePart& p : parts) {
-            WindowSnapshot::Part& q = s.parts.emplace_back(WindowSnapshot::Part{p.kind, p.layer, {}});
+            WindowSnapshot::Part& q =
+                s.parts.emplace_back(WindowSnapshot::Part{p.kind, p.layer, p.dtype, {}});
             q.bytes.reserve(p.bytes());
             for (const regolith::StateSpan& span : p.spans)
                 q.bytes.insert(q.bytes.end(), span.data, span.data + span.bytes);
@@ -131,6 +132,9 @@ void restore_window(regolith::ModelWindow& w, const WindowSnapshot& s) {
         for (size_t i = 0; i < parts.size(); ++i) {
             const regolith::StatePart& p = parts[i];
             const WindowSnapshot::Part& q = s.parts[i];
+            if (p.kind == q.kind && p.layer == q.layer && p.dtype != q.dtype)
+                throw regolith::StateError("the snapshot's " + regolith::state_part_name(q.kind, q.layer) +
+                                           " holds caches of another type than this window's");
             if (p.kind != q.kind || p.layer != q.layer || p.bytes() != q.bytes.size())
                 throw regolith::StateError("the snapshot's " + regolith::state_part_name(q.kind, q.layer) +
                                            " does not fit this window's " +
@@ -174,6 +178,21 @@ void init_state(nb::module_& m) {
         .def_prop_ro("meta", [](const StateHeader& h) { return nb::bytes(h.meta.data(), h.meta.size()); })
         .def_ro("file_bytes", &StateHeader::file_bytes)
         .def_prop_ro("has_logits", [](const StateHeader& h) { return logits_entry(h) != nullptr; })
+        .def_prop_ro(
+            "kv_type",
+            [](const StateHeader& h) -> nb::object {
+                for (const auto& e : h.parts) {
+                    if (e.kind != regolith::StateKind::Qsa && e.kind != regolith::StateKind::Kv) continue;
+                    switch (e.dtype) {
+                        case regolith::StateDtype::F16: return nb::str("f16");
+                        case regolith::StateDtype::Q8_0: return nb::str("q8_0");
+                        case regolith::StateDtype::I8: return nb::str("i8");
+                        default: return nb::str("f32");  // F32, and Mixed: a QSA part of f32 caches
+                    }
+                }
+                return nb::none();
+            },
+            "The type of the state's attention caches ('f32', 'f16', 'q8_0', 'i8'), None without any.")
         .def_prop_ro(
             "parts",
             [](const StateHeader& h) {

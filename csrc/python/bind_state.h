@@ -26,6 +26,7 @@ struct WindowSnapshot {
     struct Part {
         regolith::StateKind kind;
         uint32_t layer;
+        regolith::StateDtype dtype;
         std::vector<uint8_t> bytes;  // the part's spans, in order
     };
     int64_t n = 0;  // tokens

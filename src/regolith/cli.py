@@ -157,6 +157,7 @@ def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
         "host_cache_gb": args.host_cache_gb,
         "moce": args.moce,
         "backend": args.backend,
+        "kv_type": args.kv_type,
     }
 
 
@@ -513,6 +514,12 @@ def _add_memory_arguments(p: argparse.ArgumentParser) -> None:
         type=_backend_name,
         help="compute engine: cpu, cuda, metal, metal-emu (Metal's kernels on the CPU: a test mode), or auto "
         "(cuda or metal where this build and machine have it, else cpu); default $REGOLITH_BACKEND or cpu",
+    )
+    p.add_argument(
+        "--kv-type",
+        choices=["f32", "f16", "q8_0", "i8"],
+        help="attention cache type (llama.cpp's -ctk/-ctv names; i8: int8 rows with one f32 scale each); "
+        "default f32 for qwen4exp, f16 for gemma3 / qwen2",
     )
     p.add_argument(
         "--memory-gb",

@@ -51,7 +51,9 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
 
         dev = backends.device_memory(args.backend)  # a GPU backend: its parts against its free memory
         with _gguf.open(path, side_files=side) as f:
-            sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, packed.manifest if packed else None)
+            sizes = memory_plan.sizes_from_gguf(
+                f.tensors, f.metadata, packed.manifest if packed else None, args.kv_type or "f32"
+            )
             arch = f.architecture or ""
             contexts = args.ctx or [default_n_ctx(f.metadata.get(f"{arch}.context_length"))]
         plans = [

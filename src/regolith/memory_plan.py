@@ -107,24 +107,85 @@ class ModelSizes:
         return 4 * (streams + moe + 2 * self.vocab)
 
 
+def default_kv_type(architecture: str) -> str:
+    """The attention cache type ``Model.load`` gives a model of ``architecture`` without ``kv_type``."""
+    return "f32" if architecture == "qwen4exp" else "f16"
+
+
+def cache_row_bytes(kv_type: str, n: int) -> int:
+    """Bytes of one attention-cache row of n elements of a cache type (``Model.load``'s ``kv_type``): f32, f16,
+    q8_0 (34 bytes per 32 elements) or i8 (n bytes and an f32 scale)."""
+    if kv_type == "f32":
+        return 4 * n
+    if kv_type == "f16":
+        return 2 * n
+    if kv_type == "q8_0":
+        if n % 32:
+            raise ValueError(f"q8_0 cache rows are whole blocks of 32 elements, not {n}")
+        return n // 32 * 34
+    if kv_type == "i8":
+        return n + 4
+    raise ValueError(f"kv_type must be one of f32, f16, q8_0, i8, not {kv_type!r}")
+
+
+def _dense_head_dim(metadata: dict[str, Any], arch: str) -> int:
+    p = f"{arch}."
+    if p + "attention.key_length" in metadata:
+        return int(metadata[p + "attention.key_length"])
+    return int(metadata[p + "embedding_length"]) // int(metadata[p + "attention.head_count"])
+
+
+def check_kv_type(metadata: dict[str, Any], kv_type: str) -> None:
+    """Raise ValueError unless the model's attention caches can be of ``kv_type`` (q8_0: rows of whole
+    blocks of 32)."""
+    cache_row_bytes(kv_type, 32)  # a known type
+    arch = metadata.get("general.architecture")
+    if kv_type == "q8_0" and arch:
+        keys = ("attention.key_length", "attention.indexer.key_length") if arch == "qwen4exp" else ()
+        for key in keys:
+            n = metadata.get(f"qwen4exp.{key}")
+            if n is not None and int(n) % 32:
+                raise ValueError(
+                    f"kv_type 'q8_0': a q8_0 cache needs rows of whole blocks of 32; {key} is {n}"
+                )
+        if arch != "qwen4exp" and f"{arch}.embedding_length" in metadata:
+            n = _dense_head_dim(metadata, arch)
+            if n % 32:
+                raise ValueError(
+                    f"kv_type 'q8_0': a q8_0 cache needs rows of whole blocks of 32; head dim is {n}"
+                )
+
+
 def sizes_from_gguf(
-    tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str, Any] | None
+    tensors: dict[str, Any],
+    metadata: dict[str, Any],
+    manifest: dict[str, Any] | None,
+    kv_type: str = "f32",
 ) -> ModelSizes:
     """ModelSizes from a GGUF's tensor infos and metadata (and a pack manifest, whose dense GGUF lacks the
-    experts and the PLE table). Raises ModelFormatError for a missing key or tensor."""
+    experts and the PLE table), the attention caches of ``kv_type``. Raises ModelFormatError for a missing key
+    or tensor; ValueError for a cache type the model cannot take (:func:`check_kv_type`)."""
+    check_kv_type(metadata, kv_type)
     try:
-        return _sizes(tensors, metadata, manifest)
+        return _sizes(tensors, metadata, manifest, kv_type)
     except KeyError as e:
         raise ModelFormatError(f"missing metadata key or tensor {e}") from None
     except (TypeError, ValueError, ZeroDivisionError) as e:
         raise ModelFormatError(f"inconsistent model metadata: {e}") from None
 
 
-def _sizes(tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str, Any] | None) -> ModelSizes:
+def _sizes(
+    tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str, Any] | None, kv_type: str
+) -> ModelSizes:
     arch = metadata.get("general.architecture", "")
     dense = sum(t.nbytes for n, t in tensors.items() if not _EXPERT.match(n) and n != _PLE_TABLE)
-    if arch != "qwen4exp":
-        return ModelSizes(arch, dense)
+    if arch != "qwen4exp":  # gemma3, qwen2: every layer keeps keys and values of every position
+        p = f"{arch}."
+        kvh = metadata[p + "attention.head_count_kv"]
+        n_layer = int(metadata[p + "block_count"])
+        heads = [int(h) for h in kvh] if isinstance(kvh, list) else [int(kvh)] * n_layer
+        row = cache_row_bytes(kv_type, _dense_head_dim(metadata, arch))
+        return ModelSizes(arch, dense, state_per_token=sum(2 * h * row for h in heads))
     p = "qwen4exp."
     n_layer = int(metadata[p + "block_count"])
     if not 0 < n_layer <= len(tensors):  # every layer has tensors: a larger count is a lie
@@ -178,7 +239,8 @@ def _sizes(tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str
             if not rec:
                 ratio = ratios[layer] if layer < len(ratios) and ratios[layer] > 0 else 1
                 # keys, values, raw indexer keys, 3-D (M-RoPE) positions; pooled indexer keys per complete block
-                per_token += 4 * (2 * kvh * hd + idx) + 3 * 8 + (4 * idx + ratio - 1) // ratio
+                key, index_key = cache_row_bytes(kv_type, hd), cache_row_bytes(kv_type, idx)
+                per_token += 2 * kvh * key + index_key + 3 * 8 + (index_key + ratio - 1) // ratio
     n_gdn = n_layer - n_qsa
     if n_gdn:
         k = int(metadata[p + "ssm.conv_kernel"])
@@ -377,10 +439,11 @@ def render_contexts(plans: list[MemoryPlan]) -> str:
 
 
 def human_bytes(n: int) -> str:
-    """``n`` bytes as B / KiB / MiB / GiB with three significant figures."""
+    """``n`` bytes as B / KiB / MiB / GiB with three significant figures (four from 1000 up to the next unit)."""
     for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
-            return f"{n / size:.3g} {unit}"
+            v = n / size
+            return f"{v:.3g} {unit}" if v < 1000 else f"{v:.0f} {unit}"
     return f"{n} B"
 
 

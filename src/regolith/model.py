@@ -19,7 +19,7 @@ from . import pack as _pack
 from . import state as _state
 from .antislop import SlopList, SlopMatcher
 from .chat import ChatTemplate, Message, fallback_template
-from .errors import ImageError, MemoryPlanError, ModelFormatError
+from .errors import ImageError, MemoryPlanError, ModelFormatError, RegolithError
 from .generation import Generation, SharedPrompt, TokenGuide
 from .memory_plan import MemoryPlan
 from .models import ModelFiles, resolve_files
@@ -59,6 +59,16 @@ def _warn_unlocked(reason: str) -> None:
         )
 
 
+KV_TYPES = ("f32", "f16", "q8_0", "i8")
+
+
+def _check_kv_type(core: Any, kv_type: str) -> None:
+    try:
+        core.check_kv_type(kv_type)
+    except RegolithError as e:
+        raise ValueError(f"kv_type {kv_type!r}: {e}") from None
+
+
 _ARCHITECTURES = {
     "gemma3": _core.DenseModel,
     "qwen2": _core.DenseModel,
@@ -85,6 +95,7 @@ class Model:
         fingerprint: bytes | None = None,
         vision: VisionTower | None = None,
         files: ModelFiles | None = None,
+        kv_type: str | None = None,
     ):
         self._core = core
         self.path = path
@@ -96,6 +107,8 @@ class Model:
         self.n_ctx = int(n_ctx or default_n_ctx(self.config.get("context_length")))
         self.plan = plan
         """The :class:`regolith.memory_plan.MemoryPlan` made at load (dense, arena, state, totals)."""
+        self.kv_type = kv_type or _plan.default_kv_type(self.config["architecture"])
+        """The type of the windows' attention caches (:meth:`load`'s ``kv_type``)."""
         self._tokens_evaluated = 0
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
@@ -133,6 +146,7 @@ class Model:
         mmproj: str | os.PathLike[str] | None = None,
         vision_idle_unload: float | None = 300.0,
         backend: str | None = None,
+        kv_type: str | None = None,
     ) -> Model:
         """Load a GGUF file (any shard of a split model: every shard is read), a model directory, a packed model
         directory (``regolith pack``), a Hugging Face Hub repository (``"hf://ORG/REPO[:QUANT]"``, downloaded
@@ -160,6 +174,13 @@ class Model:
         changes the output, off by default); ``lookahead`` prefetches each layer's predicted experts;
         ``io_threads`` read experts; ``lock_memory`` mlocks the arena (a warning once where the OS refuses).
 
+        ``kv_type`` is the type of the windows' attention caches (llama.cpp's ``-ctk`` / ``-ctv`` names):
+        ``"f32"``, ``"f16"``, ``"q8_0"`` (llama.cpp's blocks of 32) or ``"i8"`` (int8 rows with one f32 scale
+        each, the seed's) for qwen4exp's QSA keys, values, indexer keys and pooled block keys (default
+        ``"f32"``) and for the dense models' keys and values (default ``"f16"``, llama.cpp's). A type the
+        backend has no kernels for is refused here with a ``ValueError``, as is a type the model cannot take
+        (q8_0 needs head dims that are multiples of 32).
+
         ``backend`` names the compute engine (:func:`regolith.backends.available` lists this build's; ``"auto"``:
         the GPU where there is one, else the CPU; default: ``$REGOLITH_BACKEND`` or ``"cpu"``).
 
@@ -170,6 +191,8 @@ class Model:
         """
         if n_ctx is not None and n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        if kv_type is not None and kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
         backend = _backends.resolve(backend)
         if host_cache_gb is not None and backend == "cpu":
             raise MemoryPlanError("host_cache_gb: on the cpu backend the expert arena is host RAM already")
@@ -186,7 +209,8 @@ class Model:
         if arch not in _ARCHITECTURES:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
-        sizes = _plan.sizes_from_gguf(tensors, metadata, packed.manifest if packed else None)
+        kv_type = kv_type or _plan.default_kv_type(arch)
+        sizes = _plan.sizes_from_gguf(tensors, metadata, packed.manifest if packed else None, kv_type)
         ctx = int(n_ctx or default_n_ctx(metadata.get(f"{arch}.context_length")))
         plan = _plan.plan_memory(
             sizes,
@@ -201,6 +225,7 @@ class Model:
         _log.info("memory plan for %s:\n%s", resolved, plan.render())
         if arch != "qwen4exp":
             core = _ARCHITECTURES[arch](groups, backend=backend)
+            _check_kv_type(core, kv_type)
         else:
             moce_opts = dict(moce) if isinstance(moce, Mapping) else {}
             core = _core.Qwen4ExpModel(
@@ -218,6 +243,7 @@ class Model:
                 backend=backend,
                 host_slots=plan.host_slots,
             )
+            _check_kv_type(core, kv_type)
             info = core.arena_info()
             if info is not None and lock_memory and not info["locked"]:
                 _warn_unlocked(info["lock_error"])
@@ -236,6 +262,7 @@ class Model:
             fingerprint=packed.fingerprint if packed else None,
             vision=vision,
             files=files,
+            kv_type=kv_type,
         )
         if vision is not None and vision.out_dim != model.config["hidden_size"]:
             raise ModelFormatError(
@@ -290,7 +317,7 @@ class Model:
             max_ctx = self.n_ctx
         if max_ctx <= 0:
             raise ValueError("max_ctx must be positive")
-        return Window(self, self._core.new_window(int(max_ctx)), on_eval=self._count_evaluated)
+        return Window(self, self._core.new_window(int(max_ctx), self.kv_type), on_eval=self._count_evaluated)
 
     def _count_evaluated(self, n: int) -> None:
         self._tokens_evaluated += n

@@ -22,7 +22,9 @@ Policy (docs/cache.md):
 - **Failures.** An entry that cannot be read back (truncated, corrupt, another format version or model) is
   deleted with its descendants and the prompt is evaluated instead: a broken cache costs time, never output.
 
-Entries live in ``cache_dir/<fingerprint>/<key>.rgs`` (:mod:`regolith.state` files). One process should own
+Entries live in ``cache_dir/<fingerprint>/<key>.rgs`` (:mod:`regolith.state` files; the fingerprint is mixed
+with the attention cache type where that is not the model's default, so a model loaded with another
+``kv_type`` keeps entries of its own). One process should own
 a cache directory; files are written atomically, so a process killed mid-save leaves the cache valid
 (its temporary file is removed by a later :class:`PromptCache` once it is a minute old).
 """
@@ -43,6 +45,7 @@ import numpy as np
 
 from . import state as _state
 from .errors import SessionError
+from .memory_plan import default_kv_type
 
 if TYPE_CHECKING:
     from .chat import ChatTemplate
@@ -86,7 +89,9 @@ class CacheStats:
 @dataclass
 class _Entry:
     path: Path
-    fingerprint: bytes
+    fingerprint: (
+        bytes  # the cache id (_cache_id): the model's fingerprint, or it with a non-default cache type
+    )
     tokens: np.ndarray  # int32 [n]
     start: int  # attention rows stored from this token on (0: a root)
     header: _state.StateHeader
@@ -110,6 +115,18 @@ class _Entry:
 class _Unreadable(Exception):
     def __init__(self, key: str):
         self.key = key
+
+
+def _cache_id(fingerprint: bytes, architecture: str, kv_type: str | None) -> bytes:
+    """What entries are filed and keyed by: the model's fingerprint, mixed with the attention cache type where
+    that is not the architecture's default (a state restores only into a window of its cache type)."""
+    if kv_type is None or kv_type == default_kv_type(architecture):
+        return fingerprint
+    return hashlib.blake2b(fingerprint + kv_type.encode(), digest_size=32).digest()
+
+
+def _model_id(model: Any) -> bytes:
+    return _cache_id(model.fingerprint, model.config["architecture"], model.kv_type)
 
 
 def _key(fingerprint: bytes, tokens: np.ndarray) -> str:
@@ -190,9 +207,10 @@ class PromptCache:
         except (SessionError, OSError):
             return None
         tokens = head.tokens
-        if path.parent.name != head.fingerprint.hex()[:32] or path.stem != _key(head.fingerprint, tokens):
+        cid = _cache_id(head.fingerprint, head.architecture, head.kv_type)
+        if path.parent.name != cid.hex()[:32] or path.stem != _key(cid, tokens):
             return None
-        return _Entry(path, head.fingerprint, tokens, head.start, head, st.st_size, st.st_mtime_ns)
+        return _Entry(path, cid, tokens, head.start, head, st.st_size, st.st_mtime_ns)
 
     def _register(self, entry: _Entry) -> None:
         self._entries[entry.key] = entry
@@ -248,7 +266,7 @@ class PromptCache:
 
     def _best(self, window: Window, prompt: np.ndarray) -> tuple[int, _Entry | None]:
         model = window._model
-        fingerprint, recurrent, limit = model.fingerprint, _recurrent(model), int(prompt.size)
+        fingerprint, recurrent, limit = _model_id(model), _recurrent(model), int(prompt.size)
         best: tuple[int, _Entry | None] = (0, None)
         for e in self._entries.values():
             if e.fingerprint != fingerprint or e.n > window.max_ctx:
@@ -359,7 +377,7 @@ class PromptCache:
         if window.n_past < self.min_tokens:
             return False
         with self._lock:
-            key = _key(window._model.fingerprint, np.asarray(window._tokens, dtype=np.int32))
+            key = _key(_model_id(window._model), np.asarray(window._tokens, dtype=np.int32))
             if key in self._entries:
                 self._touch(self._chain(self._entries[key]))
                 return False
@@ -379,7 +397,7 @@ class PromptCache:
     def _write(self, window: Window, logits: np.ndarray | None) -> _Entry:
         """Save the window as a new entry, a delta on the longest stored prefix of its tokens (unless that
         chain is full)."""
-        fingerprint = window._model.fingerprint
+        fingerprint = _model_id(window._model)
         tokens = np.asarray(window._tokens, dtype=np.int32)
         parent = None
         for e in self._entries.values():

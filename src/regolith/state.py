@@ -36,7 +36,7 @@ __all__ = [
     "save_window",
 ]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 StateHeader = _core.StateHeader
 # Bytes read from the middle of every tensor for the fingerprint.
 _SAMPLE = 64

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 import regolith
-from regolith import ModelFormatError, RegolithError
+from regolith import ModelFormatError, RegolithError, backends
 from tests.dense_models import tiny_model, write_gguf
 
 torch.set_num_threads(1)
@@ -82,8 +82,10 @@ def test_logits_match_transformers_token_by_token(case):
     _check(np.concatenate([_eval(w, ids[i : i + 1]) for i in range(SEQ)]), ref)
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "i8"])
 def test_chunks_and_single_tokens_are_bit_identical(case, kv_type):
+    if kv_type not in ("f16", "f32") and kv_type not in backends.cache_types():
+        pytest.skip(f"the {backends.resolve(None)} backend has no kernels for {kv_type} attention caches")
     model, ids, _ = case
     whole = _eval(model._core.new_window(64, kv_type), ids)
     w = model._core.new_window(64, kv_type)
@@ -128,6 +130,8 @@ def test_reset_overflow_and_bad_ids(case):
     with pytest.raises(ValueError, match="out of range"):
         model.window(8).eval([-1])
     with pytest.raises(ValueError, match="kv_type"):
+        model._core.new_window(8, "q4_0")
+    with pytest.raises(RegolithError, match="q8_0 cache needs a head dim that is a multiple of 32, not 16"):
         model._core.new_window(8, "q8_0")
 
 

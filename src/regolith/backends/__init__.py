@@ -16,7 +16,7 @@ import os
 
 from .. import _core
 
-__all__ = ["DEFAULT", "available", "device_memory", "device_name", "resolve"]
+__all__ = ["DEFAULT", "available", "cache_types", "device_memory", "device_name", "resolve"]
 
 DEFAULT = "cpu"
 
@@ -47,6 +47,12 @@ def resolve(name: str | None) -> str:
             )
         raise ValueError(f"unknown backend {chosen!r}; this build has {', '.join(here)}")
     return chosen
+
+
+def cache_types(name: str | None = None) -> list[str]:
+    """The attention cache types (``Model.load(kv_type=...)``) the backend has kernels for: qwen4exp's QSA caches
+    and the dense models' q8_0 / i8 ones (every backend has f16 / f32 dense caches)."""
+    return list(_core.backend_cache_types(resolve(name)))
 
 
 def device_memory(name: str) -> tuple[int, int] | None:
