@@ -61,7 +61,7 @@ def test_model_suite_passes_on_the_emulated_metal_backend():
 
 
 def test_released_gemma3_weights_agree_with_llamacpp_on_the_emulated_metal_backend():
-    """Gemma 3 270M Q4_K_M (Q4_K, Q6_K and Q8_0 blocks at real scales, a 262k-token output matrix) on metal-emu:
+    """Gemma 3 270M Q4_K_M (Q5_0, Q4_K, Q6_K and Q8_0 blocks at real scales, a 262k-row output matrix) on metal-emu:
     the next tokens after each of the fixture text's first 16 positions are llama.cpp's, or within llama.cpp's
     own self-noise of them (the rule of tests/model/test_dense_real.py)."""
     if not _installed("gemma3-270m"):
