@@ -56,6 +56,25 @@ QsaSeq qsa_cache_seq(Run& r, uint32_t type, int64_t n0, int64_t t0, int64_t ntok
     return s;
 }
 
+// qsa_attend of 8 tokens (5 of seqs[0], 3 of seqs[1]), each attending its first and last complete block
+// (ascending, as qsa_select gives them) and its tail.
+void attend_first_and_last_blocks(Run& r, const QsaDims& d, const QsaSeq (&seqs)[2]) {
+    std::vector<int32_t> sel(static_cast<size_t>(8 * d.topk)), n_sel(8);
+    for (int64_t t = 0; t < 8; ++t) {
+        const QsaSeq& s = t < 5 ? seqs[0] : seqs[1];
+        const int64_t nb = (s.n0 + (t - s.t0) + 1) / d.ratio, k = std::min(d.topk, nb);
+        n_sel[size_t(t)] = int32_t(k);
+        if (k >= 1) sel[size_t(t * d.topk)] = int32_t(k == 2 ? 0 : nb - 1);
+        if (k == 2) sel[size_t(t * d.topk + 1)] = int32_t(nb - 1);
+    }
+    const int64_t rows = 8 * d.n_head;
+    const Tensor q = r.f32(rows, d.head_dim), gate = r.f32(rows, d.head_dim, -3.0f, 3.0f);
+    const Tensor out = r.zeros(RG_TYPE_F32, rows, d.head_dim);
+    r.be().qsa_attend(q, gate, r.ints(RG_TYPE_I32, 8, d.topk, sel), r.ints(RG_TYPE_I32, 1, 8, n_sel), seqs, 2, d,
+                      out);
+    r.out(out);
+}
+
 }  // namespace
 
 void add_cache_cases(std::vector<Case>& cs) {
@@ -112,22 +131,8 @@ void add_cache_cases(std::vector<Case>& cs) {
         cs.push_back(
             {"qsa_attend", name + " caches, 2 sequences, selected blocks and tails", kComposite,
              [=](Run& r) {
-                 const QsaDims& d = kQsaCache;
                  const QsaSeq seqs[] = {qsa_cache_seq(r, type, 37, 0, 5), qsa_cache_seq(r, type, 2, 5, 3)};
-                 std::vector<int32_t> sel(static_cast<size_t>(8 * d.topk)), n_sel(8);
-                 for (int64_t t = 0; t < 8; ++t) {
-                     const QsaSeq& s = t < 5 ? seqs[0] : seqs[1];
-                     const int64_t nb = (s.n0 + (t - s.t0) + 1) / d.ratio, k = std::min(d.topk, nb);
-                     n_sel[size_t(t)] = int32_t(k);
-                     if (k >= 1) sel[size_t(t * d.topk)] = int32_t(k == 2 ? 0 : nb - 1);
-                     if (k == 2) sel[size_t(t * d.topk + 1)] = int32_t(nb - 1);
-                 }
-                 const int64_t rows = 8 * d.n_head;
-                 const Tensor q = r.f32(rows, d.head_dim), gate = r.f32(rows, d.head_dim, -3.0f, 3.0f);
-                 const Tensor out = r.zeros(RG_TYPE_F32, rows, d.head_dim);
-                 r.be().qsa_attend(q, gate, r.ints(RG_TYPE_I32, 8, d.topk, sel),
-                                   r.ints(RG_TYPE_I32, 1, 8, n_sel), seqs, 2, d, out);
-                 r.out(out);
+                 attend_first_and_last_blocks(r, kQsaCache, seqs);
              },
              type});
     }
@@ -174,21 +179,7 @@ void add_qsa_cases(std::vector<Case>& cs) {
                   }});
     cs.push_back({"qsa_attend", "2 sequences, selected blocks and tails", kComposite, [](Run& r) {
                       const QsaSeq seqs[] = {qsa_seq(r, 37, 0, 5), qsa_seq(r, 2, 5, 3)};
-                      std::vector<int32_t> sel(static_cast<size_t>(8 * kQsa.topk)), n_sel(8);
-                      for (int64_t t = 0; t < 8; ++t) {
-                          const QsaSeq& s = t < 5 ? seqs[0] : seqs[1];
-                          const int64_t nb = (s.n0 + (t - s.t0) + 1) / kQsa.ratio, k = std::min(kQsa.topk, nb);
-                          n_sel[size_t(t)] = int32_t(k);
-                          // the first and the last complete block (ascending, as qsa_select gives them)
-                          if (k >= 1) sel[size_t(t * kQsa.topk)] = int32_t(k == 2 ? 0 : nb - 1);
-                          if (k == 2) sel[size_t(t * kQsa.topk + 1)] = int32_t(nb - 1);
-                      }
-                      const int64_t rows = 8 * kQsa.n_head;
-                      const Tensor q = r.f32(rows, kQsa.head_dim), gate = r.f32(rows, kQsa.head_dim, -3.0f, 3.0f);
-                      const Tensor out = r.zeros(RG_TYPE_F32, rows, kQsa.head_dim);
-                      r.be().qsa_attend(q, gate, r.ints(RG_TYPE_I32, 8, kQsa.topk, sel), r.ints(RG_TYPE_I32, 1, 8, n_sel),
-                                        seqs, 2, kQsa, out);
-                      r.out(out);
+                      attend_first_and_last_blocks(r, kQsa, seqs);
                   }});
     // Flash-Next's attention heads (16 of 256, 2 KV heads) over a few hundred keys: 16 selected blocks and a tail
     cs.push_back({"qsa_attend", "head_dim 256, 8 query heads per KV head, 259 keys", kComposite, [](Run& r) {
