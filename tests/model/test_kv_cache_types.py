@@ -130,6 +130,17 @@ def _rounded(x: torch.Tensor, kv: str) -> torch.Tensor:
     return torch.from_numpy(y.reshape(a.shape))
 
 
+def _logits_with_rope(hf, rope, model, ids: np.ndarray) -> np.ndarray:
+    """model's float64 logits on ids with the module hf's apply_rotary_pos_emb replaced by rope meanwhile."""
+    saved = hf.apply_rotary_pos_emb
+    hf.apply_rotary_pos_emb = rope
+    try:
+        with torch.no_grad():
+            return model(torch.tensor(ids)[None]).logits[0].numpy().astype(np.float64)
+    finally:
+        hf.apply_rotary_pos_emb = saved
+
+
 def _reference(kv: str, ids: np.ndarray, **overrides) -> np.ndarray:
     """transformers' logits with every QSA cache rounded to kv: keys after norm and RoPE, values, raw indexer
     keys (before pooling), pooled block keys after norm and RoPE."""
@@ -160,12 +171,7 @@ def _reference(kv: str, ids: np.ndarray, **overrides) -> np.ndarray:
         ix.index_qk_proj.register_forward_hook(
             lambda m, i, o, n_q=n_q: torch.cat([o[..., :n_q], _rounded(o[..., n_q:], kv)], -1)
         )
-    hf.apply_rotary_pos_emb = rounded_rope
-    try:
-        with torch.no_grad():
-            return model(torch.tensor(ids)[None]).logits[0].numpy().astype(np.float64)
-    finally:
-        hf.apply_rotary_pos_emb = rope
+    return _logits_with_rope(hf, rounded_rope, model, ids)
 
 
 # q8_0 is not among these: its block scale is rounded to f16, so an input differing in the last bit (another
@@ -319,12 +325,7 @@ def _dense_reference(arch: str, kv: str, ids: np.ndarray) -> np.ndarray:
         layer.self_attn.v_proj.register_forward_hook(
             lambda m, i, o, d=d: _rounded_as(o.view(*o.shape[:-1], -1, d), kv).view(o.shape)
         )
-    hf.apply_rotary_pos_emb = rounded_rope
-    try:
-        with torch.no_grad():
-            return model(torch.tensor(ids)[None]).logits[0].numpy().astype(np.float64)
-    finally:
-        hf.apply_rotary_pos_emb = rope
+    return _logits_with_rope(hf, rounded_rope, model, ids)
 
 
 def _rounded_as(x: torch.Tensor, kv: str) -> torch.Tensor:
