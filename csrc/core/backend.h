@@ -181,9 +181,16 @@ public:
     // A write from any thread that may run beside the ops being recorded (the expert arena's I/O threads
     // filling slots): ordered after every op recorded before the last submit() and before every op recorded
     // after it returns that uses dst, and before every read(); ops recorded since the last submit() must not
-    // use dst. Takes the host data before it returns. By default write(); the CUDA backend copies on a
-    // stream of its own.
-    virtual void upload(const Tensor& dst, const void* src) { write(dst, src); }
+    // use dst. The copy may read src after upload returns (a DMA from page-locked memory, which waits for
+    // those ops): the caller leaves src unchanged until wait_upload(ticket) has returned, ticket being what
+    // upload returned. By default write() (src taken before it returns, ticket 0); the CUDA backend copies
+    // on a stream of its own.
+    virtual uint64_t upload(const Tensor& dst, const void* src) {
+        write(dst, src);
+        return 0;
+    }
+    // Waits until the upload that returned `ticket` has read its source (at once for ticket 0).
+    virtual void wait_upload(uint64_t ticket) {}
     virtual void read(const Tensor& src, void* dst) = 0;
     void copy(const Tensor& src, const Tensor& dst);  // same type and shape
     void zero(const Tensor& dst);

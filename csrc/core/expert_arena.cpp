@@ -78,9 +78,9 @@ ExpertArena::~ExpertArena() {
     if (pinned_) be_.unpin_host(pinned_);
 }
 
-void ExpertArena::upload(int64_t s, const uint8_t* src) {
+uint64_t ExpertArena::upload(int64_t s, const uint8_t* src) {
     Tensor slot = memory_.tensor(RG_TYPE_I8, 1, int64_t(slot_bytes_), uint64_t(s) * slot_bytes_);
-    be_.upload(slot, src);  // the slot's last readers were submitted before it was released
+    return be_.upload(slot, src);  // the slot's last readers were submitted before it was released
 }
 
 int64_t ExpertArena::host_victim_locked() {
@@ -120,7 +120,7 @@ int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
             hs.last_use = ++host_clock_;
             std::copy(hs.part_offset, hs.part_offset + 3, slot.part_offset);
             try {
-                upload(s, host_slot_memory(hit->second));
+                hs.upload = upload(s, host_slot_memory(hit->second));
                 slot.state = State::Ready;
             } catch (...) {
                 where_.erase(key);
@@ -170,6 +170,10 @@ int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
         // The read lands in the backend's own memory, which ops submitted before the slot's last release may
         // still read (a GPU with unified memory): wait for them first, on the I/O thread.
         job.before_write = [this, n = slot.reuse_after] { be_.wait_submitted(n); };
+    } else if (const uint64_t t = slot.host >= 0 ? host_slots_[size_t(slot.host)].upload : slot.staged_upload) {
+        // The read lands in host memory an upload may still be copying from (a DMA waiting for the ops
+        // before it): wait for that copy first, on the I/O thread.
+        job.before_write = [this, t] { be_.wait_upload(t); };
     }
     job.done = [this](int64_t slot_index, uint64_t bytes, std::exception_ptr error) {
         on_read(slot_index, bytes, error);
@@ -193,7 +197,7 @@ void ExpertArena::on_read(int64_t s, uint64_t bytes, std::exception_ptr error) {
     }
     if (!error && (staging_ || h >= 0)) {
         try {  // the record to the backend's slot, in stream order before any op that reads it
-            upload(s, mem);
+            (h >= 0 ? host_slots_[size_t(h)].upload : slots_[size_t(s)].staged_upload) = upload(s, mem);
         } catch (...) {
             error = std::current_exception();
         }

@@ -131,19 +131,22 @@ class ExpertArena {
         uint64_t part_offset[3] = {0, 0, 0};  // of gate, up, down in the slot's memory
         int64_t host = -1;                    // the host-tier slot its record is read into, while Loading
         uint64_t reuse_after = 0;             // Backend::submitted() when it was last released
+        uint64_t staged_upload = 0;           // the last upload from its staging copy (Backend::upload's ticket)
     };
     struct HostSlot {
         int64_t key = -1;
         bool loading = false;
         uint64_t last_use = 0;
         uint64_t part_offset[3] = {0, 0, 0};
+        uint64_t upload = 0;  // the last upload from it (Backend::upload's ticket)
     };
 
     // Where the streamer reads slot s without a host tier: the slot itself, or its staging copy.
     uint8_t* slot_memory(int64_t s) const { return host_ + uint64_t(s) * slot_bytes_; }
     uint8_t* host_slot_memory(int64_t h) const { return host_tier_->data.get() + uint64_t(h) * slot_bytes_; }
-    // Copies `src` (a record's slot bytes in host memory) to device slot s, in stream order.
-    void upload(int64_t s, const uint8_t* src);
+    // Copies `src` (a record's slot bytes in host memory) to device slot s, in stream order; returns the
+    // upload's ticket (src stays unchanged until Backend::wait_upload(ticket)).
+    uint64_t upload(int64_t s, const uint8_t* src);
     // A host-tier slot for `key` (locked): the least recently used one not being read into.
     int64_t host_victim_locked();
     // Claims a slot for `key` (locked) and queues its read; -1 when no slot may be evicted.

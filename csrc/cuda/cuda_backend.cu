@@ -162,6 +162,9 @@ private:
 // Launches the stream's captured ops as graphs. A step's ops arrive as a sequence of captures (cut every
 // kChunkOps ops, so the device starts on the first while the host captures the next, and at every read), and
 // the i-th capture since the last read keeps executable i, updated in place while its graph keeps its shape.
+// A segment whose graph failed to update kUnstable times in a row (a streamed MoE layer: its experts and
+// their waves change from token to token) is launched directly, without capture, its next kDirectRuns times:
+// instantiating a graph to launch it once costs the host more than launching its kernels one by one.
 // verbose: each launch on stderr (REGOLITH_CUDA_GRAPHS=verbose).
 class GraphLauncher {
 public:
@@ -197,25 +200,39 @@ public:
             }
         }
         if (!updated) {
-            if (x.exec) cudaGraphExecDestroy(x.exec);
+            if (x.exec) {
+                cudaGraphExecDestroy(x.exec);
+                if (++x.failures >= kUnstable) x.direct = kDirectRuns, x.failures = 0;
+            }
             x.exec = nullptr;
             RG_CUDA(cudaGraphInstantiate(&x.exec, graph, 0));
             x.nodes = nodes;
+        } else {
+            x.failures = 0;
         }
         if (verbose_)
             std::fprintf(stderr, "regolith cuda: graph %zu of %zu nodes %s (update result %d)\n", i, nodes,
                          updated ? "updated" : "instantiated", why);
         RG_CUDA(cudaGraphLaunch(x.exec, s));
     }
+    // Whether the next segment is launched directly (not captured); then skip() stands for its launch().
+    bool direct_next() const { return next_ < execs_.size() && execs_[next_].direct > 0; }
+    void skip() {
+        const size_t i = next_++;
+        if (i < execs_.size() && execs_[i].direct > 0) --execs_[i].direct;
+    }
     // A read: the next capture is the first of a new sequence.
     void restart() { next_ = 0; }
 
 private:
     static constexpr size_t kMaxExecs = 256;
+    static constexpr int kUnstable = 2, kDirectRuns = 16;
     const bool verbose_;
     struct Exec {
         cudaGraphExec_t exec = nullptr;
         size_t nodes = 0;
+        int failures = 0;  // failed updates in a row
+        int direct = 0;    // launches left to run directly
     };
     std::vector<Exec> execs_;
     size_t next_ = 0;
@@ -343,10 +360,10 @@ public:
                                       stream_));
         });
     }
-    void upload(const Tensor& dst, const void* src) override {
+    uint64_t upload(const Tensor& dst, const void* src) override {
         const View d = cuda::view(dst);
         const size_t row = size_t(packed_row_bytes(dst));
-        if (d.rows == 0) return;
+        if (d.rows == 0) return 0;
         // (host-tier hits upload from the thread recording the ops, maybe inside its capture: no call here
         // may be one a capture forbids, such as an event query)
         std::lock_guard<std::mutex> lock(upload_mu_);
@@ -362,6 +379,28 @@ public:
         RG_CUDA(cudaEventRecord(done, copy_));
         pending_.push_back({extent_begin(d), extent_end(d, row), done});
         uploads_pending_.store(true, std::memory_order_release);
+        return ++uploads_issued_;
+    }
+    void wait_upload(uint64_t ticket) override {
+        // an event recorded now on the copy stream completes after every upload issued so far, this one too
+        cudaEvent_t e = nullptr;
+        uint64_t upto = 0;
+        {
+            std::lock_guard<std::mutex> lock(upload_mu_);
+            if (ticket <= uploads_copied_) return;
+            if (free_events_.empty()) {
+                RG_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            } else {
+                e = free_events_.back(), free_events_.pop_back();
+            }
+            RG_CUDA(cudaEventRecord(e, copy_));
+            upto = uploads_issued_;
+        }
+        const cudaError_t err = cudaEventSynchronize(e);
+        std::lock_guard<std::mutex> lock(upload_mu_);
+        free_events_.push_back(e);
+        RG_CUDA(err);
+        uploads_copied_ = std::max(uploads_copied_, upto);
     }
     void read(const Tensor& src, void* dst) override {
         const View s = cuda::view(src);
@@ -547,17 +586,30 @@ private:
     void begin() {
         if (!graphs_ || owner_.load() == std::this_thread::get_id()) return;
         capture_mu_.lock();  // another thread's capture ends first
+        captured_ops_ = 0;
+        direct_ = launcher_.direct_next();
+        if (direct_) {  // the segment's kernels go straight to the stream
+            owner_.store(std::this_thread::get_id());
+            return;
+        }
         const cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
         if (e != cudaSuccess) {
             capture_mu_.unlock();
             RG_CUDA(e);
         }
         owner_.store(std::this_thread::get_id());
-        captured_ops_ = 0;
     }
     // Ends this thread's capture, if any, and launches what it captured.
     void end_capture() {
         if (owner_.load() != std::this_thread::get_id()) return;
+        if (direct_) {
+            owner_.store(std::thread::id());
+            direct_ = false;
+            launcher_.skip();
+            staging_.launched(stream_);
+            capture_mu_.unlock();
+            return;
+        }
         cudaGraph_t graph = nullptr;
         cudaError_t e = cudaStreamEndCapture(stream_, &graph);
         owner_.store(std::thread::id());
@@ -632,10 +684,12 @@ private:
     cudaEvent_t submitted_ = nullptr;
     std::vector<PendingUpload> pending_;  // uploads the op stream has not waited for, until a read (upload_mu_)
     std::vector<cudaEvent_t> free_events_;  // (upload_mu_)
+    uint64_t uploads_issued_ = 0, uploads_copied_ = 0;  // upload tickets issued / known copied (upload_mu_)
     std::mutex capture_mu_, upload_mu_;  // taken in this order
     std::atomic<std::thread::id> owner_{};  // the thread capturing the stream, if any
     std::atomic<bool> uploads_pending_{false};
     int captured_ops_ = 0;  // ops in this thread's capture
+    bool direct_ = false;   // this thread's segment is launched directly (GraphLauncher::direct_next)
     WriteStaging staging_;
     PinnedBuffer read_bounce_;
     GraphLauncher launcher_;
