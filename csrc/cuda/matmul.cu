@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/block_decode.h"
 #include "core/types.h"
@@ -24,10 +25,28 @@ constexpr int64_t kDecodeTokens = 16;  // products of at most this many tokens t
 constexpr int kActsThreads = 1024;  // acts_f16: threads per token row
 constexpr size_t kExactMaxBytes = size_t(4) << 30;  // exact products: dequantized weights per matrix
 
+// The inputs of one activation launch: input i's rows are the launch's blocks [row0, + x.rows).
+constexpr int kMaxActs = 32;
+struct ActsJob {
+    View x;
+    HalfActs a;
+    int32_t row0;
+};
+struct ActsJobs {
+    ActsJob job[kMaxActs];
+    int n;
+};
+
 // x / s[t] to f16 with s[t] the smallest power of two >= max |x[t]| (1 for an all-zero row): exact, |x / s| <= 1.
-__global__ void acts_f16_k(View x, HalfActs a) {
+// A block per row of the table's inputs (each row on its own: converting inputs together or apart gives the
+// same bits).
+__global__ void acts_f16_k(ActsJobs jobs) {
     pdl_begin();
-    const int64_t t = blockIdx.x, k = x.cols;
+    int i = 0;
+    while (i + 1 < jobs.n && int(blockIdx.x) >= jobs.job[i + 1].row0) ++i;
+    const View& x = jobs.job[i].x;
+    const HalfActs& a = jobs.job[i].a;
+    const int64_t t = int64_t(blockIdx.x) - jobs.job[i].row0, k = x.cols;
     const float* xr = x.row(t);
     __half* out = a.xh + t * a.ld;
     const bool vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(xr) % 16 == 0;
@@ -59,36 +78,42 @@ __global__ void acts_f16_k(View x, HalfActs a) {
     if (threadIdx.x == 0) a.s[t] = sc;
 }
 
-// One product of a decode launch: y = W x for rows w, split into n_seg segments of K (one: no split) whose
-// sums go to part [n_seg][ntok][rows]; its tiles of 64 rows are the launch's blocks [block0, + tiles n_seg),
-// tile-major within a segment, and count their segments in counters [counter0, + tiles).
+// One product of a decode launch: y = W x for rows w and the ntok rows of x's f16 form a, split into n_seg
+// segments of K (one: no split) whose sums go to part [n_seg][ntok][rows]; its tiles of 64 rows are the
+// launch's blocks [block0, + tiles n_seg), tile-major within a segment, and count their segments in counters
+// [counter0, + tiles).
 struct DecodeJob {
     Rows w;
     View y;
     float* part;
-    int64_t n_seg, tiles, block0, counter0;
+    HalfActs a;
+    int32_t ntok, n_seg, tiles, block0, counter0;
 };
 
-// The products of one decode launch: every job shares x (the f16 activations a, K = nb blocks) and the
-// weight type, so one kernel computes them all (before, a launch each, in series).
-constexpr int kMaxDecodeJobs = 8;
+// The products of one decode launch: every job has the weight type and K (nb blocks), each its own input
+// (a MoE layer's experts: each its rows of the packed activations), so one kernel computes them all (before,
+// a launch each, in series). The table is a kernel parameter (at most 4 KiB).
+constexpr int kMaxDecodeJobs = 32;
 static_assert(kMaxDecodeJobs * kFillBlocks <= kSegmentCounters, "a counter for every split tile of a launch");
 struct DecodeJobs {
     DecodeJob job[kMaxDecodeJobs];
     int n;
 };
+static_assert(sizeof(DecodeJobs) <= 4096 && sizeof(ActsJobs) <= 4096, "kernel parameters of at most 4 KiB");
 
 // Decode: a warp per 16 rows (4 per block), the ntok <= 8 NT tokens as NT fragment tiles, and every chunk of K
 // (one segment: the block writes y) or the chunks of its segment (it writes its sums to part, and the tile's
 // last block adds them: last_of_segments). Without segments, no block-wide barrier: warps return as they finish.
 template <class Dec, int NT>
-__global__ void qmm_decode(DecodeJobs jobs, int64_t nb, HalfActs a, int64_t ntok, unsigned* counters) {
+__global__ void qmm_decode(DecodeJobs jobs, int64_t nb, unsigned* counters) {
     pdl_begin();
     extern __shared__ __align__(16) uint8_t smem[];
     int k = 0;
     while (k + 1 < jobs.n && int64_t(blockIdx.x) >= jobs.job[k + 1].block0) ++k;
     const DecodeJob& j = jobs.job[k];
     const Rows& w = j.w;
+    const HalfActs& a = j.a;
+    const int64_t ntok = j.ntok;
     float* part = j.n_seg > 1 ? j.part : nullptr;
     const int64_t local = int64_t(blockIdx.x) - j.block0, tile = local % j.tiles, seg = local / j.tiles;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -170,7 +195,7 @@ __global__ void qmm_prefill(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y
         if (nt > 0 && rb + 16 * wr < w.rows) {
             for (int k = 0; k < elems; k += 16) {
                 uint32_t af[4], bf[4][2];
-                load_a(wsm + 16 * wr * kChunkLd, k, af);
+                load_a(wsm + 16 * wr * kChunkLd, kChunkLd, k, af);
                 load_b2(tsm + 32 * wt * kChunkLd, k, bf[0], bf[1]);
                 if (nt > 2) load_b2(tsm + (32 * wt + 16) * kChunkLd, k, bf[2], bf[3]);
 #pragma unroll
@@ -219,34 +244,31 @@ bool same_view(const View& a, const View& b) {
     return a.base == b.base && a.rows == b.rows && a.cols == b.cols && a.stride == b.stride && a.type == b.type;
 }
 
-// Whether job b can join a decode launch with job a: the same activations and weight type.
-bool same_decode_launch(const MatmulView& a, const MatmulView& b) {
-    return same_view(a.x, b.x) && a.w.type == b.w.type && a.w.cols == b.w.cols;
-}
-
-// y = W x for jobs [0, n) (decode, n <= kMaxDecodeJobs, same_decode_launch) in one kernel, with x's f16 form
-// `a` (acts_f16); part: room for their segment sums (the sum of part_bytes).
-void decode_products(cudaStream_t s, const MatmulView* js, int n, const HalfActs& a, uint8_t* part) {
-    const int64_t M = js[0].x.rows, K = js[0].w.cols;
+// y = W x for jobs [0, n) (decode, n <= kMaxDecodeJobs, one weight type and K, each x of at most
+// kDecodeTokens rows) in one kernel, with job i's f16 activations a[i]; part: room for their segment sums
+// (the sum of part_bytes).
+void decode_products(cudaStream_t s, const MatmulView* const* js, const HalfActs* const* a, int n, uint8_t* part) {
+    const int64_t K = js[0]->w.cols;
     DecodeJobs jobs{};
     jobs.n = n;
-    int64_t blocks = 0, counters = 0;
+    int64_t blocks = 0, counters = 0, M = 0;
     for (int i = 0; i < n; ++i) {
-        const MatmulView& j = js[i];
-        const int64_t tiles = grid(j.w.rows, 64), n_seg = product_segments(M, K, j.w.rows);
-        jobs.job[i] = DecodeJob{Rows{j.w.base, j.w.rows, j.w.stride}, j.y, reinterpret_cast<float*>(part), n_seg,
-                                tiles, blocks, counters};
+        const MatmulView& j = *js[i];
+        const int64_t tiles = grid(j.w.rows, 64), n_seg = product_segments(j.x.rows, K, j.w.rows);
+        jobs.job[i] = DecodeJob{Rows{j.w.base, j.w.rows, j.w.stride}, j.y, reinterpret_cast<float*>(part), *a[i],
+                                int32_t(j.x.rows), int32_t(n_seg), int32_t(tiles), int32_t(blocks), int32_t(counters)};
         part += part_bytes(j);
         blocks += tiles * n_seg;
         if (n_seg > 1) counters += tiles;
+        M = std::max(M, j.x.rows);
     }
-    dispatch_quant_type(js[0].w.type, [&](auto dec) {
+    dispatch_quant_type(js[0]->w.type, [&](auto dec) {
         using D = decltype(dec);
         constexpr size_t smem = 4 * warp_smem_bytes<D>();
         if (M <= 8)
-            launch(qmm_decode<D, 1>, unsigned(blocks), 128, smem, s, jobs, K / D::QK, a, M, segment_counters());
+            launch(qmm_decode<D, 1>, unsigned(blocks), 128, smem, s, jobs, K / D::QK, segment_counters());
         else
-            launch(qmm_decode<D, 2>, unsigned(blocks), 128, smem, s, jobs, K / D::QK, a, M, segment_counters());
+            launch(qmm_decode<D, 2>, unsigned(blocks), 128, smem, s, jobs, K / D::QK, segment_counters());
     });
     RG_LAUNCHED("matmul (tensor cores, decode)");
 }
@@ -308,7 +330,10 @@ void init_matmul_kernels() {
 
 void acts_f16(cudaStream_t s, const View& x, const HalfActs& a) {
     if (x.rows == 0) return;
-    launch(acts_f16_k, unsigned(x.rows), kActsThreads, 0, s, x, a);
+    ActsJobs jobs{};
+    jobs.job[0] = ActsJob{x, a, 0};
+    jobs.n = 1;
+    launch(acts_f16_k, unsigned(x.rows), kActsThreads, 0, s, jobs);
     RG_LAUNCHED("matmul (activations to f16)");
 }
 
@@ -336,36 +361,70 @@ void matmul(cudaStream_t s, const MatmulView* jobs, int n_jobs, Scratch& scratch
         }
         return;
     }
-    // scratch: the f16 activations (one input at a time), then room for the segment sums of every job (each
-    // decode launch uses it from the start: launches on the stream run one after another)
-    size_t acts = 0, parts = 0;
+    // The quantized jobs' distinct inputs, each converted to f16 once (one launch for up to kMaxActs of them),
+    // then the products: prefill jobs a launch each; decode jobs of one weight type and K together, in
+    // launches of up to kMaxDecodeJobs. Jobs are independent (the Backend's contract), so their order is free.
+    // scratch: every distinct input's f16 form, then the segment sums of the largest decode launch (launches
+    // on the stream run one after another).
+    std::vector<View> inputs;
+    std::vector<size_t> input_at;  // scratch offset of each distinct input's f16 form
+    std::vector<int> input_of(size_t(n_jobs), -1);
+    size_t acts = 0;
     for (int i = 0; i < n_jobs; ++i) {
         const MatmulView& j = jobs[i];
-        if (j.x.rows == 0 || float_type(j.w.type)) continue;
-        acts = std::max(acts, half_acts_bytes(j.x.rows, j.x.cols));
-        parts += part_bytes(j);
+        if (j.x.rows == 0) continue;
+        if (float_type(j.w.type)) {
+            float_product(s, j);
+            continue;
+        }
+        int k = 0;
+        while (k < int(inputs.size()) && !same_view(inputs[size_t(k)], j.x)) ++k;
+        if (k == int(inputs.size())) {
+            inputs.push_back(j.x);
+            input_at.push_back(acts);
+            acts += half_acts_bytes(j.x.rows, j.x.cols);
+        }
+        input_of[size_t(i)] = k;
     }
-    auto* base = acts ? static_cast<uint8_t*>(scratch.get(acts + parts, s)) : nullptr;
-    const View* converted = nullptr;  // the x whose f16 form is in base (jobs sharing an input convert it once)
-    for (int i = 0; i < n_jobs;) {
-        const MatmulView& j = jobs[i];
-        if (j.x.rows == 0 || float_type(j.w.type)) {
-            if (j.x.rows > 0) float_product(s, j);
-            ++i;
-            continue;
+    if (inputs.empty()) return;
+    // decode launches: jobs grouped by weight type and K, in order of first appearance
+    std::vector<std::vector<int>> launches;
+    for (int i = 0; i < n_jobs; ++i) {
+        if (input_of[size_t(i)] < 0 || jobs[i].x.rows > kDecodeTokens) continue;
+        auto g = std::find_if(launches.begin(), launches.end(), [&](const std::vector<int>& l) {
+            return int(l.size()) < kMaxDecodeJobs && jobs[l[0]].w.type == jobs[i].w.type && jobs[l[0]].w.cols == jobs[i].w.cols;
+        });
+        if (g == launches.end())
+            launches.push_back({i});
+        else
+            g->push_back(i);
+    }
+    size_t parts = 0;
+    for (const auto& g : launches) {
+        size_t p = 0;
+        for (int i : g) p += part_bytes(jobs[i]);
+        parts = std::max(parts, p);
+    }
+    auto* base = static_cast<uint8_t*>(scratch.get(acts + parts, s));
+    std::vector<HalfActs> half(inputs.size());
+    for (size_t k = 0; k < inputs.size(); ++k) half[k] = half_acts_at(base + input_at[k], inputs[k].rows, inputs[k].cols);
+    for (size_t k0 = 0; k0 < inputs.size(); k0 += kMaxActs) {
+        ActsJobs aj{};
+        int32_t rows = 0;
+        for (size_t k = k0; k < std::min(inputs.size(), k0 + kMaxActs); ++k) {
+            aj.job[aj.n++] = ActsJob{inputs[k], half[k], rows};
+            rows += int32_t(inputs[k].rows);
         }
-        const HalfActs a = half_acts_at(base, j.x.rows, j.x.cols);
-        if (!converted || !same_view(*converted, j.x)) acts_f16(s, j.x, a);
-        converted = &j.x;
-        if (j.x.rows > kDecodeTokens) {
-            prefill_product(s, j, a);
-            ++i;
-            continue;
-        }
-        int n = 1;  // the run of jobs that share this launch
-        while (n < kMaxDecodeJobs && i + n < n_jobs && same_decode_launch(j, jobs[i + n])) ++n;
-        decode_products(s, jobs + i, n, a, base + acts);
-        i += n;
+        launch(acts_f16_k, unsigned(rows), kActsThreads, 0, s, aj);
+        RG_LAUNCHED("matmul (activations to f16)");
+    }
+    for (int i = 0; i < n_jobs; ++i)
+        if (input_of[size_t(i)] >= 0 && jobs[i].x.rows > kDecodeTokens) prefill_product(s, jobs[i], half[size_t(input_of[size_t(i)])]);
+    for (const auto& g : launches) {
+        std::vector<const MatmulView*> js;
+        std::vector<const HalfActs*> as;
+        for (int i : g) js.push_back(jobs + i), as.push_back(&half[size_t(input_of[size_t(i)])]);
+        decode_products(s, js.data(), as.data(), int(g.size()), base + acts);
     }
 }
 

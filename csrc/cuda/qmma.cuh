@@ -26,7 +26,6 @@ namespace regolith::cuda {
 constexpr int kChunk = 256;           // K elements staged per step
 constexpr int kChunkLd = kChunk + 8;  // row stride of staged f16 rows in shared memory (halves: 528 bytes, so
                                       // 8 rows' 16-byte pieces at one column fall in distinct banks)
-constexpr int kTileHalves = 16 * kChunkLd;
 // K is summed in segments of kSegment elements: each segment's products accumulate from zero, then the
 // segments' sums are added in order (total = ((0 + seg 0) + seg 1) + ...), so a decode kernel may give the
 // segments of few-row matrices to separate blocks and still compute what a kernel summing them in one
@@ -151,18 +150,19 @@ __device__ inline void codes_to_half(const int8_t* q, float sc, float o, __half*
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(h);
 }
 
-// Decodes the raw chunk of ROWS rows (raw [ROWS][kRawLd], rows r0.. of w, nblk blocks from b0) into f16
-// rows tile [ROWS][kChunkLd], tasks shared by `threads` threads numbered `tid`. Rows past the matrix are
-// left as they are (their products are never stored).
+// Decodes elements [e_lo, e_hi) of the raw chunk of ROWS rows (raw [ROWS][kRawLd], rows r0.. of w, nblk
+// blocks from b0; e_lo and e_hi multiples of the type's task) into f16 rows tile [ROWS][ld] (element e at
+// column e - e_lo), tasks shared by `threads` threads numbered `tid`. Rows past the matrix are left as they
+// are (their products are never stored).
 template <class Dec, int ROWS>
 __device__ inline void decode_chunk(const Rows& w, int64_t r0, int64_t b0, int nblk, const uint8_t* raw, __half* tile,
-                                    int tid, int threads) {
+                                    int tid, int threads, int ld = kChunkLd, int e_lo = 0, int e_hi = kChunk) {
     using S = Staging<Dec>;
     using Block = typename S::Block;
     constexpr int QK = Dec::QK, TE = S::kTaskElems, NGT = TE / Dec::G;
-    const int per_row = nblk * QK / TE;
+    const int hi = e_hi < nblk * QK ? e_hi : nblk * QK, p0 = e_lo / TE, per_row = (hi - e_lo) / TE;
     for (int task = tid; task < ROWS * per_row; task += threads) {
-        const int rr = task % ROWS, part = task / ROWS;
+        const int rr = task % ROWS, part = p0 + task / ROWS;
         if (r0 + rr >= w.rows) continue;
         const int off = int(reinterpret_cast<uintptr_t>(chunk_start(w, r0 + rr, b0, int(sizeof(Block)))) & 15);
         const int blk = part * TE / QK, c = (part * TE % QK) / 32;
@@ -177,7 +177,7 @@ __device__ inline void decode_chunk(const Rows& w, int64_t r0, int64_t b0, int n
         } else {
             Dec::decode(*reinterpret_cast<const Block*>(at), q, scale, Dec::HAS_BIAS ? bias : nullptr);
         }
-        __half* dst = tile + rr * kChunkLd + part * TE;
+        __half* dst = tile + rr * ld + part * TE - e_lo;
 #pragma unroll
         for (int i = 0; i < TE; i += 8)
             codes_to_half<Dec::HAS_BIAS>(q + i, scale[i / Dec::G], Dec::HAS_BIAS ? bias[i / Dec::G] : 0.0f, dst + i);
@@ -195,10 +195,10 @@ __device__ inline void mma16816(float (&c)[4], const uint32_t (&a)[4], const uin
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The A fragment of rows [0, 16) x columns [k, k + 16) of an f16 tile [16][kChunkLd] in shared memory.
-__device__ inline void load_a(const __half* tile, int k, uint32_t (&a)[4]) {
+// The A fragment of rows [0, 16) x columns [k, k + 16) of an f16 tile [16][ld] in shared memory.
+__device__ inline void load_a(const __half* tile, int ld, int k, uint32_t (&a)[4]) {
     const int lane = threadIdx.x & 31;
-    const __half* p = tile + (lane & 15) * kChunkLd + k + (lane >> 4) * 8;
+    const __half* p = tile + (lane & 15) * ld + k + (lane >> 4) * 8;
     const unsigned addr = unsigned(__cvta_generic_to_shared(p));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
@@ -216,11 +216,21 @@ __device__ inline void load_b2(const __half* tile, int k, uint32_t (&b0)[2], uin
                  : "r"(addr));
 }
 
+// warp_product's f16 tile holds kWarpTileK<Dec> elements of each of its 16 rows at a time: half a chunk
+// where the type's decode tasks fit in half (a warp then needs about half the shared memory, so twice the
+// warps fit an SM: the decode products are latency-bound), else the whole chunk. Its row stride is 8 halves
+// more (16 bytes: the 8 rows an ldmatrix phase reads fall in distinct banks). The products are the same
+// steps in the same order either way.
+template <class Dec>
+constexpr int kWarpTileK = Staging<Dec>::kTaskElems <= kChunk / 2 ? kChunk / 2 : kChunk;
+template <class Dec>
+constexpr int kWarpTileLd = kWarpTileK<Dec> + 8;
+
 // One warp's product of 16 weight rows (r0.. of w) with up to 8 NT tokens whose f16 rows this lane reads
 // for its fragment column: tok[j] = the xh row of token 8 j + lane / 4, or -1 (a zero column). K chunks
 // [c_lo, c_hi) (chunk c = blocks [c kPerChunk, +kPerChunk) clipped to nb), summed per segment
 // and the segments added in order into total. raw / tile: the warp's shared memory ([16][kRawLd] bytes,
-// [16][kChunkLd] halves). The next chunk's raw pieces are loaded while this one is decoded and multiplied.
+// [16][kWarpTileLd] halves). The next chunk's raw pieces are loaded while this one is decoded and multiplied.
 template <class Dec, int NT>
 __device__ inline void warp_product(const Rows& w, int64_t r0, int64_t nb, int64_t c_lo, int64_t c_hi,
                                     const HalfActs& a, const int64_t (&tok)[NT], uint8_t* raw, __half* tile,
@@ -270,15 +280,21 @@ __device__ inline void warp_product(const Rows& w, int64_t r0, int64_t nb, int64
                     bf[j][ks][1] = *reinterpret_cast<const uint32_t*>(x + 8);
                 }
             }
-        decode_chunk<Dec, 16>(w, r0, b0, nblk, raw, tile, lane, 32);
-        __syncwarp();
+        constexpr int TK = kWarpTileK<Dec>, TLD = kWarpTileLd<Dec>;
 #pragma unroll
-        for (int ks = 0; ks < kChunk / 16; ++ks) {
-            if (16 * ks >= elems) break;
-            uint32_t af[4];
-            load_a(tile, 16 * ks, af);
+        for (int h = 0; h < kChunk / TK; ++h) {
+            if (h * TK >= elems) break;
+            if (h > 0) __syncwarp();  // the previous part's fragments are loaded
+            decode_chunk<Dec, 16>(w, r0, b0, nblk, raw, tile, lane, 32, TLD, h * TK, (h + 1) * TK);
+            __syncwarp();
 #pragma unroll
-            for (int j = 0; j < NT; ++j) mma16816(acc[j], af, bf[j][ks]);
+            for (int ks = 0; ks < TK / 16; ++ks) {
+                if (h * TK + 16 * ks >= elems) break;
+                uint32_t af[4];
+                load_a(tile, TLD, 16 * ks, af);
+#pragma unroll
+                for (int j = 0; j < NT; ++j) mma16816(acc[j], af, bf[j][h * (TK / 16) + ks]);
+            }
         }
         if (segment_ends(c) || c + 1 == c_hi) {
 #pragma unroll
@@ -326,7 +342,7 @@ __device__ inline bool last_of_segments(unsigned* counter, int64_t n_seg) {
 // Shared memory of one warp_product warp: its raw chunk, then its f16 tile (both multiples of 16 bytes).
 template <class Dec>
 constexpr size_t warp_smem_bytes() {
-    return size_t(16 * Staging<Dec>::kRawLd) + size_t(kTileHalves) * sizeof(__half);
+    return size_t(16 * Staging<Dec>::kRawLd) + size_t(16 * kWarpTileLd<Dec>) * sizeof(__half);
 }
 
 // Stores a warp's total (NT 8-token tiles of 16 rows from r0): out(i, r, v) for token column i < 8 NT of

@@ -173,11 +173,10 @@ void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y) const {
     const Tensor sh = fs > 0 ? ws.f32(ntok, h) : Tensor{};  // the shared expert's output [ntok][hidden]
     const auto shared = [&] {
         if (fs == 0) return;
-        be.matmul(sh_gate_, x, shg);
-        be.matmul(sh_up_, x, shu);
+        const MatmulJob jobs[] = {{sh_gate_, x, shg}, {sh_up_, x, shu}, {sh_router_, x, sg}};  // one dispatch
+        be.matmul(jobs, 3);
         be.glu(shg, shu, Glu::Silu, shg);
         be.matmul(sh_down_, shg, sh);
-        be.matmul(sh_router_, x, sg);
     };
 
     // Resident experts first (they cannot be evicted by this layer's own misses), then the misses with the
