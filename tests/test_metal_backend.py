@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,40 +22,15 @@ import pytest
 
 import regolith
 from regolith.models import resolve_model
+from tests.backend_suite import run_suite
 from tests.model.test_dense_real import FIXTURES, _check_near_tie, _installed
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SUITE = [
-    "tests/model",
-    "tests/test_streaming.py",
-    "tests/test_session_state.py",
-    "tests/test_speculative.py",
-    "tests/test_vision.py",
-    "tests/test_demo_model.py",
-    "tests/test_generation.py",
-    "tests/test_prompt_cache.py",
-]
-
 
 @pytest.mark.skipif(bool(os.environ.get("REGOLITH_BACKEND")), reason="already running on a chosen backend")
 def test_model_suite_passes_on_the_emulated_metal_backend():
-    env = {**os.environ, "REGOLITH_BACKEND": "metal-emu"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-x",
-        "-p",
-        "no:cacheprovider",
-        "-W",
-        "ignore::RuntimeWarning",
-    ]
-    cmd += ["-m", "not real_weights", "-k", "not keeps_the_joint_distribution", *SUITE]
-    run = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
-    assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-4000:]
-    assert " passed" in run.stdout.splitlines()[-1]
+    run_suite("metal-emu", "-m", "not real_weights", "-k", "not keeps_the_joint_distribution")
 
 
 def test_released_gemma3_weights_agree_with_llamacpp_on_the_emulated_metal_backend():
