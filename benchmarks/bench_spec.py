@@ -23,7 +23,7 @@ experts streamed through an arena of that size (default: 4 MiB for regolith-demo
 ~7%, for the synthetic model).
 
     python benchmarks/bench_spec.py [--models gemma3-270m qwen2.5-coder-0.5b tiny-qwen4exp] [--tokens 128]
-        [--repeat 5] [--streamed] [--arena-mib MODEL=MIB] [--load KEY=VALUE] [--markdown]
+        [--repeat 5] [--no-forced] [--streamed] [--arena-mib MODEL=MIB] [--load KEY=VALUE] [--markdown]
 
 ``--load KEY=VALUE`` (repeatable) passes extra keyword arguments to ``regolith.Model.load`` (values are Python
 literals).
@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -129,23 +130,25 @@ def run(model: regolith.Model, workload: str, mode: str, n: int) -> tuple[regoli
     return g, time.process_time() - c0
 
 
-def bench(model: regolith.Model, workload: str, n: int, repeat: int) -> dict[str, dict[str, float]]:
+def bench(
+    model: regolith.Model, workload: str, n: int, repeat: int, modes: Sequence[str] = tuple(MODES)
+) -> dict[str, dict[str, float]]:
     """Per mode: median tok/s, the median / lowest / highest ratio of decode seconds to plain's in the same
     repeat, the median CPU-seconds ratio, and the last run's acceptance and tokens per round."""
-    seconds: dict[str, list[float]] = {m: [] for m in MODES}
-    cpu: dict[str, list[float]] = {m: [] for m in MODES}
+    seconds: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
     last: dict[str, regolith.Generation] = {}
-    for mode in MODES:
+    for mode in modes:
         run(model, workload, mode, n)  # warm-up; the gate learns the costs
     for _ in range(repeat):
-        for mode in MODES:
+        for mode in modes:
             g, c = run(model, workload, mode, n)
             assert g.tokens == last.get("plain", g).tokens, f"{mode} changed the output"
             last[mode] = g
             seconds[mode].append(g.stats.decode_seconds)
             cpu[mode].append(c)
     out = {}
-    for mode in MODES:
+    for mode in modes:
         ratios = [p / s for p, s in zip(seconds["plain"], seconds[mode], strict=True)]
         st = last[mode].stats
         out[mode] = {
@@ -181,6 +184,7 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--no-forced", action="store_true", help="plain and gated only (half the time)")
     ap.add_argument("--streamed", action="store_true", help="also stream the routed experts (MoE models)")
     ap.add_argument("--resident", action=argparse.BooleanOptionalAction, default=True, help="resident rows")
     ap.add_argument("--arena-mib", action="append", default=[], metavar="MODEL=MIB", help="--streamed arena")
@@ -214,8 +218,9 @@ def main() -> None:
                 model = regolith.Model.load(path, n_ctx=2048, **{**load_kw, **extra})
                 for workload in args.workloads:
                     t0 = time.perf_counter()
-                    r = bench(model, workload, args.tokens, args.repeat)
-                    g, f = r["gated"], r["forced"]
+                    modes = ("plain", "gated") if args.no_forced else tuple(MODES)
+                    r = bench(model, workload, args.tokens, args.repeat, modes)
+                    g, f = r["gated"], r.get("forced")
                     row = [
                         name,
                         label,
@@ -224,10 +229,10 @@ def main() -> None:
                         f"{g['tps']:.1f}",
                         f"{g['x']:.2f} ({g['lo']:.2f}-{g['hi']:.2f})",
                         f"{g['cpu_x']:.2f}",
-                        f"{f['x']:.2f}",
-                        f"{f['acceptance']:.2f}",
+                        f"{f['x']:.2f}" if f else "-",
+                        f"{f['acceptance']:.2f}" if f else "-",
                         f"{g['per_round']:.2f}",
-                        f"{f['per_round']:.2f}",
+                        f"{f['per_round']:.2f}" if f else "-",
                     ]
                     rows.append(row)
                     table.add_row(*row)
