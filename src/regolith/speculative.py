@@ -184,6 +184,10 @@ class CostGate:
     :meth:`regolith.Model` arena), read around each timed evaluation; None when nothing streams."""
 
     EMA = 0.2
+    # A draft whose first key has fewer tries than this is verified one token long even where the prior says
+    # no: without it a model whose verification costs much more than a plain step (Gemma 3's 262k-row LM head)
+    # never learns that a long repeated suffix is accepted 90% of the time. 3 failures bring a key to 1/5.
+    EXPLORE_TRIES = 3
     # Until measured, computing n tokens is assumed to cost 1 + 0.1 (n - 1) single-token evaluations (the
     # CPU kernels decode each weight block once for up to 8 tokens); measurements replace it at once.
     PRIOR_SLOPE = 0.1
@@ -242,15 +246,19 @@ class CostGate:
         return compute + stall
 
     def best_length(self, name: str, keys: Sequence[Hashable], limit: int) -> int:
-        """The draft length (0..min(limit, len(keys))) with the most expected tokens per second."""
+        """The draft length (0..min(limit, len(keys))) with the most expected tokens per second; at least 1
+        while the first key has fewer than ``EXPLORE_TRIES`` tries."""
         if 1 not in self.eval_seconds or self.rounds_since_plain >= REMEASURE_ROUNDS:
             return 0  # measure plain decoding first (and again now and then)
         t1 = self.eval_cost(1)
         per_draft = self.draft_seconds.get(name, 0.0)
         n = min(limit, len(keys))
-        # E(k) <= 1 + a_1 k and every round costs at least T(2) + T_draft: often nothing can win.
-        if n == 0 or (1.0 + self.acceptance(keys[0]) * n) * t1 <= self.eval_cost(2) + per_draft:
+        if n == 0:
             return 0
+        explore = int(self.tries.get(keys[0], 0.0) < self.EXPLORE_TRIES)
+        # E(k) <= 1 + a_1 k and every round costs at least T(2) + T_draft: often nothing can win.
+        if (1.0 + self.acceptance(keys[0]) * n) * t1 <= self.eval_cost(2) + per_draft:
+            return explore
         best, best_rate = 0, 1.0 / t1 if t1 > 0 else 0.0
         expected, survive = 1.0, 1.0
         for k in range(1, n + 1):
@@ -259,7 +267,7 @@ class CostGate:
             seconds = self.eval_cost(k + 1) + per_draft * k
             if seconds > 0 and expected / seconds > best_rate:
                 best, best_rate = k, expected / seconds
-        return best
+        return max(best, explore)
 
 
 @dataclass
