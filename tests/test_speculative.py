@@ -215,6 +215,111 @@ def test_cost_gate_drafts_only_when_it_pays():
     assert cheap.best_length("d", keys, 7) == 0
 
 
+def test_cost_gate_extrapolates_expert_stalls_per_extra_token():
+    keys = [("k", i) for i in range(7)]
+    gates = {}
+    for streaming in (False, True):
+        gate = gates[streaming] = CostGate()
+        # 10 ms a plain token, 8 of them waiting for expert reads; 2 tokens 12 ms (9 waiting)
+        gate.observe_eval(1, 0.010, 0.008 if streaming else 0.0)
+        gate.observe_eval(2, 0.012, 0.009 if streaming else 0.0)
+        for i in range(7):
+            for _ in range(3):
+                gate.record(("k", i), i < 2)  # acceptance 0.8 at the first two positions, 0.2 after
+    compute_8 = 0.003 * (1 + 0.1 * 7) / (1 + 0.1)
+    assert gates[True].eval_cost(8) == pytest.approx(compute_8 + 0.009 + 6 * 0.008)
+    assert gates[False].eval_cost(8) == pytest.approx(0.012 * (1 + 0.1 * 7) / (1 + 0.1))
+    # Each extra token's reads make the second draft token lose (2.44 expected tokens in 20.3 ms against 1.8
+    # in 12); without stalls the compute prior makes it look cheap (2.44 in 13.1 ms).
+    assert gates[True].best_length("d", keys, 7) == 1
+    assert gates[False].best_length("d", keys, 7) == 2
+
+
+class _FakeWindow:
+    """A window that evaluates nothing: what the speculator itself costs."""
+
+    max_ctx = 1 << 20
+    has_draft_head = False
+
+    def __init__(self):
+        self.n = 0
+
+    def eval(self, ids, all_logits=True):
+        self.n += len(ids)
+        return np.zeros((len(ids), 4), np.float32)
+
+    def checkpoint(self):
+        pass
+
+    def truncate(self, n):
+        self.n = n
+
+
+class _CountingDrafter:
+    name = "counting"
+    keyed_by_position = False
+
+    def __init__(self):
+        self.indexed: list[int] = []
+        self.proposals = 0
+
+    def index(self, seq):
+        self.indexed.append(len(seq))
+
+    def propose(self, seq, n):
+        self.proposals += 1
+        return [0] * n, [("counting", i) for i in range(n)]
+
+    def rollback(self, n):
+        pass
+
+
+def test_declining_gate_skips_planning_and_indexes_the_prompt_up_front():
+    from regolith.speculative import MAX_BACKOFF, Speculator
+
+    gate = CostGate()
+    gate.observe_eval(1, 0.010)
+    for n in range(2, 9):
+        gate.observe_eval(n, 0.010 * n)  # verifying costs as much as decoding each token: never pays
+    for _ in range(CostGate.EXPLORE_TRIES):
+        gate.record(("counting", 0), False)  # explored: the gate trusts the record
+    drafter = _CountingDrafter()
+    spec = Speculator(_FakeWindow(), list(range(100)), Speculation(drafters=(drafter,)), gate)
+    assert drafter.indexed == [100]  # indexed when made, with the prompt's evaluation
+    for t in range(512):
+        spec.advance(t, 1000)
+    assert spec.rounds == 512 and spec.drafted == 0
+    # planning backs off 1, 2, 4, ... MAX_BACKOFF = 16 tokens: plans at tokens 0, 2, 5, 10, then every 17th
+    # from 19 on (29 of them)
+    assert MAX_BACKOFF == 16 and drafter.proposals == 4 + 29
+
+
+def test_streaming_model_gate_reads_the_stall_clock():
+    model = regolith.Model.load("regolith-demo", arena_gb=0.004)
+    gate = model.spec_gate
+    assert gate.stall_clock is not None and regolith.Model.load("regolith-demo").spec_gate.stall_clock is None
+    model.generate("def main():", 24, temperature=0)
+    assert gate.stall_clock() > 0.0
+    assert 0.0 <= gate.stall_seconds[1] <= gate.eval_seconds[1]
+
+
+def test_cost_gate_explores_a_new_key_one_token_long():
+    gate = CostGate()
+    for n in range(1, 9):
+        gate.observe_eval(n, 0.010 + 0.006 * (n - 1))  # a draft token costs 60% of a plain step
+    gate.observe_eval(1, 0.010)
+    keys = [("k", i) for i in range(7)]
+    for _ in range(CostGate.EXPLORE_TRIES):
+        assert gate.best_length("d", keys, 7) == 1
+        gate.record(("k", 0), True)
+    for i in range(7):
+        for _ in range(20):
+            gate.record(("k", i), True)
+    # accepted ~96%: the best is 4 tokens, 4.59 expected in 0.034 s (135 a second against plain's 100); the
+    # 1/2 prior gave at most 1.5 in 0.016 s (94)
+    assert gate.best_length("d", keys, 7) == 4
+
+
 def test_speculation_arguments():
     assert speculation(False) is None and speculation("off") is None
     assert speculation(True) == Speculation() and speculation(None) == Speculation()

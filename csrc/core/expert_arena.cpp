@@ -358,6 +358,11 @@ ArenaStats ExpertArena::stats() const {
     return stats_;
 }
 
+double ExpertArena::stall_seconds() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_.stall_s;
+}
+
 void ExpertArena::reset_stats() {
     std::lock_guard<std::mutex> lock(mu_);
     const size_t n = stats_.layer_hits.size();

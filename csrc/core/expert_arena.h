@@ -118,6 +118,8 @@ class ExpertArena {
     void resident_mask(int64_t layer, uint8_t* mask) const;
 
     ArenaStats stats() const;
+    // stats().stall_s without copying the per-layer counters (read once per speculative round).
+    double stall_seconds() const;
     void reset_stats();
 
   private:

@@ -293,6 +293,10 @@ void init_model(nb::module_& m) {
         .def("stats", &model_stats, "Expert arena and PLE counters since load or reset_stats().")
         .def("reset_stats", &reset_model_stats)
         .def(
+            "expert_stall_seconds",
+            [](const Qwen4ExpModel& m) { return m.arena() ? m.arena()->stall_seconds() : 0.0; },
+            "Seconds computations have waited for expert reads since load or reset_stats() (0 when resident).")
+        .def(
             "set_moce",
             [](Qwen4ExpModel& m, bool enabled, float bonus, int64_t protect) {
                 m.set_moce({enabled, bonus, protect});

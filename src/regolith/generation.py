@@ -357,10 +357,10 @@ class Generation(Iterator[str]):
         window, tok = self._window, self._tokenizer
         t0 = time.perf_counter()
         logits = self._prefill()
+        if self._speculation is not None:  # indexes the prompt for drafting: part of processing the prompt
+            self._spec = Speculator(window, self.prompt, self._speculation, self._gate)
         t1 = time.perf_counter()
         self.stats.prefill_seconds = t1 - t0
-        if self._speculation is not None:
-            self._spec = Speculator(window, self.prompt, self._speculation, self._gate)
 
         eog = tok.eog_ids
         if self._slop is not None:

@@ -121,7 +121,8 @@ class Model:
         """A :class:`regolith.PromptCache` that generation restores prompt prefixes from and stores them in."""
         self.speculative: bool | str | Speculation = True
         """The default of :meth:`start`'s ``speculative`` (the command line's ``--spec`` / ``--draft-max``)."""
-        self.spec_gate = CostGate()
+        streams = hasattr(core, "arena_info") and core.arena_info() is not None
+        self.spec_gate = CostGate(core.expert_stall_seconds if streams else None)
         """The speculative-decoding cost model every generation on this model uses and teaches."""
         self.vision = vision
         """The :class:`regolith.vision.VisionTower` of the projector given to :meth:`load`, or None."""

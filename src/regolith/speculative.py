@@ -20,14 +20,19 @@ The gate (:class:`CostGate`) keeps measured seconds per evaluation of n tokens, 
 proposed token, and acceptance rates (the suffix drafter's by match length, others' by draft position), and
 picks the draft length ``k`` maximising expected tokens per second
 ``E(k) / (T_eval(k + 1) + T_draft(k))`` with ``E(k) = 1 + sum_i prod_{j <= i} a_j``; ``k = 0`` is plain
-decoding. On a streaming MoE model the measured evaluation time includes reading the union of the draft
-tokens' experts.
+decoding. On a streaming MoE model an evaluation's time is kept in two parts, computing and waiting for
+expert reads (the arena's stall clock): a verification reads the union of its tokens' experts, so a length
+not yet measured is assumed to wait for as many reads per extra token as one plain token did.
+
+Declining costs next to nothing: the prompt is indexed when the speculator is made (with the prompt's
+evaluation), and after the gate declines, the next 1, 2, 4, ... up to ``MAX_BACKOFF`` tokens are evaluated
+without planning or timing.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -129,12 +134,16 @@ class SuffixDrafter:
         """Tokens indexed."""
         return self._d.size
 
-    def propose(self, seq: Sequence[int], n: int) -> tuple[list[int], list[Hashable]]:
+    def index(self, seq: Sequence[int]) -> None:
+        """Index ``seq`` (the prompt and reply so far; a prefix of it is indexed already)."""
         size = self._d.size
         if size == len(seq) - 1:
             self._d.push(seq[-1])
         elif size < len(seq):
             self._d.append(np.asarray(seq[size:], dtype=np.int32))
+
+    def propose(self, seq: Sequence[int], n: int) -> tuple[list[int], list[Hashable]]:
+        self.index(seq)
         tokens, match = self._d.propose(n, self._min_match)
         # The i-th token continues a match of match + i tokens once the ones before it are accepted.
         return tokens, [("suffix", _bucket(match + i)) for i in range(len(tokens))]
@@ -167,24 +176,37 @@ class _MtpDrafter:
 
 
 class CostGate:
-    """The online cost model: exponential moving averages of evaluation seconds per token count and of each
-    drafter's seconds per drafted token, and acceptance counts per key. Shared by a model's generations."""
+    """The online cost model: exponential moving averages of evaluation seconds per token count (split into
+    computing and waiting for expert reads when the model streams its experts) and of each drafter's seconds
+    per drafted token, and acceptance counts per key. Shared by a model's generations.
+
+    ``stall_clock``: the seconds the model has waited for expert reads so far (a streaming MoE model's
+    :meth:`regolith.Model` arena), read around each timed evaluation; None when nothing streams."""
 
     EMA = 0.2
-    # Until measured, evaluating n tokens is assumed to cost 1 + 0.1 (n - 1) single-token evaluations (the
+    # A draft whose first key has fewer tries than this is verified one token long even where the prior says
+    # no: without it a model whose verification costs much more than a plain step (Gemma 3's 262k-row LM head)
+    # never learns that a long repeated suffix is accepted 90% of the time. 3 failures bring a key to 1/5.
+    EXPLORE_TRIES = 3
+    # Until measured, computing n tokens is assumed to cost 1 + 0.1 (n - 1) single-token evaluations (the
     # CPU kernels decode each weight block once for up to 8 tokens); measurements replace it at once.
     PRIOR_SLOPE = 0.1
 
-    def __init__(self) -> None:
+    def __init__(self, stall_clock: Callable[[], float] | None = None) -> None:
+        self.stall_clock = stall_clock
         self.eval_seconds: dict[int, float] = {}
+        self.stall_seconds: dict[int, float] = {}  # the part of eval_seconds spent waiting for expert reads
         self.draft_seconds: dict[str, float] = {}
         self.hits: dict[Hashable, float] = {}
         self.tries: dict[Hashable, float] = {}
         self.rounds_since_plain = 0
 
-    def observe_eval(self, n: int, seconds: float) -> None:
+    def observe_eval(self, n: int, seconds: float, stall: float = 0.0) -> None:
+        """An evaluation of ``n`` tokens took ``seconds``, ``stall`` of them waiting for expert reads."""
         old = self.eval_seconds.get(n)
         self.eval_seconds[n] = seconds if old is None else old + self.EMA * (seconds - old)
+        old = self.stall_seconds.get(n)
+        self.stall_seconds[n] = stall if old is None else old + self.EMA * (stall - old)
         self.rounds_since_plain = 0 if n == 1 else self.rounds_since_plain + 1
 
     def observe_draft(self, name: str, n: int, seconds: float) -> None:
@@ -202,7 +224,9 @@ class CostGate:
 
     def eval_cost(self, n: int) -> float:
         """Estimated seconds to evaluate n tokens: measured, else interpolated between measured counts, else
-        the prior relative to the nearest measured count below."""
+        extrapolated from the nearest measured count: computing by the prior slope, and (streaming) waiting
+        for as many expert reads per extra token as a plain token waits for (an upper bound: a round reads
+        the union of its tokens' experts)."""
         known = self.eval_seconds
         if n in known:
             return known[n]
@@ -210,20 +234,31 @@ class CostGate:
         hi = min((m for m in known if m > n), default=None)
         if lo is not None and hi is not None:
             return known[lo] + (known[hi] - known[lo]) * (n - lo) / (hi - lo)
-        base = known[lo] if lo is not None else known.get(hi, 0.0) if hi is not None else 0.0
-        ref = lo if lo is not None else hi if hi is not None else 1
-        return base * (1 + self.PRIOR_SLOPE * (n - 1)) / (1 + self.PRIOR_SLOPE * (ref - 1))
+        ref = lo if lo is not None else hi if hi is not None else None
+        if ref is None:
+            return 0.0
+        stall = self.stall_seconds[ref]
+        compute = (known[ref] - stall) * (1 + self.PRIOR_SLOPE * (n - 1)) / (1 + self.PRIOR_SLOPE * (ref - 1))
+        if lo is not None:
+            stall += (n - lo) * self.stall_seconds.get(1, 0.0)
+        else:
+            stall *= n / ref
+        return compute + stall
 
     def best_length(self, name: str, keys: Sequence[Hashable], limit: int) -> int:
-        """The draft length (0..min(limit, len(keys))) with the most expected tokens per second."""
+        """The draft length (0..min(limit, len(keys))) with the most expected tokens per second; at least 1
+        while the first key has fewer than ``EXPLORE_TRIES`` tries."""
         if 1 not in self.eval_seconds or self.rounds_since_plain >= REMEASURE_ROUNDS:
             return 0  # measure plain decoding first (and again now and then)
         t1 = self.eval_cost(1)
         per_draft = self.draft_seconds.get(name, 0.0)
         n = min(limit, len(keys))
-        # E(k) <= 1 + a_1 k and every round costs at least T(2) + T_draft: often nothing can win.
-        if n == 0 or (1.0 + self.acceptance(keys[0]) * n) * t1 <= self.eval_cost(2) + per_draft:
+        if n == 0:
             return 0
+        explore = int(self.tries.get(keys[0], 0.0) < self.EXPLORE_TRIES)
+        # E(k) <= 1 + a_1 k and every round costs at least T(2) + T_draft: often nothing can win.
+        if (1.0 + self.acceptance(keys[0]) * n) * t1 <= self.eval_cost(2) + per_draft:
+            return explore
         best, best_rate = 0, 1.0 / t1 if t1 > 0 else 0.0
         expected, survive = 1.0, 1.0
         for k in range(1, n + 1):
@@ -232,7 +267,7 @@ class CostGate:
             seconds = self.eval_cost(k + 1) + per_draft * k
             if seconds > 0 and expected / seconds > best_rate:
                 best, best_rate = k, expected / seconds
-        return best
+        return max(best, explore)
 
 
 @dataclass
@@ -261,6 +296,10 @@ class Speculator:
                     self._drafters.append(_MtpDrafter(window))
             else:
                 self._drafters.append(d)  # type: ignore[arg-type]
+        for d in self._drafters:
+            index = getattr(d, "index", None)
+            if index is not None:
+                index(self._seq)  # with the prompt's evaluation, not the first decode step
         self._pending: list[_Pending] = []
         self._skip = 0  # rounds left without planning
         self._backoff = 0
@@ -282,25 +321,26 @@ class Speculator:
             self._window.truncate(len(self._seq) - 1)
         if self._skip > 0:
             self._skip -= 1
-            k, drafts, keys = 0, [], []
+            self.rounds += 1
+            return self._window.eval([token], all_logits=False)[0]  # declined earlier: no planning, no timing
+        k, drafts, keys = self._plan(room)
+        if k == 0 and self._config.gate:
+            self._backoff = min(max(1, 2 * self._backoff), MAX_BACKOFF)
+            self._skip = self._backoff
         else:
-            k, drafts, keys = self._plan(room)
-            if k == 0 and self._config.gate:
-                self._backoff = min(max(1, 2 * self._backoff), MAX_BACKOFF)
-                self._skip = self._backoff
-            else:
-                self._backoff = 0
+            self._backoff = 0
         window, gate = self._window, self._gate
+        self.rounds += 1
+        clock = gate.stall_clock
+        s0 = clock() if clock is not None else 0.0
         t0 = time.perf_counter()
         if k == 0:
             logits = window.eval([token], all_logits=False)[0]
-            gate.observe_eval(1, time.perf_counter() - t0)
-            self.rounds += 1
+            gate.observe_eval(1, time.perf_counter() - t0, (clock() - s0) if clock is not None else 0.0)
             return logits
         window.checkpoint()
         rows = window.eval([token, *drafts[:k]], all_logits=True)
-        gate.observe_eval(k + 1, time.perf_counter() - t0)
-        self.rounds += 1
+        gate.observe_eval(k + 1, time.perf_counter() - t0, (clock() - s0) if clock is not None else 0.0)
         self.drafted += k
         self._pending = [_Pending(drafts[i], rows[i + 1], keys[i]) for i in range(k)]
         return rows[0]
