@@ -21,7 +21,7 @@ struct MatmulArgs {
     int64_t ntok;
     const float* x;      // [ntok][cols] float activations
     const int8_t* xq;    // [ntok][cols] int8 codes (quantized types only)
-    const float* xd;     // [ntok][cols / act_block] scale per activation block (32 or 256 codes)
+    const float* xd;     // [ntok][cols / act_block] scale per activation block (32 or 128 codes)
     const float* xs;     // [ntok][cols / 16] float sum of x per 16 elements (for affine-bias types)
     float* y;            // [ntok][rows]
 };
@@ -55,7 +55,7 @@ using RowsKernel = void (*)(const MatmulArgs& args, int64_t r0, int64_t r1, cons
 
 struct KernelTable {
     RowsKernel by_type[RG_TYPE_COUNT];  // nullptr: type not supported
-    int act_block[RG_TYPE_COUNT];       // activation quantization block the kernel expects: 32 or 256
+    int act_block[RG_TYPE_COUNT];       // activation quantization block the kernel expects: 32 or 128
     RowsKernel exact_by_type[RG_TYPE_COUNT];  // float-activation kernels (set_exact_activations)
     // Q8 activation quantization (see quantize_activations), the ISA's version; identical results.
     void (*quantize)(const float* x, int64_t n, int block, int8_t* q, float* d, float* s);
@@ -72,10 +72,10 @@ const KernelTable& kernels_avx2();
 const KernelTable& kernels_neon();
 #endif
 
-// The activation block the active ISA's kernel for `type` expects (32 or 256; 0 for unsupported types).
+// The activation block the active ISA's kernel for `type` expects (32 or 128; 0 for unsupported types).
 int activation_block(uint32_t type);
 
-// Q8 activation quantization of one row of n elements (n % block == 0, block 32 or 256): codes q[n],
+// Q8 activation quantization of one row of n elements (n % block == 0, block 32 or 128): codes q[n],
 // scale d[n / block] (amax / 127 per block), sums s[n / 16] of the quantized x per 16 elements.
 void quantize_activations(const float* x, int64_t n, int block, int8_t* q, float* d, float* s);
 
