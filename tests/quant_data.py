@@ -128,10 +128,10 @@ def random_matrix(name: str, rows: int, cols: int, rng: np.random.Generator) -> 
 
 
 def q8_exact_activations(ntok: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Activations that Q8 represents exactly, with 32- or 256-element blocks (scale amax/127).
+    """Activations that Q8 represents exactly, with 32-, 128- or 256-element blocks (scale amax/127).
 
     Each 32-block is 2^e * k with integers |k| <= 127 and one |k| == 127, and e is shared by each 256
-    elements, so amax/127 == 2^e exactly for either block size and quantizing loses nothing: a kernel's
+    elements, so amax/127 == 2^e exactly for any of these block sizes and quantizing loses nothing: a kernel's
     only error is then float rounding.
     """
     k = rng.integers(-127, 128, (ntok, cols // 32, 32))

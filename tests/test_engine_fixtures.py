@@ -63,6 +63,7 @@ def test_qwen4exp_logits_bit_identical_to_prerefactor_fixture(case, isa, tmp_pat
 
 @pytest.mark.parametrize("case", _cases("llamacpp"))
 def test_llamacpp_iquant_logits_bit_identical_to_prerefactor_fixture(case, isa, tmp_path):
+    """Re-recorded after issue 18's per-128 activation blocks of the i-quants (``rerecorded``)."""
     _replay(case, isa, tmp_path)
 
 
@@ -75,7 +76,8 @@ def test_demo_model_logits_drafts_and_text_bit_identical_to_prerefactor_fixture(
 def test_dense_model_logits_bit_identical_to_prerefactor_fixture(case, isa, tmp_path):
     """gemma3-270m and qwen2.5-coder-0.5b: f16 and f32 KV caches, a 600-token prompt. On the kernels this CPU
     runs by default only: the other ISAs' kernels are replayed on the tiny, demo and vision models, and the
-    real models' prompts take minutes at scalar speed."""
+    real models' prompts take minutes at scalar speed. Re-recorded after issue 18's changes of the k-quant
+    products (``rerecorded`` in the fixture; tests/model/test_fidelity_real.py judges it against float64)."""
     if isa != ACTIVE:
         pytest.skip(
             f"real-model cases replay on the default {ACTIVE} kernels; {isa} is checked on the others"

@@ -7,10 +7,11 @@ sources of error are allowed, each with a bound derived from the kernel's arithm
   its rounding error is at most gamma * sum_i (|scale*q_i| + |bias|) * |x_i| with gamma = (k + 8) * eps32,
   k = cols / 16 the number of float accumulation steps per lane (plus the 8-lane reduction and the
   per-group scale products). The magnitudes come from _core.decode_blocks.
-* Activation quantization. Activations are quantized to int8 per block of 32 elements (256 for the types
-  whose kernels accumulate whole blocks in int32; scale amax/127), so each |x_i - x_hat_i| <= amax/254
-  and the error is at most sum_i |scale*q_i| * amax_block(i)/254. The "q8-exact" tests use activations
-  that Q8 represents exactly, so only float rounding remains.
+* Activation quantization. Activations are quantized to int8 per block of 32 elements (128 for the types
+  whose kernels accumulate half blocks in int32; scale amax/127), so each |x_i - x_hat_i| <= amax/254.
+  The bias term uses the quantized activations' sums (as the scale term), so the kernel computes
+  w . x_hat and the error is at most sum_i |w_i| * amax_block(i)/254. The "q8-exact" tests use
+  activations that Q8 represents exactly, so only float rounding remains.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _check_quant(name: str, rows: int, cols: int, ntok: int, rng: np.random.Gene
     if not exact_acts:
         ab = _core.activation_block(TYPE_IDS[name])
         amax = np.repeat(ax.reshape(ntok, cols // ab, ab).max(axis=2), ab, axis=1)
-        bound += (sq @ (amax / 254.0).T).T * (1 + 1e-6)
+        bound += (np.abs(w) @ (amax / 254.0).T).T * (1 + 1e-6)
     err = np.abs(y.astype(np.float64) - ref)
     assert y.shape == (ntok, rows)
     assert np.all(err <= bound + 1e-30), f"{name}: max excess {np.max(err - bound)}"

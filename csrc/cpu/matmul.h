@@ -21,7 +21,7 @@ struct MatmulArgs {
     int64_t ntok;
     const float* x;      // [ntok][cols] float activations
     const int8_t* xq;    // [ntok][cols] int8 codes (quantized types only)
-    const float* xd;     // [ntok][cols / act_block] scale per activation block (32 or 256 codes)
+    const float* xd;     // [ntok][cols / act_block] scale per activation block (32 or 128 codes)
     const float* xs;     // [ntok][cols / 16] float sum of x per 16 elements (for affine-bias types)
     float* y;            // [ntok][rows]
 };
@@ -55,7 +55,7 @@ using RowsKernel = void (*)(const MatmulArgs& args, int64_t r0, int64_t r1, cons
 
 struct KernelTable {
     RowsKernel by_type[RG_TYPE_COUNT];  // nullptr: type not supported
-    int act_block[RG_TYPE_COUNT];       // activation quantization block the kernel expects: 32 or 256
+    int act_block[RG_TYPE_COUNT];       // activation quantization block the kernel expects: 32 or 128
     RowsKernel exact_by_type[RG_TYPE_COUNT];  // float-activation kernels (set_exact_activations)
     // Q8 activation quantization (see quantize_activations), the ISA's version; identical results.
     void (*quantize)(const float* x, int64_t n, int block, int8_t* q, float* d, float* s);
@@ -72,11 +72,18 @@ const KernelTable& kernels_avx2();
 const KernelTable& kernels_neon();
 #endif
 
-// The activation block the active ISA's kernel for `type` expects (32 or 256; 0 for unsupported types).
+// The activation block the active ISA's kernel for `type` expects (32 or 128; 0 for unsupported types).
 int activation_block(uint32_t type);
 
-// Q8 activation quantization of one row of n elements (n % block == 0, block 32 or 256): codes q[n],
-// scale d[n / block] (amax / 127 per block), float sums s[n / 16] of x per 16 elements.
+// Q8 activation quantization of one row of n elements (n % block == 0, block 32 or 128): codes q[n],
+// scale d[n / block] (amax / 127 per block), sums s[n / 16] of the quantized x per 16 elements.
 void quantize_activations(const float* x, int64_t n, int block, int8_t* q, float* d, float* s);
+
+// The sums of quantize_activations: s[g] = d * (sum of the 16 codes of group g), the quantized x's and not
+// x's own, as llama.cpp's q8_1 / q8_K `bsums`: a block's bias term then sees the same activation as its
+// scale term, so for x = scale * q + bias the product is W . x_quantized and its rounding error scales with
+// |W|. With x's exact sums the error of the scale term (whose codes are all of one sign, |scale * q| up to
+// twice |W|) is left uncancelled: measured on Gemma 3 270M's Q4_K products, 2.7x the KL divergence.
+void activation_sums(const int8_t* q, const float* d, int64_t n, int block, float* s);
 
 }  // namespace regolith::cpu

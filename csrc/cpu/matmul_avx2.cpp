@@ -62,8 +62,7 @@ struct SimdAvx2 {
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(scale), acc);
     }
     // cpu::quantize_activations with AVX2: the same float operations (amax, amax / 127, 1 / scale, x * inv,
-    // round to nearest even), so the codes and scales are identical; the 16-element sums are added in a
-    // different order.
+    // round to nearest even), so the codes, scales and sums are identical.
     static void quantize_activations(const float* x, int64_t n, int block, int8_t* q, float* d, float* s) {
         const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
         for (int64_t b = 0; b < n; b += block) {
@@ -91,10 +90,7 @@ struct SimdAvx2 {
             }
             d[b / block] = scale;
         }
-        for (int64_t g = 0; g < n; g += 16) {
-            const __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + g), _mm256_loadu_ps(x + g + 8));
-            s[g / 16] = hsum(v);
-        }
+        cpu::activation_sums(q, d, n, block, s);
     }
     static float dot_f32(const float* w, const float* x, int64_t n) {
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();

@@ -28,10 +28,14 @@ void quantize_activations(const float* x, int64_t n, int block, int8_t* q, float
         for (int i = 0; i < block; ++i) q[b + i] = int8_t(std::lrintf(x[b + i] * inv));
         d[b / block] = scale;
     }
+    activation_sums(q, d, n, block, s);
+}
+
+void activation_sums(const int8_t* q, const float* d, int64_t n, int block, float* s) {
     for (int64_t g = 0; g < n; g += 16) {
-        float sum = 0.0f;
-        for (int i = 0; i < 16; ++i) sum += x[g + i];
-        s[g / 16] = sum;
+        int32_t sum = 0;
+        for (int i = 0; i < 16; ++i) sum += q[g + i];
+        s[g / 16] = d[g / block] * float(sum);
     }
 }
 

@@ -100,7 +100,7 @@ void init_kernels(nb::module_& m) {
     m.def("time_matmul", &time_matmul, nb::arg("type_id"), nb::arg("pool"), nb::arg("rows"), nb::arg("cols"),
           nb::arg("x"), nb::arg("iters"), "Benchmark helper: seconds for iters matmuls cycling through pool.");
     m.def("activation_block", &regolith::cpu::activation_block, nb::arg("type_id"),
-          "Elements per activation quantization block the active kernels use for a weight type (32 or 256).");
+          "Elements per activation quantization block the active kernels use for a weight type (32 or 128).");
     m.def(
         "set_isa", [](const std::string& name) { regolith::cpu::set_active_isa(regolith::cpu::isa_from_name(name)); },
         nb::arg("name"), "Select the CPU kernels: 'scalar', 'avx2' or 'neon'.");

@@ -3,7 +3,7 @@
 The fixtures (tools/llamacpp_fixtures/make_dense_fixtures.py) hold llama.cpp's greedy continuations and
 its top-5 next-token logits over a 512-token text, with its default f16 KV cache. Both implementations
 quantize activations to int8 and round differently in places (llama.cpp stores the Q8_0 activation scale
-in f16, computes GELU from an f16 table, subtracts k-quant minima with quantized activation sums), and the
+in f16, computes GELU from an f16 table), and the
 270M/0.5B models amplify such differences: llama.cpp itself, switching only its attention kernel
 (flash_attn), changes logits by up to ``self_noise.max_abs_logit_diff`` and agrees with itself on 94% (gemma3)
 / 98% (qwen2) of the text's next tokens. So a disagreement with llama.cpp is a failure unless llama.cpp's

@@ -18,6 +18,13 @@ the pre-refactor build importable (here installed in /work/old_regolith; ``regol
 
     OMP_NUM_THREADS=1 PYTHONPATH=/work/old_regolith python tools/engine_fixtures/record.py
 
+``--group GROUP`` re-records one group of cases (``dense``, ...) with the build under test, into the existing
+file, after a change meant to alter their numerics; ``rerecorded`` in the file names that build. So far:
+``dense`` and ``llamacpp`` at issue 18's two changes: the bias term of Q4_1 / Q5_1 / Q2_K / Q4_K / Q5_K
+products on the quantized activations' sums, and the activations of the integer-scale types (k-quants,
+i-quants) quantized per 128 elements instead of 256. The real gemma3 / qwen2 files have Q4_K and Q6_K rows,
+the llama.cpp files IQ3_S / IQ4_XS ones; the other groups' files have none, and did not change a bit.
+
 It takes about 4 minutes on 2 cores, 3 of them for the scalar kernels' 600-token prompts.
 ``--regenerate-models`` first rebuilds the tiny GGUFs of tests/fixtures/engine (``TINY_FILES``; needs torch,
 transformers and the converter) from tests/qwen4exp_models.py and tests/qwen4exp_vision_models.py. They
@@ -120,8 +127,8 @@ def _dumps(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def record(isas: list[str], log=print) -> dict:
-    """Run every case under each ISA; returns {isa: {case: digest}}."""
+def record(isas: list[str], group: str | None = None, log=print) -> dict:
+    """Run every case (of ``group`` only, if given) under each ISA; returns {isa: {case: digest}}."""
     out: dict[str, dict] = {}
     before = _core.isa()
     try:
@@ -129,6 +136,8 @@ def record(isas: list[str], log=print) -> dict:
             _core.set_isa(isa)
             out[isa] = {}
             for case in ec.CASES.values():
+                if group is not None and case.group != group:
+                    continue
                 reason = case.missing()
                 if reason:
                     raise SystemExit(f"cannot record {case.name}: {reason}")
@@ -141,13 +150,38 @@ def record(isas: list[str], log=print) -> dict:
     return out
 
 
+def record_group(out: Path, group: str, isas: list[str]) -> None:
+    """Replace the hashes of ``group``'s cases in ``out`` by this build's, and name this build in
+    ``rerecorded[group]``: the other groups stay the pre-refactor build's."""
+    result = json.loads(out.read_text())
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    for isa, cases in record(isas, group).items():
+        result["isas"][isa].update(cases)
+    result.setdefault("rerecorded", {})[group] = {
+        "core_sha256": _sha256(Path(_core.__file__)),
+        "repo_head": head,
+    }
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(_dumps(result))
+    os.replace(tmp, out)
+    print(f"re-recorded the {group} cases of {out} for {', '.join(isas)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ec.LOGITS, help="where to write (default: %(default)s)")
     ap.add_argument("--isa", action="append", help="record only this ISA (repeatable; default: every one)")
     ap.add_argument("--regenerate-models", action="store_true", help="rebuild the tiny GGUFs first")
     ap.add_argument("--force", action="store_true", help="overwrite a logits.json of another _core build")
+    ap.add_argument(
+        "--group", choices=sorted({c.group for c in ec.CASES.values()}),
+        help="re-record only this group's cases into --out, after a deliberate change of their numerics",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.group:
+        return record_group(args.out, args.group, args.isa or _core.available_isas())
 
     core = Path(_core.__file__)
     core_sha = _sha256(core)

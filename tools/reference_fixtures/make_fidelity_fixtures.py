@@ -1,0 +1,140 @@
+"""Record the fidelity fixtures of the real gemma3 / qwen2 GGUFs: the float64 reference in compact form and
+llama.cpp's distance from it over the full vocabulary, for benchmarks/bench_fidelity.py and
+tests/model/test_fidelity_real.py.
+
+The reference is transformers running the model in float64 on the GGUF's own weights, dequantized by its
+GGUF loader (as make_dense_oracle.py). llama.cpp runs as make_dense_fixtures.py's ``SETTINGS`` (f16 K and V
+cache, no flash attention, one 512-token batch, 2 threads). Full-vocabulary logits (512 x 262,144 floats per
+text) are too big to commit, so everything llama.cpp's columns need is computed here, against the full
+reference, and the reference itself is kept as its top ``TOP_K`` log-probabilities per position.
+
+Usage (from the repository root; the test extras plus ``accelerate`` and llama-cpp-python 0.3.36; with the
+build of /work/llamacpp_build: ``PYTHONPATH=<its source>:<its pure-python deps> LLAMA_CPP_LIB_PATH=<its
+build/bin>``)::
+
+    python tools/reference_fixtures/make_fidelity_fixtures.py
+
+For each model it writes ``tests/fixtures/reference/fidelity-<arch>.npz``, for each text of ``TEXTS``
+(prose, code, a chat rendered with the model's own template) under ``<text>/``:
+
+- ``ids`` [N]: the text's first N = 512 tokens (regolith's tokenizer, identical to llama.cpp's);
+- ``top_ids`` [N][TOP_K], ``top_logprobs`` [N][TOP_K]: the reference's most likely next tokens
+  (descending) and their log-probabilities (float64 log-softmax over the full vocabulary, stored as float32);
+- ``ref_nll`` [N-1]: the reference's negative log-likelihood of each actual next token;
+- ``llama_kl`` [N], ``llama_top1`` [N], ``llama_nll`` [N-1]: llama.cpp's KL divergence from the reference
+  over the full vocabulary, KL(reference || llama.cpp) in nats, whether its top-1 token is the reference's,
+  and its negative log-likelihood of each next token; ``llama_top_logprobs`` [N][TOP_K]: its
+  log-probabilities of the reference's top tokens (to compare llama.cpp with regolith on the compact form
+  too, where the full reference is not at hand).
+
+and ``meta``: a JSON string with the model, the reference's and llama.cpp's versions and settings.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+
+from regolith.logprobs import log_softmax
+from regolith.models import resolve_model
+from tools.llamacpp_fixtures.make_dense_fixtures import SETTINGS
+from tools.llamacpp_fixtures.make_dense_fixtures import TEXT as PROSE
+from tools.reference_fixtures.fidelity_texts import CHAT, CODE
+
+MODELS = {"gemma3": "gemma3-270m", "qwen2": "qwen2.5-coder-0.5b"}
+OUT = ROOT / "tests" / "fixtures" / "reference"
+N_TOKENS = 512
+TOP_K = 32
+
+
+def text_ids(model, name: str) -> list[int]:
+    """The first N_TOKENS tokens of text ``name`` for ``model`` (a regolith.Model)."""
+    if name == "chat":
+        ids = model.chat_prompt(CHAT, add_generation_prompt=False)
+    else:
+        ids = model.tokenize(PROSE if name == "prose" else CODE)
+    if len(ids) < N_TOKENS:
+        raise SystemExit(f"{model.config['architecture']} {name}: only {len(ids)} tokens")
+    return ids[:N_TOKENS]
+
+
+def record(arch: str, name: str) -> Path:
+    import llama_cpp
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    import regolith
+
+    path = resolve_model(name)
+    model = regolith.Model.load(path)
+    ref_model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    ref_model = ref_model.double().eval()
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=SETTINGS["n_ctx"],
+        n_batch=SETTINGS["n_batch"],
+        n_threads=SETTINGS["n_threads"],
+        n_threads_batch=SETTINGS["n_threads"],
+        type_k=llama_cpp.GGML_TYPE_F16,
+        type_v=llama_cpp.GGML_TYPE_F16,
+        flash_attn=SETTINGS["flash_attn"],
+        logits_all=True,
+        verbose=False,
+    )
+    out: dict[str, np.ndarray] = {}
+    for text in ("prose", "code", "chat"):
+        ids = text_ids(model, text)
+        with torch.no_grad():
+            ref = log_softmax(ref_model(torch.tensor([ids])).logits[0].numpy())
+        llm.reset()
+        llm.eval(ids)
+        lcpp = log_softmax(np.array(llm.scores[:N_TOKENS], dtype=np.float32))
+        nxt = (np.arange(N_TOKENS - 1), np.array(ids[1:]))
+        top = np.argsort(-ref, axis=1, kind="stable")[:, :TOP_K]
+        out[f"{text}/ids"] = np.array(ids, dtype=np.int32)
+        out[f"{text}/top_ids"] = top.astype(np.int32)
+        out[f"{text}/top_logprobs"] = np.take_along_axis(ref, top, axis=1).astype(np.float32)
+        out[f"{text}/ref_nll"] = (-ref[nxt]).astype(np.float32)
+        out[f"{text}/llama_kl"] = (np.exp(ref) * (ref - lcpp)).sum(axis=1).astype(np.float32)
+        out[f"{text}/llama_top1"] = lcpp.argmax(axis=1) == top[:, 0]
+        out[f"{text}/llama_nll"] = (-lcpp[nxt]).astype(np.float32)
+        out[f"{text}/llama_top_logprobs"] = np.take_along_axis(lcpp, top, axis=1).astype(np.float32)
+        print(
+            f"{arch} {text}: llama.cpp KL {out[f'{text}/llama_kl'].mean():.5f} "
+            f"top-1 {out[f'{text}/llama_top1'].mean():.4f}",
+            flush=True,
+        )
+    meta = {
+        "model": name,
+        "reference": f"transformers {transformers.__version__}, float64, GGUF weights dequantized",
+        "llama_cpp": {"version": llama_cpp.__version__, **SETTINGS},
+        "top_k": TOP_K,
+    }
+    dst = OUT / f"fidelity-{arch}.npz"
+    tmp = dst.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), **out)
+    tmp.replace(dst)
+    return dst
+
+
+def main() -> None:
+    import torch
+
+    torch.set_num_threads(2)
+    for arch, name in MODELS.items():
+        dst = record(arch, name)
+        print("wrote", dst, dst.stat().st_size, "bytes")
+
+
+if __name__ == "__main__":
+    main()
