@@ -1,5 +1,5 @@
 """The model tests a GPU backend must pass, and how they are run on one: in a subprocess with REGOLITH_BACKEND
-set, which every model, window and vision tower then uses (tests/test_metal_backend.py, test_cuda_backend.py).
+set, which every model, window and vision tower then uses (tests/test_metal_backend.py, test_cuda_backend.py; test_opaque_backend.py runs every test so).
 
 The suite: the tiny qwen4exp configs (with MTP), gemma3, qwen2 and the vision tower against transformers;
 streamed output equal to resident output bit for bit at any arena size; saved and restored states;
@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SUITE = [
+SUITE = (
     "tests/model",
     "tests/test_streaming.py",
     "tests/test_session_state.py",
@@ -24,11 +24,12 @@ SUITE = [
     "tests/test_demo_model.py",
     "tests/test_generation.py",
     "tests/test_prompt_cache.py",
-]
+)
 
 
-def run_suite(backend: str, *pytest_args: str, timeout: float = 2400) -> None:
-    """Runs SUITE with REGOLITH_BACKEND=backend (stopping at the first failure) and asserts that it passed."""
+def run_suite(backend: str, *pytest_args: str, paths: tuple[str, ...] = SUITE, timeout: float = 2400) -> None:
+    """Runs the tests in `paths` (SUITE by default) with REGOLITH_BACKEND=backend, stopping at the first failure,
+    and asserts that they passed."""
     env = {**os.environ, "REGOLITH_BACKEND": backend}
     cmd = [
         sys.executable,
@@ -42,7 +43,7 @@ def run_suite(backend: str, *pytest_args: str, timeout: float = 2400) -> None:
         "ignore::RuntimeWarning",
     ]
     run = subprocess.run(
-        [*cmd, *pytest_args, *SUITE],
+        [*cmd, *pytest_args, *paths],
         check=False,
         cwd=ROOT,
         env=env,

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from regolith.logprobs import log_softmax
 from regolith.models import resolve_model
-from tools.llamacpp_fixtures.make_dense_fixtures import SETTINGS
+from tools.llamacpp_fixtures.make_dense_fixtures import SETTINGS, make_llama
 from tools.llamacpp_fixtures.make_dense_fixtures import TEXT as PROSE
 from tools.reference_fixtures.fidelity_texts import CHAT, CODE
 
@@ -79,18 +79,7 @@ def record(arch: str, name: str) -> Path:
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     )
     ref_model = ref_model.double().eval()
-    llm = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=SETTINGS["n_ctx"],
-        n_batch=SETTINGS["n_batch"],
-        n_threads=SETTINGS["n_threads"],
-        n_threads_batch=SETTINGS["n_threads"],
-        type_k=llama_cpp.GGML_TYPE_F16,
-        type_v=llama_cpp.GGML_TYPE_F16,
-        flash_attn=SETTINGS["flash_attn"],
-        logits_all=True,
-        verbose=False,
-    )
+    llm = make_llama(name, flash_attn=SETTINGS["flash_attn"])
     out: dict[str, np.ndarray] = {}
     for text in ("prose", "code", "chat"):
         ids = text_ids(model, text)
