@@ -20,7 +20,6 @@ namespace regolith::cuda {
 
 namespace {
 
-constexpr int kFillBlocks = 512;    // decode blocks that keep the GPU's loads in flight (4 per SM of an H200)
 constexpr int64_t kDecodeTokens = 16;  // products of at most this many tokens take the decode kernel
 constexpr int kActsThreads = 1024;  // acts_f16: threads per token row
 constexpr size_t kExactMaxBytes = size_t(4) << 30;  // exact products: dequantized weights per matrix
@@ -79,15 +78,15 @@ __global__ void acts_f16_k(ActsJobs jobs) {
 }
 
 // One product of a decode launch: y = W x for rows w and the ntok rows of x's f16 form a, split into n_seg
-// segments of K (one: no split) whose sums go to part [n_seg][ntok][rows]; its tiles of 64 rows are the
-// launch's blocks [block0, + tiles n_seg), tile-major within a segment, and count their segments in counters
-// [counter0, + tiles).
+// segments of K (one: no split) whose sums go to part [n_seg][ntok][rows]; each of its tiles of 64 rows has
+// per_tile = ceil(n_seg / spb) blocks of spb segments (one block without a split), the launch's blocks
+// [block0, + tiles per_tile), tile-major, which count themselves in counters [counter0, + tiles).
 struct DecodeJob {
     Rows w;
     View y;
     float* part;
     HalfActs a;
-    int32_t ntok, n_seg, tiles, block0, counter0;
+    int32_t ntok, n_seg, spb, tiles, block0, counter0;
 };
 
 // The products of one decode launch: every job has the weight type and K (nb blocks), each its own input
@@ -102,10 +101,11 @@ struct DecodeJobs {
 static_assert(sizeof(DecodeJobs) <= 4096 && sizeof(ActsJobs) <= 4096, "kernel parameters of at most 4 KiB");
 
 // Decode: a warp per 16 rows (4 per block), the ntok <= 8 NT tokens as NT fragment tiles, and every chunk of K
-// (one segment: the block writes y) or the chunks of its segment (it writes its sums to part, and the tile's
-// last block adds them: last_of_segments). Without segments, no block-wide barrier: warps return as they finish.
+// (no split: the block writes y) or the chunks of its spb segments (it writes each segment's sums to part, and
+// the tile's last block adds them: last_of_segments). Without a split, no block-wide barrier: warps return as
+// they finish.
 template <class Dec, int NT>
-__global__ void qmm_decode(DecodeJobs jobs, int64_t nb, unsigned* counters) {
+__global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>)) qmm_decode(DecodeJobs jobs, int64_t nb, unsigned* counters) {
     pdl_begin();
     extern __shared__ __align__(16) uint8_t smem[];
     int k = 0;
@@ -115,38 +115,42 @@ __global__ void qmm_decode(DecodeJobs jobs, int64_t nb, unsigned* counters) {
     const HalfActs& a = j.a;
     const int64_t ntok = j.ntok;
     float* part = j.n_seg > 1 ? j.part : nullptr;
-    const int64_t local = int64_t(blockIdx.x) - j.block0, tile = local % j.tiles, seg = local / j.tiles;
+    const int64_t local = int64_t(blockIdx.x) - j.block0, tile = local % j.tiles, seg0 = local / j.tiles * j.spb;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r0 = (tile * 4 + warp) * 16;
     if (r0 < w.rows) {
         uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
         __half* tile_sm = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
-        int64_t c_lo, c_hi;
-        segment_chunks(chunks<Dec>(nb), part != nullptr, seg, c_lo, c_hi);
         int64_t tok[NT];
 #pragma unroll
         for (int t = 0; t < NT; ++t) tok[t] = 8 * t + lane / 4 < ntok ? 8 * t + lane / 4 : -1;
-        float total[NT][4];
-        warp_product<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, total);
-        store_total<NT>(total, r0, w.rows, [&](int i, int64_t r, float v) {
-            if (i >= ntok) return;
-            if (part)
-                part[(seg * ntok + i) * w.rows + r] = v;
-            else
-                j.y.row(i)[r] = a.s[i] * v;
-        });
+        if (part) {
+            int64_t c_lo, c_hi;
+            segment_chunks(chunks<Dec>(nb), seg0, j.spb, c_lo, c_hi);
+            warp_segments<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, [&](int64_t c, const float (&acc)[NT][4]) {
+                const int64_t seg = c / kSegmentChunks;
+                store_total<NT>(acc, r0, w.rows, [&](int i, int64_t r, float v) {
+                    if (i < ntok) part[(seg * ntok + i) * w.rows + r] = v;
+                });
+            });
+        } else {
+            float total[NT][4];
+            warp_product<Dec, NT>(w, r0, nb, 0, chunks<Dec>(nb), a, tok, raw, tile_sm, total);
+            store_total<NT>(total, r0, w.rows, [&](int i, int64_t r, float v) {
+                if (i < ntok) j.y.row(i)[r] = a.s[i] * v;
+            });
+            return;
+        }
     } else if (!part) {
         return;
     }
-    if (!part || !last_of_segments(counters + j.counter0 + tile, j.n_seg)) return;
+    if (!last_of_segments(counters + j.counter0 + tile, (j.n_seg + j.spb - 1) / j.spb)) return;
     // y[t][r] = s[t] * (((0 + part[0][t][r]) + part[1][t][r]) + ...) for the tile's 64 rows
     const int64_t rb = tile * 64;
     for (int64_t i = threadIdx.x; i < 64 * ntok; i += blockDim.x) {
         const int64_t t = i / 64, r = rb + i % 64;
         if (r >= w.rows) continue;
-        float sum = 0.0f;
-        for (int64_t g = 0; g < j.n_seg; ++g) sum += __ldcg(part + (g * ntok + t) * w.rows + r);
-        j.y.row(t)[r] = a.s[t] * sum;
+        j.y.row(t)[r] = a.s[t] * sum_segments(part + t * w.rows + r, ntok * w.rows, j.n_seg);
     }
 }
 
@@ -249,16 +253,24 @@ bool same_view(const View& a, const View& b) {
 // (the sum of part_bytes).
 void decode_products(cudaStream_t s, const MatmulView* const* js, const HalfActs* const* a, int n, uint8_t* part) {
     const int64_t K = js[0]->w.cols;
+    int64_t units = 0;  // tiles times segments of the split jobs
+    for (int i = 0; i < n; ++i) {
+        const int64_t n_seg = product_segments(js[i]->x.rows, K, js[i]->w.rows);
+        if (n_seg > 1) units += grid(js[i]->w.rows, 64) * n_seg;
+    }
+    const int64_t spb = segments_per_block(units);
     DecodeJobs jobs{};
     jobs.n = n;
     int64_t blocks = 0, counters = 0, M = 0;
     for (int i = 0; i < n; ++i) {
         const MatmulView& j = *js[i];
         const int64_t tiles = grid(j.w.rows, 64), n_seg = product_segments(j.x.rows, K, j.w.rows);
+        const int64_t job_spb = n_seg > 1 ? std::min(spb, n_seg) : 1;
         jobs.job[i] = DecodeJob{Rows{j.w.base, j.w.rows, j.w.stride}, j.y, reinterpret_cast<float*>(part), *a[i],
-                                int32_t(j.x.rows), int32_t(n_seg), int32_t(tiles), int32_t(blocks), int32_t(counters)};
+                                int32_t(j.x.rows), int32_t(n_seg), int32_t(job_spb), int32_t(tiles), int32_t(blocks),
+                                int32_t(counters)};
         part += part_bytes(j);
-        blocks += tiles * n_seg;
+        blocks += tiles * ((n_seg + job_spb - 1) / job_spb);
         if (n_seg > 1) counters += tiles;
         M = std::max(M, j.x.rows);
     }
@@ -266,9 +278,9 @@ void decode_products(cudaStream_t s, const MatmulView* const* js, const HalfActs
         using D = decltype(dec);
         constexpr size_t smem = 4 * warp_smem_bytes<D>();
         if (M <= 8)
-            launch(qmm_decode<D, 1>, unsigned(blocks), 128, smem, s, jobs, K / D::QK, segment_counters());
+            launch(qmm_decode<D, 1>, unsigned(blocks), kDecodeThreads, smem, s, jobs, K / D::QK, segment_counters());
         else
-            launch(qmm_decode<D, 2>, unsigned(blocks), 128, smem, s, jobs, K / D::QK, segment_counters());
+            launch(qmm_decode<D, 2>, unsigned(blocks), kDecodeThreads, smem, s, jobs, K / D::QK, segment_counters());
     });
     RG_LAUNCHED("matmul (tensor cores, decode)");
 }

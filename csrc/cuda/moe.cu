@@ -136,16 +136,18 @@ __global__ void group_k(View ids, int64_t n_expert, int32_t* offset, int32_t* or
 // The quantized products of the blockIdx.z-th expert e with pairs (active[1 + z]; blocks past active[0]
 // return): rows [64 bx, +64) of e (rows e * n .. of the stacked w, a warp per 16) times its pairs
 // [8 NT tile, +8 NT), each pair p's activations the row p / per_x of `a`; y[p] takes the result.
-// blockIdx.y = tile * n_seg + segment: with one segment the block sums every segment of K and writes y; with
-// n_seg = segments(K) it writes segment blockIdx.y % n_seg to part [n_seg][pairs][n], and the last of the
-// tile's blocks adds them (last_of_segments). The steps of matmul's kernels (cuda/qmma.cuh): the same bits.
+// blockIdx.y = tile * per_tile + b with per_tile = ceil(n_seg / spb): with one segment (no split) the block
+// sums every segment of K and writes y; with n_seg = segments(K) it writes the sums of segments
+// [b spb, + spb) to part [n_seg][pairs][n], and the last of the tile's blocks adds them (last_of_segments).
+// The steps of matmul's kernels (cuda/qmma.cuh): the same bits.
 template <class Dec, int NT>
-__global__ void qmm_grouped(Rows w, int64_t n, int64_t nb, const int32_t* offset, const int32_t* order,
-                            const int32_t* active, HalfActs a, int64_t per_x, View y, int64_t n_seg, int64_t pairs,
-                            float* part, unsigned* counters) {
+__global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>)) qmm_grouped(Rows w, int64_t n, int64_t nb, const int32_t* offset, const int32_t* order,
+                            const int32_t* active, HalfActs a, int64_t per_x, View y, int64_t n_seg, int64_t spb,
+                            int64_t pairs, float* part, unsigned* counters) {
     pdl_begin();
     if (int64_t(blockIdx.z) >= active[0]) return;
-    const int64_t e = active[1 + blockIdx.z], tile = blockIdx.y / n_seg, seg = blockIdx.y % n_seg;
+    const int64_t per_tile = (n_seg + spb - 1) / spb;
+    const int64_t e = active[1 + blockIdx.z], tile = blockIdx.y / per_tile, seg0 = blockIdx.y % per_tile * spb;
     const int64_t p0 = offset[e] + tile * 8 * NT, p1 = offset[e + 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r0 = (int64_t(blockIdx.x) * 4 + warp) * 16;
@@ -162,31 +164,36 @@ __global__ void qmm_grouped(Rows w, int64_t n, int64_t nb, const int32_t* offset
             const int64_t p = pair(8 * j + lane / 4);
             tok[j] = p < 0 ? p : p / per_x;
         }
-        int64_t c_lo, c_hi;
-        segment_chunks(chunks<Dec>(nb), part != nullptr, seg, c_lo, c_hi);
-        float total[NT][4];
-        warp_product<Dec, NT>(we, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, total);
-        store_total<NT>(total, r0, n, [&](int i, int64_t r, float v) {
-            const int64_t p = pair(i);
-            if (p < 0) return;
-            if (part)
-                part[(seg * pairs + p) * n + r] = v;
-            else
-                y.row(p)[r] = a.s[p / per_x] * v;
-        });
+        if (part) {
+            int64_t c_lo, c_hi;
+            segment_chunks(chunks<Dec>(nb), seg0, spb, c_lo, c_hi);
+            warp_segments<Dec, NT>(we, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, [&](int64_t c, const float (&acc)[NT][4]) {
+                const int64_t seg = c / kSegmentChunks;
+                store_total<NT>(acc, r0, n, [&](int i, int64_t r, float v) {
+                    const int64_t p = pair(i);
+                    if (p >= 0) part[(seg * pairs + p) * n + r] = v;
+                });
+            });
+        } else {
+            float total[NT][4];
+            warp_product<Dec, NT>(we, r0, nb, 0, chunks<Dec>(nb), a, tok, raw, tile_sm, total);
+            store_total<NT>(total, r0, n, [&](int i, int64_t r, float v) {
+                const int64_t p = pair(i);
+                if (p >= 0) y.row(p)[r] = a.s[p / per_x] * v;
+            });
+            return;
+        }
     } else if (!part) {
         return;
     }
-    const int64_t tiles = gridDim.y / n_seg;
-    if (!part || !last_of_segments(counters + (blockIdx.z * tiles + tile) * gridDim.x + blockIdx.x, n_seg)) return;
+    const int64_t tiles = gridDim.y / per_tile;
+    if (!last_of_segments(counters + (blockIdx.z * tiles + tile) * gridDim.x + blockIdx.x, per_tile)) return;
     // y[p][r] = s[p / per_x] * (((0 + part[0][p][r]) + part[1][p][r]) + ...) for the block's rows and pairs
     const int64_t rb = int64_t(blockIdx.x) * 64;
     for (int i = threadIdx.x; i < 64 * 8 * NT; i += blockDim.x) {
         const int64_t p = pair(i / 64), r = rb + i % 64;
         if (p < 0 || r >= n) continue;
-        float sum = 0.0f;
-        for (int64_t g = 0; g < n_seg; ++g) sum += __ldcg(part + (g * pairs + p) * n + r);
-        y.row(p)[r] = a.s[p / per_x] * sum;
+        y.row(p)[r] = a.s[p / per_x] * sum_segments(part + p * n + r, pairs * n, n_seg);
     }
 }
 
@@ -218,6 +225,8 @@ void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, co
     const int64_t tiles = grid(ids.rows, ids.rows <= 8 ? 8 : 16) * slots * grid(n, 64);
     const int64_t n_seg = part && !as_float && tiles <= kSegmentCounters ? segments(w.cols) : 1;
     if (n_seg == 1) part = nullptr;
+    const int64_t spb = n_seg > 1 ? std::min(n_seg, segments_per_block(tiles * n_seg)) : 1;
+    const int64_t per_tile = (n_seg + spb - 1) / spb;
     if (as_float) {
         const View wf = float_type(w.type) ? w : dequantized(s, w, exact_scratch, size_t(4) << 30);
         launch(pair_mmv_float, dim3(unsigned(pairs), unsigned(n)), 128, 0, s, wf, n, ids, x, per_x, y);
@@ -228,11 +237,13 @@ void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, co
             const Rows rows{w.base, w.rows, w.stride};
             const int64_t nb = w.cols / D::QK;
             if (ids.rows <= 8) {
-                launch(qmm_grouped<D, 1>, dim3(grid(n, 64), unsigned(grid(ids.rows, 8) * n_seg), slots), 128, smem, s, 
-                    rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, pairs, part, segment_counters());
+                launch(qmm_grouped<D, 1>, dim3(grid(n, 64), unsigned(grid(ids.rows, 8) * per_tile), slots), kDecodeThreads,
+                       smem, s, rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, spb, pairs, part,
+                       segment_counters());
             } else {
-                launch(qmm_grouped<D, 2>, dim3(grid(n, 64), unsigned(grid(ids.rows, 16) * n_seg), slots), 128, smem, s, 
-                    rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, pairs, part, segment_counters());
+                launch(qmm_grouped<D, 2>, dim3(grid(n, 64), unsigned(grid(ids.rows, 16) * per_tile), slots), kDecodeThreads,
+                       smem, s, rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, spb, pairs, part,
+                       segment_counters());
             }
         });
     }

@@ -228,13 +228,14 @@ constexpr int kWarpTileLd = kWarpTileK<Dec> + 8;
 
 // One warp's product of 16 weight rows (r0.. of w) with up to 8 NT tokens whose f16 rows this lane reads
 // for its fragment column: tok[j] = the xh row of token 8 j + lane / 4, or -1 (a zero column). K chunks
-// [c_lo, c_hi) (chunk c = blocks [c kPerChunk, +kPerChunk) clipped to nb), summed per segment
-// and the segments added in order into total. raw / tile: the warp's shared memory ([16][kRawLd] bytes,
-// [16][kWarpTileLd] halves). The next chunk's raw pieces are loaded while this one is decoded and multiplied.
-template <class Dec, int NT>
-__device__ inline void warp_product(const Rows& w, int64_t r0, int64_t nb, int64_t c_lo, int64_t c_hi,
-                                    const HalfActs& a, const int64_t (&tok)[NT], uint8_t* raw, __half* tile,
-                                    float (&total)[NT][4]) {
+// [c_lo, c_hi) (chunk c = blocks [c kPerChunk, +kPerChunk) clipped to nb), summed per segment: at the end of
+// each segment (or of chunk c_hi - 1) seg_end(c, sums) takes its sums. raw / tile: the warp's shared memory
+// ([16][kRawLd] bytes, [16][kWarpTileLd] halves). The next chunk's raw pieces are loaded while this one is
+// decoded and multiplied.
+template <class Dec, int NT, class SegEnd>
+__device__ inline void warp_segments(const Rows& w, int64_t r0, int64_t nb, int64_t c_lo, int64_t c_hi,
+                                     const HalfActs& a, const int64_t (&tok)[NT], uint8_t* raw, __half* tile,
+                                     SegEnd seg_end) {
     using S = Staging<Dec>;
     constexpr int kLoads = (16 * S::kGranules + 31) / 32;  // raw pieces per lane
     const int lane = threadIdx.x & 31, t4 = lane & 3;
@@ -253,7 +254,7 @@ __device__ inline void warp_product(const Rows& w, int64_t r0, int64_t nb, int64
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
-        for (int e = 0; e < 4; ++e) total[j][e] = 0.0f, acc[j][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     if (c_lo < c_hi) load(c_lo);
     for (int64_t c = c_lo; c < c_hi; ++c) {
         const int64_t b0 = c * S::kPerChunk;
@@ -297,12 +298,28 @@ __device__ inline void warp_product(const Rows& w, int64_t r0, int64_t nb, int64
             }
         }
         if (segment_ends(c) || c + 1 == c_hi) {
+            seg_end(c, acc);
 #pragma unroll
             for (int j = 0; j < NT; ++j)
-                for (int e = 0; e < 4; ++e) total[j][e] += acc[j][e], acc[j][e] = 0.0f;
+                for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
         }
         __syncwarp();  // the tile and raw are rewritten next chunk
     }
+}
+
+// warp_segments with the segments' sums added in order into total.
+template <class Dec, int NT>
+__device__ inline void warp_product(const Rows& w, int64_t r0, int64_t nb, int64_t c_lo, int64_t c_hi,
+                                    const HalfActs& a, const int64_t (&tok)[NT], uint8_t* raw, __half* tile,
+                                    float (&total)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+        for (int e = 0; e < 4; ++e) total[j][e] = 0.0f;
+    warp_segments<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, raw, tile, [&](int64_t, const float (&acc)[NT][4]) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+            for (int e = 0; e < 4; ++e) total[j][e] += acc[j][e];
+    });
 }
 
 // Chunks of a matrix of nb blocks per row (segment sg: chunks [kSegmentChunks sg, +kSegmentChunks)).
@@ -311,11 +328,17 @@ __host__ __device__ inline int64_t chunks(int64_t nb) {
     return (nb + Staging<Dec>::kPerChunk - 1) / Staging<Dec>::kPerChunk;
 }
 
-// The chunks [lo, hi) of nc a block sums: all of them (split false), or those of segment seg.
-__device__ inline void segment_chunks(int64_t nc, bool split, int64_t seg, int64_t& lo, int64_t& hi) {
-    lo = split ? kSegmentChunks * seg : 0;
-    hi = split ? (lo + kSegmentChunks < nc ? lo + kSegmentChunks : nc) : nc;
+// The chunks [lo, hi) of nc of the segments [seg, seg + n) (segment s: chunks [kSegmentChunks s, +kSegmentChunks)).
+__device__ inline void segment_chunks(int64_t nc, int64_t seg, int64_t n, int64_t& lo, int64_t& hi) {
+    lo = kSegmentChunks * seg;
+    hi = lo + kSegmentChunks * n < nc ? lo + kSegmentChunks * n : nc;
 }
+
+// Segments a block of a split decode product takes: the fewest that keep its blocks (`units` tiles times
+// segments in the launch) within one wave of kFillBlocks, so a warp streams its segments' chunks one after
+// another (each loaded while the one before it is multiplied) instead of a wave of blocks per chunk.
+constexpr int kFillBlocks = 512;  // decode blocks of one wave (4 an SM of an H200: kDecodeMinBlocks)
+inline int64_t segments_per_block(int64_t units) { return units > kFillBlocks ? (units + kFillBlocks - 1) / kFillBlocks : 1; }
 
 // Split-K decode: the blocks of one tile each write their segment's sums, and the last of them to finish adds
 // the segments in order (so no second kernel). Each tile has a counter in segment_counters() (zero between
@@ -338,6 +361,31 @@ __device__ inline bool last_of_segments(unsigned* counter, int64_t n_seg) {
     __syncthreads();
     return last;
 }
+
+// ((0 + part[0]) + part[1]) + ... + part[n_seg - 1], part[g] at p[g * stride], read past L1 (__ldcg). The
+// loads are issued 8 at a time before the adds (a loop of load-then-add waits an L2 round trip per segment:
+// 32 of them for K = 8192); the additions are the same, in the same order.
+__device__ inline float sum_segments(const float* p, int64_t stride, int64_t n_seg) {
+    constexpr int kBatch = 8;
+    float sum = 0.0f;
+    for (int64_t g0 = 0; g0 < n_seg; g0 += kBatch) {
+        float v[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) v[i] = g0 + i < n_seg ? __ldcg(p + (g0 + i) * stride) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i)
+            if (g0 + i < n_seg) sum += v[i];
+    }
+    return sum;
+}
+
+// The decode kernels (a warp per 16 rows, 4 warps a block) are latency-bound: they need warps in flight more
+// than registers. Blocks an SM they are compiled for: 4 (at most 128 registers a thread; Q8_0 took 165, so
+// 3 blocks an SM) for one 8-token tile, where ptxas spills at most a few words (sm_90: every type but TQ1_0
+// and Q8_K, which would spill over 2 KB a thread); else 1 (registers as the compiler chooses).
+constexpr int kDecodeThreads = 128;
+template <class Dec, int NT>
+constexpr int kDecodeMinBlocks = NT == 1 && Dec::TYPE != RG_TYPE_TQ1_0 && Dec::TYPE != RG_TYPE_Q8_K ? 4 : 1;
 
 // Shared memory of one warp_product warp: its raw chunk, then its f16 tile (both multiples of 16 bytes).
 template <class Dec>
