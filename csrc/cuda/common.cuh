@@ -38,12 +38,15 @@ struct View {
 // The device view of t, checked to lie inside its buffer (Error otherwise); an empty View for an empty tensor.
 View view(const Tensor& t);
 
-// Allows `kernel` `bytes` of dynamic shared memory, and as much shared memory per SM as it can have.
+// Allows `kernel` `bytes` of dynamic shared memory; with max_carveout, as much shared memory per SM as it can
+// have (less L1): left to the driver, an H200 SM ran 3 decode blocks of 43 KB where it has room for 5. Not
+// for kernels that read the quantization tables many times (prefill's expert products): they need the L1.
 template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
+void allow_smem(Kernel kernel, size_t bytes, bool max_carveout = false) {
     RG_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    // left to the driver, an H200 SM ran 3 decode blocks of 43 KB where it has room for 5
-    RG_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)));
+    if (max_carveout)
+        RG_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     int(cudaSharedmemCarveoutMaxShared)));
 }
 
 // Programmatic dependent launch (sm_90 and newer): kernels are launched with launch(), which lets a kernel's

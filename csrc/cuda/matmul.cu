@@ -105,7 +105,8 @@ static_assert(sizeof(DecodeJobs) <= 4096 && sizeof(ActsJobs) <= 4096, "kernel pa
 // the tile's last block adds them: last_of_segments). Without a split, no block-wide barrier: warps return as
 // they finish.
 template <class Dec, int NT>
-__global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>)) qmm_decode(DecodeJobs jobs, int64_t nb, unsigned* counters) {
+__global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>))
+    qmm_decode(DecodeJobs jobs, int64_t nb, unsigned* counters) {
     pdl_begin();
     extern __shared__ __align__(16) uint8_t smem[];
     int k = 0;
@@ -127,12 +128,13 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>)) q
         if (part) {
             int64_t c_lo, c_hi;
             segment_chunks(chunks<Dec>(nb), seg0, j.spb, c_lo, c_hi);
-            warp_segments<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, [&](int64_t c, const float (&acc)[NT][4]) {
+            const auto seg_end = [&](int64_t c, const float(&acc)[NT][4]) {
                 const int64_t seg = c / kSegmentChunks;
                 store_total<NT>(acc, r0, w.rows, [&](int i, int64_t r, float v) {
                     if (i < ntok) part[(seg * ntok + i) * w.rows + r] = v;
                 });
-            });
+            };
+            warp_segments<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, seg_end);
         } else {
             float total[NT][4];
             warp_product<Dec, NT>(w, r0, nb, 0, chunks<Dec>(nb), a, tok, raw, tile_sm, total);
@@ -332,7 +334,7 @@ void init_matmul_kernels() {
 #define RG_INIT_(T)                                                                                  \
     {                                                                                                \
         using D = BlockDecoder<T>;                                                                   \
-        allow_smem(qmm_decode<D, 1>, 4 * warp_smem_bytes<D>());                                      \
+        allow_smem(qmm_decode<D, 1>, 4 * warp_smem_bytes<D>(), true);                                \
         allow_smem(qmm_decode<D, 2>, 4 * warp_smem_bytes<D>());                                      \
         allow_smem(qmm_prefill<D>, prefill_smem_bytes<D>());                                         \
     }

@@ -141,9 +141,10 @@ __global__ void group_k(View ids, int64_t n_expert, int32_t* offset, int32_t* or
 // [b spb, + spb) to part [n_seg][pairs][n], and the last of the tile's blocks adds them (last_of_segments).
 // The steps of matmul's kernels (cuda/qmma.cuh): the same bits.
 template <class Dec, int NT>
-__global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>)) qmm_grouped(Rows w, int64_t n, int64_t nb, const int32_t* offset, const int32_t* order,
-                            const int32_t* active, HalfActs a, int64_t per_x, View y, int64_t n_seg, int64_t spb,
-                            int64_t pairs, float* part, unsigned* counters) {
+__global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>))
+    qmm_grouped(Rows w, int64_t n, int64_t nb, const int32_t* offset, const int32_t* order, const int32_t* active,
+                HalfActs a, int64_t per_x, View y, int64_t n_seg, int64_t spb, int64_t pairs, float* part,
+                unsigned* counters) {
     pdl_begin();
     if (int64_t(blockIdx.z) >= active[0]) return;
     const int64_t per_tile = (n_seg + spb - 1) / spb;
@@ -167,13 +168,14 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>)) q
         if (part) {
             int64_t c_lo, c_hi;
             segment_chunks(chunks<Dec>(nb), seg0, spb, c_lo, c_hi);
-            warp_segments<Dec, NT>(we, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, [&](int64_t c, const float (&acc)[NT][4]) {
+            const auto seg_end = [&](int64_t c, const float(&acc)[NT][4]) {
                 const int64_t seg = c / kSegmentChunks;
                 store_total<NT>(acc, r0, n, [&](int i, int64_t r, float v) {
                     const int64_t p = pair(i);
                     if (p >= 0) part[(seg * pairs + p) * n + r] = v;
                 });
-            });
+            };
+            warp_segments<Dec, NT>(we, r0, nb, c_lo, c_hi, a, tok, raw, tile_sm, seg_end);
         } else {
             float total[NT][4];
             warp_product<Dec, NT>(we, r0, nb, 0, chunks<Dec>(nb), a, tok, raw, tile_sm, total);
@@ -237,13 +239,13 @@ void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, co
             const Rows rows{w.base, w.rows, w.stride};
             const int64_t nb = w.cols / D::QK;
             if (ids.rows <= 8) {
-                launch(qmm_grouped<D, 1>, dim3(grid(n, 64), unsigned(grid(ids.rows, 8) * per_tile), slots), kDecodeThreads,
-                       smem, s, rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, spb, pairs, part,
-                       segment_counters());
+                launch(qmm_grouped<D, 1>, dim3(grid(n, 64), unsigned(grid(ids.rows, 8) * per_tile), slots),
+                       kDecodeThreads, smem, s, rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg,
+                       spb, pairs, part, segment_counters());
             } else {
-                launch(qmm_grouped<D, 2>, dim3(grid(n, 64), unsigned(grid(ids.rows, 16) * per_tile), slots), kDecodeThreads,
-                       smem, s, rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg, spb, pairs, part,
-                       segment_counters());
+                launch(qmm_grouped<D, 2>, dim3(grid(n, 64), unsigned(grid(ids.rows, 16) * per_tile), slots),
+                       kDecodeThreads, smem, s, rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg,
+                       spb, pairs, part, segment_counters());
             }
         });
     }
@@ -318,7 +320,7 @@ __global__ void combine_k(View ys, const int32_t* row_of, View weights, View sha
 
 void init_moe_kernels() {
 #define RG_INIT_(T)                                                                                  \
-    allow_smem(qmm_grouped<BlockDecoder<T>, 1>, 4 * warp_smem_bytes<BlockDecoder<T>>());             \
+    allow_smem(qmm_grouped<BlockDecoder<T>, 1>, 4 * warp_smem_bytes<BlockDecoder<T>>(), true);       \
     allow_smem(qmm_grouped<BlockDecoder<T>, 2>, 4 * warp_smem_bytes<BlockDecoder<T>>());
     RG_FOR_EACH_QUANT_TYPE(RG_INIT_)
 #undef RG_INIT_

@@ -328,7 +328,7 @@ __host__ __device__ inline int64_t chunks(int64_t nb) {
     return (nb + Staging<Dec>::kPerChunk - 1) / Staging<Dec>::kPerChunk;
 }
 
-// The chunks [lo, hi) of nc of the segments [seg, seg + n) (segment s: chunks [kSegmentChunks s, +kSegmentChunks)).
+// The chunks [lo, hi) of nc of segments [seg, seg + n) (segment s: chunks [kSegmentChunks s, +kSegmentChunks)).
 __device__ inline void segment_chunks(int64_t nc, int64_t seg, int64_t n, int64_t& lo, int64_t& hi) {
     lo = kSegmentChunks * seg;
     hi = lo + kSegmentChunks * n < nc ? lo + kSegmentChunks * n : nc;
@@ -338,7 +338,9 @@ __device__ inline void segment_chunks(int64_t nc, int64_t seg, int64_t n, int64_
 // segments in the launch) within one wave of kFillBlocks, so a warp streams its segments' chunks one after
 // another (each loaded while the one before it is multiplied) instead of a wave of blocks per chunk.
 constexpr int kFillBlocks = 512;  // decode blocks of one wave (4 an SM of an H200: kDecodeMinBlocks)
-inline int64_t segments_per_block(int64_t units) { return units > kFillBlocks ? (units + kFillBlocks - 1) / kFillBlocks : 1; }
+inline int64_t segments_per_block(int64_t units) {
+    return units > kFillBlocks ? (units + kFillBlocks - 1) / kFillBlocks : 1;
+}
 
 // Split-K decode: the blocks of one tile each write their segment's sums, and the last of them to finish adds
 // the segments in order (so no second kernel). Each tile has a counter in segment_counters() (zero between
