@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
+# `regolith serve`'s default --parallel, when the memory plan fits that many windows (llama-server's too).
+DEFAULT_PARALLEL = 4
+
 
 def _pull(args: argparse.Namespace, console: Console) -> int:
     from . import hub
@@ -336,6 +339,17 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         name = args.model or DEFAULT_MODEL
     else:
         name = os.path.basename(model.path).removesuffix(".gguf")
+    parallel = args.parallel or (
+        model.plan.windows_that_fit(DEFAULT_PARALLEL) if model.plan else DEFAULT_PARALLEL
+    )
+    if model.plan is not None:
+        model.plan = model.plan.with_windows(parallel)
+        budget = model.plan.budget_bytes
+        if budget is not None and model.plan.total_bytes > budget:
+            err.print(
+                f"[red]--parallel {parallel} does not fit the memory budget:[/red]\n{escape(model.plan.render())}"
+            )
+            return 2
     if args.cache_dir:
         from .prompt_cache import PromptCache
 
@@ -349,11 +363,12 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         max_body=args.max_body,
         default_max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS,
         antislop=args.antislop,
+        parallel=parallel,
     )
     if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[yellow]warning: serving on {escape(args.host)} without an API key (--api-key)[/yellow]")
     err.print(
-        f"[dim]serving {escape(name)} (context {model.n_ctx}) on http://{escape(args.host)}:{args.port}[/dim]",
+        f"[dim]serving {escape(name)} (context {model.n_ctx}, {parallel} at once) on http://{escape(args.host)}:{args.port}[/dim]",
         highlight=False,
     )
     serve(model, config, host=args.host, port=args.port, log_level=args.log_level)
@@ -722,6 +737,14 @@ def _parser() -> argparse.ArgumentParser:
         "--max-tokens",
         type=_positive(int),
         help="reply length for requests that do not set one (default 4096: the server's DEFAULT_MAX_TOKENS)",
+    )
+    sv.add_argument(
+        "--parallel",
+        "-np",
+        type=_positive(int),
+        metavar="N",
+        help=f"requests generated at once, their model steps batched (default: as many windows as the memory "
+        f"plan fits, at most {DEFAULT_PARALLEL}); speculative decoding runs only at 1",
     )
     sv.add_argument(
         "--max-queue",

@@ -1,0 +1,137 @@
+"""The server under load: N concurrent clients (the openai SDK, streaming completions) against `regolith serve`
+with --parallel N, for N = 1, 2, 4, 8.
+
+Per N: aggregate generated tokens per second (all clients' tokens over the wall time of the round), p50 / p95
+time to first token and inter-token latency (between streamed chunks, per token), and for a model streaming its
+experts the expert bytes read from disk per generated token. Every client sends `--requests` requests, one after
+another, each a different prompt, greedy. The server runs in this process (uvicorn on 127.0.0.1 in a thread),
+as the tests run it.
+
+    python benchmarks/bench_serve.py                                  # the demo model through a 4 MiB arena
+    python benchmarks/bench_serve.py qwen2.5-coder-0.5b --arena-gb 0  # resident
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import openai
+
+import regolith
+from regolith.models import resolve_model
+from regolith.server import ServerConfig, create_app
+from tests.server.conftest import LiveServer
+
+PROMPTS = [
+    "def read_config(path):",
+    "class Stack:",
+    "import os\n\ndef walk(root):",
+    "def parse_args(argv):",
+    "class LRUCache:",
+    "def merge_sorted(a, b):",
+    "import json\n\ndef load(path):",
+    "def fibonacci(n):",
+]
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100)[int(q) - 1] if len(xs) > 1 else (xs[0] if xs else 0.0)
+
+
+def run_round(model: regolith.Model, n: int, requests: int, max_tokens: int) -> dict[str, float]:
+    server = LiveServer(create_app(model, ServerConfig(model_name="m", timeout=600, parallel=n)))
+    ttft: list[float] = []
+    itl: list[float] = []
+    tokens = [0] * n
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=600)
+        for r in range(requests):
+            prompt = PROMPTS[(i * requests + r) % len(PROMPTS)] + "  " * (i % 3)
+            t0 = last = time.perf_counter()
+            first = None
+            stream = c.completions.create(
+                model="m",
+                prompt=prompt,
+                max_tokens=max_tokens,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            gaps = []
+            for chunk in stream:
+                now = time.perf_counter()
+                if chunk.choices and chunk.choices[0].text:
+                    if first is None:
+                        first = now - t0
+                    else:
+                        gaps.append(now - last)
+                    last = now
+                if chunk.usage is not None:
+                    tokens[i] += chunk.usage.completion_tokens
+            with lock:
+                if first is not None:
+                    ttft.append(first)
+                itl.extend(gaps)
+
+    try:
+        model.reset_stats()
+        t = time.perf_counter()
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        wall = time.perf_counter() - t
+        stats = model.stats()
+    finally:
+        server.close()
+    total = sum(tokens)
+    return {
+        "tok_s": total / wall,
+        "ttft50": _percentile(ttft, 50),
+        "ttft95": _percentile(ttft, 95),
+        "itl50": _percentile(itl, 50),
+        "itl95": _percentile(itl, 95),
+        "bytes_per_token": stats.get("bytes_read", 0) / max(total, 1),
+        "tokens": total,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", help="model (default: the bundled demo)")
+    ap.add_argument("--arena-gb", type=float, default=0.004, help="expert arena (0: resident; default 0.004)")
+    ap.add_argument("--clients", default="1,2,4,8", help="client counts (default 1,2,4,8)")
+    ap.add_argument("--requests", type=int, default=2, help="requests per client (default 2)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per reply (default 32)")
+    args = ap.parse_args()
+    path = resolve_model(args.model) if args.model else None
+    model = regolith.Model.load(path, arena_gb=args.arena_gb or None, n_ctx=512)
+    name = args.model or "regolith-demo"
+    where = (
+        f"arena {args.arena_gb} GB" if args.arena_gb and model.plan and model.plan.streaming else "resident"
+    )
+    print(f"{name} ({where}), {args.requests} requests x {args.max_tokens} tokens per client, greedy")
+    print("| clients | tok/s | TTFT p50 / p95 (s) | ITL p50 / p95 (ms) | expert bytes / token |")
+    print("|---|---|---|---|---|")
+    for n in (int(x) for x in args.clients.split(",")):
+        r = run_round(model, n, args.requests, args.max_tokens)
+        per = f"{r['bytes_per_token'] / 2**10:.0f} KiB" if r["bytes_per_token"] else "-"
+        print(
+            f"| {n} | {r['tok_s']:.1f} | {r['ttft50']:.2f} / {r['ttft95']:.2f} | "
+            f"{1e3 * r['itl50']:.0f} / {1e3 * r['itl95']:.0f} | {per} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
