@@ -35,8 +35,8 @@ class WindowSnapshot:
 
 class Stepper(Protocol):
     """Runs windows' evaluations as parts of steps over several windows (a server's scheduler batching the
-    sequences it serves): :meth:`eval` returns what :func:`eval_windows` gives ``window`` for ``ids``, once a
-    step has carried them."""
+    sequences it serves): :meth:`eval` returns what :func:`eval_windows` gives ``window`` for ``ids``, once
+    steps have carried them, through :func:`eval_windows` (which keeps the window's token list)."""
 
     def eval(self, window: Window, ids: np.ndarray, all_logits: bool) -> np.ndarray: ...
 
@@ -173,11 +173,10 @@ class Window:
         :class:`Window`), a text-only evaluation runs through it, as part of a step over several windows.
         """
         ids = self._checked(tokens)
+        if self.stepper is not None and not self._images and ids.size:
+            return self.stepper.eval(self, ids, all_logits)  # through eval_windows, which keeps the books
         try:
-            if self.stepper is not None and not self._images and ids.size:
-                logits = self.stepper.eval(self, ids, all_logits)
-            else:
-                logits = self._eval(ids, all_logits)
+            logits = self._eval(ids, all_logits)
         except BaseException:
             del self._tokens[self._w.n_past :]  # a failed evaluation leaves the window unchanged or reset
             raise

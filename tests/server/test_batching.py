@@ -68,6 +68,8 @@ def test_concurrent_requests_match_each_served_alone(servers):
     total, count = _batch_sizes(batched.url)
     assert total / count > 1.5, "the steps did not batch the sequences"
     assert batched.engine.running == 0 and batched.engine.queue_depth == 0
+    windows = batched.engine._idle
+    assert len(windows) == 4 and all(w.tokens and len(w.tokens) == w.n_past for w in windows)
 
 
 def test_a_cancelled_stream_does_not_disturb_the_others(servers):
