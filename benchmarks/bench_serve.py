@@ -3,31 +3,27 @@ with --parallel N, for N = 1, 2, 4, 8.
 
 Per N: aggregate generated tokens per second (all clients' tokens over the wall time of the round), p50 / p95
 time to first token and inter-token latency (between streamed chunks, per token), and for a model streaming its
-experts the expert bytes read from disk per generated token. Every client sends `--requests` requests, one after
-another, each a different prompt, greedy. The server runs in this process (uvicorn on 127.0.0.1 in a thread),
-as the tests run it.
+experts the expert bytes read from disk per generated token (from /metrics). Every client sends `--requests`
+requests, one after another, each a different prompt, greedy. Each round starts `regolith serve --parallel N`
+in a process of its own (the clients' threads then share no interpreter with it).
 
-    python benchmarks/bench_serve.py                                  # the demo model through a 4 MiB arena
-    python benchmarks/bench_serve.py qwen2.5-coder-0.5b --arena-gb 0  # resident
+    python benchmarks/bench_serve.py                           # the demo model through a 4 MiB arena
+    python benchmarks/bench_serve.py qwen2.5-coder-0.5b        # resident (a dense model)
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+import httpx
 import openai
-
-import regolith
-from regolith.models import resolve_model
-from regolith.server import ServerConfig, create_app
-from tests.server.conftest import LiveServer
 
 PROMPTS = [
     "def read_config(path):",
@@ -45,15 +41,42 @@ def _percentile(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=100)[int(q) - 1] if len(xs) > 1 else (xs[0] if xs else 0.0)
 
 
-def run_round(model: regolith.Model, n: int, requests: int, max_tokens: int) -> dict[str, float]:
-    server = LiveServer(create_app(model, ServerConfig(model_name="m", timeout=600, parallel=n)))
+def _metric(url: str, name: str) -> float:
+    m = re.search(rf"^regolith_{name} (\S+)$", httpx.get(url + "/metrics").text, re.MULTILINE)
+    return float(m.group(1)) if m else 0.0
+
+
+def _serve(model: str | None, n: int, arena_gb: float) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-c", "import sys; from regolith.cli import main; sys.exit(main(sys.argv[1:]))"]
+    cmd += ["serve", *([model] if model else []), "--port", str(port), "--parallel", str(n), "--ctx", "512"]
+    cmd += ["--model-name", "m", "--log-level", "warning"] + (
+        ["--arena-gb", str(arena_gb)] if arena_gb else []
+    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+def run_round(model: str | None, arena_gb: float, n: int, requests: int, max_tokens: int) -> dict[str, float]:
+    proc, url = _serve(model, n, arena_gb)
     ttft: list[float] = []
     itl: list[float] = []
     tokens = [0] * n
     lock = threading.Lock()
 
     def client(i: int) -> None:
-        c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=600)
+        c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
         for r in range(requests):
             prompt = PROMPTS[(i * requests + r) % len(PROMPTS)] + "  " * (i % 3)
             t0 = last = time.perf_counter()
@@ -83,7 +106,7 @@ def run_round(model: regolith.Model, n: int, requests: int, max_tokens: int) -> 
                 itl.extend(gaps)
 
     try:
-        model.reset_stats()
+        read0 = _metric(url, "expert_bytes_read_total")
         t = time.perf_counter()
         threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
         for th in threads:
@@ -91,9 +114,10 @@ def run_round(model: regolith.Model, n: int, requests: int, max_tokens: int) -> 
         for th in threads:
             th.join()
         wall = time.perf_counter() - t
-        stats = model.stats()
+        read = _metric(url, "expert_bytes_read_total") - read0
     finally:
-        server.close()
+        proc.terminate()
+        proc.wait(30)
     total = sum(tokens)
     return {
         "tok_s": total / wall,
@@ -101,7 +125,7 @@ def run_round(model: regolith.Model, n: int, requests: int, max_tokens: int) -> 
         "ttft95": _percentile(ttft, 95),
         "itl50": _percentile(itl, 50),
         "itl95": _percentile(itl, 95),
-        "bytes_per_token": stats.get("bytes_read", 0) / max(total, 1),
+        "bytes_per_token": read / max(total, 1),
         "tokens": total,
     }
 
@@ -109,22 +133,24 @@ def run_round(model: regolith.Model, n: int, requests: int, max_tokens: int) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", help="model (default: the bundled demo)")
-    ap.add_argument("--arena-gb", type=float, default=0.004, help="expert arena (0: resident; default 0.004)")
+    ap.add_argument(
+        "--arena-gb",
+        type=float,
+        help="stream a MoE model's experts through this arena (default: 0.004 for the demo)",
+    )
     ap.add_argument("--clients", default="1,2,4,8", help="client counts (default 1,2,4,8)")
     ap.add_argument("--requests", type=int, default=2, help="requests per client (default 2)")
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens per reply (default 32)")
     args = ap.parse_args()
-    path = resolve_model(args.model) if args.model else None
-    model = regolith.Model.load(path, arena_gb=args.arena_gb or None, n_ctx=512)
-    name = args.model or "regolith-demo"
-    where = (
-        f"arena {args.arena_gb} GB" if args.arena_gb and model.plan and model.plan.streaming else "resident"
+    arena = args.arena_gb if args.arena_gb is not None else (0.004 if args.model is None else 0.0)
+    where = f"experts through a {arena:g} GB arena" if arena else "resident"
+    print(
+        f"{args.model or 'regolith-demo'} ({where}), {args.requests} requests x {args.max_tokens} tokens per client"
     )
-    print(f"{name} ({where}), {args.requests} requests x {args.max_tokens} tokens per client, greedy")
     print("| clients | tok/s | TTFT p50 / p95 (s) | ITL p50 / p95 (ms) | expert bytes / token |")
     print("|---|---|---|---|---|")
     for n in (int(x) for x in args.clients.split(",")):
-        r = run_round(model, n, args.requests, args.max_tokens)
+        r = run_round(args.model, arena, n, args.requests, args.max_tokens)
         per = f"{r['bytes_per_token'] / 2**10:.0f} KiB" if r["bytes_per_token"] else "-"
         print(
             f"| {n} | {r['tok_s']:.1f} | {r['ttft50']:.2f} / {r['ttft95']:.2f} | "

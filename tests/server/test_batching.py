@@ -67,6 +67,9 @@ def test_concurrent_requests_match_each_served_alone(servers):
     assert got == want
     total, count = _batch_sizes(batched.url)
     assert total / count > 1.5, "the steps did not batch the sequences"
+    metrics = httpx.get(batched.url + "/metrics", headers={"Authorization": "Bearer k"}).text
+    read = re.search(r"^regolith_expert_bytes_read_total (\S+)$", metrics, re.MULTILINE)
+    assert (read is not None and float(read.group(1)) > 0) == batched.app.state.server.model.plan.streaming
     assert batched.engine.running == 0 and batched.engine.queue_depth == 0
     windows = batched.engine._idle
     assert len(windows) == 4 and all(w.tokens and len(w.tokens) == w.n_past for w in windows)
@@ -98,3 +101,36 @@ def test_a_cancelled_stream_does_not_disturb_the_others(servers):
     assert re.search(r'^regolith_generations_total\{finish_reason="cancelled"\} [1-9]', metrics, re.MULTILINE)
     for name in ("queue_wait_seconds", "time_to_first_token_seconds", "inter_token_latency_seconds"):
         assert re.search(rf'^regolith_{name}_bucket\{{le="\+Inf"\}} [1-9]', metrics, re.MULTILINE), name
+
+
+@pytest.mark.real_weights
+def test_concurrent_requests_on_qwen_match_the_library():
+    """Qwen2.5-Coder-0.5B (a dense model; its own chat template): three chat requests at once on a
+    ``--parallel 3`` server each get what the library generates for the prompt alone (speculation on)."""
+    from tests.server.conftest import _model
+
+    model = _model()
+    asks = [
+        ("Write a haiku about rust.", {"temperature": 0}),
+        ("Name three sorting algorithms.", {"temperature": 0.7, "seed": 4}),
+        ("What does `git rebase` do?", {"temperature": 0}),
+    ]
+    want = []
+    for text, options in asks:
+        prompt = model.chat_prompt([{"role": "user", "content": text}])
+        gen = model.start(prompt, window=model.window(), max_tokens=12, **options)
+        want.append("".join(gen))
+    live = LiveServer(create_app(model, ServerConfig(model_name="q", api_key="k", timeout=120, parallel=3)))
+    try:
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key="k", max_retries=0, timeout=120)
+
+        def chat(ask: tuple[str, dict]) -> str:
+            messages = [{"role": "user", "content": ask[0]}]
+            r = client.chat.completions.create(model="q", messages=messages, max_tokens=12, **ask[1])
+            return r.choices[0].message.content
+
+        with ThreadPoolExecutor(len(asks)) as pool:
+            got = list(pool.map(chat, asks))
+    finally:
+        live.close()
+    assert got == want

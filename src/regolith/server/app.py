@@ -218,6 +218,7 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
                 busy=engine.busy,
                 running=engine.running,
                 cache=model.prompt_cache.stats if model.prompt_cache is not None else None,
+                experts=model.stats() if model.plan is not None and model.plan.streaming else None,
             ),
             media_type="text/plain; version=0.0.4",
         )

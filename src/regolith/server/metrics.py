@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..generation import Generation
@@ -124,10 +124,17 @@ class Metrics:
                 self.last_decode_tps = st.decode_tokens_per_second
 
     def render(
-        self, *, queue_depth: int, busy: bool, running: int = 0, cache: CacheStats | None = None
+        self,
+        *,
+        queue_depth: int,
+        busy: bool,
+        running: int = 0,
+        cache: CacheStats | None = None,
+        experts: dict[str, Any] | None = None,
     ) -> str:
         """The metrics as Prometheus text (``running``: the requests being generated; ``cache``: the prompt
-        cache's counters, when there is one)."""
+        cache's counters, when there is one; ``experts``: :meth:`regolith.Model.stats` of a model streaming
+        its experts)."""
         out: list[str] = []
 
         def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
@@ -261,6 +268,17 @@ class Metrics:
             )
             metric(
                 "prompt_cache_bytes", "gauge", "Bytes the prompt cache holds on disk.", [("", cache.bytes)]
+            )
+        if experts is not None and "bytes_read" in experts:
+            metric(
+                "expert_hits_total", "counter", "Expert uses the arena held already.", [("", experts["hits"])]
+            )
+            metric("expert_misses_total", "counter", "Expert uses read from disk.", [("", experts["misses"])])
+            metric(
+                "expert_bytes_read_total",
+                "counter",
+                "Bytes of expert records read from disk.",
+                [("", experts["bytes_read"])],
             )
         metric("queue_depth", "gauge", "Requests waiting for the model.", [("", queue_depth)])
         metric("busy", "gauge", "1 while a generation runs.", [("", int(busy))])
