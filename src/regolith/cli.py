@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .errors import RegolithError
+from .errors import MemoryPlanError, RegolithError
 from .inspection import inspect_command
 from .models import DEFAULT_MODEL, KNOWN_MODELS, resolve_files
 from .terminal import (
@@ -109,7 +109,7 @@ def _pack(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _load(args: argparse.Namespace, console: Console) -> Model:
+def _load(args: argparse.Namespace, console: Console, windows: int = 1) -> Model:
     from .model import Model
 
     template = None
@@ -124,6 +124,7 @@ def _load(args: argparse.Namespace, console: Console) -> Model:
             ple=args.ple,
             mtp=args.mtp,
             mmproj=getattr(args, "mmproj", None),
+            windows=windows,
             **_memory_options(args),
         )
         model.tokenizer  # noqa: B018 - built here so its cost shows under the spinner, not in the first reply
@@ -332,24 +333,24 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     from .server import DEFAULT_MAX_TOKENS, ServerConfig, serve
 
     err = Console(stderr=True)
-    model = _load(args, err)
+    if args.parallel:
+        model = _load(args, err, windows=args.parallel)
+    else:
+        # As many windows as fit, at most DEFAULT_PARALLEL: planned with them (an arena sized to the budget
+        # leaves their room), else with one, then as many as that plan leaves room for.
+        try:
+            model = _load(args, err, windows=DEFAULT_PARALLEL)
+        except MemoryPlanError:
+            model = _load(args, err)
+        if model.plan is not None:
+            model.plan = model.plan.with_windows(model.plan.windows_that_fit(DEFAULT_PARALLEL))
+    parallel = args.parallel or (model.plan.windows if model.plan is not None else DEFAULT_PARALLEL)
     if args.model_name:
         name = args.model_name
     elif args.model is None or args.model in KNOWN_MODELS:
         name = args.model or DEFAULT_MODEL
     else:
         name = os.path.basename(model.path).removesuffix(".gguf")
-    parallel = args.parallel or (
-        model.plan.windows_that_fit(DEFAULT_PARALLEL) if model.plan else DEFAULT_PARALLEL
-    )
-    if model.plan is not None:
-        model.plan = model.plan.with_windows(parallel)
-        budget = model.plan.budget_bytes
-        if budget is not None and model.plan.total_bytes > budget:
-            err.print(
-                f"[red]--parallel {parallel} does not fit the memory budget:[/red]\n{escape(model.plan.render())}"
-            )
-            return 2
     if args.cache_dir:
         from .prompt_cache import PromptCache
 

@@ -477,14 +477,17 @@ def plan_memory(
     overhead_bytes: int = 0,
     physical_bytes: int | None = None,
     device: tuple[str, int] | None = None,
+    windows: int = 1,
 ) -> MemoryPlan:
-    """Decide the arena: ``arena_gb`` when given; else, for a GGUF whose experts fit the budget (``memory_gb``,
+    """Decide the arena (with the state of ``windows`` windows of ``n_ctx`` tokens counted in): ``arena_gb`` when given; else, for a GGUF whose experts fit the budget (``memory_gb``,
     default three quarters of physical memory), every expert resident; else the budget left after everything
     else. ``host_cache_gb`` (with ``arena_gb``) adds a host-RAM tier of that many GiB of records behind a
     device arena. ``device`` = (backend, free bytes) for a backend with memory of its own (a GPU): the dense
     weights, the experts or their arena, the state and scratch go there and are sized against 90% of its
     free memory; the rest against the host budget. Raises MemoryPlanError when even one arena slot does not
     fit, or when ``arena_gb`` exceeds the budget (or the device)."""
+    if windows < 1:
+        raise MemoryPlanError(f"a plan holds at least one window, not {windows}")
     if host_cache_gb is not None and host_cache_gb <= 0:
         raise MemoryPlanError(f"host_cache_gb must be positive, got {host_cache_gb}")
     if host_cache_gb is not None and arena_gb is None:
@@ -503,7 +506,7 @@ def plan_memory(
     )
 
     def plan(slots: int, host_slots: int = 0) -> MemoryPlan:
-        return MemoryPlan(sizes, n_ctx, slots, ple_cache, overhead_bytes, budget, host_slots, device)
+        return MemoryPlan(sizes, n_ctx, slots, ple_cache, overhead_bytes, budget, host_slots, device, windows)
 
     if device is not None:
         return _plan_with_device(sizes, plan, device, arena_gb, host_cache_gb, budget, memory_gb)
