@@ -51,15 +51,18 @@ class _Request:
         return int(self.ids.size) - self.done_tokens
 
 
-def _piece(left: int, budget: int) -> int:
+def _piece(left: int, budget: int, *, progress: bool = False) -> int:
     """Tokens of a prompt with ``left`` to go that the next step takes with ``budget`` to spare: all of it when
     it fits, else whole multiples of PIECE_ALIGN that leave more than one token (a lone last token would take
-    the recurrent path where the whole call took the chunked scan); 0 when nothing can go this step."""
+    the recurrent path where the whole call took the chunked scan); 0 when nothing can go this step, unless
+    ``progress`` asks for at least one piece (then PIECE_ALIGN tokens, or all of a prompt of PIECE_ALIGN + 1)."""
     if left <= budget:
         return left
     piece = budget // PIECE_ALIGN * PIECE_ALIGN
     if left - piece == 1:
         piece -= PIECE_ALIGN
+    if piece <= 0 and progress:
+        piece = PIECE_ALIGN if left - PIECE_ALIGN >= 2 else left
     return max(piece, 0)
 
 
@@ -155,7 +158,7 @@ class StepScheduler:
         batch = [(r, r.left) for r in short]
         budget = self.step_tokens - sum(n for _, n in batch)
         for r in long:
-            n = _piece(r.left, max(budget, PIECE_ALIGN) if r is long[0] else budget)
+            n = _piece(r.left, budget, progress=r is long[0])
             if n > 0:
                 batch.append((r, n))
                 budget -= n
