@@ -46,7 +46,7 @@ def _metric(url: str, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def _serve(model: str | None, n: int, arena_gb: float) -> tuple[subprocess.Popen, str]:
+def _serve(model: str | None, n: int, arena_gb: float, spec: bool) -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -55,6 +55,7 @@ def _serve(model: str | None, n: int, arena_gb: float) -> tuple[subprocess.Popen
     cmd += ["--model-name", "m", "--log-level", "warning"] + (
         ["--arena-gb", str(arena_gb)] if arena_gb else []
     )
+    cmd += [] if spec else ["--spec", "off"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -68,8 +69,10 @@ def _serve(model: str | None, n: int, arena_gb: float) -> tuple[subprocess.Popen
     raise RuntimeError("the server did not start")
 
 
-def run_round(model: str | None, arena_gb: float, n: int, requests: int, max_tokens: int) -> dict[str, float]:
-    proc, url = _serve(model, n, arena_gb)
+def run_round(
+    model: str | None, arena_gb: float, n: int, requests: int, max_tokens: int, spec: bool = True
+) -> dict[str, float]:
+    proc, url = _serve(model, n, arena_gb, spec)
     ttft: list[float] = []
     itl: list[float] = []
     tokens = [0] * n
@@ -141,6 +144,11 @@ def main() -> None:
     ap.add_argument("--clients", default="1,2,4,8", help="client counts (default 1,2,4,8)")
     ap.add_argument("--requests", type=int, default=2, help="requests per client (default 2)")
     ap.add_argument("--max-tokens", type=int, default=32, help="tokens per reply (default 32)")
+    ap.add_argument(
+        "--no-spec",
+        action="store_true",
+        help="--spec off at every N (speculation runs only at --parallel 1 anyway: this isolates batching)",
+    )
     args = ap.parse_args()
     arena = args.arena_gb if args.arena_gb is not None else (0.004 if args.model is None else 0.0)
     where = f"experts through a {arena:g} GB arena" if arena else "resident"
@@ -150,7 +158,7 @@ def main() -> None:
     print("| clients | tok/s | TTFT p50 / p95 (s) | ITL p50 / p95 (ms) | expert bytes / token |")
     print("|---|---|---|---|---|")
     for n in (int(x) for x in args.clients.split(",")):
-        r = run_round(args.model, arena, n, args.requests, args.max_tokens)
+        r = run_round(args.model, arena, n, args.requests, args.max_tokens, not args.no_spec)
         per = f"{r['bytes_per_token'] / 2**10:.0f} KiB" if r["bytes_per_token"] else "-"
         print(
             f"| {n} | {r['tok_s']:.1f} | {r['ttft50']:.2f} / {r['ttft95']:.2f} | "
