@@ -33,8 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-# `regolith serve`'s default --parallel, when the memory plan fits that many windows (llama-server's too).
-DEFAULT_PARALLEL = 4
+DEFAULT_PARALLEL = 4  # `regolith serve`'s --parallel where the memory plan fits that many windows
 
 
 def _pull(args: argparse.Namespace, console: Console) -> int:
@@ -333,18 +332,16 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     from .server import DEFAULT_MAX_TOKENS, ServerConfig, serve
 
     err = Console(stderr=True)
-    if args.parallel:
-        model = _load(args, err, windows=args.parallel)
-    else:
-        # As many windows as fit, at most DEFAULT_PARALLEL: planned with them (an arena sized to the budget
-        # leaves their room), else with one, then as many as that plan leaves room for.
-        try:
-            model = _load(args, err, windows=DEFAULT_PARALLEL)
-        except MemoryPlanError:
-            model = _load(args, err)
-        if model.plan is not None:
-            model.plan = model.plan.with_windows(model.plan.windows_that_fit(DEFAULT_PARALLEL))
-    parallel = args.parallel or (model.plan.windows if model.plan is not None else DEFAULT_PARALLEL)
+    try:  # the windows are planned before an arena sized to the budget takes the rest
+        model = _load(args, err, windows=args.parallel or DEFAULT_PARALLEL)
+    except MemoryPlanError:
+        if args.parallel:
+            raise
+        model = _load(args, err)  # then as many as a plan for one leaves room for
+    parallel = args.parallel or DEFAULT_PARALLEL
+    if model.plan is not None and not args.parallel:
+        parallel = model.plan.windows_that_fit(DEFAULT_PARALLEL)
+        model.plan = model.plan.with_windows(parallel)
     if args.model_name:
         name = args.model_name
     elif args.model is None or args.model in KNOWN_MODELS:
@@ -369,7 +366,8 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[yellow]warning: serving on {escape(args.host)} without an API key (--api-key)[/yellow]")
     err.print(
-        f"[dim]serving {escape(name)} (context {model.n_ctx}, {parallel} at once) on http://{escape(args.host)}:{args.port}[/dim]",
+        f"[dim]serving {escape(name)} (context {model.n_ctx}, {parallel} at once) on "
+        f"http://{escape(args.host)}:{args.port}[/dim]",
         highlight=False,
     )
     serve(model, config, host=args.host, port=args.port, log_level=args.log_level)
@@ -743,9 +741,8 @@ def _parser() -> argparse.ArgumentParser:
         "--parallel",
         "-np",
         type=_positive(int),
-        metavar="N",
-        help=f"requests generated at once, their model steps batched (default: as many windows as the memory "
-        f"plan fits, at most {DEFAULT_PARALLEL}); speculative decoding runs only at 1",
+        help=f"requests generated at once, batched (default: as many as fit, at most {DEFAULT_PARALLEL}); "
+        "speculative decoding runs only at 1",
     )
     sv.add_argument(
         "--max-queue",

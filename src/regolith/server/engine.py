@@ -81,7 +81,6 @@ class Job:
         self.deadline = deadline
         self.generations: list[Generation] = []
         self.submitted = time.monotonic()
-        self.started: float | None = None  # when a worker took it
         self._loop = loop
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._cancelled = threading.Event()
@@ -115,7 +114,6 @@ class Job:
         their pieces to the event loop; ``overrides`` replace options (the engine turns speculation off for
         batched sequences); ``metrics`` records the time to first token and between tokens."""
         gen = None
-        self.started = time.monotonic()
         try:
             for p, prompt in enumerate(self.prompts):
                 shared = SharedPrompt() if self.n > 1 else None
