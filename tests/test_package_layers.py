@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, ...]] = [
         "server/grammar.py",
         "server/thinking.py",
         "server/logprobs.py",
+        "server/scheduler.py",
     ),
     ("server/engine.py", "server/plan.py"),
     ("server/endpoint.py",),

@@ -363,6 +363,25 @@ def test_plan_errors_before_allocating(tiny, packed):
         )
 
 
+def test_plan_counts_every_window_of_a_parallel_server(tiny):
+    """A plan for N windows holds N windows' state, and an arena sized to the budget leaves their room; the
+    windows that fit beside a plan fill what its budget leaves."""
+    sizes = regolith.Model.load(tiny).plan.sizes
+    one = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20)
+    state = sizes.state_bytes(64)
+    fixed = one.total_bytes - sizes.expert_bytes
+    budget = (fixed + 3 * state + 6.5 * sizes.slot_bytes) / 2**30
+    four = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20, memory_gb=budget, windows=4)
+    alone = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20, memory_gb=budget)
+    assert four.state_bytes == 4 * state and four.arena_slots == 6
+    assert alone.resident_expert_bytes > four.resident_expert_bytes  # one window leaves the experts more room
+    assert four.total_bytes <= four.budget_bytes and four.windows_that_fit(8) == 4
+    assert four.with_windows(1).windows_that_fit(8) == 4 and four.with_windows(1).windows_that_fit(2) == 2
+    assert "4 windows" in four.render()
+    with pytest.raises(MemoryPlanError, match="at least one window"):
+        mp.plan_memory(sizes, n_ctx=64, windows=0)
+
+
 def test_plan_for_a_gpu_sizes_the_arena_by_its_free_memory(tiny):
     """A backend with memory of its own (a GPU) holds the dense weights, the experts or their arena, the
     state and scratch; the plan sizes them against 90% of its free memory and the rest against RAM."""

@@ -220,54 +220,85 @@ void DenseWindow::import_state(int64_t from, int64_t n, bool /*whole: the caches
 }
 
 void DenseWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    eval_steps({WindowStep{this, tokens, n, logits, all_logits}});
+}
+
+void DenseWindow::eval_steps(const std::vector<WindowStep>& steps) {
+    std::vector<WindowStep> live;  // the steps with tokens, their windows as DenseWindow
+    std::vector<std::mutex*> mutexes;
+    for (const WindowStep& s : steps) {
+        auto* w = dynamic_cast<DenseWindow*>(s.window);
+        if (!w || &w->model_ != &model_) throw Error("eval_windows: the windows belong to different models");
+        if (s.n > 0) live.push_back(s), mutexes.push_back(&w->mutex_);
+    }
+    StepLocks locks(std::move(mutexes));
     const int64_t vocab = model_.config_.vocab;
-    if (n <= 0) return;
-    for (int64_t i = 0; i < n; ++i)
-        if (tokens[i] < 0 || tokens[i] >= vocab)
-            throw Error("token id " + std::to_string(tokens[i]) + " is out of range [0, " + std::to_string(vocab) +
-                        ")");
-    if (n_past_ + n > max_ctx_)
-        throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
-                    " tokens exceed the window's " + std::to_string(max_ctx_));
+    int64_t longest = 0;
+    for (const WindowStep& s : live) {
+        const auto* w = static_cast<const DenseWindow*>(s.window);
+        for (int64_t i = 0; i < s.n; ++i)
+            if (s.tokens[i] < 0 || s.tokens[i] >= vocab)
+                throw Error("token id " + std::to_string(s.tokens[i]) + " is out of range [0, " +
+                            std::to_string(vocab) + ")");
+        if (w->n_past_ + s.n > w->max_ctx_)
+            throw Error("context overflow: " + std::to_string(w->n_past_) + " + " + std::to_string(s.n) +
+                        " tokens exceed the window's " + std::to_string(w->max_ctx_));
+        longest = std::max(longest, s.n);
+    }
     try {
-        for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-            const int64_t m = std::min(kChunk, n - c0);
-            float* out = all_logits ? logits + c0 * vocab : (c0 + m == n ? logits : nullptr);
-            eval_chunk(tokens + c0, m, out, all_logits);
+        // Chunk c of every window that has one, in one pass each.
+        for (int64_t c0 = 0; c0 < longest; c0 += kChunk) {
+            std::vector<WindowStep> parts;
+            for (const WindowStep& s : live) {
+                if (s.n <= c0) continue;
+                const int64_t m = std::min(kChunk, s.n - c0);
+                float* out = s.all_logits ? s.logits + c0 * vocab : (c0 + m == s.n ? s.logits : nullptr);
+                parts.push_back({s.window, s.tokens + c0, m, out, s.all_logits});
+            }
+            forward(parts);
         }
     } catch (...) {
         // Layers before the failure have extended their caches: forget everything rather than continue
         // from a state that matches no token sequence.
-        reset_locked();
+        for (const WindowStep& s : live) static_cast<DenseWindow*>(s.window)->reset_locked();
         throw;
     }
 }
 
-// Runs n tokens through the model; logits: [n][vocab] (all_logits), [1][vocab] for the last token, or null.
-void DenseWindow::eval_chunk(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
-    const DenseConfig& c = model_.config_;
-    Backend& be = be_;
-    Workspace& ws = ws_;
+// Runs each part's tokens through the model, the rows of all parts in one pass: part i's rows follow part
+// i-1's. A part's logits: [n][vocab] (all_logits), [1][vocab] for its last token, or null.
+void DenseWindow::forward(const std::vector<WindowStep>& parts) {
+    const auto win = [&](size_t i) { return static_cast<DenseWindow*>(parts[i].window); };
+    const DenseModel& model = win(0)->model_;
+    const DenseConfig& c = model.config_;
+    Backend& be = win(0)->be_;
+    Workspace& ws = win(0)->ws_;
     struct Release {  // the step's scratch, also when it fails
         Workspace& ws;
         ~Release() { ws.reset(); }
     } release{ws};
     const int64_t h = c.hidden, H = c.n_head, KV = c.n_head_kv, D = c.head_dim, ff = c.n_ff;
 
+    std::vector<int64_t> t0(parts.size());  // each part's first row
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> pos;  // [n][3] every row's position in its window
+    for (size_t i = 0; i < parts.size(); ++i) {
+        t0[i] = int64_t(tokens.size());
+        tokens.insert(tokens.end(), parts[i].tokens, parts[i].tokens + parts[i].n);
+        for (int64_t t = 0; t < parts[i].n; ++t) pos.insert(pos.end(), 3, win(i)->n_past_ + t);
+    }
+    const int64_t n = int64_t(tokens.size());
     const Tensor ids = ws.i32(n, 1);
-    be.write(ids, tokens);
+    be.write(ids, tokens.data());
     const Tensor x = ws.f32(n, h);  // [n][hidden] residual stream
-    be.get_rows(model_.tok_embd_, ids, c.embed_scale, 1, x);
+    be.get_rows(model.tok_embd_, ids, c.embed_scale, 1, x);
     // cos / sin of every position and rotary pair, for the global and the sliding-window layers
-    std::vector<int64_t> pos(size_t(3 * n));
-    for (int64_t t = 0; t < n; ++t) std::fill_n(&pos[size_t(3 * t)], 3, n_past_ + t);
     const Tensor positions = ws.alloc(RG_TYPE_I64, n, 3);
     be.write(positions, pos.data());
     const Tensor rope_global = ws.f32(n, c.n_rot), rope_swa = ws.f32(n, c.n_rot);
-    be.rope_table(positions, model_.rope_freq_, model_.rope_axis_, rope_global);
+    be.rope_table(positions, model.rope_freq_, model.rope_axis_, rope_global);
     if (std::find(c.swa.begin(), c.swa.end(), true) != c.swa.end())
-        be.rope_table(positions, model_.rope_freq_swa_, model_.rope_axis_, rope_swa);
+        be.rope_table(positions, model.rope_freq_swa_, model.rope_axis_, rope_swa);
 
     const Tensor xn = ws.f32(n, h), o = ws.f32(n, h);          // [n][hidden]
     const Tensor q = ws.f32(n, H * D), att = ws.f32(n, H * D);  // [n][H][D]
@@ -281,8 +312,9 @@ void DenseWindow::eval_chunk(const int32_t* tokens, int64_t n, float* logits, bo
         if (b) be.add(y, b, y);
     };
 
+    std::vector<KvSeq> seqs(parts.size());
     for (int64_t il = 0; il < c.n_layer; ++il) {
-        const DenseModel::Layer& L = model_.layers_[size_t(il)];
+        const DenseModel::Layer& L = model.layers_[size_t(il)];
         const bool swa = c.swa[size_t(il)];
         const Tensor& rope = swa ? rope_swa : rope_global;
 
@@ -302,11 +334,11 @@ void DenseWindow::eval_chunk(const int32_t* tokens, int64_t n, float* logits, bo
         be.rope(qh, rope, H);
         be.rope(kh, rope, KV);
         if (c.scale_query) be.unary(q, Unary::Scale, c.attn_scale, q);
-        const KvSeq seq = kv_[size_t(il)].append_seq(0, n);
-        be.kv_append(k, v, &seq, 1, KV);
+        for (size_t i = 0; i < parts.size(); ++i) seqs[i] = win(i)->kv_[size_t(il)].append_seq(t0[i], parts[i].n);
+        be.kv_append(k, v, seqs.data(), int64_t(seqs.size()), KV);
         const AttentionShape shape{H, KV, D, swa ? c.sliding_window : 0, c.scale_query ? 1.0f : c.attn_scale};
-        be.attention(q, &seq, 1, shape, att);
-        kv_[size_t(il)].commit(n);
+        be.attention(q, seqs.data(), int64_t(seqs.size()), shape, att);
+        for (size_t i = 0; i < parts.size(); ++i) win(i)->kv_[size_t(il)].commit(parts[i].n);
         be.matmul(L.o, att, o);
         residual(L.post_attn_norm);
 
@@ -318,18 +350,22 @@ void DenseWindow::eval_chunk(const int32_t* tokens, int64_t n, float* logits, bo
         be.matmul(L.down, gate, o);
         residual(L.post_ffn_norm);
     }
-    n_past_ += n;
-    if (!logits) {
+    for (size_t i = 0; i < parts.size(); ++i) win(i)->n_past_ += parts[i].n;
+    const WantedRows wanted = wanted_rows(parts, t0);
+    if (wanted.rows.empty()) {
         be.submit();
         return;
     }
 
     // LM head on the rows whose logits are wanted: every token, or the last (prefill for generation)
-    const int64_t first = all_logits ? 0 : n - 1, rows = n - first;
-    be.rms_norm(x.row_range(first, rows), model_.output_norm_, c.eps, xn.row_range(0, rows));
-    lm_head(ws, model_.output_, xn.row_range(0, rows), logits, [&](const Tensor& lg) {
-        bias(lg, model_.output_bias_);
-        if (c.final_softcap > 0.0f) be.unary(lg, Unary::Softcap, c.final_softcap, lg);
+    const int64_t rows = int64_t(wanted.rows.size());
+    const Tensor xw = xn.row_range(0, rows);
+    be.rms_norm(select_rows(ws, x, wanted), model.output_norm_, c.eps, xw);
+    wanted.run(c.vocab, [&](float* logits) {
+        lm_head(ws, model.output_, xw, logits, [&](const Tensor& lg) {
+            bias(lg, model.output_bias_);
+            if (c.final_softcap > 0.0f) be.unary(lg, Unary::Softcap, c.final_softcap, lg);
+        });
     });
 }
 

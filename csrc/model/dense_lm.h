@@ -100,13 +100,15 @@ public:
     int64_t vocab() const override { return model_.config_.vocab; }
     void reset() override;
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
+    void eval_steps(const std::vector<WindowStep>& steps) override;
     // Always succeeds: the caches keep every position.
     bool truncate(int64_t n) override;
     void export_state(int64_t from, const StateFn& fn) override;
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
 
 private:
-    void eval_chunk(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
+    // One forward pass of up to kChunk tokens per window; logits null: none wanted from that window.
+    static void forward(const std::vector<WindowStep>& parts);
     void reset_locked();
     std::vector<TensorPart> state_parts(int64_t from, int64_t to);
 

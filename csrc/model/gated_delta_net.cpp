@@ -71,14 +71,20 @@ GatedDeltaNet::GatedDeltaNet(const ModelWeights& wt, int64_t layer, GdnGateAct g
 
 void GatedDeltaNet::forward(Workspace& ws, const Tensor& x, const GdnStates& states, int64_t row, const Tensor& y,
                             const GdnStates* after) const {
+    forward(ws, x, {GdnRows{&states, row, 0, x.rows, after}}, y);
+}
+
+void GatedDeltaNet::forward(Workspace& ws, const Tensor& x, const std::vector<GdnRows>& seqs, const Tensor& y) const {
     const GdnShape& s = shape_;
     const int64_t ntok = x.rows, K = s.conv_kernel, cd = s.conv_dim(), vd = s.value_dim(), nv = s.n_v_heads;
     if (ntok <= 0) return;
-    if (states.conv.t.cols != s.conv_state() || states.recurrent.t.cols != s.recurrent_state())
-        throw Error("GatedDeltaNet::forward: state was made for another layer shape");
-    if (after && (after->conv.t.cols != s.conv_state() || after->recurrent.t.cols != s.recurrent_state() ||
-                  after->size() < ntok + 1))
-        throw Error("GatedDeltaNet::forward: the per-token states were made for another layer shape");
+    for (const GdnRows& q : seqs) {
+        if (q.states->conv.t.cols != s.conv_state() || q.states->recurrent.t.cols != s.recurrent_state())
+            throw Error("GatedDeltaNet::forward: state was made for another layer shape");
+        if (q.after && (q.after->conv.t.cols != s.conv_state() || q.after->recurrent.t.cols != s.recurrent_state() ||
+                        q.after->size() < q.ntok + 1))
+            throw Error("GatedDeltaNet::forward: the per-token states were made for another layer shape");
+    }
     Backend& be = ws.backend();
     Workspace::Scope scope(ws);
 
@@ -89,17 +95,21 @@ void GatedDeltaNet::forward(Workspace& ws, const Tensor& x, const GdnStates& sta
     const MatmulJob in[] = {{w_.qkv, x, qkv}, {w_.gate, x, z}, {w_.alpha, x, g}, {w_.beta, x, beta}};
     be.matmul(in, 4);
 
-    // Causal depthwise conv + SiLU over the state's history and this call's qkv rows.
+    // Causal depthwise conv + SiLU over each state's history and its sequence's qkv rows.
     const Tensor conv = ws.f32(ntok, cd);  // [ntok][conv_dim]: q | k | v
-    const ConvSeq cseq{states.conv.t.row_range(row, 1).reshaped(K - 1, cd),
-                       after ? after->conv.t.row_range(1, ntok) : Tensor{}, 0, ntok};
-    be.ssm_conv(qkv, w_.conv_t, &cseq, 1, conv);
+    std::vector<ConvSeq> cseqs;
+    std::vector<GdnSeq> gseqs;
+    for (const GdnRows& q : seqs) {
+        cseqs.push_back({q.states->conv.t.row_range(q.row, 1).reshaped(K - 1, cd),
+                         q.after ? q.after->conv.t.row_range(1, q.ntok) : Tensor{}, q.t0, q.ntok});
+        gseqs.push_back({q.states->recurrent.t.row_range(q.row, 1),
+                         q.after ? q.after->recurrent.t.row_range(1, q.ntok) : Tensor{}, q.t0, q.ntok});
+    }
+    be.ssm_conv(qkv, w_.conv_t, cseqs.data(), int64_t(cseqs.size()), conv);
     be.gdn_prepare(conv, g, beta, w_.a, w_.dt_bias, s.dims());
 
     const Tensor core = ws.f32(ntok, vd);  // [ntok][n_v][v_dim]
-    const GdnSeq gseq{states.recurrent.t.row_range(row, 1), after ? after->recurrent.t.row_range(1, ntok) : Tensor{},
-                      0, ntok};
-    be.gdn_scan(conv, g, beta, &gseq, 1, s.dims(), kChunk, core);
+    be.gdn_scan(conv, g, beta, gseqs.data(), int64_t(gseqs.size()), s.dims(), kChunk, core);
 
     // Gated RMSNorm per (token, head): rms_norm(o) * norm * act(z).
     const Tensor heads = core.reshaped(ntok * nv, s.v_dim);

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/buffers.h"
 #include "model/weights.h"
@@ -68,6 +69,15 @@ struct GdnStates {
     void copy_row(Backend& be, const GdnStates& src, int64_t from, int64_t to) const;
 };
 
+// One sequence's rows in a forward over several: row `row` of `states` advanced by rows [t0, t0 + ntok) of
+// x, with optional per-token states `after` (as forward's).
+struct GdnRows {
+    const GdnStates* states = nullptr;
+    int64_t row = 0;
+    int64_t t0 = 0, ntok = 0;
+    const GdnStates* after = nullptr;
+};
+
 class GatedDeltaNet {
 public:
     static constexpr int64_t kChunk = 64;  // prefill chunk length (tokens)
@@ -86,6 +96,9 @@ public:
     // back to any of them).
     void forward(Workspace& ws, const Tensor& x, const GdnStates& states, int64_t row, const Tensor& y,
                  const GdnStates* after = nullptr) const;
+    // The same over the rows of several sequences, each with its own state (and its own choice of recurrent
+    // step or chunked scan by its ntok): each sequence's output is what forward on its rows alone gives.
+    void forward(Workspace& ws, const Tensor& x, const std::vector<GdnRows>& seqs, const Tensor& y) const;
 
 private:
     GdnShape shape_;

@@ -4,11 +4,24 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <vector>
 
 #include "model/window_state.h"
 
 namespace regolith {
+
+class ModelWindow;
+
+// One window's share of a step over several windows (eval_windows): its tokens and where its logits go, as
+// ModelWindow::eval takes them.
+struct WindowStep {
+    ModelWindow* window = nullptr;
+    const int32_t* tokens = nullptr;
+    int64_t n = 0;
+    float* logits = nullptr;
+    bool all_logits = false;
+};
 
 class ModelWindow {
 public:
@@ -24,6 +37,8 @@ public:
     // if evaluation itself fails (I/O, memory), the window is reset.
     // Calls on one window are serialised; different windows of a model may run concurrently.
     virtual void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) = 0;
+    // eval_windows on windows of this window's model (this one among them or not).
+    virtual void eval_steps(const std::vector<WindowStep>& steps) = 0;
     // Keep the first n tokens and forget the rest (0 <= n <= n_past). Returns false, changing nothing, when
     // the architecture's state cannot be cut back (recurrent layers keep no history); callers then reset
     // and evaluate the kept tokens again.
@@ -55,6 +70,24 @@ public:
     // Bytes of backend memory the window's growing attention caches hold now (QSA or KV caches; not the MTP
     // head's): what the memory plan's per-token state estimates.
     virtual uint64_t attention_cache_bytes() const = 0;
+};
+
+// One forward pass over several windows of one model: every window's rows have their own positions, caches
+// and recurrent states, and each product carries the rows of all of them, so a weight (a streamed expert too)
+// is read once per step for every window routed to it. Each window's logits and state are bit for bit those
+// of its eval alone. A step may mix a prompt chunk of one window with single decode tokens of others; a window
+// armed by checkpoint() keeps its rollback slots as in eval. Windows with n == 0 are left alone. Throws Error,
+// changing no window, for a window listed twice, windows of different models, a bad id or a context overflow;
+// if evaluation itself fails, every window of the step is reset.
+void eval_windows(const std::vector<WindowStep>& steps);
+
+// The windows of a step locked together, in address order (so that overlapping steps cannot deadlock).
+class StepLocks {
+public:
+    explicit StepLocks(std::vector<std::mutex*> mutexes);
+
+private:
+    std::vector<std::unique_lock<std::mutex>> locks_;
 };
 
 }  // namespace regolith

@@ -329,17 +329,23 @@ PleState PleLayer::new_state(Backend& be) const {
 
 void PleLayer::forward(Workspace& ws, const int32_t* token_ids, const Tensor& hidden, PleState& state,
                        const Tensor& out) {
+    forward(ws, {PleSeq{token_ids, &state, 0, hidden.rows}}, hidden, out);
+}
+
+void PleLayer::forward(Workspace& ws, const std::vector<PleSeq>& seqs, const Tensor& hidden, const Tensor& out) {
     const int64_t ntok = hidden.rows;
     if (ntok <= 0) return;
     const int64_t H = hash_.n_heads(), P = shape_.ple_dim, D = shape_.hidden, C = shape_.channels();
-    if (int64_t(state.context.size()) != hash_.ngram_size - 1 || state.conv.t.rows != history() ||
-        state.conv.t.cols != C)
-        throw Error("PleLayer::forward: the state belongs to another layer");
+    for (const PleSeq& q : seqs)
+        if (int64_t(q.state->context.size()) != hash_.ngram_size - 1 || q.state->conv.t.rows != history() ||
+            q.state->conv.t.cols != C)
+            throw Error("PleLayer::forward: the state belongs to another layer");
     Backend& be = ws.backend();
     Workspace::Scope scope(ws);
 
     std::vector<int64_t> rows(size_t(ntok * H));  // [ntok][H]
-    ple_ngram_rows(hash_, state.context.data(), token_ids, ntok, rows.data());
+    for (const PleSeq& q : seqs)
+        ple_ngram_rows(hash_, q.state->context.data(), q.token_ids, q.ntok, rows.data() + q.t0 * H);
     std::vector<float> emb(size_t(ntok * P));  // [ntok][H * hd], read from the table on the host
     table_->read_rows(rows.data(), ntok * H, emb.data());
     const Tensor e = ws.f32(ntok, P);
@@ -351,14 +357,17 @@ void PleLayer::forward(Workspace& ws, const int32_t* token_ids, const Tensor& hi
     // out = the gated values; normed = their RMSNorm, the conv input (its history is the state)
     const Tensor normed = ws.f32(ntok, C);
     be.ple_gate(key, hidden, value, w_.norm_key, w_.norm_query, w_.norm_conv, shape_.hc, shape_.eps, out, normed);
-    const PleConvSeq seq{state.conv.t, 0, ntok};
-    be.ple_conv(normed, w_.conv, dilation(), &seq, 1, out);
+    std::vector<PleConvSeq> conv;
+    for (const PleSeq& q : seqs) conv.push_back({q.state->conv.t, q.t0, q.ntok});
+    be.ple_conv(normed, w_.conv, dilation(), conv.data(), int64_t(conv.size()), out);
 
-    // Advance the n-gram context: the last ngram_size-1 token ids.
+    // Advance each n-gram context: the last ngram_size-1 token ids.
     const int64_t nctx = hash_.ngram_size - 1;
-    std::vector<int64_t> ctx(state.context);
-    for (int64_t t = 0; t < ntok; ++t) ctx.push_back(token_ids[t]);
-    std::copy(ctx.end() - nctx, ctx.end(), state.context.begin());
+    for (const PleSeq& q : seqs) {
+        std::vector<int64_t> ctx(q.state->context);
+        for (int64_t t = 0; t < q.ntok; ++t) ctx.push_back(q.token_ids[t]);
+        std::copy(ctx.end() - nctx, ctx.end(), q.state->context.begin());
+    }
 }
 
 }  // namespace regolith

@@ -145,6 +145,13 @@ struct PleState {
     void assign(Backend& be, const PleState& other);
 };
 
+// One sequence's rows in a PLE forward over several: its token ids, its state, its rows [t0, t0 + ntok).
+struct PleSeq {
+    const int32_t* token_ids = nullptr;
+    PleState* state = nullptr;
+    int64_t t0 = 0, ntok = 0;
+};
+
 class PleLayer {
   public:
     // Loads layer `layer` of a qwen4exp GGUF; the table is read from `packed` when given (a packed model's
@@ -158,6 +165,8 @@ class PleLayer {
     // out[ntok][hc*hidden] = the PLE addend for tokens continuing `state`; hidden: [ntok][hc*hidden], the
     // streams entering the layer. Advances the state, so any split into calls gives the same output.
     void forward(Workspace& ws, const int32_t* token_ids, const Tensor& hidden, PleState& state, const Tensor& out);
+    // The same over the rows of several sequences (hidden, out: [rows][hc*hidden]), each with its own state.
+    void forward(Workspace& ws, const std::vector<PleSeq>& seqs, const Tensor& hidden, const Tensor& out);
 
     const PleShape& shape() const { return shape_; }
     const PleHashParams& hash() const { return hash_; }

@@ -112,9 +112,9 @@ void QsaState::grow(int64_t n) {
     n_ = n;
 }
 
-QsaSeq QsaState::seq(int64_t ntok) const {
+QsaSeq QsaState::seq(int64_t t0, int64_t ntok) const {
     return {k_.t, v_.t, index_k_.t, block_k_.t, pos_.t,           n_,
-            0,    ntok, k_scale_.t, v_scale_.t, index_k_scale_.t, block_k_scale_.t};
+            t0,   ntok, k_scale_.t, v_scale_.t, index_k_scale_.t, block_k_scale_.t};
 }
 
 // ---- layer ------------------------------------------------------------------------------------------------
@@ -157,15 +157,21 @@ QsaAttention::QsaAttention(const ModelWeights& wt, int64_t layer) : shape_(qsa_s
 }
 
 void QsaAttention::forward(Workspace& ws, const Tensor& x, const int64_t* pos3, QsaState& st, const Tensor& y) const {
+    forward(ws, x, {QsaRows{&st, pos3, 0, x.rows}}, y);
+}
+
+void QsaAttention::forward(Workspace& ws, const Tensor& x, const std::vector<QsaRows>& seqs, const Tensor& y) const {
     const QsaShape& s = shape_;
     const int64_t ntok = x.rows;
     if (ntok == 0) return;
-    if (!same_shape(st.shape_, s)) throw Error("QSA forward: the state was made for a layer of another shape");
-    const int64_t n0 = st.n_, n1 = n0 + ntok;
-    if (n1 > st.max_ctx_)
-        throw Error("QSA context full: the state holds " + std::to_string(n0) + " of " + std::to_string(st.max_ctx_) +
-                    " tokens and cannot take " + std::to_string(ntok) +
-                    " more; use a larger context or truncate the state");
+    for (const QsaRows& q : seqs) {
+        const QsaState& st = *q.state;
+        if (!same_shape(st.shape_, s)) throw Error("QSA forward: the state was made for a layer of another shape");
+        if (st.n_ + q.ntok > st.max_ctx_)
+            throw Error("QSA context full: the state holds " + std::to_string(st.n_) + " of " +
+                        std::to_string(st.max_ctx_) + " tokens and cannot take " + std::to_string(q.ntok) +
+                        " more; use a larger context or truncate the state");
+    }
     Backend& be = ws.backend();
     Workspace::Scope scope(ws);
     const int64_t H = s.n_head, KV = s.n_head_kv, D = s.head_dim, IH = s.index_n_head, ID = s.index_head_dim;
@@ -179,10 +185,13 @@ void QsaAttention::forward(Workspace& ws, const Tensor& x, const int64_t* pos3, 
     const MatmulJob in[] = {{w_.q, x, qg}, {w_.k, x, kx}, {w_.v, x, vx}, {w_.index_q, x, iq}, {w_.index_k, x, ik}};
     be.matmul(in, 5);
 
-    // queries (normed, rotated) and the new tokens' keys, values, raw indexer keys and positions into the state
-    st.reserve(n1);
-    const Tensor pos = st.pos_.t.row_range(n0, ntok);  // [ntok][3]
-    be.write(pos, pos3);
+    // queries (normed, rotated) and the new tokens' keys, values, raw indexer keys and positions into the states
+    const Tensor pos = ws.alloc(RG_TYPE_I64, ntok, 3);  // [ntok][3] every row's position
+    for (const QsaRows& q : seqs) {
+        q.state->reserve(q.state->n_ + q.ntok);
+        be.write(q.state->pos_.t.row_range(q.state->n_, q.ntok), q.pos3);
+        be.write(pos.row_range(q.t0, q.ntok), q.pos3);
+    }
     const Tensor rot = ws.f32(ntok, s.n_rot);  // [ntok][cos | sin of each rotary pair]
     be.rope_table(pos, freq_, axis_, rot);
     const Tensor heads = qg.reshaped(ntok * H, 2 * D);
@@ -196,26 +205,33 @@ void QsaAttention::forward(Workspace& ws, const Tensor& x, const int64_t* pos3, 
     const Tensor k = ws.f32(ntok * KV, D);
     be.rms_norm(kx.reshaped(ntok * KV, D), w_.k_norm, s.eps, k);
     be.rope(k, rot, KV);
-    const auto [kc, kcs] = rows(st.k_, st.k_scale_, n0 * KV, ntok * KV);
-    const auto [vc, vcs] = rows(st.v_, st.v_scale_, n0 * KV, ntok * KV);
-    const auto [ic, ics] = rows(st.index_k_, st.index_k_scale_, n0, ntok);
-    be.store_rows(k, kc, kcs);
-    be.store_rows(vx.reshaped(ntok * KV, D), vc, vcs);
-    be.store_rows(ik, ic, ics);
+    const Tensor v = vx.reshaped(ntok * KV, D);
+    for (const QsaRows& r : seqs) {
+        const QsaState& st = *r.state;
+        const int64_t n0 = st.n_;
+        const auto [kc, kcs] = rows(st.k_, st.k_scale_, n0 * KV, r.ntok * KV);
+        const auto [vc, vcs] = rows(st.v_, st.v_scale_, n0 * KV, r.ntok * KV);
+        const auto [ic, ics] = rows(st.index_k_, st.index_k_scale_, n0, r.ntok);
+        be.store_rows(k.row_range(r.t0 * KV, r.ntok * KV), kc, kcs);
+        be.store_rows(v.row_range(r.t0 * KV, r.ntok * KV), vc, vcs);
+        be.store_rows(ik.row_range(r.t0, r.ntok), ic, ics);
+    }
     const Tensor iqh = iq.reshaped(ntok * IH, ID);
     be.rms_norm(iqh, w_.index_q_norm, s.eps, iqh);
     be.rope(iqh, rot, IH);
 
-    // blocks completed by this call, then per query the top blocks, then attention over them and the tail
+    // blocks completed by this step, then per query the top blocks, then attention over them and the tail
     const QsaDims d = s.dims();
-    const QsaSeq seq = st.seq(ntok);
-    be.qsa_pool(&seq, 1, w_.index_k_norm, freq_, axis_, d);
+    std::vector<QsaSeq> qseqs;
+    for (const QsaRows& r : seqs) qseqs.push_back(r.state->seq(r.t0, r.ntok));
+    const int64_t n_seqs = int64_t(qseqs.size());
+    be.qsa_pool(qseqs.data(), n_seqs, w_.index_k_norm, freq_, axis_, d);
     const Tensor sel = ws.i32(ntok, std::max<int64_t>(d.topk, 1));  // [ntok][topk] selected block ids
     const Tensor n_sel = ws.i32(1, ntok);
-    be.qsa_select(iq, &seq, 1, d, sel, n_sel);
+    be.qsa_select(iq, qseqs.data(), n_seqs, d, sel, n_sel);
     const Tensor attn = ws.f32(ntok * H, D);  // [ntok][H][D]
-    be.qsa_attend(q, heads.col_range(D, D), sel, n_sel, &seq, 1, d, attn);
-    st.n_ = n1;
+    be.qsa_attend(q, heads.col_range(D, D), sel, n_sel, qseqs.data(), n_seqs, d, attn);
+    for (const QsaRows& r : seqs) r.state->n_ += r.ntok;
 
     be.matmul(w_.o, attn.reshaped(ntok, H * D), y);
 }

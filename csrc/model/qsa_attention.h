@@ -90,7 +90,7 @@ public:
 private:
     friend class QsaAttention;
     void reserve(int64_t n);
-    QsaSeq seq(int64_t ntok) const;  // this state as the sequence of a step appending ntok tokens
+    QsaSeq seq(int64_t t0, int64_t ntok) const;  // this state as the sequence of a step's rows [t0, t0 + ntok)
 
     Backend* be_;
     QsaShape shape_;
@@ -105,6 +105,14 @@ private:
     OwnedTensor pos_;      // [cap][3] I64                M-RoPE positions (t, h, w)
     // I8 caches: the row scales of k_, v_, index_k_, block_k_ ([rows][1] F32); empty otherwise
     OwnedTensor k_scale_, v_scale_, index_k_scale_, block_k_scale_;
+};
+
+// One sequence's rows in a forward over several: rows [t0, t0 + ntok) of x continue `state`, at M-RoPE
+// positions pos3 (host [ntok][3]).
+struct QsaRows {
+    QsaState* state = nullptr;
+    const int64_t* pos3 = nullptr;
+    int64_t t0 = 0, ntok = 0;
 };
 
 class QsaAttention {
@@ -122,6 +130,9 @@ public:
     // same position thrice; image tokens: transformers' get_rope_index), y: [ntok][hidden]. Throws Error when
     // the state cannot hold ntok more tokens (the state is then unchanged).
     void forward(Workspace& ws, const Tensor& x, const int64_t* pos3, QsaState& state, const Tensor& y) const;
+    // The same over the rows of several sequences, each with its own state; throws, changing no state, when
+    // one cannot hold its tokens.
+    void forward(Workspace& ws, const Tensor& x, const std::vector<QsaRows>& seqs, const Tensor& y) const;
 
 private:
     QsaShape shape_;

@@ -267,69 +267,114 @@ void Qwen4ExpWindow::import_state(int64_t from, int64_t n, bool whole, const Sta
 }
 
 void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
-    eval_multimodal(tokens, n, MultimodalRows{}, logits, all_logits);
+    eval_steps({WindowStep{this, tokens, n, logits, all_logits}});
 }
 
 void Qwen4ExpWindow::eval_multimodal(const int32_t* tokens, int64_t n, const MultimodalRows& mm, float* logits,
                                      bool all_logits) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const Qwen4ExpConfig& c = model_.config_;
     if (n <= 0) return;
+    std::vector<Part> parts{{this, {this, tokens, n, logits, all_logits}, mm.pos3 || mm.n_rows ? &mm : nullptr}};
+    eval_parts(parts);
+}
+
+void Qwen4ExpWindow::eval_steps(const std::vector<WindowStep>& steps) {
+    std::vector<Part> parts;
+    std::vector<std::mutex*> mutexes;
+    for (const WindowStep& s : steps) {
+        auto* w = dynamic_cast<Qwen4ExpWindow*>(s.window);
+        if (!w || &w->model_ != &model_) throw Error("eval_windows: the windows belong to different models");
+        if (s.n > 0) parts.push_back({w, s, nullptr}), mutexes.push_back(&w->mutex_);
+    }
+    StepLocks locks(std::move(mutexes));
+    if (!parts.empty()) eval_parts(parts);
+}
+
+void Qwen4ExpWindow::check(const int32_t* tokens, int64_t n, const MultimodalRows* mm) const {
+    const Qwen4ExpConfig& c = model_.config_;
     for (int64_t i = 0; i < n; ++i)
         if (tokens[i] < 0 || tokens[i] >= c.vocab)
             throw Error("token id " + std::to_string(tokens[i]) + " is out of range [0, " + std::to_string(c.vocab) +
                         ")");
-    for (int64_t r = 0; r < mm.n_rows; ++r)
-        if (mm.rows[r] < 0 || mm.rows[r] >= n) throw Error("image row " + std::to_string(mm.rows[r]) + " is outside the call's " + std::to_string(n) + " tokens");
+    for (int64_t r = 0; mm && r < mm->n_rows; ++r)
+        if (mm->rows[r] < 0 || mm->rows[r] >= n) throw Error("image row " + std::to_string(mm->rows[r]) + " is outside the call's " + std::to_string(n) + " tokens");
     if (n_past_ + n > max_ctx_)
         throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
                     " tokens exceed the window's " + std::to_string(max_ctx_));
     if (armed_ && n > kMaxCheckpointTokens)
         throw Error("window: a checkpointed eval takes at most " + std::to_string(kMaxCheckpointTokens) +
                     " tokens, got " + std::to_string(n));
+}
+
+void Qwen4ExpWindow::eval_parts(std::vector<Part>& parts) {
+    int64_t t0 = 0;
+    for (Part& p : parts) {
+        p.w->check(p.step.tokens, p.step.n, p.mm);
+        p.t0 = t0;
+        t0 += p.step.n;
+    }
     try {
-        eval_locked(tokens, n, mm.pos3 || mm.n_rows ? &mm : nullptr, logits, all_logits);
+        forward(parts);
     } catch (...) {
         // Layers before the failure have advanced their state: forget everything rather than continue
         // from a state that matches no token sequence.
-        reset_locked();
+        for (Part& p : parts) p.w->reset_locked();
         throw;
     }
 }
 
-void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, const MultimodalRows* mm, float* logits,
-                                 bool all_logits) {
-    const Qwen4ExpConfig& c = model_.config_;
-    Backend& be = be_;
-    Workspace& ws = ws_;
+// Runs the parts' tokens through the model in one pass, part i's rows after part i-1's.
+void Qwen4ExpWindow::forward(std::vector<Part>& parts) {
+    const Qwen4ExpModel& model = parts.front().w->model_;
+    const Qwen4ExpConfig& c = model.config_;
+    Backend& be = parts.front().w->be_;
+    Workspace& ws = parts.front().w->ws_;
     struct Release {  // the step's scratch, also when it fails
         Workspace& ws;
         ~Release() { ws.reset(); }
     } release{ws};
     const int64_t h = c.hidden, width = c.hc * h;
 
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> pos3;  // [n][3] M-RoPE (t, h, w): text tokens n_past + t
+    int64_t longest = 0;
+    for (const Part& p : parts) {
+        tokens.insert(tokens.end(), p.step.tokens, p.step.tokens + p.step.n);
+        if (p.mm && p.mm->pos3)
+            pos3.insert(pos3.end(), p.mm->pos3, p.mm->pos3 + 3 * p.step.n);
+        else
+            for (int64_t t = 0; t < p.step.n; ++t) pos3.insert(pos3.end(), 3, p.w->n_past_ + t);
+        longest = std::max(longest, p.step.n);
+    }
+    const int64_t n = int64_t(tokens.size());
     // streams: [n][hc][hidden], every stream starts as the token embedding
     const Tensor ids = ws.i32(n, 1);
-    be.write(ids, tokens);
+    be.write(ids, tokens.data());
     const Tensor streams = ws.f32(n, width);
-    be.get_rows(model_.tok_embd_, ids, 1.0f, c.hc, streams);
+    be.get_rows(model.tok_embd_, ids, 1.0f, c.hc, streams);
     // image features replace the embedding of their rows, on every stream
-    for (int64_t r = 0; mm && r < mm->n_rows; ++r)
-        for (int64_t s = 0; s < c.hc; ++s) be.write(streams.row_range(mm->rows[r], 1).col_range(s * h, h), mm->embd + r * h);
-    std::vector<int64_t> pos3(static_cast<size_t>(3 * n));  // [n][3] M-RoPE (t, h, w): text tokens n_past + t
-    for (int64_t t = 0; t < n; ++t) std::fill_n(&pos3[size_t(3 * t)], 3, n_past_ + t);
-    if (mm && mm->pos3) std::copy_n(mm->pos3, 3 * n, pos3.begin());
+    for (const Part& p : parts)
+        for (int64_t r = 0; p.mm && r < p.mm->n_rows; ++r)
+            for (int64_t s = 0; s < c.hc; ++s)
+                be.write(streams.row_range(p.t0 + p.mm->rows[r], 1).col_range(s * h, h), p.mm->embd + r * h);
 
-    const bool keep = armed_;  // fill the rollback slots (checkpoint())
-    armed_ = false;
-    cp_.base = -1;
-    if (keep) prepare_slots(n);
+    std::vector<bool> keep;  // per part: fill the window's rollback slots (checkpoint())
+    for (Part& p : parts) {
+        keep.push_back(p.w->armed_);
+        p.w->armed_ = false;
+        p.w->cp_.base = -1;
+        if (keep.back()) p.w->prepare_slots(p.step.n);
+    }
     const Tensor mixed = ws.f32(n, h), out = ws.f32(n, h), inject = ws.f32(n, c.hc);
-    ExpertArena* arena = model_.arena_.get();
+    ExpertArena* arena = model.arena_.get();
+    std::vector<PleSeq> ple;
+    std::vector<GdnRows> gdn;
+    std::vector<QsaRows> qsa;
     for (int64_t il = 0; il < c.n_layer; ++il) {
-        const auto& l = model_.layers_[size_t(il)];
+        const auto& l = model.layers_[size_t(il)];
+        const size_t li = size_t(il);
         Workspace::Scope scope(ws);
-        if (arena && model_.lookahead_ && n <= 8) {
+        if (arena && model.lookahead_ && longest <= 8) {
             // Lookahead: this layer's router applied to the previous layer's output (its MoE input as it
             // would be without this layer's PLE and mixer), so the predicted experts load while those run.
             l.ffn_hc.read(ws, streams, mixed, inject);
@@ -337,22 +382,41 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, const Multimo
         }
         if (l.ple) {
             const Tensor addend = ws.f32(n, width);  // [n][hc * hidden]
-            PleState& st = *ple_[size_t(il)];
-            if (keep) {
-                for (int64_t t = 0; t < n; ++t) {
-                    l.ple->forward(ws, tokens + t, streams.row_range(t, 1), st, addend.row_range(t, 1));
-                    cp_.ple[size_t(il)][size_t(t + 1)].assign(be, st);
+            ple.clear();
+            for (size_t i = 0; i < parts.size(); ++i) {
+                const Part& p = parts[i];
+                PleState& st = *p.w->ple_[li];
+                if (!keep[i]) {
+                    ple.push_back({p.step.tokens, &st, p.t0, p.step.n});
+                    continue;
                 }
-            } else {
-                l.ple->forward(ws, tokens, streams, st, addend);
+                for (int64_t t = 0; t < p.step.n; ++t) {  // token by token, keeping the state after each
+                    const int64_t r = p.t0 + t;
+                    l.ple->forward(ws, p.step.tokens + t, streams.row_range(r, 1), st, addend.row_range(r, 1));
+                    p.w->cp_.ple[li][size_t(t + 1)].assign(be, st);
+                }
             }
+            if (ple.size() == parts.size())
+                l.ple->forward(ws, ple, streams, addend);
+            else
+                for (const PleSeq& q : ple)
+                    l.ple->forward(ws, {PleSeq{q.token_ids, q.state, 0, q.ntok}}, streams.row_range(q.t0, q.ntok),
+                                   addend.row_range(q.t0, q.ntok));
             be.add(streams, addend, streams);
         }
         l.attn_hc.read(ws, streams, mixed, inject);
-        if (l.gdn)
-            l.gdn->forward(ws, mixed, *gdn_[size_t(il)], 0, out, keep ? &*cp_.gdn[size_t(il)] : nullptr);
-        else
-            l.qsa->forward(ws, mixed, pos3.data(), *qsa_[size_t(il)], out);
+        if (l.gdn) {
+            gdn.clear();
+            for (size_t i = 0; i < parts.size(); ++i) {
+                const Part& p = parts[i];
+                gdn.push_back({&*p.w->gdn_[li], 0, p.t0, p.step.n, keep[i] ? &*p.w->cp_.gdn[li] : nullptr});
+            }
+            l.gdn->forward(ws, mixed, gdn, out);
+        } else {
+            qsa.clear();
+            for (const Part& p : parts) qsa.push_back({&*p.w->qsa_[li], &pos3[size_t(3 * p.t0)], p.t0, p.step.n});
+            l.qsa->forward(ws, mixed, qsa, out);
+        }
         l.attn_hc.write(be, out, inject, streams);
         l.ffn_hc.read(ws, streams, mixed, inject);
         l.moe.forward(ws, mixed, out);
@@ -360,13 +424,27 @@ void Qwen4ExpWindow::eval_locked(const int32_t* tokens, int64_t n, const Multimo
     }
     // The LM head runs on the rows whose logits are wanted: every token, or the last (prefill for generation).
     // With an MTP head every row's final hidden state is kept for it.
-    const int64_t first = all_logits ? 0 : n - 1, from = mtp_ ? 0 : first;
-    const Tensor final_h = ws.f32(n - from, h);  // [n - from][hidden]
-    model_.out_hc_.read(ws, streams.row_range(from, n - from), final_h, Tensor{});
-    if (mtp_) mtp_->append(tokens, final_h);
-    lm_head(ws, model_.output_, final_h.row_range(first - from, n - first), logits, [](const Tensor&) {});
-    if (keep) cp_.base = n_past_;
-    n_past_ += n;
+    std::vector<WindowStep> steps;
+    std::vector<int64_t> t0;
+    for (const Part& p : parts) steps.push_back(p.step), t0.push_back(p.t0);
+    const WantedRows wanted = wanted_rows(steps, t0);
+    const int64_t rows = int64_t(wanted.rows.size());
+    const bool mtp = parts.front().w->mtp_.has_value();
+    Tensor final_h;  // [rows][hidden] of the wanted rows
+    if (mtp) {
+        const Tensor all_h = ws.f32(n, h);  // [n][hidden]
+        model.out_hc_.read(ws, streams, all_h, Tensor{});
+        for (const Part& p : parts) p.w->mtp_->append(p.step.tokens, all_h.row_range(p.t0, p.step.n));
+        final_h = select_rows(ws, all_h, wanted);
+    } else {
+        final_h = ws.f32(rows, h);
+        model.out_hc_.read(ws, select_rows(ws, streams, wanted), final_h, Tensor{});
+    }
+    wanted.run(c.vocab, [&](float* logits) { lm_head(ws, model.output_, final_h, logits, [](const Tensor&) {}); });
+    for (size_t i = 0; i < parts.size(); ++i) {
+        if (keep[i]) parts[i].w->cp_.base = parts[i].w->n_past_;
+        parts[i].w->n_past_ += parts[i].step.n;
+    }
     if (arena) arena->warm();
 }
 

@@ -129,6 +129,7 @@ public:
     int64_t hidden() const { return model_.config_.hidden; }
     void reset() override;
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
+    void eval_steps(const std::vector<WindowStep>& steps) override;
     // eval with images: rows `mm.rows` take `mm.embd` as their input embedding (their ids, the image token,
     // still feed PLE, as transformers does) and the tokens take their M-RoPE positions from mm.pos3.
     void eval_multimodal(const int32_t* tokens, int64_t n, const MultimodalRows& mm, float* logits, bool all_logits);
@@ -143,7 +144,17 @@ public:
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
 
 private:
-    void eval_locked(const int32_t* tokens, int64_t n, const MultimodalRows* mm, float* logits, bool all_logits);
+    // A step's share of this window: its tokens, images (single-window evals only), logits, rows in the step.
+    struct Part {
+        Qwen4ExpWindow* w;
+        WindowStep step;
+        const MultimodalRows* mm;
+        int64_t t0 = 0;
+    };
+    void check(const int32_t* tokens, int64_t n, const MultimodalRows* mm) const;
+    // Validates, runs the parts in one pass, and resets every window of the step if it fails there.
+    static void eval_parts(std::vector<Part>& parts);
+    static void forward(std::vector<Part>& parts);
     void reset_locked();
     void prepare_slots(int64_t n);  // rollback slots for an eval of n tokens; slot 0 = the current states
     std::vector<TensorPart> state_parts(int64_t from, int64_t to, bool whole);

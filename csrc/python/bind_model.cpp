@@ -98,6 +98,28 @@ Logits eval(ModelWindow& w, Tokens tokens, bool all_logits) {
     return logits;
 }
 
+// One step over several windows of a model (regolith::eval_windows): the logits of each, as eval gives them.
+std::vector<Logits> eval_windows(const std::vector<ModelWindow*>& windows, const std::vector<Tokens>& tokens,
+                                 const std::vector<bool>& all_logits) {
+    if (tokens.size() != windows.size() || all_logits.size() != windows.size())
+        throw nb::value_error("eval_windows: windows, tokens and all_logits must have the same length");
+    std::vector<Logits> out;
+    std::vector<regolith::WindowStep> steps;
+    for (size_t i = 0; i < windows.size(); ++i) {
+        if (!windows[i]) throw nb::value_error("eval_windows: a window is None");
+        const int64_t n = int64_t(tokens[i].shape(0));
+        float* logits;
+        out.push_back(new_array({size_t(all_logits[i] ? n : std::min<int64_t>(n, 1)), size_t(windows[i]->vocab())},
+                                &logits));
+        steps.push_back({windows[i], tokens[i].data(), n, logits, all_logits[i]});
+    }
+    {
+        nb::gil_scoped_release release;
+        regolith::eval_windows(steps);
+    }
+    return out;
+}
+
 // Component handles over a GGUF, for tests against the reference layer by layer.
 struct HyperConnectionHandle {
     ComponentFile c;
@@ -250,6 +272,8 @@ void init_model(nb::module_& m) {
              nb::arg("threads") = 4, nb::arg("direct") = true,
              "Restore a state file onto a window holding its first header.start tokens; returns (stats, "
              "logits or None).");
+    m.def("eval_windows", &eval_windows, nb::arg("windows"), nb::arg("tokens"), nb::arg("all_logits"),
+          "One forward pass over several windows of one model; each window's logits as its eval would give.");
     nb::class_<Qwen4ExpModel>(m, "Qwen4ExpModel")
         .def(
             "__init__",

@@ -19,7 +19,7 @@ from .prompt_cache import PromptCache
 from .sampling import SamplingParams
 from .session import Session
 from .tokenizer import Tokenizer
-from .window import Window
+from .window import Window, eval_windows
 
 __version__ = "0.1.0"
 
@@ -45,6 +45,7 @@ __all__ = [
     "Window",
     "__version__",
     "antislop",
+    "eval_windows",
     "gguf",
     "memory_plan",
     "models",

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .errors import RegolithError
+from .errors import MemoryPlanError, RegolithError
 from .inspection import inspect_command
 from .models import DEFAULT_MODEL, KNOWN_MODELS, resolve_files
 from .terminal import (
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from .model import Model
 
 __all__ = ["main"]
+
+DEFAULT_PARALLEL = 4  # `regolith serve`'s --parallel where the memory plan fits that many windows
 
 
 def _pull(args: argparse.Namespace, console: Console) -> int:
@@ -106,7 +108,7 @@ def _pack(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _load(args: argparse.Namespace, console: Console) -> Model:
+def _load(args: argparse.Namespace, console: Console, windows: int = 1) -> Model:
     from .model import Model
 
     template = None
@@ -121,6 +123,7 @@ def _load(args: argparse.Namespace, console: Console) -> Model:
             ple=args.ple,
             mtp=args.mtp,
             mmproj=getattr(args, "mmproj", None),
+            windows=windows,
             **_memory_options(args),
         )
         model.tokenizer  # noqa: B018 - built here so its cost shows under the spinner, not in the first reply
@@ -329,7 +332,16 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     from .server import DEFAULT_MAX_TOKENS, ServerConfig, serve
 
     err = Console(stderr=True)
-    model = _load(args, err)
+    try:  # the windows are planned before an arena sized to the budget takes the rest
+        model = _load(args, err, windows=args.parallel or DEFAULT_PARALLEL)
+    except MemoryPlanError:
+        if args.parallel:
+            raise
+        model = _load(args, err)  # then as many as a plan for one leaves room for
+    parallel = args.parallel or DEFAULT_PARALLEL
+    if model.plan is not None and not args.parallel:
+        parallel = model.plan.windows_that_fit(DEFAULT_PARALLEL)
+        model.plan = model.plan.with_windows(parallel)
     if args.model_name:
         name = args.model_name
     elif args.model is None or args.model in KNOWN_MODELS:
@@ -349,11 +361,13 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         max_body=args.max_body,
         default_max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS,
         antislop=args.antislop,
+        parallel=parallel,
     )
     if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[yellow]warning: serving on {escape(args.host)} without an API key (--api-key)[/yellow]")
     err.print(
-        f"[dim]serving {escape(name)} (context {model.n_ctx}) on http://{escape(args.host)}:{args.port}[/dim]",
+        f"[dim]serving {escape(name)} (context {model.n_ctx}, {parallel} at once) on "
+        f"http://{escape(args.host)}:{args.port}[/dim]",
         highlight=False,
     )
     serve(model, config, host=args.host, port=args.port, log_level=args.log_level)
@@ -722,6 +736,13 @@ def _parser() -> argparse.ArgumentParser:
         "--max-tokens",
         type=_positive(int),
         help="reply length for requests that do not set one (default 4096: the server's DEFAULT_MAX_TOKENS)",
+    )
+    sv.add_argument(
+        "--parallel",
+        "-np",
+        type=_positive(int),
+        help=f"requests generated at once, batched (default: as many as fit, at most {DEFAULT_PARALLEL}); "
+        "speculative decoding runs only at 1",
     )
     sv.add_argument(
         "--max-queue",

@@ -7,7 +7,7 @@ import os
 import re
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import MemoryPlanError, ModelFormatError
@@ -288,6 +288,7 @@ class MemoryPlan:
     budget_bytes: int | None
     host_slots: int = 0  # records of the host-RAM tier behind a device arena (0: none)
     device: tuple[str, int] | None = None  # (backend, free bytes) where the backend has memory of its own
+    windows: int = 1  # windows of n_ctx tokens each (a server's --parallel sequences)
 
     # The parts a backend with its own memory (a GPU) holds there; the rest is host RAM.
     DEVICE_PARTS = (
@@ -317,7 +318,24 @@ class MemoryPlan:
 
     @property
     def state_bytes(self) -> int:
-        return self.sizes.state_bytes(self.n_ctx)
+        return self.sizes.state_bytes(self.n_ctx) * self.windows
+
+    def with_windows(self, n: int) -> MemoryPlan:
+        """This plan holding ``n`` windows' state instead."""
+        if n < 1:
+            raise MemoryPlanError(f"a plan holds at least one window, not {n}")
+        return replace(self, windows=n)
+
+    def windows_that_fit(self, limit: int) -> int:
+        """The most windows (1..``limit``) whose state fits beside the rest of the plan in its budget (three
+        quarters of physical memory without one; a GPU's free memory for a plan on one)."""
+        if self.device is not None:
+            room, used = int(self.device[1] * 0.9), self.device_bytes
+        else:
+            room = self.budget_bytes if self.budget_bytes is not None else system_memory() * 3 // 4
+            used = self.total_bytes
+        per = max(self.sizes.state_bytes(self.n_ctx), 1)
+        return max(1, min(limit, self.windows + (room - used) // per))
 
     @property
     def total_bytes(self) -> int:
@@ -360,7 +378,8 @@ class MemoryPlan:
                     )
             else:
                 rows.append(("experts (resident)", s.expert_bytes, f"all {s.n_experts_total}"))
-        rows.append((f"KV / state at {self.n_ctx} tokens", self.state_bytes, "one window"))
+        windows = "one window" if self.windows == 1 else f"{self.windows} windows (--parallel)"
+        rows.append((f"KV / state at {self.n_ctx} tokens", self.state_bytes, windows))
         rows.append(("scratch", s.scratch_bytes(), f"prefill chunk of {PREFILL_CHUNK} tokens"))
         if s.ple_rows:
             rows.append(
@@ -458,14 +477,17 @@ def plan_memory(
     overhead_bytes: int = 0,
     physical_bytes: int | None = None,
     device: tuple[str, int] | None = None,
+    windows: int = 1,
 ) -> MemoryPlan:
-    """Decide the arena: ``arena_gb`` when given; else, for a GGUF whose experts fit the budget (``memory_gb``,
+    """Decide the arena (with the state of ``windows`` windows of ``n_ctx`` tokens counted in): ``arena_gb`` when given; else, for a GGUF whose experts fit the budget (``memory_gb``,
     default three quarters of physical memory), every expert resident; else the budget left after everything
     else. ``host_cache_gb`` (with ``arena_gb``) adds a host-RAM tier of that many GiB of records behind a
     device arena. ``device`` = (backend, free bytes) for a backend with memory of its own (a GPU): the dense
     weights, the experts or their arena, the state and scratch go there and are sized against 90% of its
     free memory; the rest against the host budget. Raises MemoryPlanError when even one arena slot does not
     fit, or when ``arena_gb`` exceeds the budget (or the device)."""
+    if windows < 1:
+        raise MemoryPlanError(f"a plan holds at least one window, not {windows}")
     if host_cache_gb is not None and host_cache_gb <= 0:
         raise MemoryPlanError(f"host_cache_gb must be positive, got {host_cache_gb}")
     if host_cache_gb is not None and arena_gb is None:
@@ -484,7 +506,7 @@ def plan_memory(
     )
 
     def plan(slots: int, host_slots: int = 0) -> MemoryPlan:
-        return MemoryPlan(sizes, n_ctx, slots, ple_cache, overhead_bytes, budget, host_slots, device)
+        return MemoryPlan(sizes, n_ctx, slots, ple_cache, overhead_bytes, budget, host_slots, device, windows)
 
     if device is not None:
         return _plan_with_device(sizes, plan, device, arena_gb, host_cache_gb, budget, memory_gb)

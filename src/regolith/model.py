@@ -148,6 +148,7 @@ class Model:
         vision_idle_unload: float | None = 300.0,
         backend: str | None = None,
         kv_type: str | None = None,
+        windows: int = 1,
     ) -> Model:
         """Load a GGUF file (any shard of a split model: every shard is read), a model directory, a packed model
         directory (``regolith pack``), a Hugging Face Hub repository (``"hf://ORG/REPO[:QUANT]"``, downloaded
@@ -184,6 +185,9 @@ class Model:
 
         ``backend`` names the compute engine (:func:`regolith.backends.available` lists this build's; ``"auto"``:
         the GPU where there is one, else the CPU; default: ``$REGOLITH_BACKEND`` or ``"cpu"``).
+
+        ``windows`` is how many windows of ``n_ctx`` tokens the memory plan counts (a server's parallel
+        sequences): an arena sized to the budget leaves room for their state.
 
         Raises :class:`regolith.GGUFError` for a malformed file, :class:`regolith.ModelFormatError` for an
         architecture regolith does not run, missing / mis-shaped tensors, a missing or foreign shard, a corrupt
@@ -222,6 +226,7 @@ class Model:
             host_cache_gb=host_cache_gb,
             overhead_bytes=overhead,
             device=(backend, dev[0]) if (dev := _backends.device_memory(backend)) else None,
+            windows=windows,
         )
         _log.info("memory plan for %s:\n%s", resolved, plan.render())
         if arch != "qwen4exp":

@@ -6,7 +6,7 @@ import itertools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from . import state as _state
 from .errors import ContextOverflowError, SessionError
 from .vision import ImageSpan, mrope_positions
 
-__all__ = ["Window", "WindowSnapshot"]
+__all__ = ["Stepper", "Window", "WindowSnapshot", "eval_windows"]
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,21 @@ class WindowSnapshot:
         return int(self._state.bytes)
 
 
+class Stepper(Protocol):
+    """Runs windows' evaluations as parts of steps over several windows (a server's scheduler batching the
+    sequences it serves): :meth:`eval` returns what :func:`eval_windows` gives ``window`` for ``ids``, once
+    steps have carried them, through :func:`eval_windows` (which keeps the window's token list)."""
+
+    def eval(self, window: Window, ids: np.ndarray, all_logits: bool) -> np.ndarray: ...
+
+
 class Window:
     """One inference context: tokens in, logits out, continuing from the tokens already evaluated.
 
     Holds all decoding state (attention KV caches and indexer keys, Gated DeltaNet recurrent and conv
     states, PLE history) and the ids of the tokens it has seen. Create it with :meth:`regolith.Model.window`.
-    A window is not safe to share between threads.
+    A window is not safe to share between threads. With :attr:`stepper` set, its text-only evaluations go
+    through the stepper, which batches them with other windows' (the logits are the same bit for bit).
     """
 
     def __init__(self, model: _state.ModelInfo, core: Any, *, on_eval: Callable[[int], None] | None = None):
@@ -51,6 +60,8 @@ class Window:
         self._images: list[ImageSpan] = []  # the images among the tokens held or about to be evaluated
         self.n_evaluated = 0
         """Tokens evaluated over the window's life (prefix reuse shows as this growing by less than a prompt)."""
+        self.stepper: Stepper | None = None
+        """Where :meth:`eval` sends text-only evaluations (:class:`Stepper`); None: evaluated at once, alone."""
 
     @property
     def n_past(self) -> int:
@@ -158,8 +169,22 @@ class Window:
         prompt; it skips the LM head for the other rows).
 
         Raises ValueError for token ids outside the vocabulary and :class:`regolith.ContextOverflowError` when
-        the window's context would overflow (the window is then unchanged).
+        the window's context would overflow (the window is then unchanged). With a ``stepper`` (see
+        :class:`Window`), a text-only evaluation runs through it, as part of a step over several windows.
         """
+        ids = self._checked(tokens)
+        if self.stepper is not None and not self._images and ids.size:
+            return self.stepper.eval(self, ids, all_logits)  # through eval_windows, which keeps the books
+        try:
+            logits = self._eval(ids, all_logits)
+        except BaseException:
+            del self._tokens[self._w.n_past :]  # a failed evaluation leaves the window unchanged or reset
+            raise
+        self._evaluated(ids)
+        return logits
+
+    def _checked(self, tokens) -> np.ndarray:
+        """``tokens`` as contiguous int32 ids, checked against the vocabulary and the room left."""
         ids = np.asarray(tokens)
         if ids.ndim != 1:
             raise ValueError(f"tokens must be a 1-D sequence of ids, got shape {ids.shape}")
@@ -173,16 +198,13 @@ class Window:
             raise ContextOverflowError(
                 f"context overflow: {ids.size} more tokens do not fit; the window holds {len(self._tokens)} of {self.max_ctx}"
             )
-        try:
-            logits = self._eval(np.ascontiguousarray(ids, dtype=np.int32), all_logits)
-        except BaseException:
-            del self._tokens[self._w.n_past :]  # a failed evaluation leaves the window unchanged or reset
-            raise
+        return np.ascontiguousarray(ids, dtype=np.int32)
+
+    def _evaluated(self, ids: np.ndarray) -> None:
         self._tokens.extend(int(t) for t in ids)
         self.n_evaluated += int(ids.size)
         if self._on_eval is not None:
             self._on_eval(int(ids.size))
-        return logits
 
     def _eval(self, ids: np.ndarray, all_logits: bool) -> np.ndarray:
         if not self._images:
@@ -230,3 +252,33 @@ class Window:
             self.reset()
         stats, _ = _state.load_window(self, path, header=head)
         return stats
+
+
+def eval_windows(
+    windows: Sequence[Window], tokens: Sequence[Sequence[int]], all_logits: Sequence[bool]
+) -> list[np.ndarray]:
+    """Evaluate ``tokens[i]`` on ``windows[i]`` for every i in one forward pass over all of them: every weight
+    (and every streamed expert some window routes to) is read once for the step. Returns each window's logits
+    as :meth:`Window.eval` with ``all_logits[i]`` would, bit for bit; a step may mix prompt chunks with single
+    decode tokens. The windows must be distinct windows of one model, without images.
+
+    Raises ValueError (bad ids, a window listed twice, windows of different models, images) or
+    :class:`regolith.ContextOverflowError` with every window unchanged; if evaluation itself fails, every
+    window of the step is reset.
+    """
+    if not len(windows) == len(tokens) == len(all_logits):
+        raise ValueError("eval_windows: windows, tokens and all_logits must have the same length")
+    if len({id(w) for w in windows}) != len(windows):
+        raise ValueError("eval_windows: a window is listed twice")
+    if any(w._images for w in windows):
+        raise ValueError("eval_windows: windows holding images are evaluated alone (Window.eval)")
+    ids = [w._checked(t) for w, t in zip(windows, tokens, strict=True)]
+    try:
+        out = _core.eval_windows([w._w for w in windows], ids, [bool(a) for a in all_logits])
+    except BaseException:
+        for w in windows:
+            del w._tokens[w._w.n_past :]
+        raise
+    for w, i in zip(windows, ids, strict=True):
+        w._evaluated(i)
+    return out

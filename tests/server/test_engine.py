@@ -61,14 +61,23 @@ class FakeGeneration:
             self.finish_reason = "cancelled"
 
 
+class FakeWindow:
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.stepper = None
+
+
 class FakeModel:
+    def window(self):
+        return FakeWindow()
+
     def __init__(self, delay=0.0):
         self.delay, self.fail_at, self.running = delay, None, False
         self.lock = threading.Lock()
         self.started: list[list[int]] = []
         self.options: list[dict] = []
 
-    def start(self, prompt, *, guide=None, max_tokens, **options):
+    def start(self, prompt, *, guide=None, max_tokens, window=None, **options):
         self.started.append(list(prompt))
         self.options.append(options)
         return FakeGeneration(self, prompt, max_tokens, self.delay)

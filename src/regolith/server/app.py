@@ -140,7 +140,7 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
     """The server's ASGI application for ``model``. The generation worker starts and stops with the app's
     lifespan (uvicorn runs it)."""
     metrics = Metrics()
-    engine = Engine(model, metrics, max_queue=config.max_queue)
+    engine = Engine(model, metrics, max_queue=config.max_queue, parallel=config.parallel)
     state = ServerState(model=model, engine=engine, metrics=metrics, config=config, started=int(time.time()))
     model.chat_template  # noqa: B018 - compiled now: a broken template fails at start, not per request
 
@@ -216,7 +216,9 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
             metrics.render(
                 queue_depth=engine.queue_depth,
                 busy=engine.busy,
+                running=engine.running,
                 cache=model.prompt_cache.stats if model.prompt_cache is not None else None,
+                experts=model.stats() if model.plan is not None and model.plan.streaming else None,
             ),
             media_type="text/plain; version=0.0.4",
         )

@@ -65,7 +65,7 @@ class ServerConfig:
     requests may wait; a request fails after ``timeout`` seconds, queued or running; bodies over
     ``max_body`` bytes are refused; ``default_max_tokens`` is the length of replies whose request sets none
     (``DEFAULT_MAX_TOKENS``; None: the rest of the context); ``antislop`` bans the shipped list of overused
-    phrases.
+    phrases. ``parallel`` requests are generated at once, their model evaluations batched into shared steps.
     """
 
     model_name: str
@@ -76,6 +76,7 @@ class ServerConfig:
     max_body: int = 16 * 1024 * 1024
     default_max_tokens: int | None = DEFAULT_MAX_TOKENS
     antislop: bool = False
+    parallel: int = 1
 
 
 @dataclass

@@ -1,9 +1,12 @@
-"""One model, one generation at a time: requests wait in a FIFO queue and a worker thread runs them.
+"""Up to ``parallel`` requests at once, batched: requests wait in a FIFO queue and worker threads run them.
 
-The asyncio side submits a :class:`Job` and iterates its pieces; the worker thread drives the job's
-:class:`regolith.Generation` s (one per choice: ``n`` per prompt, one prompt after another, each prompt's
-evaluated once) and hands each piece to the event loop, so the loop never waits on the model. Cancelling a
-job (the client went away) ends its generation at the next piece, or skips it if still queued.
+The asyncio side submits a :class:`Job` and iterates its pieces; a worker thread takes the job with a window
+of its own and drives the job's :class:`regolith.Generation` s (one per choice: ``n`` per prompt, one prompt
+after another, each prompt's evaluated once), handing each piece to the event loop, so the loop never waits
+on the model. The windows' evaluations meet in the :class:`StepScheduler`, which runs them as batched steps
+(continuous batching: a request joins at the next step, its prompt prefilled in pieces beside the others'
+decode tokens); each request's output is what it would be served alone. Cancelling a job (the client went
+away) ends its generation at the next piece, or skips it if still queued; the others go on.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 from ..generation import SharedPrompt
 from .api_error import APIError
 from .metrics import Metrics
+from .scheduler import STEP_TOKENS, StepScheduler
 
 if TYPE_CHECKING:
     from ..generation import Generation, TokenGuide
     from ..logprobs import TokenLogprob
     from ..model import Model
+    from ..window import Window
 
 __all__ = ["Engine", "Job", "Piece", "choice_seed"]
 
@@ -75,6 +80,7 @@ class Job:
         self.guide = guide
         self.deadline = deadline
         self.generations: list[Generation] = []
+        self.submitted = time.monotonic()
         self._loop = loop
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._cancelled = threading.Event()
@@ -101,8 +107,12 @@ class Job:
     def _stop_now(self) -> bool:
         return self._cancelled.is_set() or time.monotonic() > self.deadline
 
-    def run(self, model: Model) -> None:
-        """Run the generations in the calling (worker) thread, sending their pieces to the event loop."""
+    def run(
+        self, model: Model, window: Window | None = None, metrics: Metrics | None = None, **overrides: Any
+    ) -> None:
+        """Run the generations in the calling (worker) thread on ``window`` (None: the model's own), sending
+        their pieces to the event loop; ``overrides`` replace options (the engine turns speculation off for
+        batched sequences); ``metrics`` records the time to first token and between tokens."""
         gen = None
         try:
             for p, prompt in enumerate(self.prompts):
@@ -114,9 +124,11 @@ class Job:
                     options = self.options
                     if j > 0 and options.get("seed") is not None:
                         options = {**options, "seed": choice_seed(options["seed"], j)}
-                    gen = model.start(prompt, guide=self.guide, shared=shared, **options)
+                    if window is not None:
+                        options = {**options, "window": window}
+                    gen = model.start(prompt, guide=self.guide, shared=shared, **options, **overrides)
                     self.generations.append(gen)
-                    self._run_choice(gen, p * self.n + j)
+                    self._run_choice(gen, p * self.n + j, metrics)
                     gen = None
             self._send("end")
         except Exception as e:  # reported to the client; the worker goes on with the next job
@@ -125,9 +137,17 @@ class Job:
             log.exception("generation failed")
             self._send("error", e)
 
-    def _run_choice(self, gen: Generation, index: int) -> None:
+    def _run_choice(self, gen: Generation, index: int, metrics: Metrics | None) -> None:
         sent = 0  # tokens whose log-probabilities have been sent
+        last, n_tokens = self.submitted, 0  # the time the latest token was seen, and the tokens seen then
         for text in gen:
+            if metrics is not None and len(gen.tokens) > n_tokens:
+                now = time.monotonic()
+                if n_tokens == 0 and index == 0:
+                    metrics.record_first_token(now - self.submitted)
+                elif n_tokens:
+                    metrics.record_token_gap((now - last) / (len(gen.tokens) - n_tokens))
+                last, n_tokens = now, len(gen.tokens)
             logprobs = []
             if gen.logprobs is not None:
                 logprobs, sent = gen.logprobs[sent : gen.released_tokens], max(sent, gen.released_tokens)
@@ -168,51 +188,80 @@ class Job:
 
 
 class Engine:
-    """Runs :class:`Job` s on ``model`` one at a time, first come first served, in a worker thread.
+    """Runs :class:`Job` s on ``model``, first come first served, up to ``parallel`` at once on windows of their
+    own (each keeping the prefix of its last prompt), their evaluations batched by a :class:`StepScheduler`
+    (``step_tokens``). Speculative decoding runs only when ``parallel`` is 1 (the draft head's own evaluations
+    are not batched yet).
 
     At most ``max_queue`` jobs wait; :meth:`submit` raises :class:`APIError` (503) beyond that.
     """
 
-    def __init__(self, model: Model, metrics: Metrics, *, max_queue: int = 64):
+    def __init__(
+        self,
+        model: Model,
+        metrics: Metrics,
+        *,
+        max_queue: int = 64,
+        parallel: int = 1,
+        step_tokens: int = STEP_TOKENS,
+    ):
+        if parallel < 1:
+            raise ValueError(f"parallel must be at least 1, got {parallel}")
         self.model = model
         self.metrics = metrics
         self.max_queue = max_queue
+        self.parallel = parallel
+        self.scheduler = StepScheduler(step_tokens=step_tokens, on_step=metrics.record_step)
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._waiting = 0
         self._lock = threading.Lock()
-        self._running: Job | None = None
-        self._thread: threading.Thread | None = None
+        self._running: set[Job] = set()
+        self._idle: list[Window] = []  # windows no job holds
+        self._n_windows = 0
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Start the worker thread."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="regolith-generation", daemon=True)
-            self._thread.start()
+        """Start the step scheduler and the worker threads."""
+        if self._threads:
+            return
+        self.scheduler.start()
+        for i in range(self.parallel):
+            t = threading.Thread(target=self._work, name=f"regolith-generation-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def stop(self) -> None:
-        """Cancel the running job and stop the worker once queued jobs are skipped or done."""
-        if self._thread is None:
+        """Cancel the running jobs and stop the workers once queued jobs are skipped or done."""
+        if not self._threads:
             return
         with self._queue.mutex:
             for job in self._queue.queue:
                 if job is not None:
                     job.cancel()
         with self._lock:
-            if self._running is not None:
-                self._running.cancel()
-        self._queue.put(None)
-        self._thread.join()
-        self._thread = None
+            for job in self._running:
+                job.cancel()
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join()
+        self._threads = []
+        self.scheduler.stop()
 
     @property
     def queue_depth(self) -> int:
-        """Jobs waiting for the model (the running one not included)."""
+        """Jobs waiting for the model (the running ones not included)."""
         return self._waiting
+
+    @property
+    def running(self) -> int:
+        """Jobs running now."""
+        return len(self._running)
 
     @property
     def busy(self) -> bool:
         """Whether a generation is running."""
-        return self._running is not None
+        return bool(self._running)
 
     def submit(
         self,
@@ -242,18 +291,45 @@ class Engine:
         self._queue.put(job)
         return job
 
+    def _window_for(self, prompt: Sequence[int]) -> Window:
+        """The idle window holding the longest prefix of ``prompt`` (a new one while fewer than ``parallel``
+        exist and none holds any of it)."""
+
+        def shared(w: Window) -> int:
+            held = w.tokens
+            n = 0
+            while n < min(len(held), len(prompt)) and held[n] == prompt[n]:
+                n += 1
+            return n
+
+        with self._lock:
+            best = max(self._idle, key=shared, default=None)
+            if best is None or (shared(best) == 0 and self._n_windows < self.parallel):
+                self._n_windows += 1
+                window = self.model.window()
+                window.stepper = self.scheduler
+                return window
+            self._idle.remove(best)
+            return best
+
     def _work(self) -> None:
+        overrides = {} if self.parallel == 1 else {"speculative": False}
         while True:
             job = self._queue.get()
             if job is None:
                 return
             with self._lock:
                 self._waiting -= 1
-                self._running = job
+                self._running.add(job)
+            window = self._window_for(job.prompts[0] if job.prompts else [])
+            self.scheduler.enter()
             try:
-                job.run(self.model)
+                self.metrics.record_queue_wait(time.monotonic() - job.submitted)
+                job.run(self.model, window, self.metrics, **overrides)
             finally:
+                self.scheduler.leave()
                 with self._lock:
-                    self._running = None
+                    self._running.discard(job)
+                    self._idle.append(window)
             for gen in job.generations:
                 self.metrics.record_generation(gen)

@@ -1,0 +1,171 @@
+"""The server under load: N concurrent clients (the openai SDK, streaming completions) against `regolith serve`
+with --parallel N, for N = 1, 2, 4, 8.
+
+Per N: aggregate generated tokens per second (all clients' tokens over the wall time of the round), p50 / p95
+time to first token and inter-token latency (between streamed chunks, per token), and for a model streaming its
+experts the expert bytes read from disk per generated token (from /metrics). Every client sends `--requests`
+requests, one after another, each a different prompt, greedy. Each round starts `regolith serve --parallel N`
+in a process of its own (the clients' threads then share no interpreter with it).
+
+    python benchmarks/bench_serve.py                           # the demo model through a 4 MiB arena
+    python benchmarks/bench_serve.py qwen2.5-coder-0.5b        # resident (a dense model)
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+
+PROMPTS = [
+    "def read_config(path):",
+    "class Stack:",
+    "import os\n\ndef walk(root):",
+    "def parse_args(argv):",
+    "class LRUCache:",
+    "def merge_sorted(a, b):",
+    "import json\n\ndef load(path):",
+    "def fibonacci(n):",
+]
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100)[int(q) - 1] if len(xs) > 1 else (xs[0] if xs else 0.0)
+
+
+def _metric(url: str, name: str) -> float:
+    m = re.search(rf"^regolith_{name} (\S+)$", httpx.get(url + "/metrics").text, re.MULTILINE)
+    return float(m.group(1)) if m else 0.0
+
+
+def _serve(model: str | None, n: int, arena_gb: float, spec: bool) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-c", "import sys; from regolith.cli import main; sys.exit(main(sys.argv[1:]))"]
+    cmd += ["serve", *([model] if model else []), "--port", str(port), "--parallel", str(n), "--ctx", "512"]
+    cmd += ["--model-name", "m", "--log-level", "warning"] + (
+        ["--arena-gb", str(arena_gb)] if arena_gb else []
+    )
+    cmd += [] if spec else ["--spec", "off"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+def run_round(
+    model: str | None, arena_gb: float, n: int, requests: int, max_tokens: int, spec: bool = True
+) -> dict[str, float]:
+    proc, url = _serve(model, n, arena_gb, spec)
+    ttft: list[float] = []
+    itl: list[float] = []
+    tokens = [0] * n
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
+        for r in range(requests):
+            prompt = PROMPTS[(i * requests + r) % len(PROMPTS)] + "  " * (i % 3)
+            t0 = last = time.perf_counter()
+            first = None
+            stream = c.completions.create(
+                model="m",
+                prompt=prompt,
+                max_tokens=max_tokens,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            gaps = []
+            for chunk in stream:
+                now = time.perf_counter()
+                if chunk.choices and chunk.choices[0].text:
+                    if first is None:
+                        first = now - t0
+                    else:
+                        gaps.append(now - last)
+                    last = now
+                if chunk.usage is not None:
+                    tokens[i] += chunk.usage.completion_tokens
+            with lock:
+                if first is not None:
+                    ttft.append(first)
+                itl.extend(gaps)
+
+    try:
+        read0 = _metric(url, "expert_bytes_read_total")
+        t = time.perf_counter()
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        wall = time.perf_counter() - t
+        read = _metric(url, "expert_bytes_read_total") - read0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    total = sum(tokens)
+    return {
+        "tok_s": total / wall,
+        "ttft50": _percentile(ttft, 50),
+        "ttft95": _percentile(ttft, 95),
+        "itl50": _percentile(itl, 50),
+        "itl95": _percentile(itl, 95),
+        "bytes_per_token": read / max(total, 1),
+        "tokens": total,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", help="model (default: the bundled demo)")
+    ap.add_argument(
+        "--arena-gb",
+        type=float,
+        help="stream a MoE model's experts through this arena (default: 0.004 for the demo)",
+    )
+    ap.add_argument("--clients", default="1,2,4,8", help="client counts (default 1,2,4,8)")
+    ap.add_argument("--requests", type=int, default=2, help="requests per client (default 2)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="tokens per reply (default 32)")
+    ap.add_argument(
+        "--no-spec",
+        action="store_true",
+        help="--spec off at every N (speculation runs only at --parallel 1 anyway: this isolates batching)",
+    )
+    args = ap.parse_args()
+    arena = args.arena_gb if args.arena_gb is not None else (0.004 if args.model is None else 0.0)
+    where = f"experts through a {arena:g} GB arena" if arena else "resident"
+    print(
+        f"{args.model or 'regolith-demo'} ({where}), {args.requests} requests x {args.max_tokens} tokens per client"
+    )
+    print("| clients | tok/s | TTFT p50 / p95 (s) | ITL p50 / p95 (ms) | expert bytes / token |")
+    print("|---|---|---|---|---|")
+    for n in (int(x) for x in args.clients.split(",")):
+        r = run_round(args.model, arena, n, args.requests, args.max_tokens, not args.no_spec)
+        per = f"{r['bytes_per_token'] / 2**10:.0f} KiB" if r["bytes_per_token"] else "-"
+        print(
+            f"| {n} | {r['tok_s']:.1f} | {r['ttft50']:.2f} / {r['ttft95']:.2f} | "
+            f"{1e3 * r['itl50']:.0f} / {1e3 * r['itl95']:.0f} | {per} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
