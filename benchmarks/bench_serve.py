@@ -9,11 +9,16 @@ in a process of its own (the clients' threads then share no interpreter with it)
 
     python benchmarks/bench_serve.py                           # the demo model through a 4 MiB arena
     python benchmarks/bench_serve.py qwen2.5-coder-0.5b        # resident (a dense model)
+    python benchmarks/bench_serve.py qwen2.5-coder-0.5b --llama-server PATH   # and llama-server beside it
+
+``--llama-server`` runs the same rounds against llama.cpp's server on the same GGUF after regolith's
+(``--parallel N``, a 512-token context per slot, as many threads as ``REGOLITH_THREADS`` or the CPUs).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import socket
 import statistics
@@ -42,21 +47,18 @@ def _percentile(xs: list[float], q: float) -> float:
 
 
 def _metric(url: str, name: str) -> float:
-    m = re.search(rf"^regolith_{name} (\S+)$", httpx.get(url + "/metrics").text, re.MULTILINE)
+    r = httpx.get(url + "/metrics")
+    m = re.search(rf"^regolith_{name} (\S+)$", r.text, re.MULTILINE) if r.status_code == 200 else None
     return float(m.group(1)) if m else 0.0
 
 
-def _serve(model: str | None, n: int, arena_gb: float, spec: bool) -> tuple[subprocess.Popen, str]:
+def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-c", "import sys; from regolith.cli import main; sys.exit(main(sys.argv[1:]))"]
-    cmd += ["serve", *([model] if model else []), "--port", str(port), "--parallel", str(n), "--ctx", "512"]
-    cmd += ["--model-name", "m", "--log-level", "warning"] + (
-        ["--arena-gb", str(arena_gb)] if arena_gb else []
-    )
-    cmd += [] if spec else ["--spec", "off"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return sock.getsockname()[1]
+
+
+def _started(proc: subprocess.Popen, port: int) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -64,15 +66,43 @@ def _serve(model: str | None, n: int, arena_gb: float, spec: bool) -> tuple[subp
             if httpx.get(url + "/health").status_code == 200:
                 return proc, url
         except httpx.TransportError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)
     proc.kill()
     raise RuntimeError("the server did not start")
 
 
+def _serve(model: str | None, n: int, arena_gb: float, spec: bool) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [sys.executable, "-c", "import sys; from regolith.cli import main; sys.exit(main(sys.argv[1:]))"]
+    cmd += ["serve", *([model] if model else []), "--port", str(port), "--parallel", str(n), "--ctx", "512"]
+    cmd += ["--model-name", "m", "--log-level", "warning"] + (
+        ["--arena-gb", str(arena_gb)] if arena_gb else []
+    )
+    cmd += [] if spec else ["--spec", "off"]
+    return _started(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port)
+
+
+def _llama_serve(binary: str, model: str | None, n: int) -> tuple[subprocess.Popen, str]:
+    from regolith.models import resolve_model
+
+    port = _free_port()
+    threads = os.environ.get("REGOLITH_THREADS") or str(os.cpu_count() or 1)
+    cmd = [binary, "-m", str(resolve_model(model)), "--port", str(port), "--parallel", str(n)]
+    cmd += ["--ctx-size", str(512 * n), "--threads", threads, "--alias", "m"]
+    return _started(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port)
+
+
 def run_round(
-    model: str | None, arena_gb: float, n: int, requests: int, max_tokens: int, spec: bool = True
+    model: str | None,
+    arena_gb: float,
+    n: int,
+    requests: int,
+    max_tokens: int,
+    spec: bool = True,
+    llama_server: str | None = None,
 ) -> dict[str, float]:
-    proc, url = _serve(model, n, arena_gb, spec)
+    proc, url = _llama_serve(llama_server, model, n) if llama_server else _serve(model, n, arena_gb, spec)
     ttft: list[float] = []
     itl: list[float] = []
     tokens = [0] * n
@@ -93,16 +123,19 @@ def run_round(
                 stream_options={"include_usage": True},
             )
             gaps = []
+            pieces, used = 0, None
             for chunk in stream:
                 now = time.perf_counter()
                 if chunk.choices and chunk.choices[0].text:
+                    pieces += 1
                     if first is None:
                         first = now - t0
                     else:
                         gaps.append(now - last)
                     last = now
                 if chunk.usage is not None:
-                    tokens[i] += chunk.usage.completion_tokens
+                    used = chunk.usage.completion_tokens
+            tokens[i] += used if used is not None else pieces  # a server that sends no usage: a token a chunk
             with lock:
                 if first is not None:
                     ttft.append(first)
@@ -149,6 +182,7 @@ def main() -> None:
         action="store_true",
         help="--spec off at every N (speculation runs only at --parallel 1 anyway: this isolates batching)",
     )
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server binary: its rounds on the same GGUF too")
     args = ap.parse_args()
     arena = args.arena_gb if args.arena_gb is not None else (0.004 if args.model is None else 0.0)
     where = f"experts through a {arena:g} GB arena" if arena else "resident"
@@ -157,14 +191,17 @@ def main() -> None:
     )
     print("| clients | tok/s | TTFT p50 / p95 (s) | ITL p50 / p95 (ms) | expert bytes / token |")
     print("|---|---|---|---|---|")
-    for n in (int(x) for x in args.clients.split(",")):
-        r = run_round(args.model, arena, n, args.requests, args.max_tokens, not args.no_spec)
-        per = f"{r['bytes_per_token'] / 2**10:.0f} KiB" if r["bytes_per_token"] else "-"
-        print(
-            f"| {n} | {r['tok_s']:.1f} | {r['ttft50']:.2f} / {r['ttft95']:.2f} | "
-            f"{1e3 * r['itl50']:.0f} / {1e3 * r['itl95']:.0f} | {per} |",
-            flush=True,
-        )
+    engines = [("regolith", None)] + ([("llama-server", args.llama_server)] if args.llama_server else [])
+    for engine, binary in engines:
+        for n in (int(x) for x in args.clients.split(",")):
+            r = run_round(args.model, arena, n, args.requests, args.max_tokens, not args.no_spec, binary)
+            per = f"{r['bytes_per_token'] / 2**10:.0f} KiB" if r["bytes_per_token"] else "-"
+            label = f"{n}" if binary is None else f"{n}, {engine}"
+            print(
+                f"| {label} | {r['tok_s']:.1f} | {r['ttft50']:.2f} / {r['ttft95']:.2f} | "
+                f"{1e3 * r['itl50']:.0f} / {1e3 * r['itl95']:.0f} | {per} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
