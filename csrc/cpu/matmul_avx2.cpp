@@ -61,8 +61,9 @@ struct SimdAvx2 {
             UNSIGNED ? _mm256_maddubs_epi16(w.w, xv) : _mm256_maddubs_epi16(w.abs, _mm256_sign_epi8(xv, w.w));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
         // one running sum per token: GCC would otherwise reassociate a half block's 4 chunks x 8 tokens into
-        // a tree of partial sums and spill them (the prefill tile ran 17% slower)
-        __asm__("" : "+x"(acc));
+        // a tree of partial sums and spill them (the prefill tile ran 17% slower); the sign form keeps GCC's
+        // order, which its decode kernels (Q6_K's) run faster with
+        if constexpr (UNSIGNED) __asm__("" : "+x"(acc));
     }
     static void idot32_offset(const W& w, const uint8_t* xu, const IScale& s, IAcc& acc) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xu));

@@ -145,8 +145,10 @@ struct QuantKernel {
                 typename S::IAcc ia[NT];
                 if constexpr (OFFSET) {
                     typename S::IAcc off = S::izero();
-                    for (int64_t c = b * QK + h * AB; c < b * QK + (h + 1) * AB; c += 32)
+                    for (int k = 0; k < AB / 32; ++k) {
+                        const int64_t c = b * QK + h * AB + 32 * k;
                         S::ioffset(S::load_w(r.q + c), iscale_at(r, c), off);
+                    }
                     for (int t = 0; t < NT; ++t) ia[t] = off;
                 } else {
                     for (int t = 0; t < NT; ++t) ia[t] = S::izero();
