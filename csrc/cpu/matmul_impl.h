@@ -75,7 +75,7 @@ struct QuantKernel {
 
     // Tokens [t0, t1) (at most kMaxTok) as the integer-scale products read them: codes (xq, or xu for the
     // offset form) stride apart, and the activation scales transposed, xdt[block * kMaxTok + token], so that
-    // a half block's dsuper * xd for every token is one vector multiply. Empty for the float-scale types.
+    // a half block's scales of every token are contiguous. Empty for the float-scale types.
     struct TokenGroup {
         const void* x;
         int64_t stride;
@@ -166,7 +166,7 @@ struct QuantKernel {
                     }
                 }
                 const float* xd = g.xdt + (b * QK / AB + h) * kMaxTok;
-                float sc[kMaxTok];  // one vector multiply (lanes past NT unused)
+                float sc[kMaxTok];  // entries past NT unused
                 for (int t = 0; t < kMaxTok; ++t) sc[t] = r.dsuper[b] * xd[t];
                 for (int t = 0; t < NT; ++t) S::iflush(ia[t], sc[t], acc[t]);
             }
