@@ -1,13 +1,14 @@
 """Fidelity of regolith's default path: how far its next-token distributions are from the exact model's.
 
-For Gemma 3 270M and Qwen2.5-Coder 0.5B (Q4_K_M), over three 512-token texts (prose, code, a chat in the
-model's template): the mean KL divergence KL(reference || engine) over the full vocabulary, in nats, the
+For Gemma 3 270M and Qwen2.5-Coder 0.5B (Q4_K_M) and the bundled demo model (qwen4exp, Q8_0), over three
+512-token texts (prose, code, a chat in the model's template): the mean KL divergence KL(reference || engine) over the full vocabulary, in nats, the
 share of positions whose top-1 token is the reference's, and the perplexity of the text, for
 
 - ``default``: regolith as loaded (int8 activations, the default f16 KV cache);
 - ``exact``: regolith's exact mode (float activations, ``_core.set_exact_activations``) with an f32 KV cache;
 - ``llama.cpp``: llama-cpp-python 0.3.36 with f16 K and V cache, no flash attention (computed against the
-  full reference when the fixture was recorded).
+  full reference when the fixture was recorded; not for the demo model, whose qwen4exp llama.cpp computes
+  differently from transformers: make_fidelity_fixtures.py).
 
 The reference is transformers in float64 on the GGUF's dequantized weights, run here (1-2 minutes per text
 on 2 cores; needs torch, transformers and accelerate). ``--compact`` uses the committed reference instead
@@ -16,7 +17,7 @@ make_fidelity_fixtures.py): its top-32 log-probabilities per position, with the 
 merged into one outcome, which gives a lower bound of the KL divergence (merging outcomes never increases
 it); llama.cpp's column then uses the same bound.
 
-    python benchmarks/bench_fidelity.py [--compact] [--markdown]
+    python benchmarks/bench_fidelity.py [--models gemma3 qwen2 qwen4exp] [--compact] [--markdown]
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from regolith.logprobs import log_softmax
 from regolith.models import resolve_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "reference"
-MODELS = {"gemma3": "gemma3-270m", "qwen2": "qwen2.5-coder-0.5b"}
+MODELS = {"gemma3": "gemma3-270m", "qwen2": "qwen2.5-coder-0.5b", "qwen4exp": "regolith-demo"}
 TEXTS = ("prose", "code", "chat")
 
 
@@ -63,16 +64,14 @@ def regolith_logits(model: regolith.Model, ids: np.ndarray, exact: bool) -> np.n
 class Reference:
     """transformers in float64 on the GGUF's dequantized weights: full log-probabilities of a text."""
 
-    def __init__(self, path: Path):
+    def __init__(self, arch: str, path: Path):
         import torch
-        from transformers import AutoModelForCausalLM
+
+        from tools.reference_fixtures.make_fidelity_fixtures import reference_model
 
         torch.set_num_threads(os.cpu_count() or 1)
         self.torch = torch
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32
-        )
-        self.model = model.double().eval()
+        self.model = reference_model(arch, path)
 
     def logprobs(self, ids: np.ndarray) -> np.ndarray:
         with self.torch.no_grad():
@@ -84,7 +83,7 @@ def measure(arch: str, compact: bool) -> list[dict]:
     fx = np.load(FIXTURES / f"fidelity-{arch}.npz")
     path = resolve_model(MODELS[arch])
     model = regolith.Model.load(path)
-    reference = None if compact else Reference(path)
+    reference = None if compact else Reference(arch, path)
     rows = []
     for text in TEXTS:
         ids = fx[f"{text}/ids"]
@@ -104,6 +103,8 @@ def measure(arch: str, compact: bool) -> list[dict]:
             rows.append({"model": MODELS[arch], "text": text, "engine": engine, "kl": float(kl.mean()),
                          "top1": float(np.mean(lp.argmax(axis=1) == top_ids[:, 0])),
                          "ppl": float(np.exp(-lp[nxt].mean()))})  # fmt: skip
+        if f"{text}/llama_kl" not in fx:
+            continue
         llama_kl = compact_kl(top_lp, fx[f"{text}/llama_top_logprobs"]) if compact else fx[f"{text}/llama_kl"]
         rows.append({"model": MODELS[arch], "text": text, "engine": "llama.cpp", "kl": float(llama_kl.mean()),
                      "top1": float(fx[f"{text}/llama_top1"].mean()),
@@ -113,10 +114,11 @@ def measure(arch: str, compact: bool) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     p.add_argument("--compact", action="store_true", help="the committed top-32 reference (KL lower bound)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = p.parse_args(argv)
-    rows = [r for arch in MODELS for r in measure(arch, args.compact)]
+    rows = [r for arch in args.models for r in measure(arch, args.compact)]
     kl_name = "mean KL (top-32 + rest, lower bound)" if args.compact else "mean KL (full vocabulary)"
     header = ["model", "text", "engine", kl_name, "top-1 agreement", "perplexity"]
     cells = [

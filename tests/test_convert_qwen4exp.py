@@ -289,3 +289,41 @@ def test_cli_convert(checkpoints: dict[str, Path], tmp_path: Path, capsys: pytes
     assert "has no config.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["convert", "a", "b", "--outtype", "q3_k"])
+
+
+def test_inverse_of_convert_gives_back_the_checkpoint(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    """tools/reference_fixtures/qwen4exp_from_gguf.py (the float64 reference of a qwen4exp GGUF) against the
+    checkpoint the GGUF was converted from: every tensor back (A_log through -exp and log, the zero-centred
+    norm gammas as the GGUF's 1 + w)."""
+    from safetensors.numpy import load_file
+
+    from tools.reference_fixtures.qwen4exp_from_gguf import state_dict
+
+    ckpt = checkpoints["qwen4exp-tiny-a"]
+    out = convert(ckpt, tmp_path / "m.gguf", "f32")
+    _, got = state_dict(json.loads((ckpt / "config.json").read_text()), out)
+    want = load_file(str(ckpt / "model.safetensors"))
+    got = {n: t.numpy() for n, t in got.items()}
+    for name in [n for n in got if n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]:
+        fused = got.pop(name)  # [E][2F or H][H or F]; the checkpoint has one tensor per expert
+        prefix, f = name.rsplit(".", 1)[0], fused.shape[1] // 2
+        for e, x in enumerate(fused):
+            if name.endswith("down_proj"):
+                got[f"{prefix}.{e}.down_proj.weight"] = x
+            else:
+                got[f"{prefix}.{e}.gate_proj.weight"], got[f"{prefix}.{e}.up_proj.weight"] = x[:f], x[f:]
+    shards = sorted(
+        (n for n in want if ".ngram_embedding.shard_" in n), key=lambda n: int(n.split("_")[-1][:-7])
+    )
+    if shards:  # saved in parts, one table in the model (and the GGUF)
+        want[shards[0].split(".shard_")[0] + ".weight"] = np.concatenate([want.pop(n) for n in shards])
+    assert set(got) >= set(want)
+    for name, w in want.items():
+        g = got[name]
+        if name.endswith("A_log"):
+            np.testing.assert_allclose(g, w, rtol=1e-6, err_msg=name)
+        elif "norm" in name.split(".")[-2] and not np.array_equal(g.astype(w.dtype), w):
+            # zero-centred gammas: the GGUF holds float32(1 + w), which the inverse gives back exactly
+            assert np.array_equal((1 + g).astype(np.float32), np.float32(1) + w), name
+        else:
+            assert np.array_equal(g.astype(w.dtype), w), name

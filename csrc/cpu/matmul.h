@@ -23,6 +23,7 @@ struct MatmulArgs {
     const int8_t* xq;    // [ntok][cols] int8 codes (quantized types only)
     const float* xd;     // [ntok][cols / act_block] scale per activation block (32 or 128 codes)
     const float* xs;     // [ntok][cols / 16] float sum of x per 16 elements (for affine-bias types)
+    const uint8_t* xu;   // [ntok][cols] xq + 128 (kernels of the offset form: KernelTable::act_offset)
     float* y;            // [ntok][rows]
 };
 
@@ -37,6 +38,7 @@ struct Scratch {
     float* row;       // [cols] a float weight row
     float* panel;     // [kPanelRows][cols] float weight rows (float-weight prefill)
     float* acc;       // [kPanelRows / 2][kTileTokens / 3][kTileAcc] float-tile partial sums
+    float* xdt;       // [cols / 128][kMaxTok] a token group's activation scales, by block then token
 };
 
 // Tokens processed together per pass over a weight row: every decoded block is used ntok times.
@@ -56,6 +58,7 @@ using RowsKernel = void (*)(const MatmulArgs& args, int64_t r0, int64_t r1, cons
 struct KernelTable {
     RowsKernel by_type[RG_TYPE_COUNT];  // nullptr: type not supported
     int act_block[RG_TYPE_COUNT];       // activation quantization block the kernel expects: 32 or 128
+    bool act_offset[RG_TYPE_COUNT];     // the kernel also reads the codes + 128 (MatmulArgs::xu)
     RowsKernel exact_by_type[RG_TYPE_COUNT];  // float-activation kernels (set_exact_activations)
     // Q8 activation quantization (see quantize_activations), the ISA's version; identical results.
     void (*quantize)(const float* x, int64_t n, int block, int8_t* q, float* d, float* s);

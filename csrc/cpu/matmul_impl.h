@@ -14,8 +14,14 @@
 //       static IAcc izero();
 //       template <bool SPLIT> static IScale iscale(int16_t s_lo, int16_t s_hi);
 //       // acc += s_lo * (w[0:16] . x[0:16]) + s_hi * (w[16:32] . x[16:32]) in int32 lanes
-//       static void idot32(const W& w, const int8_t* x, const IScale& s, IAcc& acc);
+//       // (UNSIGNED: the codes are >= 0, which the ISA may exploit; the sums are the same)
+//       template <bool UNSIGNED> static void idot32(const W& w, const int8_t* x, const IScale& s, IAcc& acc);
 //       static void iflush(const IAcc& ia, float scale, Acc& acc);   // acc += float(ia) * scale
+//       // Optional (an unsigned x signed byte product, AVX2's maddubs): the same lanes from x + 128,
+//       //   acc += s_lo * (w[0:16] . xu[0:16]) + s_hi * (w[16:32] . xu[16:32])   (|w| <= 64),
+//       // and the offset's share of them, acc -= (the same for xu = 128).
+//       static void idot32_offset(const W& w, const uint8_t* xu, const IScale& s, IAcc& acc);
+//       static void ioffset(const W& w, const IScale& s, IAcc& acc);
 //       static void quantize_activations(...);  // as cpu::quantize_activations, bit for bit
 //       static float dot_f32(const float* w, const float* x, int64_t n);
 //       // out[t] = dot_f32(w, x + t * stride, n) for t < 4, bit for bit
@@ -41,6 +47,12 @@ struct simd_has_codes : std::false_type {};
 template <class S, uint32_t TYPE>
 struct simd_has_codes<S, TYPE, std::void_t<decltype(&S::template Codes<TYPE>::codes)>> : std::true_type {};
 
+// Does the ISA have the offset form of the integer-scale product (S::idot32_offset)?
+template <class S, class = void>
+struct simd_has_offset_dot : std::false_type {};
+template <class S>
+struct simd_has_offset_dot<S, std::void_t<decltype(&S::idot32_offset)>> : std::true_type {};
+
 template <class S, class D>
 struct QuantKernel {
     static constexpr int QK = D::QK, G = D::G, NG = QK / G;
@@ -53,6 +65,33 @@ struct QuantKernel {
     static constexpr bool INT = has_int_scales<D::TYPE>::value;
     static constexpr int AB = INT ? 128 : 32;
     static_assert(!INT || QK == 256, "integer sub-scales are for 256-element blocks");
+    // Affine types (scale * q + bias) have codes 0 .. 2^bits - 1.
+    static constexpr bool UCODES = D::HAS_BIAS;
+    // Signed codes of at most 64 in magnitude (Q3_K: -4..3, Q6_K: -32..31) take the offset form where the
+    // ISA has it: the activations as x + 128 need no sign fix-up per token and chunk, and the offset's
+    // share, 128 * (w . 1) per lane, is taken once per row and half block (the int32 sums are the same).
+    static constexpr bool OFFSET = INT && simd_has_offset_dot<S>::value &&
+                                   (D::TYPE == RG_TYPE_Q3_K || D::TYPE == RG_TYPE_Q6_K);
+
+    // Tokens [t0, t1) (at most kMaxTok) as the integer-scale products read them: codes (xq, or xu for the
+    // offset form) stride apart, and the activation scales transposed, xdt[block * kMaxTok + token], so that
+    // a half block's scales of every token are contiguous. Empty for the float-scale types.
+    struct TokenGroup {
+        const void* x;
+        int64_t stride;
+        const float* xdt;
+    };
+
+    static TokenGroup group(const MatmulArgs& a, const Scratch& s, int64_t t0, int64_t t1) {
+        if constexpr (INT) {
+            const int64_t nxb = a.cols / AB;
+            for (int64_t t = 0; t < t1 - t0; ++t)
+                for (int64_t xb = 0; xb < nxb; ++xb) s.xdt[xb * kMaxTok + t] = a.xd[(t0 + t) * nxb + xb];
+            if constexpr (OFFSET) return {a.xu + t0 * a.cols, a.cols, s.xdt};
+            return {a.xq + t0 * a.cols, a.cols, s.xdt};
+        }
+        return {};
+    }
 
     // Decoded row: int8 codes plus per-group scale (and bias) for every block.
     struct DecodedRow {
@@ -100,24 +139,43 @@ struct QuantKernel {
     // Integer-scale form of dot_row: per half block and token, int32 lanes accumulate isc * (q . x) over 4
     // chunks, then one float multiply-add by dsuper * (the half block's activation scale).
     template <int NT>
-    static void dot_row_int(const DecodedRow& r, const MatmulArgs& a, int64_t t0, typename S::Acc* acc) {
-        const int64_t cols = a.cols;
+    static void dot_row_int(const DecodedRow& r, const TokenGroup& g, int64_t cols, typename S::Acc* acc) {
         for (int64_t b = 0; b < cols / QK; ++b) {
             for (int h = 0; h < QK / AB; ++h) {
                 typename S::IAcc ia[NT];
-                for (int t = 0; t < NT; ++t) ia[t] = S::izero();
+                if constexpr (OFFSET) {
+                    typename S::IAcc off = S::izero();
+                    for (int k = 0; k < AB / 32; ++k) {
+                        const int64_t c = b * QK + h * AB + 32 * k;
+                        S::ioffset(S::load_w(r.q + c), iscale_at(r, c), off);
+                    }
+                    for (int t = 0; t < NT; ++t) ia[t] = off;
+                } else {
+                    for (int t = 0; t < NT; ++t) ia[t] = S::izero();
+                }
                 for (int k = 0; k < AB / 32; ++k) {
                     const int64_t c = b * QK + h * AB + 32 * k;
                     const typename S::W w = S::load_w(r.q + c);
-                    const int g = int(c / G);
-                    const typename S::IScale sv =
-                        S::template iscale<G == 16>(r.isc[g], r.isc[G == 16 ? g + 1 : g]);
-                    for (int t = 0; t < NT; ++t) S::idot32(w, a.xq + (t0 + t) * cols + c, sv, ia[t]);
+                    const typename S::IScale sv = iscale_at(r, c);
+                    for (int t = 0; t < NT; ++t) {
+                        const int64_t at = t * g.stride + c;
+                        if constexpr (OFFSET)
+                            S::idot32_offset(w, static_cast<const uint8_t*>(g.x) + at, sv, ia[t]);
+                        else
+                            S::template idot32<UCODES>(w, static_cast<const int8_t*>(g.x) + at, sv, ia[t]);
+                    }
                 }
-                const int64_t xb = (b * QK + h * AB) / AB;
-                for (int t = 0; t < NT; ++t) S::iflush(ia[t], r.dsuper[b] * a.xd[(t0 + t) * (cols / AB) + xb], acc[t]);
+                const float* xd = g.xdt + (b * QK / AB + h) * kMaxTok;
+                float sc[kMaxTok];  // entries past NT unused
+                for (int t = 0; t < kMaxTok; ++t) sc[t] = r.dsuper[b] * xd[t];
+                for (int t = 0; t < NT; ++t) S::iflush(ia[t], sc[t], acc[t]);
             }
         }
+    }
+
+    static typename S::IScale iscale_at(const DecodedRow& r, int64_t c) {
+        const int64_t g = c / G;
+        return S::template iscale<G == 16>(r.isc[g], r.isc[G == 16 ? g + 1 : g]);
     }
 
     // Float-scale form: each 32-code chunk is scaled by (weight scale * activation scale) in float.
@@ -138,30 +196,32 @@ struct QuantKernel {
     // NT tokens (t0 .. t0+NT) against one decoded row; each 32-code chunk of weights is loaded once and
     // used by all NT tokens. out[t] = sum over the row of scale*q*x (+ bias*sum(x)).
     template <int NT>
-    static void dot_row(const DecodedRow& r, const MatmulArgs& a, int64_t t0, float* out) {
+    static void dot_row(const DecodedRow& r, const MatmulArgs& a, const TokenGroup& g, int64_t t0,
+                        float* out) {
         typename S::Acc acc[NT];
         for (int t = 0; t < NT; ++t) acc[t] = S::zero();
         if constexpr (INT) {
-            dot_row_int<NT>(r, a, t0, acc);
+            dot_row_int<NT>(r, g, a.cols, acc);
         } else {
             dot_row_float<NT>(r, a, t0, acc);
         }
         for (int t = 0; t < NT; ++t) out[t] = S::hsum(acc[t]) + row_bias(r, a, t0 + t);
     }
 
-    // Tokens [t0, t1) (at most kMaxTok) against one decoded row, writing y[t][r].
-    static void dot_tokens(const DecodedRow& row, const MatmulArgs& a, int64_t r, int64_t t0, int64_t t1) {
+    // Tokens [t0, t1) (at most kMaxTok; g: group(a, s, t0, t1)) against one decoded row, writing y[t][r].
+    static void dot_tokens(const DecodedRow& row, const MatmulArgs& a, const TokenGroup& g, int64_t r,
+                           int64_t t0, int64_t t1) {
         float out[kMaxTok];
         const int nt = int(t1 - t0);
         switch (nt) {
-            case 1: dot_row<1>(row, a, t0, out); break;
-            case 2: dot_row<2>(row, a, t0, out); break;
-            case 3: dot_row<3>(row, a, t0, out); break;
-            case 4: dot_row<4>(row, a, t0, out); break;
-            case 5: dot_row<5>(row, a, t0, out); break;
-            case 6: dot_row<6>(row, a, t0, out); break;
-            case 7: dot_row<7>(row, a, t0, out); break;
-            default: dot_row<8>(row, a, t0, out); break;
+            case 1: dot_row<1>(row, a, g, t0, out); break;
+            case 2: dot_row<2>(row, a, g, t0, out); break;
+            case 3: dot_row<3>(row, a, g, t0, out); break;
+            case 4: dot_row<4>(row, a, g, t0, out); break;
+            case 5: dot_row<5>(row, a, g, t0, out); break;
+            case 6: dot_row<6>(row, a, g, t0, out); break;
+            case 7: dot_row<7>(row, a, g, t0, out); break;
+            default: dot_row<8>(row, a, g, t0, out); break;
         }
         for (int t = 0; t < nt; ++t) a.y[(t0 + t) * a.rows + r] = out[t];
     }
@@ -213,17 +273,20 @@ struct QuantKernel {
                         a.y[(t0 + t) * a.rows + r + 1] = ob[t];
                     }
                 }
-                for (; r < p1; ++r) dot_tokens(row_at(s, r - p0, a.cols, ng), a, r, t0, t0 + NT);
+                for (; r < p1; ++r) dot_tokens(row_at(s, r - p0, a.cols, ng), a, {}, r, t0, t0 + NT);
             }
         }
-        for (; t0 < a.ntok; t0 += kMaxTok)
-            for (int64_t r = p0; r < p1; ++r)
-                dot_tokens(row_at(s, r - p0, a.cols, ng), a, r, t0, std::min(a.ntok, t0 + kMaxTok));
+        for (; t0 < a.ntok; t0 += kMaxTok) {
+            const int64_t t1 = std::min(a.ntok, t0 + kMaxTok);
+            const TokenGroup g = group(a, s, t0, t1);
+            for (int64_t r = p0; r < p1; ++r) dot_tokens(row_at(s, r - p0, a.cols, ng), a, g, r, t0, t1);
+        }
     }
 
     static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
         const int64_t nb = a.cols / QK, ng = a.cols / G;
         const int64_t panel = a.ntok > kMaxTok ? kPanelRows : 1;
+        const TokenGroup g = panel > 1 ? TokenGroup{} : group(a, s, 0, a.ntok);
         for (int64_t p0 = r0; p0 < r1; p0 += panel) {
             const int64_t p1 = std::min(r1, p0 + panel);
             for (int64_t r = p0; r < p1; ++r) {
@@ -233,7 +296,7 @@ struct QuantKernel {
             if (panel > 1)
                 panel_tokens(a, s, p0, p1);
             else
-                dot_tokens(row_at(s, 0, a.cols, ng), a, p0, 0, a.ntok);
+                dot_tokens(row_at(s, 0, a.cols, ng), a, g, p0, 0, a.ntok);
         }
     }
 
@@ -250,6 +313,7 @@ struct FusedKernel {
     using Q = QuantKernel<S, D>;
     using P = typename S::template Codes<D::TYPE>;
     static constexpr int QK = D::QK, G = D::G, NG = QK / G, NCH = QK / 32, AB = Q::AB;
+    static constexpr bool UCODES = Q::UCODES;
 
     template <int NT>
     static void dot_row(const MatmulArgs& a, int64_t r, int64_t t0, float* bias16, float* out) {
@@ -272,8 +336,10 @@ struct FusedKernel {
                         const int g = 32 * k / G;
                         const typename S::IScale sv =
                             S::template iscale<G == 16>(isc[g], isc[G == 16 ? g + 1 : g]);
-                        for (int t = 0; t < NT; ++t)
-                            S::idot32(w, a.xq + (t0 + t) * cols + b * QK + 32 * k, sv, ia[t]);
+                        for (int t = 0; t < NT; ++t) {
+                            const int8_t* x = a.xq + (t0 + t) * cols + b * QK + 32 * k;
+                            S::template idot32<UCODES>(w, x, sv, ia[t]);
+                        }
                     }
                     const int64_t xb = b * (QK / AB) + h;
                     for (int t = 0; t < NT; ++t) S::iflush(ia[t], ds * a.xd[(t0 + t) * (cols / AB) + xb], acc[t]);
@@ -428,6 +494,7 @@ KernelTable make_kernel_table() {
     else                                                                                                   \
         table.by_type[T] = &QuantKernel<S, BlockDecoder<T>>::rows;                                         \
     table.act_block[T] = QuantKernel<S, BlockDecoder<T>>::AB;                                            \
+    table.act_offset[T] = QuantKernel<S, BlockDecoder<T>>::OFFSET;                                       \
     table.exact_by_type[T] = &ExactKernel<S, BlockDecoder<T>>::rows;
     RG_FOR_EACH_QUANT_TYPE(RG_KERNEL_)
 #undef RG_KERNEL_

@@ -44,6 +44,7 @@ struct SimdNeon {
     static IAcc izero() { return vdupq_n_s32(0); }
     template <bool SPLIT>
     static IScale iscale(int16_t s_lo, int16_t s_hi) { return {s_lo, s_hi}; }
+    template <bool UNSIGNED>
     static void idot32(const W& w, const int8_t* x, const IScale& s, IAcc& acc) {
         acc = vmlaq_n_s32(acc, dot16(w.val[0], vld1q_s8(x)), s.lo);
         acc = vmlaq_n_s32(acc, dot16(w.val[1], vld1q_s8(x + 16)), s.hi);

@@ -71,10 +71,15 @@ T* at_least(std::vector<T>& v, size_t n) {
     return v.data();
 }
 
+// The codes + 128 (uint8) of the kernels of the offset form (KernelTable::act_offset).
+void offset_codes(const int8_t* __restrict q, int64_t n, uint8_t* __restrict u) {
+    for (int64_t i = 0; i < n; ++i) u[i] = uint8_t(q[i]) ^ 0x80;
+}
+
 // Per-thread kernel scratch, grown on demand.
 struct ThreadScratch {
     std::vector<int8_t> q;
-    std::vector<float> scale, bias, row, panel, acc, dsuper;
+    std::vector<float> scale, bias, row, panel, acc, dsuper, xdt;
     std::vector<int16_t> isc;
     Scratch get(int64_t cols) {
         const size_t groups = size_t(kPanelRows * (cols / 16 + 1));
@@ -85,7 +90,8 @@ struct ThreadScratch {
                 at_least(dsuper, size_t(kPanelRows * (cols / 256 + 1))),
                 at_least(row, size_t(cols)),
                 at_least(panel, size_t(kPanelRows * cols)),
-                at_least(acc, size_t(kPanelRows / 2 * (kTileTokens / 3) * kTileAcc))};
+                at_least(acc, size_t(kPanelRows / 2 * (kTileTokens / 3) * kTileAcc)),
+                at_least(xdt, size_t(kMaxTok * (cols / 128 + 1)))};
     }
 };
 
@@ -113,25 +119,30 @@ RowsKernel prepare(const WeightView& w, int64_t ntok, bool exact) {
 // thread's buffers) where the weight type needs it.
 MatmulArgs activations(const WeightView& w, const float* x, int64_t ntok, float* y, bool exact) {
     MatmulArgs args{static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, ntok, x,
-                    nullptr, nullptr, nullptr, y};
+                    nullptr, nullptr, nullptr, nullptr, y};
     if (type_traits(w.type)->block_elems == 1 || exact) return args;
     const KernelTable& table = active_table();
     const int block = table.act_block[w.type];
     thread_local std::vector<int8_t> xq_;
     thread_local std::vector<float> xd_, xs_;
+    thread_local std::vector<uint8_t> xu_;
     // pointers, not the thread_local vectors: a worker naming xq_ would get its own instance
     int8_t* xq = at_least(xq_, size_t(ntok * w.cols));
     float* xd = at_least(xd_, size_t(ntok * w.cols / block));
     float* xs = at_least(xs_, size_t(ntok * w.cols / 16));
+    uint8_t* xu = table.act_offset[w.type] ? at_least(xu_, size_t(ntok * w.cols)) : nullptr;
     const auto quantize_rows = [&](int64_t t0, int64_t t1) {
-        for (int64_t i = t0; i < t1; ++i)
+        for (int64_t i = t0; i < t1; ++i) {
             table.quantize(x + i * w.cols, w.cols, block, xq + i * w.cols, xd + i * w.cols / block,
                            xs + i * w.cols / 16);
+            if (xu) offset_codes(xq + i * w.cols, w.cols, xu + i * w.cols);
+        }
     };
     default_pool()->parallel_for(ntok, 1, quantize_rows);
     args.xq = xq;
     args.xd = xd;
     args.xs = xs;
+    args.xu = xu;
     return args;
 }
 
@@ -148,40 +159,44 @@ struct BatchScratch {
     std::vector<Chunk> chunks;
     std::vector<int8_t> xq;
     std::vector<float> xd, xs;
+    std::vector<uint8_t> xu;
 
     void fill(const MatmulJob* jobs, int64_t n_jobs, bool exact) {
         kernels.clear();
         args.clear();
         const KernelTable& table = active_table();
-        size_t nq = 0, nd = 0, ns = 0;  // buffer offsets of each quantized input
-        std::vector<std::array<size_t, 3>> at(static_cast<size_t>(n_jobs));
+        size_t nq = 0, nd = 0, ns = 0, nu = 0;  // buffer offsets of each quantized input
+        std::vector<std::array<size_t, 4>> at(static_cast<size_t>(n_jobs));
         std::vector<int64_t> source(size_t(n_jobs), -1);  // an earlier job with the same quantized input
         for (int64_t j = 0; j < n_jobs; ++j) {
             const MatmulJob& job = jobs[j];
             kernels.push_back(prepare(job.w, job.ntok, exact));
             args.push_back({static_cast<const uint8_t*>(job.w.data), job.w.row_bytes, job.w.rows,
-                            job.w.cols, job.ntok, job.x, nullptr, nullptr, nullptr, job.y});
+                            job.w.cols, job.ntok, job.x, nullptr, nullptr, nullptr, nullptr, job.y});
             if (type_traits(job.w.type)->block_elems == 1 || exact) continue;
             const int block = table.act_block[job.w.type];
+            const bool offset = table.act_offset[job.w.type];
             for (int64_t i = 0; i < j && source[size_t(j)] < 0; ++i)
                 if (args[size_t(i)].x == job.x && args[size_t(i)].ntok == job.ntok &&
                     args[size_t(i)].cols == job.w.cols && type_traits(jobs[i].w.type)->block_elems != 1 &&
-                    table.act_block[jobs[i].w.type] == block)
+                    table.act_block[jobs[i].w.type] == block && table.act_offset[jobs[i].w.type] == offset)
                     source[size_t(j)] = i;
             if (source[size_t(j)] >= 0) continue;
-            at[size_t(j)] = {nq, nd, ns};
+            at[size_t(j)] = {nq, nd, ns, nu};
             nq += size_t(job.ntok * job.w.cols);
             nd += size_t(job.ntok * job.w.cols / block);
             ns += size_t(job.ntok * job.w.cols / 16);
+            if (offset) nu += size_t(job.ntok * job.w.cols);
         }
         int8_t* q = at_least(xq, nq);
         float *d = at_least(xd, nd), *sums = at_least(xs, ns);
+        uint8_t* u = at_least(xu, nu);
         for (int64_t j = 0; j < n_jobs; ++j) {
             MatmulArgs& a = args[size_t(j)];
             if (type_traits(jobs[j].w.type)->block_elems == 1 || exact) continue;
             if (source[size_t(j)] >= 0) {
                 const MatmulArgs& s = args[size_t(source[size_t(j)])];
-                a.xq = s.xq, a.xd = s.xd, a.xs = s.xs;
+                a.xq = s.xq, a.xd = s.xd, a.xs = s.xs, a.xu = s.xu;
                 continue;
             }
             const int block = table.act_block[jobs[j].w.type];
@@ -191,6 +206,10 @@ struct BatchScratch {
                 table.quantize(a.x + t * a.cols, a.cols, block, jq + t * a.cols, jd + t * a.cols / block,
                                js + t * a.cols / 16);
             a.xq = jq, a.xd = jd, a.xs = js;
+            if (table.act_offset[jobs[j].w.type]) {
+                a.xu = u + at[size_t(j)][3];
+                offset_codes(jq, a.ntok * a.cols, u + at[size_t(j)][3]);
+            }
         }
     }
 };

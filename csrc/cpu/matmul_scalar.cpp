@@ -33,6 +33,7 @@ struct SimdScalar {
     static IAcc izero() { return 0; }
     template <bool SPLIT>
     static IScale iscale(int16_t s_lo, int16_t s_hi) { return {s_lo, s_hi}; }
+    template <bool UNSIGNED>
     static void idot32(W w, const int8_t* x, const IScale& s, IAcc& acc) {
         int32_t lo = 0, hi = 0;
         for (int i = 0; i < 16; ++i) lo += int32_t(w[i]) * x[i];
