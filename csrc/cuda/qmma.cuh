@@ -342,22 +342,22 @@ inline int64_t segments_per_block(int64_t units) {
     return units > kFillBlocks ? (units + kFillBlocks - 1) / kFillBlocks : 1;
 }
 
-// Split-K decode: the blocks of one tile each write their segment's sums, and the last of them to finish adds
-// the segments in order (so no second kernel). Each tile has a counter in segment_counters() (zero between
-// kernels: the last block resets it). Call after the block's partial sums are written, from every thread of
-// the block; true in the block that is last (its reads of the others' sums must bypass L1: __ldcg).
+// Split-K decode: the n_blocks blocks of one tile each write their segments' sums, and the last of them to
+// finish adds the segments in order (so no second kernel). Each tile has a counter in segment_counters() (zero
+// between kernels: the last block resets it). Call after the block's partial sums are written, from every
+// thread of the block; true in the block that is last (its reads of the others' sums must bypass L1: __ldcg).
 unsigned* segment_counters();
 constexpr int64_t kSegmentCounters = 1 << 18;
 
 // Ordering: the barrier puts every thread's writes before thread 0's count, an acquire-release add at device
 // scope (release is cumulative: it publishes what the barrier ordered before it), and the second barrier puts
 // the last block's reads after it; one fence for the block instead of one per thread.
-__device__ inline bool last_of_segments(unsigned* counter, int64_t n_seg) {
+__device__ inline bool last_of_segments(unsigned* counter, int64_t n_blocks) {
     __shared__ bool last;
     __syncthreads();
     if (threadIdx.x == 0) {
         ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> count(*counter);
-        last = count.fetch_add(1u, ::cuda::memory_order_acq_rel) == unsigned(n_seg - 1);
+        last = count.fetch_add(1u, ::cuda::memory_order_acq_rel) == unsigned(n_blocks - 1);
         if (last) count.store(0u, ::cuda::memory_order_relaxed);  // every block of the tile has counted
     }
     __syncthreads();
