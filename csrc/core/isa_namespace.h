@@ -1,5 +1,5 @@
 // Header-defined inline code (half conversions, block decoders) is compiled both into the portable core
-// and into ISA-specific kernel files built with -mavx2 and the like. Wrapping it in an ISA-named inline
+// and into ISA-specific kernel files built with -mavx2, -mavx512f and the like. Wrapping it in an ISA-named inline
 // namespace makes those copies distinct symbols, so the linker can never hand an AVX2-compiled copy of an
 // inline function to portable code (which would crash on CPUs without AVX2). Callers just write
 // regolith::name; the inline namespace is invisible to them.
@@ -15,6 +15,8 @@
 
 #if defined(__CUDACC__)
 #define RG_ISA_NS isa_cuda
+#elif defined(__AVX512F__)
+#define RG_ISA_NS isa_avx512
 #elif defined(__AVX2__)
 #define RG_ISA_NS isa_avx2
 #elif defined(__SSSE3__)

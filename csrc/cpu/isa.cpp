@@ -10,6 +10,8 @@
 namespace regolith::cpu {
 namespace {
 
+constexpr Isa kAll[] = {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon};
+
 bool cpu_has(Isa isa) {
     switch (isa) {
         case Isa::Scalar:
@@ -19,6 +21,17 @@ bool cpu_has(Isa isa) {
             __builtin_cpu_init();
             return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                    __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+#else
+            return false;
+#endif
+        case Isa::Avx512:
+#if defined(RG_HAVE_AVX512) && (defined(__GNUC__) || defined(__clang__))
+            // the AVX-512 kernels build on the AVX2 ones; the compiler's check includes the OS saving the
+            // zmm and mask registers (XCR0)
+            return cpu_has(Isa::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                   __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+                   __builtin_cpu_supports("avx512vpopcntdq");
 #else
             return false;
 #endif
@@ -54,6 +67,8 @@ std::string_view isa_name(Isa isa) {
             return "scalar";
         case Isa::Avx2:
             return "avx2";
+        case Isa::Avx512:
+            return "avx512";
         case Isa::Neon:
             return "neon";
     }
@@ -61,14 +76,14 @@ std::string_view isa_name(Isa isa) {
 }
 
 Isa isa_from_name(std::string_view name) {
-    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Neon})
+    for (Isa isa : kAll)
         if (isa_name(isa) == name) return isa;
-    throw Error("unknown instruction set '" + std::string(name) + "' (expected scalar, avx2 or neon)");
+    throw Error("unknown instruction set '" + std::string(name) + "' (expected scalar, avx2, avx512 or neon)");
 }
 
 std::vector<Isa> available_isas() {
     std::vector<Isa> out;
-    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Neon})
+    for (Isa isa : kAll)
         if (cpu_has(isa)) out.push_back(isa);
     return out;
 }
