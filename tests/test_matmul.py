@@ -176,7 +176,9 @@ def test_isas_agree_to_float_rounding():
         np.testing.assert_allclose(y, base, rtol=0, atol=1e-4 * np.abs(base).max())
 
 
-@pytest.mark.skipif("avx512" not in ISAS, reason="this CPU (or build) has no AVX-512 kernels (F/BW/VL/DQ/VNNI/VBMI/VPOPCNTDQ)")
+@pytest.mark.skipif(
+    "avx512" not in ISAS, reason="this CPU (or build) has no AVX-512 kernels (F/BW/VL/DQ/VNNI/VBMI/VPOPCNTDQ)"
+)
 @pytest.mark.parametrize("name", QUANT_TYPES + list(FLOAT_TYPES))
 def test_avx512_equals_avx2_bit_for_bit(name):
     """The AVX-512 kernels compute AVX2's integers with VNNI and AVX-512 decoding, and AVX2's float steps:
@@ -185,7 +187,9 @@ def test_avx512_equals_avx2_bit_for_bit(name):
     cols = 1024
     if name in FLOAT_TYPES:
         w = rng.standard_normal((19, cols)).astype(np.float32)
-        raw = np.ascontiguousarray(w.astype(np.float16) if name == "F16" else w).view(np.uint8).reshape(19, -1)
+        raw = (
+            np.ascontiguousarray(w.astype(np.float16) if name == "F16" else w).view(np.uint8).reshape(19, -1)
+        )
         if name == "BF16":
             raw = (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(19, -1)
         type_id = FLOAT_TYPES[name][0]
