@@ -45,6 +45,72 @@ struct SimdAvx512 : SimdAvx2 {
                                    : _mm256_set1_ps(s_lo);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
     }
+    // The prefill tile's two rows in one zmm: row a in the low 256 bits, row b in the high. The weights'
+    // signs go onto the activations (a masked negation) and their magnitudes into vpdpbusd, which gives
+    // dot32x's int32 lanes; the scales (s * d) and the multiply-add are dot32x's per lane.
+    using Acc2 = __m512;
+    struct W2 {
+        __m512i abs;
+        __mmask64 neg;
+    };
+    static Acc2 zero2() { return _mm512_setzero_ps(); }
+    static Acc lo(Acc2 a) { return _mm512_castps512_ps256(a); }
+    static Acc hi(Acc2 a) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)); }
+    static W2 load_w2(const int8_t* wa, const int8_t* wb) {
+        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wa))),
+                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb)), 1);
+        return {_mm512_abs_epi8(w), _mm512_movepi8_mask(w)};
+    }
+    // lanes 0-3: sa_lo, 4-7: sa_hi, 8-11: sb_lo, 12-15: sb_hi
+    static Acc2 scales2(float sa_lo, float sa_hi, float sb_lo, float sb_hi) {
+        return _mm512_setr_ps(sa_lo, sa_lo, sa_lo, sa_lo, sa_hi, sa_hi, sa_hi, sa_hi, sb_lo, sb_lo, sb_lo, sb_lo, sb_hi,
+                              sb_hi, sb_hi, sb_hi);
+    }
+    static void dot32x2(const W2& w, const int8_t* x, Acc2 ws, float d, Acc2& acc) {
+        const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+        const __m512i xs = _mm512_mask_sub_epi8(xv, w.neg, _mm512_setzero_si512(), xv);
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.abs, xs);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_set1_ps(d)), acc);
+    }
+    // The integer-scale products of two rows, row a in the low 256 bits: SimdAvx2's vpmaddubsw / vpmaddwd
+    // steps on both rows' codes at once, the signed codes' signs applied to the activations by a mask.
+    using IAcc2 = __m512i;
+    using IScale2 = __m512i;  // int16: 8 x sa_lo, 8 x sa_hi, 8 x sb_lo, 8 x sb_hi
+    struct IW2 {
+        __m512i w, abs;
+        __mmask64 neg;
+    };
+    static IAcc2 izero2() { return _mm512_setzero_si512(); }
+    static IW2 load_iw2(const int8_t* wa, const int8_t* wb) {
+        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wa))),
+                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb)), 1);
+        return {w, _mm512_abs_epi8(w), _mm512_movepi8_mask(w)};
+    }
+    static IScale2 iscale2(int16_t sa_lo, int16_t sa_hi, int16_t sb_lo, int16_t sb_hi) {
+        const __m512i s = _mm512_set_epi64(sb_hi, sb_hi, sb_lo, sb_lo, sa_hi, sa_hi, sa_lo, sa_lo);
+        // each 128-bit lane holds one value twice, in the low words of its two 64-bit halves: copy that word
+        // to all eight
+        return _mm512_shuffle_epi8(s, _mm512_set1_epi64(0x0100010001000100ll));
+    }
+    template <bool UNSIGNED>
+    static void idot32x2(const IW2& w, const int8_t* x, const IScale2& s, IAcc2& acc) {
+        const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+        const __m512i p = UNSIGNED ? _mm512_maddubs_epi16(w.w, xv)
+                                   : _mm512_maddubs_epi16(w.abs, _mm512_mask_sub_epi8(xv, w.neg, _mm512_setzero_si512(), xv));
+        acc = _mm512_dpwssd_epi32(acc, p, s);
+    }
+    static void idot32_offset2(const IW2& w, const uint8_t* xu, const IScale2& s, IAcc2& acc) {
+        const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xu)));
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(xv, w.w), s);
+    }
+    static void ioffset2(const IW2& w, const IScale2& s, IAcc2& acc) {
+        const __m512i p = _mm512_maddubs_epi16(_mm512_set1_epi8(char(0x80)), w.w);
+        acc = _mm512_sub_epi32(acc, _mm512_madd_epi16(p, s));
+    }
+    static void iflush2(const IAcc2& ia, float scale_a, float scale_b, Acc2& acc) {
+        const __m512 sc = _mm512_insertf32x8(_mm512_set1_ps(scale_a), _mm256_set1_ps(scale_b), 1);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), sc, acc);
+    }
 };
 
 // IQ2_XS products of at most kMaxTok tokens (decode, speculative verification), 64 codes per step: the

@@ -9,6 +9,14 @@
 //       // acc += s_lo * dot(w[0:16], x[0:16]) + s_hi * dot(w[16:32], x[16:32])   (int8 codes);
 //       // SPLIT is false when s_lo == s_hi (32-element scale groups).
 //       template <bool SPLIT> static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc);
+//       // Optional, two rows at once (the float-scale prefill tile): Acc2 holds row a's Acc and row b's,
+//       //   W2 = load_w2(wa, wb); Acc2 ws = scales2(sa_lo, sa_hi, sb_lo, sb_hi);
+//       //   dot32x2(w2, x, ws, d, acc2) is dot32x for each row with scales (s * d), the same per lane;
+//       //   lo(acc2) / hi(acc2) give back each row's Acc; zero2().
+//       // Optional, the integer-scale products of two rows at once (prefill panels), each row's lanes as
+//       //   idot32's: IAcc2, IW2 = load_iw2(wa, wb), IScale2 = iscale2(sa_lo, sa_hi, sb_lo, sb_hi),
+//       //   izero2(), idot32x2<UNSIGNED>, idot32_offset2, ioffset2 (as the one-row forms),
+//       //   iflush2(ia2, scale_a, scale_b, acc2) (iflush per row).
 //       // Integer-scale path (256-element blocks with IntScales): int32 lanes, int16 sub-scales.
 //       using IAcc = ...;  using IScale = ...;
 //       static IAcc izero();
@@ -46,6 +54,18 @@ template <class S, uint32_t TYPE, class = void>
 struct simd_has_codes : std::false_type {};
 template <class S, uint32_t TYPE>
 struct simd_has_codes<S, TYPE, std::void_t<decltype(&S::template Codes<TYPE>::codes)>> : std::true_type {};
+
+// Does the ISA have a two-row form of dot32x (S::dot32x2: both rows' accumulators in one S::Acc2)?
+template <class S, class = void>
+struct simd_has_pair_dot : std::false_type {};
+template <class S>
+struct simd_has_pair_dot<S, std::void_t<decltype(&S::dot32x2)>> : std::true_type {};
+
+// Does the ISA have two-row forms of the integer-scale products (S::idot32x2 and the rest, S::IAcc2)?
+template <class S, class = void>
+struct simd_has_pair_idot : std::false_type {};
+template <class S>
+struct simd_has_pair_idot<S, std::void_t<typename S::IAcc2>> : std::true_type {};
 
 // Does the ISA have the offset form of the integer-scale product (S::idot32_offset)?
 template <class S, class = void>
@@ -183,6 +203,71 @@ struct QuantKernel {
         }
     }
 
+    // dot_row_int for two rows at once where the ISA has the pair forms (S::IAcc2): each row's lanes hold
+    // what dot_row_int's do, and each row's float steps are dot_row_int's.
+    template <int NT>
+    static void dot_rows2_int(const DecodedRow& ra, const DecodedRow& rb, const MatmulArgs& a, const TokenGroup& g,
+                              int64_t t0, float* oa, float* ob) {
+        typename S::Acc2 acc[NT];
+        for (int t = 0; t < NT; ++t) acc[t] = S::zero2();
+        for (int64_t b = 0; b < a.cols / QK; ++b) {
+            for (int h = 0; h < QK / AB; ++h) {
+                typename S::IAcc2 ia[NT];
+                typename S::IAcc2 off = S::izero2();
+                if constexpr (OFFSET)
+                    for (int k = 0; k < AB / 32; ++k) {
+                        const int64_t c = b * QK + h * AB + 32 * k;
+                        S::ioffset2(S::load_iw2(ra.q + c, rb.q + c), iscale2_at(ra, rb, c), off);
+                    }
+                for (int t = 0; t < NT; ++t) ia[t] = off;
+                for (int k = 0; k < AB / 32; ++k) {
+                    const int64_t c = b * QK + h * AB + 32 * k;
+                    const typename S::IW2 w = S::load_iw2(ra.q + c, rb.q + c);
+                    const typename S::IScale2 sv = iscale2_at(ra, rb, c);
+                    for (int t = 0; t < NT; ++t) {
+                        const int64_t at = t * g.stride + c;
+                        if constexpr (OFFSET)
+                            S::idot32_offset2(w, static_cast<const uint8_t*>(g.x) + at, sv, ia[t]);
+                        else
+                            S::template idot32x2<UCODES>(w, static_cast<const int8_t*>(g.x) + at, sv, ia[t]);
+                    }
+                }
+                const float* xd = g.xdt + (b * QK / AB + h) * kMaxTok;
+                for (int t = 0; t < NT; ++t) S::iflush2(ia[t], ra.dsuper[b] * xd[t], rb.dsuper[b] * xd[t], acc[t]);
+            }
+        }
+        for (int t = 0; t < NT; ++t) {
+            oa[t] = S::hsum(S::lo(acc[t])) + row_bias(ra, a, t0 + t);
+            ob[t] = S::hsum(S::hi(acc[t])) + row_bias(rb, a, t0 + t);
+        }
+    }
+
+    static auto iscale2_at(const DecodedRow& ra, const DecodedRow& rb, int64_t c) {
+        const int64_t g = c / G, g2 = G == 16 ? g + 1 : g;
+        return S::iscale2(ra.isc[g], ra.isc[g2], rb.isc[g], rb.isc[g2]);
+    }
+
+    // Rows r, r + 1 (decoded) against tokens [t0, t1), writing y.
+    static void dot_tokens2_int(const DecodedRow& ra, const DecodedRow& rb, const MatmulArgs& a, const TokenGroup& g,
+                                int64_t r, int64_t t0, int64_t t1) {
+        float oa[kMaxTok], ob[kMaxTok];
+        const int nt = int(t1 - t0);
+        switch (nt) {
+            case 1: dot_rows2_int<1>(ra, rb, a, g, t0, oa, ob); break;
+            case 2: dot_rows2_int<2>(ra, rb, a, g, t0, oa, ob); break;
+            case 3: dot_rows2_int<3>(ra, rb, a, g, t0, oa, ob); break;
+            case 4: dot_rows2_int<4>(ra, rb, a, g, t0, oa, ob); break;
+            case 5: dot_rows2_int<5>(ra, rb, a, g, t0, oa, ob); break;
+            case 6: dot_rows2_int<6>(ra, rb, a, g, t0, oa, ob); break;
+            case 7: dot_rows2_int<7>(ra, rb, a, g, t0, oa, ob); break;
+            default: dot_rows2_int<8>(ra, rb, a, g, t0, oa, ob); break;
+        }
+        for (int t = 0; t < nt; ++t) {
+            a.y[(t0 + t) * a.rows + r] = oa[t];
+            a.y[(t0 + t) * a.rows + r + 1] = ob[t];
+        }
+    }
+
     static typename S::IScale iscale_at(const DecodedRow& r, int64_t c) {
         const int64_t g = c / G;
         return S::template iscale<G == 16>(r.isc[g], r.isc[G == 16 ? g + 1 : g]);
@@ -242,6 +327,24 @@ struct QuantKernel {
     static void dot_rows2(const DecodedRow& ra, const DecodedRow& rb, const MatmulArgs& a, int64_t t0, float* oa,
                           float* ob) {
         const int64_t cols = a.cols;
+        if constexpr (simd_has_pair_dot<S>::value) {
+            // both rows' accumulators of a token side by side in one register: the same lanes, the same
+            // operations per lane
+            typename S::Acc2 acc[NT];
+            for (int t = 0; t < NT; ++t) acc[t] = S::zero2();
+            for (int64_t c = 0; c < cols; c += 32) {
+                const typename S::W2 w = S::load_w2(ra.q + c, rb.q + c);
+                const int64_t g = c / G, g2 = G == 16 ? g + 1 : g;
+                const typename S::Acc2 ws = S::scales2(ra.scale[g], ra.scale[g2], rb.scale[g], rb.scale[g2]);
+                for (int t = 0; t < NT; ++t)
+                    S::dot32x2(w, a.xq + (t0 + t) * cols + c, ws, a.xd[(t0 + t) * (cols / 32) + c / 32], acc[t]);
+            }
+            for (int t = 0; t < NT; ++t) {
+                oa[t] = S::hsum(S::lo(acc[t])) + row_bias(ra, a, t0 + t);
+                ob[t] = S::hsum(S::hi(acc[t])) + row_bias(rb, a, t0 + t);
+            }
+            return;
+        }
         typename S::Acc acc_a[NT], acc_b[NT];
         for (int t = 0; t < NT; ++t) acc_a[t] = acc_b[t] = S::zero();
         for (int64_t c = 0; c < cols; c += 32) {
@@ -289,7 +392,11 @@ struct QuantKernel {
         for (; t0 < a.ntok; t0 += kMaxTok) {
             const int64_t t1 = std::min(a.ntok, t0 + kMaxTok);
             const TokenGroup g = group(a, s, t0, t1);
-            for (int64_t r = p0; r < p1; ++r) dot_tokens(row_at(s, r - p0, a.cols, ng), a, g, r, t0, t1);
+            int64_t r = p0;
+            if constexpr (INT && simd_has_pair_idot<S>::value)
+                for (; r + 2 <= p1; r += 2)
+                    dot_tokens2_int(row_at(s, r - p0, a.cols, ng), row_at(s, r + 1 - p0, a.cols, ng), a, g, r, t0, t1);
+            for (; r < p1; ++r) dot_tokens(row_at(s, r - p0, a.cols, ng), a, g, r, t0, t1);
         }
     }
 
