@@ -11,29 +11,109 @@
 namespace regolith::cpu {
 namespace {
 
-// IQ2_XS, 64 codes (two 32-code chunks) per step: the eight 9-bit grid indices gathered at once, and the
-// eight 7-bit sign indices turned into sign bytes in registers (bit 7 is the parity of the other seven, as
-// ggml's ksigns_iq2xs table holds), applied through a 64-bit mask register.
-struct Avx512Iq2xs : Avx2Codes<RG_TYPE_IQ2_XS> {
-    static void codes(const block_iq2_xs& b, __m256i* q) {
-        const auto* grid = reinterpret_cast<const long long*>(rg_iq2xs_grid);
-        for (int i = 0; i < 4; ++i) {
-            const __m512i v = _mm512_cvtepu16_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 8 * i)));
-            const __m512i g = _mm512_i64gather_epi64(_mm512_and_si512(v, _mm512_set1_epi64(511)), grid, 8);
-            const __m512i s7 = _mm512_srli_epi64(v, 9);
-            const __m512i parity = _mm512_and_si512(_mm512_popcnt_epi64(s7), _mm512_set1_epi64(1));
-            const __m512i sign = _mm512_or_si512(s7, _mm512_slli_epi64(parity, 7));
-            const __mmask64 neg = _cvtu64_mask64(uint64_t(_mm_cvtsi128_si64(_mm512_cvtepi64_epi8(sign))));
-            const __m512i c = _mm512_mask_sub_epi8(g, neg, _mm512_setzero_si512(), g);
-            q[2 * i] = _mm512_castsi512_si256(c);
-            q[2 * i + 1] = _mm512_extracti64x4_epi64(c, 1);
+// Sign bytes of 7-bit sign indices (in the low bits of each 64-bit lane): bit 7 is the parity of the other
+// seven, as ggml's ksigns_iq2xs table holds. The eight bytes as a mask: bit 8 * lane + j is code j's sign.
+inline __mmask64 parity_signs(__m512i s7) {
+    const __m512i parity = _mm512_and_si512(_mm512_popcnt_epi64(s7), _mm512_set1_epi64(1));
+    const __m512i sign = _mm512_or_si512(s7, _mm512_slli_epi64(parity, 7));
+    return _cvtu64_mask64(uint64_t(_mm_cvtsi128_si64(_mm512_cvtepi64_epi8(sign))));
+}
+
+// The lattice-codebook types, 64 codes per step: step(b, c, grid, neg) gives codes 64c .. 64c + 63 of block
+// b as unsigned grid bytes and a mask of the negative ones; scales(b, ds) the int16 sub-scales
+// (IntScales<TYPE>, in the low lanes) and the block's float factor.
+struct Iq2xsGrid {
+    using Block = block_iq2_xs;
+    static constexpr uint32_t TYPE = RG_TYPE_IQ2_XS;
+    // eight 16-bit entries: a 9-bit grid index and a 7-bit sign index
+    static void step(const Block& b, int c, __m512i& grid, __mmask64& neg) {
+        const __m512i v = _mm512_cvtepu16_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 8 * c)));
+        grid = _mm512_i64gather_epi64(_mm512_and_si512(v, _mm512_set1_epi64(511)),
+                                      reinterpret_cast<const long long*>(rg_iq2xs_grid), 8);
+        neg = parity_signs(_mm512_srli_epi64(v, 9));
+    }
+    static __m512i scales(const Block& b, float& ds) {
+        const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.scales));
+        const __m128i nib = _mm_set1_epi8(0x0f);
+        const __m128i sc = _mm_unpacklo_epi8(_mm_and_si128(v, nib), _mm_and_si128(_mm_srli_epi16(v, 4), nib));
+        const __m256i w = _mm256_cvtepu8_epi16(sc);
+        ds = half_scale(b.d) * 0.125f;
+        return _mm512_castsi256_si512(_mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1)));
+    }
+};
+
+struct Iq2xxsGrid {
+    using Block = block_iq2_xxs;
+    static constexpr uint32_t TYPE = RG_TYPE_IQ2_XXS;
+    // two 32-code groups of 8 bytes: four 8-bit grid indices, then 4 x 7 sign bits and the 4-bit scale
+    static void step(const Block& b, int c, __m512i& grid, __mmask64& neg) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 8 * c));
+        const __m128i idx = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1));
+        grid = _mm512_i64gather_epi64(_mm512_cvtepu8_epi64(idx), reinterpret_cast<const long long*>(rg_iq2xxs_grid), 8);
+        // lanes 0-3 hold the first group's sign word, 4-7 the second's; shifted to each lane's 7 bits
+        const __m512i words = _mm512_and_si512(
+            _mm512_permutexvar_epi32(_mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
+                                     _mm512_castsi128_si512(v)),
+            _mm512_set1_epi64(0xffffffffll));
+        const __m512i s7 = _mm512_and_si512(_mm512_srlv_epi64(words, _mm512_setr_epi64(0, 7, 14, 21, 0, 7, 14, 21)),
+                                            _mm512_set1_epi64(127));
+        neg = parity_signs(s7);
+    }
+    // each group's 4-bit scale is the top of its 8 bytes read as a little-endian 64-bit word
+    static __m512i scales(const Block& b, float& ds) {
+        const __m512i groups = _mm512_srli_epi64(_mm512_loadu_si512(b.qs), 60);
+        const __m128i w = _mm512_cvtepi64_epi16(groups);
+        ds = half_scale(b.d) * 0.125f;
+        return _mm512_castsi128_si512(_mm_add_epi16(_mm_add_epi16(w, w), _mm_set1_epi16(1)));
+    }
+};
+
+struct Iq3sGrid {
+    using Block = block_iq3_s;
+    static constexpr uint32_t TYPE = RG_TYPE_IQ3_S;
+    // sixteen 9-bit grid indices of 4 codes (8 low bits in qs, the high bit in qh); one sign bit per code
+    static void step(const Block& b, int c, __m512i& grid, __mmask64& neg) {
+        const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * c)));
+        const __mmask16 high = _cvtu32_mask16(uint32_t(b.qh[2 * c]) | uint32_t(b.qh[2 * c + 1]) << 8);
+        const __m512i idx = _mm512_mask_or_epi32(lo, high, lo, _mm512_set1_epi32(256));
+        grid = _mm512_i32gather_epi32(idx, reinterpret_cast<const int*>(rg_iq3s_grid), 4);
+        uint64_t bits;
+        __builtin_memcpy(&bits, b.signs + 8 * c, 8);
+        neg = _cvtu64_mask64(bits);
+    }
+    static __m512i scales(const Block& b, float& ds) {
+        int16_t isc[8];
+        for (int g = 0; g < 8; ++g) isc[g] = int16_t(1 + 2 * ((b.scales[g >> 1] >> (4 * (g & 1))) & 0x0f));
+        ds = half_scale(b.d);
+        return _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(isc)));
+    }
+};
+
+// The same codes as the register decoders of codes_avx2.h, for the prefill panels: each step's grid bytes
+// with their signs applied.
+template <class Grid>
+struct GridCodes : Avx2Codes<Grid::TYPE> {
+    static void codes(const typename Grid::Block& b, __m256i* q) {
+        for (int c = 0; c < 4; ++c) {
+            __m512i g;
+            __mmask64 neg;
+            Grid::step(b, c, g, neg);
+            const __m512i v = _mm512_mask_sub_epi8(g, neg, _mm512_setzero_si512(), g);
+            q[2 * c] = _mm512_castsi512_si256(v);
+            q[2 * c + 1] = _mm512_extracti64x4_epi64(v, 1);
         }
     }
 };
 
+template <uint32_t TYPE>
+using Avx512Codes = std::conditional_t<
+    TYPE == RG_TYPE_IQ2_XS, GridCodes<Iq2xsGrid>,
+    std::conditional_t<TYPE == RG_TYPE_IQ2_XXS, GridCodes<Iq2xxsGrid>,
+                       std::conditional_t<TYPE == RG_TYPE_IQ3_S, GridCodes<Iq3sGrid>, Avx2Codes<TYPE>>>>;
+
 struct SimdAvx512 : SimdAvx2 {
     template <uint32_t TYPE>
-    using Codes = std::conditional_t<TYPE == RG_TYPE_IQ2_XS, Avx512Iq2xs, Avx2Codes<TYPE>>;
+    using Codes = Avx512Codes<TYPE>;
     template <bool SPLIT>
     static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
         dot32x<SPLIT>(w, load_x(x), s_lo, s_hi, acc);
@@ -113,53 +193,40 @@ struct SimdAvx512 : SimdAvx2 {
     }
 };
 
-// IQ2_XS products of at most kMaxTok tokens (decode, speculative verification), 64 codes per step: the
-// signs go onto the activations (a masked negation) rather than the weights, so the unsigned grid bytes
-// meet them in one vpmaddubsw and one vpmaddwd with the sub-scales per zmm. Each int32 lane holds what
-// SimdAvx2's does for the same four codes; the two 64-code steps of a half block are added and folded to
-// AVX2's eight lanes before the float step (AVX2's FusedKernel, to the bit). Prefill takes QuantKernel.
-struct Iq2xsKernel {
-    using Q = QuantKernel<SimdAvx512, BlockDecoder<RG_TYPE_IQ2_XS>>;
-
-    // 16 sub-scales 2 * s + 1 (IntScales<IQ2_XS>) as int16, and the block's float factor
-    static __m256i scales(const block_iq2_xs& b, float& ds) {
-        const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.scales));
-        const __m128i nib = _mm_set1_epi8(0x0f);
-        const __m128i s = _mm_unpacklo_epi8(_mm_and_si128(v, nib), _mm_and_si128(_mm_srli_epi16(v, 4), nib));
-        const __m256i w = _mm256_cvtepu8_epi16(s);
-        ds = half_scale(b.d) * 0.125f;
-        return _mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1));
-    }
+// Codebook-type products of at most kMaxTok tokens (decode, speculative verification), 64 codes per step:
+// the signs go onto the activations (a masked negation) rather than the weights, so the unsigned grid
+// bytes meet them in one vpmaddubsw and one vpmaddwd with the sub-scales. Each int32 lane holds what
+// SimdAvx2's does for the same four codes; a half block's two steps are added and folded to AVX2's eight
+// lanes before the float step (AVX2's FusedKernel, to the bit). Prefill takes QuantKernel.
+template <class Grid>
+struct GridKernel {
+    using Q = QuantKernel<SimdAvx512, BlockDecoder<Grid::TYPE>>;
+    static constexpr int G = BlockDecoder<Grid::TYPE>::G;
+    static_assert(BlockDecoder<Grid::TYPE>::QK == 256 && Q::AB == 128, "256-code blocks in 128-code halves");
 
     template <int NT>
     static void dot_row(const MatmulArgs& a, int64_t r, float* out) {
         const int64_t cols = a.cols, nb = cols / 256;
-        const auto* blocks = reinterpret_cast<const block_iq2_xs*>(a.w + r * a.row_bytes);
-        const auto* grid = reinterpret_cast<const long long*>(rg_iq2xs_grid);
-        // int16 lane i of a 64-code step takes the sub-scale of its 16-code group: i / 8
-        const __m512i group = _mm512_srli_epi16(
-            _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10,
-                             9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-            3);
+        const auto* blocks = reinterpret_cast<const typename Grid::Block*>(a.w + r * a.row_bytes);
+        // int16 lane i of step c covers codes 64c + 2i, 64c + 2i + 1: scale group (64c + 2i) / G
+        const __m512i lane = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
+                                              13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        const __m512i group = _mm512_srli_epi16(lane, G == 16 ? 3 : 4);
         __m256 acc[NT];
         for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
             prefetch_weights(blocks + b);
             float ds;
-            const __m512i sc = _mm512_castsi256_si512(scales(blocks[b], ds));
+            const __m512i sc = Grid::scales(blocks[b], ds);
             for (int h = 0; h < 2; ++h) {
                 __m512i ia[NT];
                 for (int t = 0; t < NT; ++t) ia[t] = _mm512_setzero_si512();
                 for (int c = 2 * h; c < 2 * h + 2; ++c) {
-                    const __m512i v = _mm512_cvtepu16_epi64(
-                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks[b].qs + 8 * c)));
-                    const __m512i g = _mm512_i64gather_epi64(_mm512_and_si512(v, _mm512_set1_epi64(511)), grid, 8);
-                    const __m512i s7 = _mm512_srli_epi64(v, 9);
-                    const __m512i parity = _mm512_and_si512(_mm512_popcnt_epi64(s7), _mm512_set1_epi64(1));
-                    const __m512i sign = _mm512_or_si512(s7, _mm512_slli_epi64(parity, 7));
-                    const __mmask64 neg = _cvtu64_mask64(uint64_t(_mm_cvtsi128_si64(_mm512_cvtepi64_epi8(sign))));
-                    const __m512i scale =
-                        _mm512_permutexvar_epi16(_mm512_add_epi16(group, _mm512_set1_epi16(int16_t(4 * c))), sc);
+                    __m512i g;
+                    __mmask64 neg;
+                    Grid::step(blocks[b], c, g, neg);
+                    const __m512i first = _mm512_set1_epi16(int16_t(64 * c / G));
+                    const __m512i scale = _mm512_permutexvar_epi16(_mm512_add_epi16(group, first), sc);
                     for (int t = 0; t < NT; ++t) {
                         const __m512i x = _mm512_loadu_si512(a.xq + t * cols + b * 256 + 64 * c);
                         const __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
@@ -200,7 +267,9 @@ struct Iq2xsKernel {
 const KernelTable& kernels_avx512() {
     static const KernelTable table = [] {
         KernelTable t = make_kernel_table<SimdAvx512>();
-        t.by_type[RG_TYPE_IQ2_XS] = &Iq2xsKernel::rows;
+        t.by_type[RG_TYPE_IQ2_XS] = &GridKernel<Iq2xsGrid>::rows;
+        t.by_type[RG_TYPE_IQ2_XXS] = &GridKernel<Iq2xxsGrid>::rows;
+        t.by_type[RG_TYPE_IQ3_S] = &GridKernel<Iq3sGrid>::rows;
         return t;
     }();
     return table;
