@@ -31,7 +31,7 @@ bool cpu_has(Isa isa) {
             return cpu_has(Isa::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                    __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
-                   __builtin_cpu_supports("avx512vpopcntdq");
+                   __builtin_cpu_supports("avx512bitalg");
 #else
             return false;
 #endif

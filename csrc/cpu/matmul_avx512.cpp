@@ -11,26 +11,40 @@
 namespace regolith::cpu {
 namespace {
 
-// Sign bytes of 7-bit sign indices (in the low bits of each 64-bit lane): bit 7 is the parity of the other
-// seven, as ggml's ksigns_iq2xs table holds. The eight bytes as a mask: bit 8 * lane + j is code j's sign.
-inline __mmask64 parity_signs(__m512i s7) {
-    const __m512i parity = _mm512_and_si512(_mm512_popcnt_epi64(s7), _mm512_set1_epi64(1));
-    const __m512i sign = _mm512_or_si512(s7, _mm512_slli_epi64(parity, 7));
-    return _cvtu64_mask64(uint64_t(_mm_cvtsi128_si64(_mm512_cvtepi64_epi8(sign))));
+// 7-bit sign indices (one per byte) -> sign bytes: bit 7 is the parity of the other seven, as ggml's
+// ksigns_iq2xs table holds. Each bit of the result is one code's sign.
+inline __m256i parity_signs(__m256i s7) {
+    const __m256i parity = _mm256_and_si256(_mm256_popcnt_epi8(s7), _mm256_set1_epi8(1));
+    return _mm256_or_si256(s7, _mm256_slli_epi16(parity, 7));  // parity is 0 or 1: stays in its byte
 }
 
-// The lattice-codebook types, 64 codes per step: step(b, c, grid, neg) gives codes 64c .. 64c + 63 of block
-// b as unsigned grid bytes and a mask of the negative ones; scales(b, ds) the int16 sub-scales
-// (IntScales<TYPE>, in the low lanes) and the block's float factor.
+// The lattice-codebook types, 64 codes per step. prep(b) reads a block's 32 sign bytes (and whatever else
+// it needs) at once; grid(b, p, c) gives codes 64c .. 64c + 63 as unsigned grid bytes, whose signs are the
+// bits of p.neg[c]; scales(b, ds) the int16 sub-scales (IntScales<TYPE>, in the low lanes) and the block's
+// float factor.
+struct GridPrep {
+    uint64_t neg[4];
+    uint64_t idx[4];  // IQ2_XXS: each step's eight grid indices
+};
+
+inline void store_signs(__m256i signs, GridPrep& p) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.neg), signs);
+}
+
 struct Iq2xsGrid {
     using Block = block_iq2_xs;
     static constexpr uint32_t TYPE = RG_TYPE_IQ2_XS;
-    // eight 16-bit entries: a 9-bit grid index and a 7-bit sign index
-    static void step(const Block& b, int c, __m512i& grid, __mmask64& neg) {
+    // 32 16-bit entries: a 9-bit grid index and a 7-bit sign index
+    static GridPrep prep(const Block& b) {
+        GridPrep p;
+        const __m512i v = _mm512_loadu_si512(b.qs);
+        store_signs(parity_signs(_mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 9))), p);
+        return p;
+    }
+    static __m512i grid(const Block& b, const GridPrep&, int c) {
         const __m512i v = _mm512_cvtepu16_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 8 * c)));
-        grid = _mm512_i64gather_epi64(_mm512_and_si512(v, _mm512_set1_epi64(511)),
+        return _mm512_i64gather_epi64(_mm512_and_si512(v, _mm512_set1_epi64(511)),
                                       reinterpret_cast<const long long*>(rg_iq2xs_grid), 8);
-        neg = parity_signs(_mm512_srli_epi64(v, 9));
     }
     static __m512i scales(const Block& b, float& ds) {
         const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.scales));
@@ -45,21 +59,28 @@ struct Iq2xsGrid {
 struct Iq2xxsGrid {
     using Block = block_iq2_xxs;
     static constexpr uint32_t TYPE = RG_TYPE_IQ2_XXS;
-    // two 32-code groups of 8 bytes: four 8-bit grid indices, then 4 x 7 sign bits and the 4-bit scale
-    static void step(const Block& b, int c, __m512i& grid, __mmask64& neg) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 8 * c));
-        const __m128i idx = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1));
-        grid = _mm512_i64gather_epi64(_mm512_cvtepu8_epi64(idx), reinterpret_cast<const long long*>(rg_iq2xxs_grid), 8);
-        // lanes 0-3 hold the first group's sign word, 4-7 the second's; shifted to each lane's 7 bits
-        const __m512i words = _mm512_and_si512(
-            _mm512_permutexvar_epi32(_mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
-                                     _mm512_castsi128_si512(v)),
-            _mm512_set1_epi64(0xffffffffll));
-        const __m512i s7 = _mm512_and_si512(_mm512_srlv_epi64(words, _mm512_setr_epi64(0, 7, 14, 21, 0, 7, 14, 21)),
-                                            _mm512_set1_epi64(127));
-        neg = parity_signs(s7);
+    // eight 32-code groups of 8 bytes (a little-endian 64-bit word): four 8-bit grid indices in bits 0-31,
+    // then four 7-bit sign indices from bit 32 and the 4-bit scale in bits 60-63
+    static GridPrep prep(const Block& b) {
+        GridPrep p;
+        const __m512i v = _mm512_loadu_si512(b.qs);
+        // per word: bytes 0-3 the sign fields (bits 32, 39, 46, 53 on), bytes 4-7 the grid indices
+        const __m512i fields = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x18100800352e2720ll), v);
+        // the words' first four bytes, then their last four, each in word order
+        const __m512i order = _mm512_set_epi8(
+            63, 62, 61, 60, 55, 54, 53, 52, 47, 46, 45, 44, 39, 38, 37, 36, 31, 30, 29, 28, 23, 22, 21, 20, 15, 14, 13, 12,
+            7, 6, 5, 4, 59, 58, 57, 56, 51, 50, 49, 48, 43, 42, 41, 40, 35, 34, 33, 32, 27, 26, 25, 24, 19, 18, 17, 16, 11,
+            10, 9, 8, 3, 2, 1, 0);
+        const __m512i packed = _mm512_permutexvar_epi8(order, fields);
+        store_signs(parity_signs(_mm256_and_si256(_mm512_castsi512_si256(packed), _mm256_set1_epi8(0x7f))), p);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.idx), _mm512_extracti64x4_epi64(packed, 1));
+        return p;
     }
-    // each group's 4-bit scale is the top of its 8 bytes read as a little-endian 64-bit word
+    static __m512i grid(const Block&, const GridPrep& p, int c) {
+        const __m512i idx = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(int64_t(p.idx[c])));
+        return _mm512_i64gather_epi64(idx, reinterpret_cast<const long long*>(rg_iq2xxs_grid), 8);
+    }
+    // each group's 4-bit scale is the top of its 64-bit word
     static __m512i scales(const Block& b, float& ds) {
         const __m512i groups = _mm512_srli_epi64(_mm512_loadu_si512(b.qs), 60);
         const __m128i w = _mm512_cvtepi64_epi16(groups);
@@ -71,15 +92,18 @@ struct Iq2xxsGrid {
 struct Iq3sGrid {
     using Block = block_iq3_s;
     static constexpr uint32_t TYPE = RG_TYPE_IQ3_S;
-    // sixteen 9-bit grid indices of 4 codes (8 low bits in qs, the high bit in qh); one sign bit per code
-    static void step(const Block& b, int c, __m512i& grid, __mmask64& neg) {
+    // one sign bit per code, in code order
+    static GridPrep prep(const Block& b) {
+        GridPrep p;
+        store_signs(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.signs)), p);
+        return p;
+    }
+    // sixteen 9-bit grid indices of 4 codes: 8 low bits in qs, the high bit in qh
+    static __m512i grid(const Block& b, const GridPrep&, int c) {
         const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * c)));
         const __mmask16 high = _cvtu32_mask16(uint32_t(b.qh[2 * c]) | uint32_t(b.qh[2 * c + 1]) << 8);
         const __m512i idx = _mm512_mask_or_epi32(lo, high, lo, _mm512_set1_epi32(256));
-        grid = _mm512_i32gather_epi32(idx, reinterpret_cast<const int*>(rg_iq3s_grid), 4);
-        uint64_t bits;
-        __builtin_memcpy(&bits, b.signs + 8 * c, 8);
-        neg = _cvtu64_mask64(bits);
+        return _mm512_i32gather_epi32(idx, reinterpret_cast<const int*>(rg_iq3s_grid), 4);
     }
     static __m512i scales(const Block& b, float& ds) {
         int16_t isc[8];
@@ -94,11 +118,10 @@ struct Iq3sGrid {
 template <class Grid>
 struct GridCodes : Avx2Codes<Grid::TYPE> {
     static void codes(const typename Grid::Block& b, __m256i* q) {
+        const GridPrep p = Grid::prep(b);
         for (int c = 0; c < 4; ++c) {
-            __m512i g;
-            __mmask64 neg;
-            Grid::step(b, c, g, neg);
-            const __m512i v = _mm512_mask_sub_epi8(g, neg, _mm512_setzero_si512(), g);
+            const __m512i g = Grid::grid(b, p, c);
+            const __m512i v = _mm512_mask_sub_epi8(g, _cvtu64_mask64(p.neg[c]), _mm512_setzero_si512(), g);
             q[2 * c] = _mm512_castsi512_si256(v);
             q[2 * c + 1] = _mm512_extracti64x4_epi64(v, 1);
         }
@@ -218,13 +241,13 @@ struct GridKernel {
             prefetch_weights(blocks + b);
             float ds;
             const __m512i sc = Grid::scales(blocks[b], ds);
+            const GridPrep p = Grid::prep(blocks[b]);
             for (int h = 0; h < 2; ++h) {
                 __m512i ia[NT];
                 for (int t = 0; t < NT; ++t) ia[t] = _mm512_setzero_si512();
                 for (int c = 2 * h; c < 2 * h + 2; ++c) {
-                    __m512i g;
-                    __mmask64 neg;
-                    Grid::step(blocks[b], c, g, neg);
+                    const __m512i g = Grid::grid(blocks[b], p, c);
+                    const __mmask64 neg = _cvtu64_mask64(p.neg[c]);
                     const __m512i first = _mm512_set1_epi16(int16_t(64 * c / G));
                     const __m512i scale = _mm512_permutexvar_epi16(_mm512_add_epi16(group, first), sc);
                     for (int t = 0; t < NT; ++t) {

@@ -67,6 +67,14 @@ struct simd_has_pair_idot : std::false_type {};
 template <class S>
 struct simd_has_pair_idot<S, std::void_t<typename S::IAcc2>> : std::true_type {};
 
+// Does the ISA copy 8 floats to 16 as pairs (S::spread_pairs(in, out): out[2i] = out[2i + 1] = in[i])? The
+// loop form, compiled with AVX-512 enabled, became a chain of shuffles that cost Q4_K's one-token product
+// a third of its speed.
+template <class S, class = void>
+struct simd_has_spread_pairs : std::false_type {};
+template <class S>
+struct simd_has_spread_pairs<S, std::void_t<decltype(&S::spread_pairs)>> : std::true_type {};
+
 // Does the ISA have the offset form of the integer-scale product (S::idot32_offset)?
 template <class S, class = void>
 struct simd_has_offset_dot : std::false_type {};
@@ -157,7 +165,10 @@ struct QuantKernel {
 
     // Block biases per scale group -> one per 16 elements (the granularity of the activation sums xs).
     static void spread_bias(const float* bias, float* bias16) {
-        for (int i = 0; i < QK / 16; ++i) bias16[i] = bias[i * 16 / G];
+        if constexpr (QK == 256 && G == 32 && simd_has_spread_pairs<S>::value)
+            S::spread_pairs(bias, bias16);
+        else
+            for (int i = 0; i < QK / 16; ++i) bias16[i] = bias[i * 16 / G];
     }
 
     // sum_c bias(c) * x[t][c] over the row: the per-16 biases dotted with the activation sums. Every path

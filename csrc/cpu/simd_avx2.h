@@ -111,6 +111,11 @@ struct SimdAvx2 {
         }
         cpu::activation_sums(q, d, n, block, s);
     }
+    static void spread_pairs(const float* in, float* out) {
+        const __m256 v = _mm256_loadu_ps(in);
+        _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
+        _mm256_storeu_ps(out + 8, _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
+    }
     static float dot_f32(const float* w, const float* x, int64_t n) {
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         int64_t i = 0;
