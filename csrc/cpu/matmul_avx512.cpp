@@ -285,6 +285,68 @@ struct GridKernel {
     }
 };
 
+// Q2_0 products of at most kMaxTok tokens, a whole 64-code block per step: vpmultishiftqb picks every
+// code's 2 bits out of the block's 16 bytes. The codes c - 1 enter vpdpbusd as magnitudes with their signs
+// on the activations; the two 32-code halves' lanes then take dot32x's float steps, in order.
+struct Q20Kernel {
+    using Q = QuantKernel<SimdAvx512, BlockDecoder<RG_TYPE_Q2_0>>;
+    static_assert(BlockDecoder<RG_TYPE_Q2_0>::QK == 64 && Q::AB == 32, "64-code blocks, 32-code activation blocks");
+
+    // code e (0..3) sits at bits 2e of the 16 bytes: byte j of 64-bit lane L is code 8L + j, bits
+    // 16 (L % 4) + 2j of the block's 64-bit word L / 4
+    static __m512i codes(const block_q2_0& b) {
+        const __m512i words = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 0, 0, 0, 1, 1, 1, 1),
+                                                       _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs))));
+        const __m512i at = _mm512_setr_epi64(0x0e0c0a0806040200ll, 0x1e1c1a1816141210ll, 0x2e2c2a2826242220ll,
+                                             0x3e3c3a3836343230ll, 0x0e0c0a0806040200ll, 0x1e1c1a1816141210ll,
+                                             0x2e2c2a2826242220ll, 0x3e3c3a3836343230ll);
+        return _mm512_and_si512(_mm512_multishift_epi64_epi8(at, words), _mm512_set1_epi8(3));
+    }
+
+    template <int NT>
+    static void dot_row(const MatmulArgs& a, int64_t r, float* out) {
+        const int64_t cols = a.cols, nb = cols / 64;
+        const auto* blocks = reinterpret_cast<const block_q2_0*>(a.w + r * a.row_bytes);
+        __m256 acc[NT];
+        for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            prefetch_weights(blocks + b);
+            const float ds = half_scale(blocks[b].d);
+            const __m512i c = codes(blocks[b]);
+            const __m512i mag = _mm512_abs_epi8(_mm512_sub_epi8(c, _mm512_set1_epi8(1)));
+            const __mmask64 neg = _mm512_testn_epi8_mask(c, c);  // c == 0: the value -1
+            for (int t = 0; t < NT; ++t) {
+                const __m512i x = _mm512_loadu_si512(a.xq + t * cols + 64 * b);
+                const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), mag,
+                                                      _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x));
+                const __m512 f = _mm512_cvtepi32_ps(s);
+                const float* xd = a.xd + t * (cols / 32) + 2 * b;
+                acc[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm256_set1_ps(ds * xd[0]), acc[t]);
+                acc[t] = _mm256_fmadd_ps(SimdAvx512::hi(f), _mm256_set1_ps(ds * xd[1]), acc[t]);
+            }
+        }
+        for (int t = 0; t < NT; ++t) out[t] = SimdAvx2::hsum(acc[t]);
+    }
+
+    static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
+        if (a.ntok > kMaxTok) return Q::rows(a, r0, r1, s);
+        float out[kMaxTok];
+        for (int64_t r = r0; r < r1; ++r) {
+            switch (a.ntok) {
+                case 1: dot_row<1>(a, r, out); break;
+                case 2: dot_row<2>(a, r, out); break;
+                case 3: dot_row<3>(a, r, out); break;
+                case 4: dot_row<4>(a, r, out); break;
+                case 5: dot_row<5>(a, r, out); break;
+                case 6: dot_row<6>(a, r, out); break;
+                case 7: dot_row<7>(a, r, out); break;
+                default: dot_row<8>(a, r, out); break;
+            }
+            for (int64_t t = 0; t < a.ntok; ++t) a.y[t * a.rows + r] = out[t];
+        }
+    }
+};
+
 }  // namespace
 
 const KernelTable& kernels_avx512() {
@@ -293,6 +355,7 @@ const KernelTable& kernels_avx512() {
         t.by_type[RG_TYPE_IQ2_XS] = &GridKernel<Iq2xsGrid>::rows;
         t.by_type[RG_TYPE_IQ2_XXS] = &GridKernel<Iq2xxsGrid>::rows;
         t.by_type[RG_TYPE_IQ3_S] = &GridKernel<Iq3sGrid>::rows;
+        t.by_type[RG_TYPE_Q2_0] = &Q20Kernel::rows;
         return t;
     }();
     return table;
