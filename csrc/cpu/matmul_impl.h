@@ -605,7 +605,12 @@ struct FloatKernel {
 
     static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
         if (a.ntok > kMaxTok) return panel_rows(a, r0, r1, s);
-        for (int64_t r = r0; r < r1; ++r) row_tokens(a, row_f32(a, r, s.row), r, 0);
+        for (int64_t r = r0; r < r1; ++r) {
+            // the next row's first kPrefetchBytes, as the quantized kernels keep theirs ahead of each block
+            const char* next = reinterpret_cast<const char*>(a.w + (r + 1) * a.row_bytes);
+            for (int64_t o = 0; o < std::min<int64_t>(a.row_bytes, kPrefetchBytes); o += 64) __builtin_prefetch(next + o);
+            row_tokens(a, row_f32(a, r, s.row), r, 0);
+        }
     }
 };
 
