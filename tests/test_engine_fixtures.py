@@ -5,8 +5,9 @@ bit for bit (SHA-256 of each float32 row).
 
 The oracle is regolith itself before every op moved behind the Backend interface: a refactor may not change
 a single bit of the CPU results. Each ISA recorded there (scalar and avx2 on x86-64; they differ from each
-other, so each has its own hashes) that this CPU offers is replayed; others (neon) skip. The avx512 kernels
-compute avx2's bits by design (csrc/cpu/matmul_avx512.cpp), so they replay avx2's hashes.
+other, so each has its own hashes) that this CPU offers is replayed; others (neon) skip. The avxvnni and
+avx512 kernels compute avx2's bits by design (csrc/cpu/matmul_avxvnni.cpp, matmul_avx512.cpp), so they
+replay avx2's hashes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from regolith import _core
 from tests import engine_cases as ec
 
 RECORD = json.loads(ec.LOGITS.read_text())
-SAME_BITS = {"avx512": "avx2"}  # kernels that must reproduce another ISA's results bit for bit
+SAME_BITS = {"avxvnni": "avx2", "avx512": "avx2"}  # kernels that must reproduce another ISA's results bit for bit
 RECORDED = list(RECORD["isas"]) + [isa for isa, same in SAME_BITS.items() if same in RECORD["isas"]]
 ACTIVE = _core.isa()  # the kernels this CPU runs by default
 ISAS = sorted(set(RECORDED) | set(_core.available_isas()), key=lambda n: (n != ACTIVE, n))

@@ -17,6 +17,8 @@
 #define RG_ISA_NS isa_cuda
 #elif defined(__AVX512F__)
 #define RG_ISA_NS isa_avx512
+#elif defined(__AVXVNNI__)
+#define RG_ISA_NS isa_avxvnni
 #elif defined(__AVX2__)
 #define RG_ISA_NS isa_avx2
 #elif defined(__SSSE3__)

@@ -10,7 +10,7 @@
 namespace regolith::cpu {
 namespace {
 
-constexpr Isa kAll[] = {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon};
+constexpr Isa kAll[] = {Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Neon};
 
 bool cpu_has(Isa isa) {
     switch (isa) {
@@ -21,6 +21,12 @@ bool cpu_has(Isa isa) {
             __builtin_cpu_init();
             return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                    __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+#else
+            return false;
+#endif
+        case Isa::AvxVnni:
+#if defined(RG_HAVE_AVXVNNI) && (defined(__GNUC__) || defined(__clang__))
+            return cpu_has(Isa::Avx2) && __builtin_cpu_supports("avxvnni");
 #else
             return false;
 #endif
@@ -67,6 +73,8 @@ std::string_view isa_name(Isa isa) {
             return "scalar";
         case Isa::Avx2:
             return "avx2";
+        case Isa::AvxVnni:
+            return "avxvnni";
         case Isa::Avx512:
             return "avx512";
         case Isa::Neon:
@@ -78,7 +86,7 @@ std::string_view isa_name(Isa isa) {
 Isa isa_from_name(std::string_view name) {
     for (Isa isa : kAll)
         if (isa_name(isa) == name) return isa;
-    throw Error("unknown instruction set '" + std::string(name) + "' (expected scalar, avx2, avx512 or neon)");
+    throw Error("unknown instruction set '" + std::string(name) + "' (expected scalar, avx2, avxvnni, avx512 or neon)");
 }
 
 std::vector<Isa> available_isas() {

@@ -75,6 +75,9 @@ const KernelTable& kernels_scalar();
 #if defined(RG_HAVE_AVX2)
 const KernelTable& kernels_avx2();
 #endif
+#if defined(RG_HAVE_AVXVNNI)
+const KernelTable& kernels_avxvnni();
+#endif
 #if defined(RG_HAVE_AVX512)
 const KernelTable& kernels_avx512();
 #endif

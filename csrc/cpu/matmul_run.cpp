@@ -47,6 +47,10 @@ const KernelTable& active_table() {
         case Isa::Avx2:
             return kernels_avx2();
 #endif
+#if defined(RG_HAVE_AVXVNNI)
+        case Isa::AvxVnni:
+            return kernels_avxvnni();
+#endif
 #if defined(RG_HAVE_AVX512)
         case Isa::Avx512:
             return kernels_avx512();
