@@ -216,6 +216,25 @@ struct SimdAvx512 : SimdAvx2 {
     }
 };
 
+// Rows [r0, r1) of a product of at most kMaxTok tokens, each by K::dot_row<ntok>(a, r, out).
+template <class K>
+void decode_rows(const MatmulArgs& a, int64_t r0, int64_t r1) {
+    float out[kMaxTok];
+    for (int64_t r = r0; r < r1; ++r) {
+        switch (a.ntok) {
+            case 1: K::template dot_row<1>(a, r, out); break;
+            case 2: K::template dot_row<2>(a, r, out); break;
+            case 3: K::template dot_row<3>(a, r, out); break;
+            case 4: K::template dot_row<4>(a, r, out); break;
+            case 5: K::template dot_row<5>(a, r, out); break;
+            case 6: K::template dot_row<6>(a, r, out); break;
+            case 7: K::template dot_row<7>(a, r, out); break;
+            default: K::template dot_row<8>(a, r, out); break;
+        }
+        for (int64_t t = 0; t < a.ntok; ++t) a.y[t * a.rows + r] = out[t];
+    }
+}
+
 // Codebook-type products of at most kMaxTok tokens (decode, speculative verification), 64 codes per step:
 // the signs go onto the activations (a masked negation) rather than the weights, so the unsigned grid
 // bytes meet them in one vpmaddubsw and one vpmaddwd with the sub-scales. Each int32 lane holds what
@@ -223,6 +242,7 @@ struct SimdAvx512 : SimdAvx2 {
 // lanes before the float step (AVX2's FusedKernel, to the bit). Prefill takes QuantKernel.
 template <class Grid>
 struct GridKernel {
+    using Self = GridKernel;
     using Q = QuantKernel<SimdAvx512, BlockDecoder<Grid::TYPE>>;
     static constexpr int G = BlockDecoder<Grid::TYPE>::G;
     static_assert(BlockDecoder<Grid::TYPE>::QK == 256 && Q::AB == 128, "256-code blocks in 128-code halves");
@@ -268,20 +288,7 @@ struct GridKernel {
 
     static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
         if (a.ntok > kMaxTok) return Q::rows(a, r0, r1, s);
-        float out[kMaxTok];
-        for (int64_t r = r0; r < r1; ++r) {
-            switch (a.ntok) {
-                case 1: dot_row<1>(a, r, out); break;
-                case 2: dot_row<2>(a, r, out); break;
-                case 3: dot_row<3>(a, r, out); break;
-                case 4: dot_row<4>(a, r, out); break;
-                case 5: dot_row<5>(a, r, out); break;
-                case 6: dot_row<6>(a, r, out); break;
-                case 7: dot_row<7>(a, r, out); break;
-                default: dot_row<8>(a, r, out); break;
-            }
-            for (int64_t t = 0; t < a.ntok; ++t) a.y[t * a.rows + r] = out[t];
-        }
+        decode_rows<Self>(a, r0, r1);
     }
 };
 
@@ -289,6 +296,7 @@ struct GridKernel {
 // code's 2 bits out of the block's 16 bytes. The codes c - 1 enter vpdpbusd as magnitudes with their signs
 // on the activations; the two 32-code halves' lanes then take dot32x's float steps, in order.
 struct Q20Kernel {
+    using Self = Q20Kernel;
     using Q = QuantKernel<SimdAvx512, BlockDecoder<RG_TYPE_Q2_0>>;
     static_assert(BlockDecoder<RG_TYPE_Q2_0>::QK == 64 && Q::AB == 32, "64-code blocks, 32-code activation blocks");
 
@@ -330,20 +338,7 @@ struct Q20Kernel {
 
     static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
         if (a.ntok > kMaxTok) return Q::rows(a, r0, r1, s);
-        float out[kMaxTok];
-        for (int64_t r = r0; r < r1; ++r) {
-            switch (a.ntok) {
-                case 1: dot_row<1>(a, r, out); break;
-                case 2: dot_row<2>(a, r, out); break;
-                case 3: dot_row<3>(a, r, out); break;
-                case 4: dot_row<4>(a, r, out); break;
-                case 5: dot_row<5>(a, r, out); break;
-                case 6: dot_row<6>(a, r, out); break;
-                case 7: dot_row<7>(a, r, out); break;
-                default: dot_row<8>(a, r, out); break;
-            }
-            for (int64_t t = 0; t < a.ntok; ++t) a.y[t * a.rows + r] = out[t];
-        }
+        decode_rows<Self>(a, r0, r1);
     }
 };
 
