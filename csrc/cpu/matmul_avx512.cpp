@@ -1,9 +1,9 @@
-// x86-64 kernels for AVX-512 machines (F, BW, VL, DQ, VNNI, VBMI; compiled with those flags on top of AVX2's
-// and used only when the CPU has them). The AVX2 kernels with their integer products done by VNNI: vpdpbusd
-// sums four byte products into each int32 lane and vpdpwssd multiplies-and-adds pairs of int16 into int32,
-// in one instruction where AVX2 takes two or three. The lanes hold the same integers as AVX2's (no sum here
-// can saturate AVX2's int16 steps: |w| <= 128 with |x| <= 127, or |w| <= 64 with x + 128), and every float
-// operation is AVX2's, so the results are AVX2's bit for bit (tests/test_matmul.py checks it).
+// x86-64 kernels for AVX-512 machines (F, BW, VL, DQ, VNNI, VBMI, BITALG; compiled with those flags on top of
+// AVX2's and used only when the CPU has them). The AVX2 kernels with their integer products done by VNNI:
+// vpdpbusd sums four byte products into each int32 lane and vpdpwssd multiplies-and-adds pairs of int16 into
+// int32, in one instruction where AVX2 takes two or three. The lanes hold the same integers as AVX2's (no sum
+// here can saturate AVX2's int16 steps: |w| <= 128 with |x| <= 127, or |w| <= 64 with x + 128), and every
+// float operation is AVX2's, so the results are AVX2's bit for bit (tests/test_matmul.py checks it).
 #include <type_traits>
 
 #include "cpu/simd_avx2.h"
