@@ -21,7 +21,8 @@ from regolith import _core
 from tests import engine_cases as ec
 
 RECORD = json.loads(ec.LOGITS.read_text())
-SAME_BITS = {"avxvnni": "avx2", "avx512": "avx2"}  # kernels that must reproduce another ISA's results bit for bit
+# kernels that must reproduce another ISA's results bit for bit
+SAME_BITS = {"avxvnni": "avx2", "avx512": "avx2"}
 RECORDED = list(RECORD["isas"]) + [isa for isa, same in SAME_BITS.items() if same in RECORD["isas"]]
 ACTIVE = _core.isa()  # the kernels this CPU runs by default
 ISAS = sorted(set(RECORDED) | set(_core.available_isas()), key=lambda n: (n != ACTIVE, n))

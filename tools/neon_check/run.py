@@ -36,7 +36,9 @@ EPS32 = float(np.finfo(np.float32).eps)
 
 def build(out: str, dotprod: bool) -> None:
     sources = glob.glob(f"{ROOT}/csrc/core/*.cpp") + [
-        s for s in glob.glob(f"{ROOT}/csrc/cpu/*.cpp") if not s.endswith(("_avx2.cpp", "_avxvnni.cpp", "_avx512.cpp"))
+        s
+        for s in glob.glob(f"{ROOT}/csrc/cpu/*.cpp")
+        if not s.endswith(("_avx2.cpp", "_avxvnni.cpp", "_avx512.cpp"))
     ]
     # the backend registry asks for the CUDA and Metal backends; this build has neither
     sources += [f"{ROOT}/csrc/cuda/no_cuda.cpp", f"{ROOT}/csrc/metal/no_metal.cpp"]
