@@ -102,21 +102,24 @@ def test_float_matmul_matches_float64(name, ntok, isa):
     assert np.all(np.abs(y - ref) <= bound)
 
 
+def _weights(name: str, rows: int, cols: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """A random weight matrix of a quant type or F32 / F16 / BF16, as raw rows, and its type id."""
+    if name not in FLOAT_TYPES:
+        return random_matrix(name, rows, cols, rng), TYPE_IDS[name]
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    if name == "BF16":
+        raw = (w.view(np.uint32) >> 16).astype(np.uint16)
+    else:
+        raw = np.ascontiguousarray(w.astype(np.float16) if name == "F16" else w)
+    return raw.view(np.uint8).reshape(rows, -1), FLOAT_TYPES[name][0]
+
+
 @pytest.mark.parametrize("name", QUANT_TYPES + list(FLOAT_TYPES))
 def test_rows_do_not_depend_on_ntok(name, isa):
     """Backend::matmul's contract: y[t] is bit for bit the same in decode (ntok <= 8) and prefill tiles."""
     rng = np.random.default_rng([len(name), 3])
     cols = 512
-    if name in FLOAT_TYPES:
-        w = rng.standard_normal((21, cols)).astype(np.float32)
-        raw = (
-            np.ascontiguousarray(w.astype(np.float16) if name == "F16" else w).view(np.uint8).reshape(21, -1)
-        )
-        if name == "BF16":
-            raw = (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(21, -1)
-        type_id = FLOAT_TYPES[name][0]
-    else:
-        raw, type_id = random_matrix(name, 21, cols, rng), TYPE_IDS[name]
+    raw, type_id = _weights(name, 21, cols, rng)
     x = rng.standard_normal((37, cols)).astype(np.float32)
     whole = _core.matmul(type_id, raw, cols, x)
     for n in (1, 3, 8):
@@ -185,16 +188,7 @@ def test_vnni_sets_equal_avx2_bit_for_bit(name, fast):
         pytest.skip(f"this CPU (or build) has no {fast} kernels (available: {', '.join(ISAS)})")
     rng = np.random.default_rng([len(name), 11])
     cols = 1024
-    if name in FLOAT_TYPES:
-        w = rng.standard_normal((19, cols)).astype(np.float32)
-        raw = (
-            np.ascontiguousarray(w.astype(np.float16) if name == "F16" else w).view(np.uint8).reshape(19, -1)
-        )
-        if name == "BF16":
-            raw = (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(19, -1)
-        type_id = FLOAT_TYPES[name][0]
-    else:
-        raw, type_id = random_matrix(name, 19, cols, rng), TYPE_IDS[name]
+    raw, type_id = _weights(name, 19, cols, rng)
     before = _core.isa()
     try:
         for ntok in (1, 3, 8, 21):
