@@ -1,13 +1,18 @@
 // Gated DeltaNet (model/gated_delta_net.h has the equations): the causal depthwise conv with its state, the
-// q/k normalisation and gates, and the delta-rule recurrence — one token at a time (transformers'
-// torch_recurrent_gated_delta_rule) or in chunks (torch_chunk_gated_delta_rule, WY/UT form) — per value head
-// on the thread pool.
+// q/k normalisation and gates, and the delta-rule recurrence per value head on the thread pool (the head
+// scan itself, one token at a time or in chunks, is cpu/gdn_scan_impl.h).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
+
 #include "core/thread_pool.h"
+#include "cpu/gdn_scan.h"
+#include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/nn.h"
 
@@ -21,99 +26,46 @@ using nn::silu;
 
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
 
-// y[j] += a * x[j]
-void axpy(float a, const float* x, float* y, int64_t n) {
-    for (int64_t j = 0; j < n; ++j) y[j] += a * x[j];
+// The widest head scan the active kernel set allows (each computes the portable result bit for bit).
+GdnHeadScan head_scan_kernel() {
+    switch (active_isa()) {
+#if defined(RG_HAVE_AVX512)
+        case Isa::Avx512:
+            return gdn_head_scan_avx512;
+#endif
+#if defined(RG_HAVE_AVX2)
+        case Isa::Avx2:
+        case Isa::AvxVnni:
+            return gdn_head_scan_avx2;
+#endif
+        default:
+            return gdn_head_scan_portable;
+    }
 }
 
-// Per-token inputs of one value head after the conv, as strided views into the [ntok][conv_dim] rows.
-struct HeadInputs {
-    const float* q;     // q of token t: q + t * stride, [k_dim], normalised and scaled
-    const float* k;     // [k_dim], normalised
-    const float* v;     // [v_dim]
-    int64_t stride;     // floats between tokens
-    const float* g;     // g of token t: g[t * gstride], log decay (<= 0)
-    const float* beta;  // beta[t * gstride]
-    int64_t gstride;
+// Subnormal floats cost a microcode assist per operation on x86, and the scan makes them wherever a head's
+// decay is strong (exps of cumulated log decays, states decaying towards zero): a prefill at Flash-Next's
+// shapes ran 2x slower with its random A_log than with mild decays. The scan flushes subnormal inputs and
+// results to zero instead (MXCSR FTZ + DAZ; FPCR.FZ on arm64), on the calling thread while it runs.
+class FlushSubnormals {
+public:
+#if defined(__x86_64__) || defined(_M_X64)
+    FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+    ~FlushSubnormals() { _mm_setcsr(saved_); }
+
+private:
+    unsigned saved_;
+#elif defined(__aarch64__)
+    FlushSubnormals() {
+        asm volatile("mrs %0, fpcr" : "=r"(saved_));
+        asm volatile("msr fpcr, %0" : : "r"(saved_ | (uint64_t(1) << 24)));
+    }
+    ~FlushSubnormals() { asm volatile("msr fpcr, %0" : : "r"(saved_)); }
+
+private:
+    uint64_t saved_;
+#endif
 };
-
-// The delta rule one token at a time. S: [k_dim][v_dim]; out of token t: out + t * ostride, [v_dim].
-void recurrent_scan(const HeadInputs& in, int64_t ntok, int64_t dk, int64_t dv, float* S, float* out,
-                    int64_t ostride) {
-    std::vector<float> delta(static_cast<size_t>(dv));  // [v_dim]
-    for (int64_t t = 0; t < ntok; ++t) {
-        const float* q = in.q + t * in.stride;
-        const float* k = in.k + t * in.stride;
-        const float* v = in.v + t * in.stride;
-        const float decay = std::exp(in.g[t * in.gstride]), b = in.beta[t * in.gstride];
-        for (int64_t i = 0; i < dk * dv; ++i) S[i] *= decay;
-        std::fill(delta.begin(), delta.end(), 0.0f);
-        for (int64_t i = 0; i < dk; ++i) axpy(k[i], S + i * dv, delta.data(), dv);  // kv_mem = S^T k
-        for (int64_t j = 0; j < dv; ++j) delta[j] = (v[j] - delta[j]) * b;
-        for (int64_t i = 0; i < dk; ++i) axpy(k[i], delta.data(), S + i * dv, dv);  // S += k delta^T
-        float* o = out + t * ostride;
-        std::fill(o, o + dv, 0.0f);
-        for (int64_t i = 0; i < dk; ++i) axpy(q[i], S + i * dv, o, dv);  // o = S^T q
-    }
-}
-
-// The same recurrence in chunks of C tokens: within a chunk, with cum = cumsum(g) and
-// T = I + strict_lower(beta_i k_i.k_j exp(cum_i - cum_j)),
-//   U = T^-1 (beta v),  W = T^-1 (beta exp(cum) k),  v_new = U - W S
-//   o_i = exp(cum_i) q_i S + sum_{j<=i} (q_i.k_j) exp(cum_i - cum_j) v_new_j
-//   S  <- exp(cum_last) S + sum_j exp(cum_last - cum_j) k_j v_new_j^T
-void chunked_scan(const HeadInputs& in, int64_t ntok, int64_t dk, int64_t dv, int64_t C, float* S, float* out,
-                  int64_t ostride) {
-    std::vector<float> cum(static_cast<size_t>(C));       // [C]
-    std::vector<float> A(static_cast<size_t>(C * C));     // [C][C], strictly lower part used
-    std::vector<float> U(static_cast<size_t>(C * dv));    // [C][v_dim]: new values, then v_new
-    std::vector<float> W(static_cast<size_t>(C * dk));    // [C][k_dim]
-    std::vector<float> dS(static_cast<size_t>(dk * dv));  // [k_dim][v_dim]: this chunk's state update
-    for (int64_t c0 = 0; c0 < ntok; c0 += C) {
-        const int64_t L = std::min(C, ntok - c0);
-        auto q = [&](int64_t i) { return in.q + (c0 + i) * in.stride; };
-        auto k = [&](int64_t i) { return in.k + (c0 + i) * in.stride; };
-        auto v = [&](int64_t i) { return in.v + (c0 + i) * in.stride; };
-        auto beta = [&](int64_t i) { return in.beta[(c0 + i) * in.gstride]; };
-        float acc = 0.0f;
-        for (int64_t i = 0; i < L; ++i) cum[i] = acc += in.g[(c0 + i) * in.gstride];
-
-        for (int64_t i = 0; i < L; ++i)
-            for (int64_t j = 0; j < i; ++j) A[i * C + j] = beta(i) * dot(k(i), k(j), dk) * std::exp(cum[i] - cum[j]);
-
-        // Forward substitution: X_i = B_i - sum_{j<i} A_ij X_j.
-        for (int64_t i = 0; i < L; ++i) {
-            float* u = &U[i * dv];
-            float* w = &W[i * dk];
-            const float bi = beta(i), bdi = beta(i) * std::exp(cum[i]);
-            for (int64_t j = 0; j < dv; ++j) u[j] = v(i)[j] * bi;
-            for (int64_t j = 0; j < dk; ++j) w[j] = k(i)[j] * bdi;
-            for (int64_t j = 0; j < i; ++j) {
-                axpy(-A[i * C + j], &U[j * dv], u, dv);
-                axpy(-A[i * C + j], &W[j * dk], w, dk);
-            }
-        }
-        // v_new = U - W S (reads the state before this chunk).
-        for (int64_t i = 0; i < L; ++i)
-            for (int64_t m = 0; m < dk; ++m) axpy(-W[i * dk + m], S + m * dv, &U[i * dv], dv);
-
-        for (int64_t i = 0; i < L; ++i) {
-            float* o = out + (c0 + i) * ostride;
-            std::fill(o, o + dv, 0.0f);
-            const float di = std::exp(cum[i]);
-            for (int64_t m = 0; m < dk; ++m) axpy(q(i)[m] * di, S + m * dv, o, dv);
-            for (int64_t j = 0; j <= i; ++j) axpy(dot(q(i), k(j), dk) * std::exp(cum[i] - cum[j]), &U[j * dv], o, dv);
-        }
-
-        const float last = cum[L - 1], dlast = std::exp(last);
-        std::fill(dS.begin(), dS.end(), 0.0f);
-        for (int64_t j = 0; j < L; ++j) {
-            const float dj = std::exp(last - cum[j]);
-            for (int64_t m = 0; m < dk; ++m) axpy(k(j)[m] * dj, &U[j * dv], &dS[m * dv], dv);
-        }
-        for (int64_t i = 0; i < dk * dv; ++i) S[i] = S[i] * dlast + dS[i];
-    }
-}
 
 }  // namespace
 
@@ -177,22 +129,15 @@ void gdn_scan(const Rows& qkv, const Rows& g, const Rows& beta, const std::vecto
         const float* bt = beta.row(s.t0);
         float* core = out.row(s.t0);
         // v head h reads k head h % n_k (tiled order); heads spread over the pool.
+        const GdnHeadScan scan = head_scan_kernel();
         default_pool()->parallel_for(nv, 1, [&](int64_t h0, int64_t h1) {
+            const FlushSubnormals flush;
             for (int64_t h = h0; h < h1; ++h) {
                 const int64_t kh = h % nk;
-                const HeadInputs in{conv + kh * dk, conv + kd + kh * dk, conv + 2 * kd + h * dv, cs, gt + h, bt + h, gs};
-                float* S = s.state.row(0) + h * hs;
-                if (s.after) {
-                    for (int64_t t = 0; t < s.ntok; ++t) {
-                        const HeadInputs it{in.q + t * cs, in.k + t * cs, in.v + t * cs, cs, in.g + t * gs, in.beta + t * gs, gs};
-                        recurrent_scan(it, 1, dk, dv, S, core + t * os + h * dv, os);
-                        std::memcpy(s.after.row(t) + h * hs, S, size_t(hs) * sizeof(float));
-                    }
-                } else if (s.ntok == 1) {
-                    recurrent_scan(in, 1, dk, dv, S, core + h * dv, os);
-                } else {
-                    chunked_scan(in, s.ntok, dk, dv, chunk, S, core + h * dv, os);
-                }
+                const GdnHead in{conv + kh * dk, conv + kd + kh * dk, conv + 2 * kd + h * dv, cs, gt + h, bt + h, gs};
+                float* after = s.after ? s.after.row(0) + h * hs : nullptr;
+                const int64_t as = s.after ? s.after.stride / int64_t(sizeof(float)) : 0;
+                scan(in, s.ntok, dk, dv, chunk, {s.state.row(0) + h * hs, core + h * dv, os, after, as});
             }
         });
     }

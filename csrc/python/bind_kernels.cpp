@@ -2,6 +2,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -90,11 +91,51 @@ double time_matmul(uint32_t type, Weights pool, int64_t rows, int64_t cols, Acts
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+using Floats = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+
+// The CPU delta-rule scan of one sequence (cpu::gdn_scan) on prepared inputs: qkv [ntok][conv_dim] (q and k
+// normalised), g and beta [ntok][n_v], state [n_v][k_dim][v_dim]. Returns (out [ntok][n_v * v_dim], the state
+// after the last token, the state after each token [ntok][n_v * k_dim * v_dim] or None).
+nb::tuple gdn_scan(Floats qkv, Floats g, Floats beta, Floats state, int64_t n_k_heads, int64_t chunk, bool after) {
+    if (qkv.ndim() != 2 || g.ndim() != 2 || beta.ndim() != 2 || state.ndim() != 3)
+        throw nb::value_error("qkv, g, beta must be 2-D and state 3-D");
+    const int64_t ntok = int64_t(qkv.shape(0)), nv = int64_t(state.shape(0));
+    const regolith::GdnDims d{n_k_heads, nv, int64_t(state.shape(1)), int64_t(state.shape(2))};
+    if (ntok < 1 || chunk < 1 || n_k_heads < 1 || nv % n_k_heads != 0 || int64_t(qkv.shape(1)) != d.conv_dim() ||
+        int64_t(g.shape(0)) != ntok || int64_t(g.shape(1)) != nv || int64_t(beta.shape(0)) != ntok ||
+        int64_t(beta.shape(1)) != nv)
+        throw nb::value_error("shapes disagree: qkv [ntok][conv_dim], g and beta [ntok][n_v], state [n_v][k][v]");
+    const int64_t hs = d.k_dim * d.v_dim;
+    std::vector<float> q(qkv.data(), qkv.data() + ntok * d.conv_dim()), gv(g.data(), g.data() + ntok * nv),
+        bv(beta.data(), beta.data() + ntok * nv);
+    float *o, *s, *a = nullptr;
+    Out out = new_array({size_t(ntok), size_t(d.value_dim())}, &o);
+    auto st = new_array({size_t(nv), size_t(d.k_dim), size_t(d.v_dim)}, &s);
+    std::copy(state.data(), state.data() + nv * hs, s);
+    nb::object aft = nb::none();
+    if (after) aft = nb::cast(new_array({size_t(ntok), size_t(nv * hs)}, &a));
+    {
+        nb::gil_scoped_release release;
+        using regolith::cpu::Rows;
+        auto rows = [](float* p, int64_t r, int64_t c) {
+            return Rows{reinterpret_cast<uint8_t*>(p), RG_TYPE_F32, r, c, c * int64_t(sizeof(float))};
+        };
+        const regolith::cpu::GdnSeqRows seq{rows(s, 1, nv * hs), a ? rows(a, ntok, nv * hs) : Rows{}, 0, ntok};
+        regolith::cpu::gdn_scan(rows(q.data(), ntok, d.conv_dim()), rows(gv.data(), ntok, nv),
+                                rows(bv.data(), ntok, nv), {seq}, d, chunk, rows(o, ntok, d.value_dim()));
+    }
+    return nb::make_tuple(out, st, aft);
+}
+
 }  // namespace
 
 void init_kernels(nb::module_& m) {
     m.def("matmul", &matmul, nb::arg("type_id"), nb::arg("w"), nb::arg("cols"), nb::arg("x"),
           "y[t, r] = sum_c W[r, c] x[t, c] by the CPU kernels. w: uint8 (rows, row_bytes); x: float32 (ntok, cols).");
+    m.def("gdn_scan", &gdn_scan, nb::arg("qkv"), nb::arg("g"), nb::arg("beta"), nb::arg("state"),
+          nb::arg("n_k_heads"), nb::arg("chunk"), nb::arg("after") = false,
+          "The CPU kernels' Gated DeltaNet scan of one sequence (chunks of `chunk` tokens, or token by token with "
+          "`after`): (out [ntok][n_v * v_dim], final state, per-token states or None).");
     m.def("decode_blocks", &decode_blocks, nb::arg("type_id"), nb::arg("data"), nb::arg("n"),
           "Decode quantized data into (int8 codes, scale per group, bias per group or None, group size).");
     m.def("time_matmul", &time_matmul, nb::arg("type_id"), nb::arg("pool"), nb::arg("rows"), nb::arg("cols"),
@@ -103,7 +144,7 @@ void init_kernels(nb::module_& m) {
           "Elements per activation quantization block the active kernels use for a weight type (32 or 128).");
     m.def(
         "set_isa", [](const std::string& name) { regolith::cpu::set_active_isa(regolith::cpu::isa_from_name(name)); },
-        nb::arg("name"), "Select the CPU kernels: 'scalar', 'avx2' or 'neon'.");
+        nb::arg("name"), "Select the CPU kernels: 'scalar', 'avx2', 'avxvnni', 'avx512' or 'neon'.");
     m.def("isa", [] { return std::string(regolith::cpu::isa_name(regolith::cpu::active_isa())); });
     m.def("available_isas", [] {
         std::vector<std::string> out;

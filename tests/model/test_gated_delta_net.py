@@ -256,6 +256,110 @@ def test_gdn_state_copy_and_reset(tmp_path):
     np.testing.assert_array_equal(layer.forward(x, state), layer.forward(x, layer.new_state()))
 
 
+def scan_inputs(seed: int, ntok: int, nk: int, nv: int, dk: int, dv: int, max_decay: float):
+    """Inputs of the bare scan as gdn_prepare leaves them: unit q and k per head (the kernel's q also scaled by
+    dk^-1/2), log decays in [-max_decay, 0], beta in (0, 1), a random initial state."""
+    rng = np.random.default_rng(seed)
+
+    def unit(a):
+        return (a / np.sqrt((a * a).sum(-1, keepdims=True))).astype(np.float32)
+
+    q, k = unit(rng.standard_normal((ntok, nk, dk))), unit(rng.standard_normal((ntok, nk, dk)))
+    v = rng.standard_normal((ntok, nv, dv)).astype(np.float32)
+    g = (-rng.uniform(0, max_decay, (ntok, nv))).astype(np.float32)
+    beta = rng.uniform(0, 1, (ntok, nv)).astype(np.float32)
+    state = (0.1 * rng.standard_normal((nv, dk, dv))).astype(np.float32)
+    qkv = np.concatenate(
+        [(q * np.float32(dk**-0.5)).reshape(ntok, -1), k.reshape(ntok, -1), v.reshape(ntok, -1)], 1
+    )
+    return (q, k, v, g, beta, state), qkv
+
+
+def transformers_scan(q, k, v, g, beta, state):
+    """transformers' token-by-token delta rule; v head h reads k head h % n_k (GGUF's tiled order)."""
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import torch_recurrent_gated_delta_rule
+
+    heads = [h % q.shape[1] for h in range(v.shape[1])]
+
+    def t(a):
+        return torch.from_numpy(np.ascontiguousarray(a))[None]
+
+    with torch.no_grad():
+        out, final = torch_recurrent_gated_delta_rule(
+            t(q[:, heads]),
+            t(k[:, heads]),
+            t(v),
+            t(g),
+            t(beta),
+            initial_state=t(state),
+            output_final_state=True,
+        )
+    return out[0].reshape(len(q), -1).numpy(), final[0].numpy()
+
+
+SCAN_SHAPES = {
+    # name: (n_k, n_v, k_dim, v_dim): Flash-Next's heads; column counts that leave vector and scalar tails
+    "k2v4-128x128": (2, 4, 128, 128),
+    "k1v3-32x80": (1, 3, 32, 80),
+    "k2v2-24x20": (2, 2, 24, 20),
+}
+
+
+@pytest.mark.parametrize("shape", list(SCAN_SHAPES))
+@pytest.mark.parametrize("max_decay", [0.5, 80.0], ids=["mild-decay", "strong-decay"])
+def test_gdn_scan_matches_transformers_recurrence(shape, max_decay):
+    """The bare CPU scan, chunked (64, with a partial last chunk), token by token with per-token states, and
+    one token, against transformers' recurrence. Strong decays drive products and states into the subnormal
+    range, which the scan flushes to zero (cpu/gdn.cpp): far below the tolerance."""
+    nk, nv, dk, dv = SCAN_SHAPES[shape]
+    ntok = 150
+    inputs, qkv = scan_inputs(7, ntok, nk, nv, dk, dv, max_decay)
+    ref_out, ref_state = transformers_scan(*inputs)
+    _, _, _, g, beta, state = inputs
+    out, final, after = _core.gdn_scan(qkv, g, beta, state, nk, 64)
+    assert after is None
+    assert rel_err(out, ref_out) <= TOL_F32 and rel_err(final, ref_state) <= TOL_F32
+    steps, final_steps, after = _core.gdn_scan(qkv, g, beta, state, nk, 64, after=True)
+    assert rel_err(steps, ref_out) <= TOL_F32 and rel_err(final_steps, ref_state) <= TOL_F32
+    assert after.shape == (ntok, nv * dk * dv)
+    np.testing.assert_array_equal(after[-1], final_steps.ravel())
+    one, state1, _ = _core.gdn_scan(qkv[:1], g[:1], beta[:1], state, nk, 64)
+    np.testing.assert_array_equal(one, steps[:1])
+    np.testing.assert_array_equal(state1.ravel(), after[0])
+
+
+@pytest.mark.parametrize("shape", list(SCAN_SHAPES))
+def test_gdn_scan_every_isa_gives_the_portable_bits(shape):
+    """The scan is compiled per instruction set (cpu/gdn_scan_impl.h); each must reproduce the portable
+    build's float32 bits: chunked, token by token, and through the subnormal flush."""
+    nk, nv, dk, dv = SCAN_SHAPES[shape]
+    (_, _, _, g, beta, state), qkv = scan_inputs(8, 70, nk, nv, dk, dv, 80.0)
+    before = _core.isa()
+    runs = {}
+    try:
+        for isa in _core.available_isas():
+            _core.set_isa(isa)
+            chunked = _core.gdn_scan(qkv, g, beta, state, nk, 64)[:2]
+            steps = _core.gdn_scan(qkv, g, beta, state, nk, 64, after=True)
+            runs[isa] = [a.view(np.uint32) for a in (*chunked, *steps)]
+    finally:
+        _core.set_isa(before)
+    if len(runs) < 2:
+        pytest.skip(f"this CPU offers one kernel set ({', '.join(runs)}): nothing to compare")
+    portable = "scalar" if "scalar" in runs else next(iter(runs))
+    for isa, got in runs.items():
+        for a, b in zip(got, runs[portable], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"{isa} differs from {portable}")
+
+
+def test_gdn_scan_bad_shapes_raise():
+    (_, _, _, g, beta, state), qkv = scan_inputs(9, 4, 1, 2, 8, 8, 1.0)
+    with pytest.raises(ValueError, match="shapes disagree"):
+        _core.gdn_scan(qkv[:, 1:], g, beta, state, 1, 64)
+    with pytest.raises(ValueError, match="shapes disagree"):
+        _core.gdn_scan(qkv, g, beta, state, 3, 64)
+
+
 def quantize_activations_q8(module, args):
     """Forward pre-hook: the CPU kernels' int8 activation rounding for Q8_0 weights (per 32, amax/127)."""
     x = args[0]
