@@ -148,13 +148,14 @@ struct SimdAvx512 : SimdAvx2 {
                                    : _mm256_set1_ps(s_lo);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
     }
-    // The prefill tile's two rows in one zmm: row a in the low 256 bits, row b in the high. The weights'
-    // signs go onto the activations (a masked negation) and their magnitudes into vpdpbusd, which gives
-    // dot32x's int32 lanes; the scales (s * d) and the multiply-add are dot32x's per lane.
+    // The prefill tile's two rows in one zmm: row a in the low 256 bits, row b in the high. The activations
+    // come in the offset form (x + 128, unsigned) and the weights' codes as they are (signed) into vpdpbusd,
+    // whose int32 sums start from minus the offset's share, -128 * (w . 1) per lane, made once per chunk for
+    // every token: dot32x's int32 lanes without a sign fix-up per token. The scales (s * d) and the
+    // multiply-add are dot32x's per lane.
     using Acc2 = __m512;
     struct W2 {
-        __m512i abs;
-        __mmask64 neg;
+        __m512i w, base;
     };
     static Acc2 zero2() { return _mm512_setzero_ps(); }
     static Acc lo(Acc2 a) { return _mm512_castps512_ps256(a); }
@@ -162,17 +163,17 @@ struct SimdAvx512 : SimdAvx2 {
     static W2 load_w2(const int8_t* wa, const int8_t* wb) {
         const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wa))),
                                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb)), 1);
-        return {_mm512_abs_epi8(w), _mm512_movepi8_mask(w)};
+        const __m512i share = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), w);
+        return {w, _mm512_sub_epi32(_mm512_setzero_si512(), share)};
     }
     // lanes 0-3: sa_lo, 4-7: sa_hi, 8-11: sb_lo, 12-15: sb_hi
     static Acc2 scales2(float sa_lo, float sa_hi, float sb_lo, float sb_hi) {
         return _mm512_setr_ps(sa_lo, sa_lo, sa_lo, sa_lo, sa_hi, sa_hi, sa_hi, sa_hi, sb_lo, sb_lo, sb_lo, sb_lo, sb_hi,
                               sb_hi, sb_hi, sb_hi);
     }
-    static void dot32x2(const W2& w, const int8_t* x, Acc2 ws, float d, Acc2& acc) {
-        const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
-        const __m512i xs = _mm512_mask_sub_epi8(xv, w.neg, _mm512_setzero_si512(), xv);
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.abs, xs);
+    static void dot32x2(const W2& w, const uint8_t* xu, Acc2 ws, float d, Acc2& acc) {
+        const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xu)));
+        const __m512i s = _mm512_dpbusd_epi32(w.base, xv, w.w);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_set1_ps(d)), acc);
     }
     // The integer-scale products of two rows, row a in the low 256 bits: SimdAvx2's vpmaddubsw / vpmaddwd

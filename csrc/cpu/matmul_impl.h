@@ -107,8 +107,11 @@ struct QuantKernel {
     // Signed codes of at most 64 in magnitude (Q3_K: -4..3, Q6_K: -32..31) take the offset form where the
     // ISA has it: the activations as x + 128 need no sign fix-up per token and chunk, and the offset's
     // share, 128 * (w . 1) per lane, is taken once per row and half block (the int32 sums are the same).
-    static constexpr bool OFFSET = INT && simd_has_offset_dot<S>::value &&
-                                   (D::TYPE == RG_TYPE_Q3_K || D::TYPE == RG_TYPE_Q6_K);
+    // The float-scale types' two-row prefill tiles (S::dot32x2) read the offset form too: vpdpbusd sums four
+    // byte products straight into int32, so any signed code fits.
+    static constexpr bool OFFSET = (INT && simd_has_offset_dot<S>::value &&
+                                    (D::TYPE == RG_TYPE_Q3_K || D::TYPE == RG_TYPE_Q6_K)) ||
+                                   (!INT && simd_has_pair_dot<S>::value);
 
     // Tokens [t0, t1) (at most kMaxTok) as the integer-scale products read them: codes (xq, or xu for the
     // offset form) stride apart, and the activation scales transposed, xdt[block * kMaxTok + token], so that
@@ -348,7 +351,7 @@ struct QuantKernel {
                 const int64_t g = c / G, g2 = G == 16 ? g + 1 : g;
                 const typename S::Acc2 ws = S::scales2(ra.scale[g], ra.scale[g2], rb.scale[g], rb.scale[g2]);
                 for (int t = 0; t < NT; ++t)
-                    S::dot32x2(w, a.xq + (t0 + t) * cols + c, ws, a.xd[(t0 + t) * (cols / 32) + c / 32], acc[t]);
+                    S::dot32x2(w, a.xu + (t0 + t) * cols + c, ws, a.xd[(t0 + t) * (cols / 32) + c / 32], acc[t]);
             }
             for (int t = 0; t < NT; ++t) {
                 oa[t] = S::hsum(S::lo(acc[t])) + row_bias(ra, a, t0 + t);
@@ -386,7 +389,7 @@ struct QuantKernel {
         const int64_t ng = a.cols / G;
         int64_t t0 = 0;
         if constexpr (!INT) {
-            constexpr int NT = 4;
+            constexpr int NT = simd_has_pair_dot<S>::value ? 8 : 4;
             for (; t0 + NT <= a.ntok; t0 += NT) {
                 int64_t r = p0;
                 for (; r + 2 <= p1; r += 2) {
