@@ -222,7 +222,9 @@ for i in itertools.count():
 
 
 def test_kill_9_while_storing_leaves_a_valid_cache(tiny_path, tmp_path):
-    # Kill at different moments until one kill has landed mid-save (a temporary file is left).
+    # Kill as soon as a save's temporary file shows up, until one kill has landed before its rename (the
+    # file is left). Watching for the file, not a timer, keeps this independent of how long evaluation
+    # takes beside the saves (the Metal emulator's is slow, a loaded machine's too).
     for attempt in range(40):
         proc = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(_STORER), tiny_path, str(tmp_path), str(attempt)],
@@ -230,7 +232,9 @@ def test_kill_9_while_storing_leaves_a_valid_cache(tiny_path, tmp_path):
             cwd=ROOT,
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-        time.sleep(0.15 + 0.007 * (attempt % 12))
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not any(tmp_path.glob("*/.*.tmp")):
+            pass
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         leftovers = list(tmp_path.glob("*/.*.tmp"))
