@@ -31,6 +31,15 @@ inline void store_signs(__m256i signs, GridPrep& p) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.neg), signs);
 }
 
+// Sub-scales 2s + 1 of 4-bit fields s, low nibble first (IntScales of IQ2_XS and IQ3_S): the bytes' 16
+// nibbles as int16 in the low 256 bits.
+inline __m512i odd_nibble_scales(__m128i bytes) {
+    const __m128i nib = _mm_set1_epi8(0x0f);
+    const __m128i s = _mm_unpacklo_epi8(_mm_and_si128(bytes, nib), _mm_and_si128(_mm_srli_epi16(bytes, 4), nib));
+    const __m256i w = _mm256_cvtepu8_epi16(s);
+    return _mm512_castsi256_si512(_mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1)));
+}
+
 struct Iq2xsGrid {
     using Block = block_iq2_xs;
     static constexpr uint32_t TYPE = RG_TYPE_IQ2_XS;
@@ -47,12 +56,8 @@ struct Iq2xsGrid {
                                       reinterpret_cast<const long long*>(rg_iq2xs_grid), 8);
     }
     static __m512i scales(const Block& b, float& ds) {
-        const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.scales));
-        const __m128i nib = _mm_set1_epi8(0x0f);
-        const __m128i sc = _mm_unpacklo_epi8(_mm_and_si128(v, nib), _mm_and_si128(_mm_srli_epi16(v, 4), nib));
-        const __m256i w = _mm256_cvtepu8_epi16(sc);
         ds = half_scale(b.d) * 0.125f;
-        return _mm512_castsi256_si512(_mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1)));
+        return odd_nibble_scales(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.scales)));
     }
 };
 
@@ -106,10 +111,10 @@ struct Iq3sGrid {
         return _mm512_i32gather_epi32(idx, reinterpret_cast<const int*>(rg_iq3s_grid), 4);
     }
     static __m512i scales(const Block& b, float& ds) {
-        int16_t isc[8];
-        for (int g = 0; g < 8; ++g) isc[g] = int16_t(1 + 2 * ((b.scales[g >> 1] >> (4 * (g & 1))) & 0x0f));
+        uint32_t bytes;
+        __builtin_memcpy(&bytes, b.scales, 4);
         ds = half_scale(b.d);
-        return _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(isc)));
+        return odd_nibble_scales(_mm_cvtsi32_si128(int32_t(bytes)));
     }
 };
 
@@ -134,20 +139,13 @@ using Avx512Codes = std::conditional_t<
     std::conditional_t<TYPE == RG_TYPE_IQ2_XXS, GridCodes<Iq2xxsGrid>,
                        std::conditional_t<TYPE == RG_TYPE_IQ3_S, GridCodes<Iq3sGrid>, Avx2Codes<TYPE>>>>;
 
-struct SimdAvx512 : SimdAvx2 {
+struct EvexDpbusd {
+    static __m256i dpbusd(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+};
+
+struct SimdAvx512 : SimdAvx2Vnni<EvexDpbusd> {
     template <uint32_t TYPE>
     using Codes = Avx512Codes<TYPE>;
-    template <bool SPLIT>
-    static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
-        dot32x<SPLIT>(w, load_x(x), s_lo, s_hi, acc);
-    }
-    template <bool SPLIT>
-    static void dot32x(const W& w, const X& xv, float s_lo, float s_hi, Acc& acc) {
-        const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w.abs, _mm256_sign_epi8(xv, w.w));
-        const __m256 scale = SPLIT ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s_lo)), _mm_set1_ps(s_hi), 1)
-                                   : _mm256_set1_ps(s_lo);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
-    }
     // The prefill tile's two rows in one zmm: row a in the low 256 bits, row b in the high. The activations
     // come in the offset form (x + 128, unsigned) and the weights' codes as they are (signed) into vpdpbusd,
     // whose int32 sums start from minus the offset's share, -128 * (w . 1) per lane, made once per chunk for

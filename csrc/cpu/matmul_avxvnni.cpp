@@ -8,19 +8,10 @@
 namespace regolith::cpu {
 namespace {
 
-struct SimdAvxVnni : SimdAvx2 {
-    template <bool SPLIT>
-    static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
-        dot32x<SPLIT>(w, load_x(x), s_lo, s_hi, acc);
-    }
-    template <bool SPLIT>
-    static void dot32x(const W& w, const X& xv, float s_lo, float s_hi, Acc& acc) {
-        const __m256i s = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w.abs, _mm256_sign_epi8(xv, w.w));
-        const __m256 scale = SPLIT ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s_lo)), _mm_set1_ps(s_hi), 1)
-                                   : _mm256_set1_ps(s_lo);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
-    }
+struct VexDpbusd {
+    static __m256i dpbusd(__m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s); }
 };
+using SimdAvxVnni = SimdAvx2Vnni<VexDpbusd>;
 
 }  // namespace
 

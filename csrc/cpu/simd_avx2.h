@@ -195,5 +195,24 @@ struct SimdAvx2 {
     }
 };
 
+// SimdAvx2 with the float-scale types' byte products through a VNNI vpdpbusd: V::dpbusd(u, s) sums four
+// unsigned x signed byte products into each int32 lane, the lanes vpmaddubsw + vpmaddwd(1) give (their int16
+// pair sums cannot saturate: |w| <= 128, |x| <= 127), so the results are SimdAvx2's bit for bit. V is the
+// instruction's encoding: AVX-VNNI's (VEX) or AVX-512 VNNI's (EVEX), each in the file compiled for it.
+template <class V>
+struct SimdAvx2Vnni : SimdAvx2 {
+    template <bool SPLIT>
+    static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc) {
+        dot32x<SPLIT>(w, load_x(x), s_lo, s_hi, acc);
+    }
+    template <bool SPLIT>
+    static void dot32x(const W& w, const X& xv, float s_lo, float s_hi, Acc& acc) {
+        const __m256i s = V::dpbusd(w.abs, _mm256_sign_epi8(xv, w.w));
+        const __m256 scale = SPLIT ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s_lo)), _mm_set1_ps(s_hi), 1)
+                                   : _mm256_set1_ps(s_lo);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
+    }
+};
+
 }  // namespace
 }  // namespace regolith::cpu
