@@ -23,6 +23,8 @@
 #define RG_ISA_NS isa_avx2
 #elif defined(__SSSE3__)
 #define RG_ISA_NS isa_ssse3
+#elif defined(__ARM_FEATURE_DOTPROD)
+#define RG_ISA_NS isa_neondot
 #elif defined(__ARM_NEON)
 #define RG_ISA_NS isa_neon
 #else

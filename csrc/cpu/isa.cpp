@@ -7,10 +7,17 @@
 
 #include "core/errors.h"
 
+#if defined(RG_HAVE_NEONDOT) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#elif defined(RG_HAVE_NEONDOT) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 namespace regolith::cpu {
 namespace {
 
-constexpr Isa kAll[] = {Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Neon};
+constexpr Isa kAll[] = {Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Neon, Isa::NeonDot};
 
 bool cpu_has(Isa isa) {
     switch (isa) {
@@ -47,6 +54,18 @@ bool cpu_has(Isa isa) {
 #else
             return false;
 #endif
+        case Isa::NeonDot:
+#if defined(RG_HAVE_NEONDOT) && defined(__APPLE__)
+        {
+            int v = 0;
+            size_t n = sizeof(v);
+            return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &n, nullptr, 0) == 0 && v != 0;
+        }
+#elif defined(RG_HAVE_NEONDOT) && defined(__linux__)
+            return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#else
+            return false;
+#endif
     }
     return false;
 }
@@ -79,6 +98,8 @@ std::string_view isa_name(Isa isa) {
             return "avx512";
         case Isa::Neon:
             return "neon";
+        case Isa::NeonDot:
+            return "neondot";
     }
     return "?";
 }
@@ -86,7 +107,7 @@ std::string_view isa_name(Isa isa) {
 Isa isa_from_name(std::string_view name) {
     for (Isa isa : kAll)
         if (isa_name(isa) == name) return isa;
-    throw Error("unknown instruction set '" + std::string(name) + "' (expected scalar, avx2, avxvnni, avx512 or neon)");
+    throw Error("unknown instruction set '" + std::string(name) + "' (expected scalar, avx2, avxvnni, avx512, neon or neondot)");
 }
 
 std::vector<Isa> available_isas() {

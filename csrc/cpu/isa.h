@@ -1,7 +1,7 @@
 // Instruction-set selection for the CPU kernels. The portable scalar kernels are always compiled; the
-// host's SIMD kernels (AVX2+FMA+F16C, AVX-VNNI and AVX-512 with VNNI and VBMI on x86-64, NEON on arm64) are
-// compiled when the target has them and used when the running CPU supports them.
-// REGOLITH_ISA=scalar|avx2|avxvnni|avx512|neon overrides at start-up.
+// host's SIMD kernels (AVX2+FMA+F16C, AVX-VNNI and AVX-512 with VNNI and VBMI on x86-64, NEON with and
+// without the dot-product extension on arm64) are compiled when the target has them and used when the
+// running CPU supports them. REGOLITH_ISA=scalar|avx2|avxvnni|avx512|neon|neondot overrides at start-up.
 #pragma once
 
 #include <string_view>
@@ -9,7 +9,7 @@
 
 namespace regolith::cpu {
 
-enum class Isa { Scalar, Avx2, AvxVnni, Avx512, Neon };  // x86-64 sets: each better than the one before
+enum class Isa { Scalar, Avx2, AvxVnni, Avx512, Neon, NeonDot };  // each better than the one before
 
 std::string_view isa_name(Isa isa);
 std::vector<Isa> available_isas();  // compiled in and supported by this CPU, best last

@@ -84,6 +84,9 @@ const KernelTable& kernels_avx512();
 #if defined(RG_HAVE_NEON)
 const KernelTable& kernels_neon();
 #endif
+#if defined(RG_HAVE_NEONDOT)
+const KernelTable& kernels_neondot();
+#endif
 
 // The activation block the active ISA's kernel for `type` expects (32 or 128; 0 for unsupported types).
 int activation_block(uint32_t type);

@@ -1,4 +1,5 @@
-// arm64 kernels: NEON (baseline on every arm64 CPU); the dot-product extension is used when compiled in.
+// arm64 kernels: NEON (baseline on every arm64 CPU); the dot-product extension is used when compiled in,
+// which matmul_neondot.cpp does for CPUs that report it at run time (a second kernel table, RG_NEON_TABLE).
 #include <arm_neon.h>
 
 #include <cstdint>
@@ -81,7 +82,11 @@ struct SimdNeon {
 
 }  // namespace
 
-const KernelTable& kernels_neon() {
+#ifndef RG_NEON_TABLE
+#define RG_NEON_TABLE kernels_neon
+#endif
+
+const KernelTable& RG_NEON_TABLE() {
     static const KernelTable table = make_kernel_table<SimdNeon>();
     return table;
 }

@@ -59,6 +59,10 @@ const KernelTable& active_table() {
         case Isa::Neon:
             return kernels_neon();
 #endif
+#if defined(RG_HAVE_NEONDOT)
+        case Isa::NeonDot:
+            return kernels_neondot();
+#endif
         default:
             return kernels_scalar();
     }

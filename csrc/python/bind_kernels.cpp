@@ -144,7 +144,7 @@ void init_kernels(nb::module_& m) {
           "Elements per activation quantization block the active kernels use for a weight type (32 or 128).");
     m.def(
         "set_isa", [](const std::string& name) { regolith::cpu::set_active_isa(regolith::cpu::isa_from_name(name)); },
-        nb::arg("name"), "Select the CPU kernels: 'scalar', 'avx2', 'avxvnni', 'avx512' or 'neon'.");
+        nb::arg("name"), "Select the CPU kernels: 'scalar', 'avx2', 'avxvnni', 'avx512', 'neon' or 'neondot'.");
     m.def("isa", [] { return std::string(regolith::cpu::isa_name(regolith::cpu::active_isa())); });
     m.def("available_isas", [] {
         std::vector<std::string> out;
