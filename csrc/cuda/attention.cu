@@ -1,21 +1,19 @@
 // Causal grouped-query attention over a dense KV cache (model/causal_attention.h): appending keys and values
-// (rounded to f16 for an F16 cache), then one block per (query, head): the scores of the visible keys in
-// shared memory, the softmax (probabilities rounded to f16 for an F16 cache, as the CPU's f16 products do)
-// and the weighted sum of the values, whose cache is transposed (attend_k says how the warps share it).
+// (rounded to f16 for an F16 cache, rows quantized for Q8_0 / I8: cache.cuh), then one block per (query,
+// head): the scores of the visible keys in shared memory, the softmax (probabilities rounded to f16 for an
+// F16 cache, as the CPU's f16 products do) and the weighted sum of the values, whose cache is transposed for
+// F16 / F32 and rows for Q8_0 / I8 (attend_k says how the warps share it).
 #include <cuda_fp16.h>
 
 #include <cfloat>
 
+#include "cuda/cache.cuh"
 #include "cuda/kernels.cuh"
 
 namespace regolith::cuda {
 
 namespace {
 
-__device__ inline float cache_at(const View& t, int64_t r, int64_t c) {
-    if (t.type == RG_TYPE_F16) return __half2float(t.row<const __half>(r)[c]);
-    return t.row(r)[c];
-}
 __device__ inline void cache_put(const View& t, int64_t r, int64_t c, float v) {
     if (t.type == RG_TYPE_F16)
         t.row<__half>(r)[c] = __float2half_rn(v);
@@ -34,10 +32,21 @@ __global__ void append_k(View k, View v, KvSeqView s, int64_t KV) {
     cache_put(s.vt, h * D + e, pos, v.row(s.t0 + t)[h * D + e]);
 }
 
+// Q8_0 / I8: a warp per (token, kv head) stores its key row and its value row.
+constexpr int kAppendWarps = 4;
+__global__ void append_rows_k(View k, View v, KvSeqView s, int64_t KV) {
+    pdl_begin();
+    const int64_t i = int64_t(blockIdx.x) * kAppendWarps + (threadIdx.x >> 5);
+    if (i >= s.ntok * KV) return;
+    const int64_t D = k.cols / KV, cap = s.k.rows / KV, t = i / KV, h = i % KV, r = h * cap + s.n0 + t;
+    cache_store_row(k.row(s.t0 + t) + h * D, s.k, s.k_scale, r);
+    cache_store_row(v.row(s.t0 + t) + h * D, s.v, s.v_scale, r);
+}
+
 // One block of kAttendWarps warps per (query, head). Scores: warp w takes keys w, w + kAttendWarps, ..., 4 at
 // a time, its lanes splitting each dot product; the softmax over the block; values: warp w takes value rows
-// (elements) e = w, w + kAttendWarps, ... of the transposed cache, its lanes splitting the keys (coalesced
-// reads), each row's lane sums added by a warp reduction. What a (query, head) computes depends on its keys
+// (elements) e = w, w + kAttendWarps, ... of the transposed cache (or column e of the value rows), its lanes
+// splitting the keys (coalesced reads of a transposed cache), each row's lane sums added by a warp reduction. What a (query, head) computes depends on its keys
 // only, not on the launch.
 constexpr int kAttendWarps = 8;
 
@@ -60,7 +69,7 @@ __global__ void attend_k(View q, KvSeqView s, AttentionShape sh, View out) {
             const float qe = qs[e];
 #pragma unroll
             for (int u = 0; u < 4; ++u)
-                if (j0 + u < n) dot[u] += qe * cache_at(s.k, kvh * cap + a + j0 + u, e);
+                if (j0 + u < n) dot[u] += qe * cache_elem(s.k, s.k_scale, kvh * cap + a + j0 + u, e);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) dot[u] = warp_sum(dot[u]);
@@ -82,7 +91,10 @@ __global__ void attend_k(View q, KvSeqView s, AttentionShape sh, View out) {
     float* o = out.row(s.t0 + t) + h * D;
     for (int64_t e = warp; e < D; e += kAttendWarps) {
         float acc = 0.0f;
-        for (int64_t j = lane; j < n; j += 32) acc += w[j] * cache_at(s.vt, kvh * D + e, a + j);
+        if (s.v)
+            for (int64_t j = lane; j < n; j += 32) acc += w[j] * cache_elem(s.v, s.v_scale, kvh * cap + a + j, e);
+        else
+            for (int64_t j = lane; j < n; j += 32) acc += w[j] * cache_elem(s.vt, View{}, kvh * D + e, a + j);
         acc = warp_sum(acc);
         if (lane == 0) o[e] = acc;
     }
@@ -93,7 +105,10 @@ __global__ void attend_k(View q, KvSeqView s, AttentionShape sh, View out) {
 void kv_append(cudaStream_t s, const View& k, const View& v, const std::vector<KvSeqView>& seqs, int64_t n_head_kv) {
     for (const KvSeqView& q : seqs) {
         if (q.ntok == 0) continue;
-        launch(append_k, grid(q.ntok * k.cols, 256), 256, 0, s, k, v, q, n_head_kv);
+        if (q.v)
+            launch(append_rows_k, grid(q.ntok * n_head_kv, kAppendWarps), 32 * kAppendWarps, 0, s, k, v, q, n_head_kv);
+        else
+            launch(append_k, grid(q.ntok * k.cols, 256), 256, 0, s, k, v, q, n_head_kv);
         RG_LAUNCHED("kv_append");
     }
 }

@@ -279,6 +279,9 @@ public:
     }
 
     const char* name() const override { return "cuda"; }
+    bool supports_cache(uint32_t type) const override {
+        return type == RG_TYPE_F32 || type == RG_TYPE_F16 || type == RG_TYPE_Q8_0 || type == RG_TYPE_I8;
+    }
 
     BackendBuffer* alloc(uint64_t bytes, MemoryUse) override {
         end_capture();
@@ -502,10 +505,14 @@ protected:
                        }),
                        d, use(out));
     }
+    void do_store_rows(const Tensor& x, const Tensor& dst, const Tensor& scale) override {
+        cuda::store_rows(op_stream(), use(x), use(dst), use(scale));
+    }
     std::vector<QsaSeqView> qsa(const QsaSeq* seqs, int64_t n) {
         return views<QsaSeq, QsaSeqView>(seqs, n, [this](const QsaSeq& q) {
-            return QsaSeqView{use(q.k), use(q.v), use(q.index_k), use(q.block_k),
-                              use(q.pos), q.n0, q.t0, q.ntok};
+            return QsaSeqView{use(q.k),           use(q.v),       use(q.index_k),       use(q.block_k),
+                              use(q.pos),         q.n0,           q.t0,                 q.ntok,
+                              use(q.k_scale),     use(q.v_scale), use(q.index_k_scale), use(q.block_k_scale)};
         });
     }
     void do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq, const Tensor& axis,
@@ -523,7 +530,7 @@ protected:
     }
     std::vector<KvSeqView> kv(const KvSeq* seqs, int64_t n) {
         return views<KvSeq, KvSeqView>(seqs, n, [this](const KvSeq& q) {
-            return KvSeqView{use(q.k), use(q.vt), q.n0, q.t0, q.ntok};
+            return KvSeqView{use(q.k), use(q.vt), q.n0, q.t0, q.ntok, use(q.v), use(q.k_scale), use(q.v_scale)};
         });
     }
     void do_kv_append(const Tensor& k, const Tensor& v, const KvSeq* seqs, int64_t n_seqs, int64_t n_head_kv) override {

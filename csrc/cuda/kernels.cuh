@@ -71,9 +71,11 @@ void gdn_prepare(cudaStream_t s, const View& qkv, const View& g, const View& bet
 void gdn_scan(cudaStream_t s, const View& qkv, const View& g, const View& beta, const std::vector<GdnSeqView>& seqs,
               const GdnDims& d, const View& out);
 
+// Caches of any type Backend::store_rows stores (cache.cuh), with their I8 row scales (else empty).
 struct QsaSeqView {
     View k, v, index_k, block_k, pos;
     int64_t n0, t0, ntok;
+    View k_scale, v_scale, index_k_scale, block_k_scale;
 };
 void qsa_pool(cudaStream_t s, const std::vector<QsaSeqView>& seqs, const View& norm, const View& freq, const View& axis,
               const QsaDims& d);
@@ -82,10 +84,14 @@ void qsa_select(cudaStream_t s, const View& iq, const std::vector<QsaSeqView>& s
 void qsa_attend(cudaStream_t s, const View& q, const View& gate, const View& sel, const View& n_sel,
                 const std::vector<QsaSeqView>& seqs, const QsaDims& d, const View& out, Scratch& scratch);
 
+// F16 / F32: keys k and transposed values vt; Q8_0 / I8: key and value rows k, v (and I8 row scales).
 struct KvSeqView {
     View k, vt;
     int64_t n0, t0, ntok;
+    View v, k_scale, v_scale;
 };
+// dst := x stored as an attention cache of dst's type (F16, Q8_0, I8 with its row scales).
+void store_rows(cudaStream_t s, const View& x, const View& dst, const View& scale);
 void kv_append(cudaStream_t s, const View& k, const View& v, const std::vector<KvSeqView>& seqs, int64_t n_head_kv);
 void attention(cudaStream_t s, const View& q, const std::vector<KvSeqView>& seqs, const AttentionShape& sh, const View& out);
 

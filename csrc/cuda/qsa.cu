@@ -1,12 +1,13 @@
-// QSA sparse attention (model/qsa_attention.h has the semantics): pooling the keys of the blocks a step
-// completes (one block of threads per pooled block), block selection per query (one block of threads per
-// query: scores in shared memory, then top-k rounds with ties to the lower block), and gated attention
-// over the selected blocks and the tail (the keys in splits, attend_part_k: each split's scores, softmax
-// terms and value sum; the splits combined in order).
+// QSA sparse attention (model/qsa_attention.h has the semantics) over caches of any type (cache.cuh):
+// pooling the keys of the blocks a step completes (one block of threads per pooled block), block selection
+// per query (one block of threads per query: scores in shared memory, then top-k rounds with ties to the
+// lower block), and gated attention over the selected blocks and the tail (the keys in splits,
+// attend_part_k: each split's scores, softmax terms and value sum; the splits combined in order).
 #include <algorithm>
 #include <cfloat>
 #include <string>
 
+#include "cuda/cache.cuh"
 #include "cuda/kernels.cuh"
 
 namespace regolith::cuda {
@@ -19,7 +20,7 @@ __global__ void pool_k(QsaSeqView s, View norm, View freq, View axis, QsaDims d,
     extern __shared__ float mean[];  // [ID]
     for (int64_t i = threadIdx.x; i < ID; i += blockDim.x) {
         float m = 0.0f;
-        for (int64_t j = b * r; j < (b + 1) * r; ++j) m += s.index_k.row(j)[i];
+        for (int64_t j = b * r; j < (b + 1) * r; ++j) m += cache_elem(s.index_k, s.index_k_scale, j, i);
         mean[i] = m / float(r);
     }
     __syncthreads();
@@ -29,17 +30,17 @@ __global__ void pool_k(QsaSeqView s, View norm, View freq, View axis, QsaDims d,
     const float inv = float(1.0 / sqrt(double(float(ss / double(ID))) + double(d.eps)));
     for (int64_t i = threadIdx.x; i < ID; i += blockDim.x) mean[i] = mean[i] * inv * norm.row(0)[i];
     __syncthreads();
-    float* bk = s.block_k.row(b);
     const int64_t* pos = s.pos.row<const int64_t>(b * r);
-    for (int64_t i = 2 * half + threadIdx.x; i < ID; i += blockDim.x) bk[i] = mean[i];  // not rotated
-    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {  // the pair (i, i + half), in place
         const float angle = float(pos[axis.row<const int32_t>(0)[i]]) * freq.row(0)[i];
         float sn, cs;
         sincosf(angle, &sn, &cs);
         const float a = mean[i], c = mean[i + half];
-        bk[i] = a * cs - c * sn;
-        bk[i + half] = c * cs + a * sn;
+        mean[i] = a * cs - c * sn;
+        mean[i + half] = c * cs + a * sn;
     }
+    __syncthreads();
+    if (threadIdx.x < 32) cache_store_row(mean, s.block_k, s.block_k_scale, b);
 }
 
 __global__ void select_k(View iq, QsaSeqView s, QsaDims d, View sel, View n_sel) {
@@ -57,7 +58,6 @@ __global__ void select_k(View iq, QsaSeqView s, QsaDims d, View sel, View n_sel)
     const float scale = 1.0f / sqrtf(float(ID));
     const float* q = iq.row(row);
     for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
-        const float* bk = s.block_k.row(b);
         float sum = 0.0f;
         for (int64_t h = 0; h < IH; ++h) {
             // nn::dot's order (8 partial sums, combined pairwise, then the tail), so the scores are the CPU's
@@ -66,10 +66,11 @@ __global__ void select_k(View iq, QsaSeqView s, QsaDims d, View sel, View n_sel)
             float p[8] = {};
             int64_t i = 0;
             for (; i + 8 <= ID; i += 8)
-                for (int l = 0; l < 8; ++l) p[l] = __fadd_rn(p[l], __fmul_rn(qh[i + l], bk[i + l]));
+                for (int l = 0; l < 8; ++l)
+                    p[l] = __fadd_rn(p[l], __fmul_rn(qh[i + l], cache_elem(s.block_k, s.block_k_scale, b, i + l)));
             float dot = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[4]), __fadd_rn(p[1], p[5])),
                                   __fadd_rn(__fadd_rn(p[2], p[6]), __fadd_rn(p[3], p[7])));
-            for (; i < ID; ++i) dot = __fadd_rn(dot, __fmul_rn(qh[i], bk[i]));
+            for (; i < ID; ++i) dot = __fadd_rn(dot, __fmul_rn(qh[i], cache_elem(s.block_k, s.block_k_scale, b, i)));
             sum += fmaxf(dot, 0.0f);
         }
         score[b] = sum * scale;
@@ -149,16 +150,16 @@ __global__ void attend_part_k(View q, View sel, View n_sel, QsaSeqView s, QsaDim
     for (int u0 = 0; u0 < kPerWarp; u0 += 4) {
         const int64_t j0 = j_lo + warp * kPerWarp + u0;
         float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const float* kj[4];
+        int64_t kj[4];  // cache rows, -1: none
 #pragma unroll
-        for (int u = 0; u < 4; ++u) kj[u] = j0 + u < j_hi ? s.k.row(key(j0 + u) * KV + kvh) : nullptr;
+        for (int u = 0; u < 4; ++u) kj[u] = j0 + u < j_hi ? key(j0 + u) * KV + kvh : -1;
 #pragma unroll
         for (int m = 0; m < kMaxLaneElems; ++m) {
             const int64_t e = lane + 32 * m;
             if (e >= D) break;
 #pragma unroll
             for (int u = 0; u < 4; ++u)
-                if (kj[u]) dot[u] += qe[m] * kj[u][e];
+                if (kj[u] >= 0) dot[u] += qe[m] * cache_elem(s.k, s.k_scale, kj[u], e);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) dot[u] = warp_sum(dot[u]);
@@ -176,11 +177,11 @@ __global__ void attend_part_k(View q, View sel, View n_sel, QsaSeqView s, QsaDim
     for (int m = 0; m < kMaxLaneElems; ++m) acc[m] = 0.0f;
     for (int u0 = 0; u0 < kPerWarp; u0 += 4) {
         const int64_t j0 = j_lo + warp * kPerWarp + u0;
-        const float* vj[4];
+        int64_t vj[4];  // cache rows, -1: none
         float pj[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            vj[u] = j0 + u < j_hi ? s.v.row(key(j0 + u) * KV + kvh) : nullptr;
+            vj[u] = j0 + u < j_hi ? key(j0 + u) * KV + kvh : -1;
             pj[u] = w[warp * kPerWarp + u0 + u];
         }
 #pragma unroll
@@ -189,7 +190,7 @@ __global__ void attend_part_k(View q, View sel, View n_sel, QsaSeqView s, QsaDim
             if (e >= D) break;
 #pragma unroll
             for (int u = 0; u < 4; ++u)
-                if (vj[u]) acc[m] += pj[u] * vj[u][e];
+                if (vj[u] >= 0) acc[m] += pj[u] * cache_elem(s.v, s.v_scale, vj[u], e);
         }
     }
 #pragma unroll
