@@ -138,26 +138,36 @@ static_assert(sizeof(RgTopKArgs) == 128, "RgTopKArgs layout");
 // ---- attention: dense (attention.metal, csrc/metal/attention.cpp) and QSA (qsa.metal, csrc/metal/qsa.cpp)
 // ----
 
-// kv_append of one sequence: k, v [ntok][n_head_kv * head_dim] (rows t0..) into its caches kc
-// [n_head_kv * cap][head_dim] and vt [n_head_kv * head_dim][cap] at positions n0...
+// store_rows: x [rows][cols] F32 stored in dst's cache type (metal/cache.h), an I8 cache's scales in scale.
+struct RgStoreRowsArgs {
+    RgShape x, dst, scale;
+};
+static_assert(sizeof(RgStoreRowsArgs) == 96, "RgStoreRowsArgs layout");
+
+// kv_append of one sequence: k, v [ntok][n_head_kv * head_dim] (rows t0..) into its caches at positions n0..:
+// F32 / F16 keys kc [n_head_kv * cap][head_dim] and values transposed vt [n_head_kv * head_dim][cap]; Q8_0 /
+// I8 key and value rows kc, vc [n_head_kv * cap][head_dim] (metal/cache.h), an I8 cache's row scales in
+// kc_scale, vc_scale.
 struct RgKvAppendArgs {
-    RgShape k, v, kc, vt;
+    RgShape k, v, kc, vt, vc, kc_scale, vc_scale;
     int64_t t0, ntok, n0, cap;
     int32_t n_head_kv, head_dim;
     uint32_t pad[2];
 };
-static_assert(sizeof(RgKvAppendArgs) == 176, "RgKvAppendArgs layout");
+static_assert(sizeof(RgKvAppendArgs) == 272, "RgKvAppendArgs layout");
 
 // Causal GQA attention of one sequence: q [ntok][n_head * head_dim] (rows t0..) at positions n0.. over its
-// caches k [n_head_kv * cap][head_dim], vt [n_head_kv * head_dim][cap]; keys split n_split ways.
+// caches k [n_head_kv * cap][head_dim] and v: values transposed [n_head_kv * head_dim][cap] (F32 / F16), or
+// value rows [n_head_kv * cap][head_dim] (Q8_0 / I8, with an I8 cache's row scales in k_scale, v_scale); keys
+// split n_split ways.
 struct RgAttentionArgs {
-    RgShape q, k, vt, out;
+    RgShape q, k, v, out, k_scale, v_scale;
     int64_t t0, ntok, n0, cap, window;
     int32_t n_head, n_head_kv, head_dim, n_split;
     float scale;
     uint32_t pad;
 };
-static_assert(sizeof(RgAttentionArgs) == 192, "RgAttentionArgs layout");
+static_assert(sizeof(RgAttentionArgs) == 256, "RgAttentionArgs layout");
 
 // The merge of key splits (dense and QSA attention): part [ntok * n_head][n_split][2 + head_dim] (max score
 // m, sum of exponentials l, weighted values o) -> out, times sigmoid(gate) when has_gate. Head h of token t
@@ -171,34 +181,37 @@ struct RgAttnMergeArgs {
 };
 static_assert(sizeof(RgAttnMergeArgs) == 96, "RgAttnMergeArgs layout");
 
-// qsa_pool of one sequence: blocks b0 + tgpig.x.
+// qsa_pool of one sequence: blocks b0 + tgpig.x. The caches index_k and block_k (metal/cache.h) have their
+// scales, where I8, in index_k_scale, block_k_scale.
 struct RgQsaPoolArgs {
-    RgShape index_k, block_k, pos, norm, freq, axis;
+    RgShape index_k, block_k, pos, norm, freq, axis, index_k_scale, block_k_scale;
     int64_t b0;
     int32_t ratio, index_head_dim, n_rot, pad;
     float eps;
     uint32_t pad2;
 };
-static_assert(sizeof(RgQsaPoolArgs) == 224, "RgQsaPoolArgs layout");
+static_assert(sizeof(RgQsaPoolArgs) == 288, "RgQsaPoolArgs layout");
 
-// qsa_select of one sequence: scores [ntok][nb_stride] (device scratch), then sel / n_sel.
+// qsa_select of one sequence: scores [ntok][nb_stride] (device scratch), then sel / n_sel; the cache block_k
+// with its I8 scales in block_k_scale.
 struct RgQsaSelectArgs {
-    RgShape iq, block_k, sel, n_sel;
+    RgShape iq, block_k, sel, n_sel, block_k_scale;
     int64_t t0, ntok, n0, nb_stride;
     int32_t ratio, topk, index_n_head, index_head_dim;
     float index_scale;
     uint32_t pad;
 };
-static_assert(sizeof(RgQsaSelectArgs) == 184, "RgQsaSelectArgs layout");
+static_assert(sizeof(RgQsaSelectArgs) == 216, "RgQsaSelectArgs layout");
 
-// qsa_attend of one sequence: q, gate, out rows (t0 + t) * n_head + h; keys split n_split ways.
+// qsa_attend of one sequence: q, gate, out rows (t0 + t) * n_head + h; the caches k, v with their I8 scales
+// in k_scale, v_scale; keys split n_split ways.
 struct RgQsaAttendArgs {
-    RgShape q, gate, sel, n_sel, k, v, out;
+    RgShape q, gate, sel, n_sel, k, v, out, k_scale, v_scale;
     int64_t t0, ntok, n0;
     int32_t n_head, n_head_kv, head_dim, ratio, n_split;
     float scale;
 };
-static_assert(sizeof(RgQsaAttendArgs) == 272, "RgQsaAttendArgs layout");
+static_assert(sizeof(RgQsaAttendArgs) == 336, "RgQsaAttendArgs layout");
 
 // ---- elementwise (elementwise.metal), rotary embeddings (rope.metal), vision tower (vision.metal)
 // ----------

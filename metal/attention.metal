@@ -1,8 +1,10 @@
-// Dense causal GQA attention over a KV cache (Backend::kv_append, attention), F32 or F16 caches.
+// Dense causal GQA attention over a KV cache (Backend::kv_append, attention): F32 or F16 keys and transposed
+// values, or Q8_0 / I8 key and value rows (metal/cache.h).
 //
-// rg_kv_append_*: a threadgroup per (32 tokens, kv head), 256 threads: key rows copied as they are; values
-// transposed through threadgroup memory 32 x 32 at a time, so both the reads of v and the writes of the
-// transposed cache vt are coalesced.
+// rg_kv_append_f32 / _f16: a threadgroup per (32 tokens, kv head), 256 threads: key rows copied as they are;
+// values transposed through threadgroup memory 32 x 32 at a time, so both the reads of v and the writes of
+// the transposed cache vt are coalesced. rg_kv_append_rows: a SIMD-group per (token, kv head) quantizing its
+// key and value rows as store_rows does.
 //
 // rg_attention_*: flash attention with SIMD-group matrices. A threadgroup (4 SIMD-groups) takes 8 query rows
 // of one kv head (token-major: the group's heads of a token, then the next token's, so decode reads each key
@@ -15,11 +17,15 @@
 //   values  O^T [d][row] += vt [d][key] . P^T [key][row]: SIMD-group s owns the 8-element tiles s, s + 4, ..
 //           of head_dim (held in registers across the chunks: head_dim <= 256).
 // For an F16 cache the queries and probabilities are rounded to half as the CPU's f16 products do (products
-// accumulate in float). One split writes the output itself; several write (m, l, o) to a scratch that
+// accumulate in float). rg_attention_rows (Q8_0 / I8) is the F32 kernel over the rows' dequantized values:
+// each SIMD-group dequantizes its key tiles 8 x 32 and value tiles 8 x 8 into threadgroup memory and loads
+// them from there (keys past the split's end as 0), so it computes what rg_attention_f32 does on an F32 cache
+// holding those values. One split writes the output itself; several write (m, l, o) to a scratch that
 // rg_attention_merge combines (also used by qsa.metal).
 #include "compat.h"
 
 #include "args.h"
+#include "cache.h"
 #include "common.h"
 
 enum RgAttentionConsts : int {
@@ -60,13 +66,30 @@ kernel void rg_kv_append(constant RgKvAppendArgs& a [[buffer(0)]], device const 
 RG_INSTANTIATE("rg_kv_append_f32", rg_kv_append, float)
 RG_INSTANTIATE("rg_kv_append_f16", rg_kv_append, half)
 
+// Threadgroups of 4 SIMD-groups: (token, kv head) pairs tgpig.x * 4 + sgitg.
+kernel void rg_kv_append_rows(constant RgKvAppendArgs& a [[buffer(0)]], device const char* k [[buffer(1)]],
+                              device const char* v [[buffer(2)]], device char* kc [[buffer(3)]],
+                              device char* vc [[buffer(4)]], device char* kc_scale [[buffer(5)]],
+                              device char* vc_scale [[buffer(6)]], RG_THREAD_IDS) {
+    const int64_t item = int64_t(tgpig.x) * (ntg / 32) + sgitg;
+    if (item >= a.ntok * a.n_head_kv) return;  // the whole SIMD-group
+    const int64_t t = item / a.n_head_kv, h = item % a.n_head_kv, r = h * a.cap + a.n0 + t;
+    const int D = a.head_dim;
+    rg_cache_store(kc, a.kc, kc_scale, a.kc_scale, r, rg_row<float>(k, a.k, a.t0 + t) + h * D, D, tiisg);
+    rg_cache_store(vc, a.vc, vc_scale, a.vc_scale, r, rg_row<float>(v, a.v, a.t0 + t) + h * D, D, tiisg);
+}
+RG_KERNEL(rg_kv_append_rows)
+
 // Threadgroup (x: kv head * tiles + tile of 8 rows, y: split). Threadgroup memory (host: attention.cpp):
 // q / o [8 * head_dim] floats (Q as T, later O^T as float), S^T [64][8] floats, P^T [64][8] T, the rows'
-// max, sum, compensation, rescale [4][8] and the rescale as a diagonal matrix [8][8].
-template <typename T>
+// max, sum, compensation, rescale [4][8], the rescale as a diagonal matrix [8][8] and, for ROWS caches, each
+// SIMD-group's dequantized tile [4][8][32]. vc: the values, transposed (F32 / F16) or rows (ROWS).
+template <typename T, bool ROWS>
 kernel void rg_attention(constant RgAttentionArgs& a [[buffer(0)]], device const char* q [[buffer(1)]],
-                         device const char* kc [[buffer(2)]], device const char* vt [[buffer(3)]],
-                         device char* out [[buffer(4)]], device float* part [[buffer(5)]], RG_THREAD_IDS) {
+                         device const char* kc [[buffer(2)]], device const char* vc [[buffer(3)]],
+                         device char* out [[buffer(4)]], device float* part [[buffer(5)]],
+                         device const char* k_scale [[buffer(6)]], device const char* v_scale [[buffer(7)]],
+                         RG_THREAD_IDS) {
     const int D = a.head_dim, H = a.n_head, G = a.n_head / a.n_head_kv, n_split = a.n_split;
     const int64_t n_rows = a.ntok * G, tiles = (n_rows + kAttnRows - 1) / kAttnRows;
     const int g = int(tgpig.x / tiles), split = int(tgpig.y);
@@ -90,6 +113,7 @@ kernel void rg_attention(constant RgAttentionArgs& a [[buffer(0)]], device const
     threadgroup float* cs = ls + kAttnRows;  // [8] Kahan compensation of ls
     threadgroup float* al = cs + kAttnRows;  // [8]
     threadgroup float* dg = al + kAttnRows;  // [8][8]
+    threadgroup T* tile = (threadgroup T*)(dg + kAttnRows * kAttnRows) + sgitg * 8 * 32;  // ROWS: [8][32]
 
     for (int i = int(tiitg); i < kAttnRows * D; i += int(ntg)) {
         const int r = i / D, e = i % D;
@@ -115,7 +139,8 @@ kernel void rg_attention(constant RgAttentionArgs& a [[buffer(0)]], device const
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
     device const T* kh = rg_row<T>(kc, a.k, int64_t(g) * a.cap);
-    const int64_t k_row = a.k.stride / int64_t(sizeof(T)), v_row = a.vt.stride / int64_t(sizeof(T));
+    const int64_t k_row = a.k.stride / int64_t(sizeof(T)), v_row = a.v.stride / int64_t(sizeof(T));
+    const int64_t row0 = int64_t(g) * a.cap;  // ROWS: the kv head's first cache row
     for (int64_t c0 = kb; c0 < ke; c0 += kAttnChunk) {
         // scores
         for (int u = 0; u < 2; ++u) {
@@ -123,11 +148,26 @@ kernel void rg_attention(constant RgAttentionArgs& a [[buffer(0)]], device const
             const int64_t key0 = c0 + 8 * kt;
             if (key0 >= ke) continue;  // the whole SIMD-group: masked below
             simdgroup_float8x8 s = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-            for (int d0 = 0; d0 < D; d0 += 8) {
-                simdgroup_matrix<T, 8, 8> km, qm;
-                simdgroup_load(km, kh + key0 * k_row + d0, ulong(k_row));
-                simdgroup_load(qm, qs + d0, ulong(D), ulong2(0), true);
-                simdgroup_multiply_accumulate(s, km, qm, s);
+            if (ROWS) {
+                for (int e0 = 0; e0 < D; e0 += 32) {
+                    const int w = D - e0 < 32 ? D - e0 : 32;
+                    rg_cache_tile(tile, w, kc, a.k, k_scale, a.k_scale, row0 + key0, row0 + ke, e0, tiisg);
+                    simdgroup_barrier(mem_flags::mem_threadgroup);
+                    for (int d0 = 0; d0 < w; d0 += 8) {
+                        simdgroup_matrix<T, 8, 8> km, qm;
+                        simdgroup_load(km, tile + d0, ulong(w));
+                        simdgroup_load(qm, qs + e0 + d0, ulong(D), ulong2(0), true);
+                        simdgroup_multiply_accumulate(s, km, qm, s);
+                    }
+                    simdgroup_barrier(mem_flags::mem_threadgroup);
+                }
+            } else {
+                for (int d0 = 0; d0 < D; d0 += 8) {
+                    simdgroup_matrix<T, 8, 8> km, qm;
+                    simdgroup_load(km, kh + key0 * k_row + d0, ulong(k_row));
+                    simdgroup_load(qm, qs + d0, ulong(D), ulong2(0), true);
+                    simdgroup_multiply_accumulate(s, km, qm, s);
+                }
             }
             simdgroup_store(s, st + kt * 64, 8);
         }
@@ -182,7 +222,15 @@ kernel void rg_attention(constant RgAttentionArgs& a [[buffer(0)]], device const
                 const int dt = int(sgitg) + kAttnSg * j;
                 if (dt >= n_dt) break;
                 simdgroup_matrix<T, 8, 8> vm;
-                simdgroup_load(vm, rg_row<T>(vt, a.vt, int64_t(g) * D + 8 * dt) + key0, ulong(v_row));
+                if (ROWS) {  // vm[i][k] = value row key0 + k, element 8 dt + i
+                    rg_cache_tile(tile, 8, vc, a.v, v_scale, a.v_scale, row0 + key0, row0 + ke, 8 * dt,
+                                  tiisg);
+                    simdgroup_barrier(mem_flags::mem_threadgroup);
+                    simdgroup_load(vm, tile, 8, ulong2(0), true);
+                    simdgroup_barrier(mem_flags::mem_threadgroup);
+                } else {
+                    simdgroup_load(vm, rg_row<T>(vc, a.v, int64_t(g) * D + 8 * dt) + key0, ulong(v_row));
+                }
                 simdgroup_multiply_accumulate(o[j], vm, pm, o[j]);
             }
         }
@@ -206,8 +254,9 @@ kernel void rg_attention(constant RgAttentionArgs& a [[buffer(0)]], device const
         }
     }
 }
-RG_INSTANTIATE("rg_attention_f32", rg_attention, float)
-RG_INSTANTIATE("rg_attention_f16", rg_attention, half)
+RG_INSTANTIATE("rg_attention_f32", rg_attention, float, false)
+RG_INSTANTIATE("rg_attention_f16", rg_attention, half, false)
+RG_INSTANTIATE("rg_attention_rows", rg_attention, float, true)
 
 // The splits of a head's keys combined: a threadgroup per (token, head) of the sequence, threads over
 // head_dim. Each split's terms are rescaled to the largest max M: out = sum_s e^(m_s - M) o_s / sum_s

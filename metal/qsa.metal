@@ -1,8 +1,11 @@
 // QSA sparse attention (Backend::qsa_pool, qsa_select, qsa_attend; model/qsa_attention.h has the semantics).
 //
+// The caches (keys, values, indexer keys, pooled block keys) are F32, F16, Q8_0 or I8, read element by
+// element as the CPU's dequantized rows and stored as the CPU's store_rows (metal/cache.h).
+//
 // rg_qsa_pool: a threadgroup per pooled block, threads over index_head_dim: the mean of the block's indexer
 // keys (in token order, as the CPU), RMS-normed (sum of squares: per-thread float sums added in a tree), then
-// rotated at the position of the block's first token.
+// rotated at the position of the block's first token, and stored by the first SIMD-group.
 //
 // qsa_select in two kernels. rg_qsa_score: a threadgroup per (64 blocks, query), 8 lanes per block and 4
 // blocks per SIMD-group at a time; lane u sums the products u, u + 8, ... of each indexer head's dot product
@@ -22,6 +25,7 @@
 #include "compat.h"
 
 #include "args.h"
+#include "cache.h"
 #include "common.h"
 
 enum RgQsaConsts : int {
@@ -34,15 +38,17 @@ enum RgQsaConsts : int {
 kernel void rg_qsa_pool(constant RgQsaPoolArgs& a [[buffer(0)]], device const char* index_k [[buffer(1)]],
                         device char* block_k [[buffer(2)]], device const char* pos [[buffer(3)]],
                         device const char* norm [[buffer(4)]], device const char* freq [[buffer(5)]],
-                        device const char* axis [[buffer(6)]], RG_THREAD_IDS) {
+                        device const char* axis [[buffer(6)]], device const char* index_k_scale [[buffer(7)]],
+                        device char* block_k_scale [[buffer(8)]], RG_THREAD_IDS) {
     const int R = a.ratio, ID = a.index_head_dim, hr = a.n_rot / 2;
     const int64_t b = a.b0 + tgpig.x;
     threadgroup float* part = (threadgroup float*)shmem;  // [32]
-    threadgroup float* x = part + 32;                     // [ID] the mean
+    threadgroup float* x = part + 32;                     // [ID] the mean, then the pooled key
     float ss = 0.0f;
     for (int i = int(tiitg); i < ID; i += int(ntg)) {
         float m = 0.0f;
-        for (int j = 0; j < R; ++j) m += rg_row<float>(index_k, a.index_k, b * R + j)[i];
+        for (int j = 0; j < R; ++j)
+            m += rg_cache_at(rg_cache_row(index_k, a.index_k, index_k_scale, a.index_k_scale, b * R + j), i);
         m = m / float(R);
         x[i] = m;
         ss += m * m;
@@ -53,26 +59,27 @@ kernel void rg_qsa_pool(constant RgQsaPoolArgs& a [[buffer(0)]], device const ch
     device const float* f = rg_row<float>(freq, a.freq, 0);
     device const int* ax = rg_row<int>(axis, a.axis, 0);
     device const int64_t* p = rg_row<int64_t>(pos, a.pos, b * R);
-    device float* bk = rg_row<float>(block_k, a.block_k, b);
-    for (int i = int(tiitg); i < ID; i += int(ntg)) {
+    for (int i = int(tiitg); i < ID; i += int(ntg)) {  // in place: thread i alone touches i (and i + hr)
         const float y = x[i] * inv * w[i];
         if (i >= 2 * hr) {
-            bk[i] = y;
+            x[i] = y;
         } else if (i < hr) {  // the pair (i, i + hr)
             const float y2 = x[i + hr] * inv * w[i + hr];
             const float angle = float(p[ax[i]]) * f[i];
             const float c = precise::cos(angle), s = precise::sin(angle);
-            bk[i] = y * c - y2 * s;
-            bk[i + hr] = y2 * c + y * s;
+            x[i] = y * c - y2 * s;
+            x[i + hr] = y2 * c + y * s;
         }
     }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (sgitg == 0) rg_cache_store(block_k, a.block_k, block_k_scale, a.block_k_scale, b, x, ID, tiisg);
 }
 RG_KERNEL(rg_qsa_pool)
 
 // scores [t][b] = sum_h relu(iq_h . bk_b) * index_scale for the queries that do not keep every block.
 kernel void rg_qsa_score(constant RgQsaSelectArgs& a [[buffer(0)]], device const char* iq [[buffer(1)]],
                          device const char* block_k [[buffer(2)]], device float* scores [[buffer(3)]],
-                         RG_THREAD_IDS) {
+                         device const char* block_k_scale [[buffer(4)]], RG_THREAD_IDS) {
     const int64_t t = tgpig.y, nb = (a.n0 + t + 1) / a.ratio;
     if (nb <= a.topk) return;  // the whole threadgroup: every block is kept
     const int ID = a.index_head_dim, IH = a.index_n_head, n8 = ID / 8 * 8, u = int(tiisg) % 8;
@@ -80,17 +87,17 @@ kernel void rg_qsa_score(constant RgQsaSelectArgs& a [[buffer(0)]], device const
     for (int step = 0; step < 4; ++step) {
         const int64_t b = int64_t(tgpig.x) * 64 + step * 16 + sgitg * 4 + tiisg / 8;
         const bool valid = b < nb;
-        device const float* bk = rg_row<float>(block_k, a.block_k, valid ? b : 0);
+        const RgCacheRow bk = rg_cache_row(block_k, a.block_k, block_k_scale, a.block_k_scale, valid ? b : 0);
         float sum = 0.0f;
         for (int h = 0; h < IH; ++h) {
             device const float* qh = qv + h * ID;
             float p = 0.0f;
             if (valid)
-                for (int i = u; i < n8; i += 8) p += qh[i] * bk[i];
+                for (int i = u; i < n8; i += 8) p += qh[i] * rg_cache_at(bk, i);
             const float x = p + simd_shuffle_xor(p, ushort(4));  // lane 0: p0 + p4, lane 1: p1 + p5, ...
             const float y = x + simd_shuffle_xor(x, ushort(1));  // lane 0: (p0 + p4) + (p1 + p5), lane 2: ...
             float s = y + simd_shuffle_xor(y, ushort(2));        // lane 0: the dot product's first n8 terms
-            for (int i = n8; i < ID; ++i) s += qh[i] * bk[i];
+            for (int i = n8; i < ID; ++i) s += qh[i] * rg_cache_at(bk, i);
             sum += max(s, 0.0f);
         }
         if (valid && u == 0) scores[t * a.nb_stride + b] = sum * a.index_scale;
@@ -187,7 +194,8 @@ kernel void rg_qsa_attend(constant RgQsaAttendArgs& a [[buffer(0)]], device cons
                           device const char* gate [[buffer(2)]], device const char* sel [[buffer(3)]],
                           device const char* n_sel [[buffer(4)]], device const char* kc [[buffer(5)]],
                           device const char* vc [[buffer(6)]], device char* out [[buffer(7)]],
-                          device float* part [[buffer(8)]], RG_THREAD_IDS) {
+                          device float* part [[buffer(8)]], device const char* k_scale [[buffer(9)]],
+                          device const char* v_scale [[buffer(10)]], RG_THREAD_IDS) {
     const int D = a.head_dim, H = a.n_head, KV = a.n_head_kv, G = H / KV, R = a.ratio, n_split = a.n_split;
     const int htiles = (G + kQsaRows - 1) / kQsaRows;
     const int64_t t = tgpig.x / uint(KV * htiles);
@@ -234,9 +242,9 @@ kernel void rg_qsa_attend(constant RgQsaAttendArgs& a [[buffer(0)]], device cons
             float d[kQsaRows];
             for (int r = 0; r < kQsaRows; ++r) d[r] = 0.0f;
             if (valid) {
-                device const float* kr = rg_row<float>(kc, a.k, int64_t(idx) * KV + g);
+                const RgCacheRow kr = rg_cache_row(kc, a.k, k_scale, a.k_scale, int64_t(idx) * KV + g);
                 for (int e = u; e < D; e += 8) {
-                    const float x = kr[e];
+                    const float x = rg_cache_at(kr, e);
                     for (int r = 0; r < kQsaRows; ++r) d[r] += qs[r * D + e] * x;
                 }
             }
@@ -287,13 +295,13 @@ kernel void rg_qsa_attend(constant RgQsaAttendArgs& a [[buffer(0)]], device cons
         }
         const int nk = ke - c0 < kQsaChunk ? int(ke - c0) : int(kQsaChunk);
         for (int kk = 0; kk < nk; ++kk) {
-            device const float* vr = rg_row<float>(vc, a.v, int64_t(ci[kk]) * KV + g);
+            const RgCacheRow vr = rg_cache_row(vc, a.v, v_scale, a.v_scale, int64_t(ci[kk]) * KV + g);
             float p[kQsaRows];
             for (int r = 0; r < kQsaRows; ++r) p[r] = pt[kk * kQsaRows + r];
             for (int m = 0; m < kQsaMaxE; ++m) {
                 const int e = int(sgitg) * 32 + int(tiisg) + 128 * m;
                 if (e >= D) break;
-                const float x = vr[e];
+                const float x = rg_cache_at(vr, e);
                 for (int r = 0; r < kQsaRows; ++r) acc[r][m] += p[r] * x;
             }
         }

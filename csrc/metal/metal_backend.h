@@ -63,6 +63,9 @@ class MetalBackend final : public Backend {
 
     const char* name() const override { return device_->name(); }
     std::string device_name() override { return device_->description(); }
+    bool supports_cache(uint32_t type) const override {
+        return type == RG_TYPE_F32 || type == RG_TYPE_F16 || type == RG_TYPE_Q8_0 || type == RG_TYPE_I8;
+    }
 
     BackendBuffer* alloc(uint64_t bytes, MemoryUse use) override;
     BackendBuffer* import_host(const void* data, uint64_t bytes) override;
@@ -116,6 +119,7 @@ class MetalBackend final : public Backend {
                         const Tensor& dt_bias, const GdnDims& d) override;
     void do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs,
                      int64_t n_seqs, const GdnDims& d, int64_t chunk, const Tensor& out) override;
+    void do_store_rows(const Tensor& x, const Tensor& dst, const Tensor& scale) override;
     void do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor& norm, const Tensor& freq,
                      const Tensor& axis, const QsaDims& d) override;
     void do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n_seqs, const QsaDims& d,

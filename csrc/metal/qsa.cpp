@@ -1,5 +1,7 @@
 // QSA sparse attention (metal/qsa.metal): pooling, block selection (scores, then a top-k per query) and gated
-// attention over the selected blocks in key splits, merged by rg_attention_merge (attention.metal).
+// attention over the selected blocks in key splits, merged by rg_attention_merge (attention.metal). The
+// caches may be of any type supports_cache() names; an I8 cache's scales are bound after the kernels' other
+// buffers (another buffer stands in where a cache has none).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -28,14 +30,17 @@ void MetalBackend::do_qsa_pool(const QsaSeq* seqs, int64_t n_seqs, const Tensor&
         const int64_t b0 = s.n0 / d.ratio, b1 = (s.n0 + s.ntok) / d.ratio;
         if (b1 <= b0) continue;
         const View ik = view(s.index_k), bk = view(s.block_k), pos = view(s.pos);
+        const View iks = view(s.index_k_scale), bks = view(s.block_k_scale);
         RgQsaPoolArgs a{};
         a.index_k = ik.shape, a.block_k = bk.shape, a.pos = pos.shape, a.norm = vn.shape, a.freq = vf.shape;
+        a.index_k_scale = iks.shape, a.block_k_scale = bks.shape;
         a.axis = va.shape, a.b0 = b0, a.ratio = int32_t(d.ratio),
         a.index_head_dim = int32_t(d.index_head_dim);
         a.n_rot = int32_t(d.n_rot), a.eps = d.eps;
         launch("rg_qsa_pool", uint32_t(b1 - b0), 1, threads,
                uint32_t((32 + d.index_head_dim) * sizeof(float)),
-               {bytes(a), ik.arg, bk.arg, pos.arg, vn.arg, vf ? vf.arg : vn.arg, va ? va.arg : vn.arg});
+               {bytes(a), ik.arg, bk.arg, pos.arg, vn.arg, vf ? vf.arg : vn.arg, va ? va.arg : vn.arg,
+                iks ? iks.arg : ik.arg, bks ? bks.arg : bk.arg});
     }
 }
 
@@ -54,17 +59,18 @@ void MetalBackend::do_qsa_select(const Tensor& iq, const QsaSeq* seqs, int64_t n
     for (int64_t i = 0; i < n_seqs; ++i) {
         const QsaSeq& s = seqs[i];
         if (s.ntok == 0) continue;
-        const View bk = view(s.block_k);
+        const View bk = view(s.block_k), bks = view(s.block_k_scale);
         const int64_t nb = (s.n0 + s.ntok) / d.ratio;
         RgQsaSelectArgs a{};
         a.iq = viq.shape, a.block_k = bk.shape, a.sel = vs.shape, a.n_sel = vns.shape;
+        a.block_k_scale = bks.shape;
         a.t0 = s.t0, a.ntok = s.ntok, a.n0 = s.n0, a.nb_stride = nb;
         a.ratio = int32_t(d.ratio), a.topk = int32_t(d.topk), a.index_n_head = int32_t(d.index_n_head);
         a.index_head_dim = int32_t(d.index_head_dim),
         a.index_scale = 1.0f / std::sqrt(float(d.index_head_dim));
         if (nb > d.topk)
             launch("rg_qsa_score", uint32_t((nb + kScoreBlocks - 1) / kScoreBlocks), uint32_t(s.ntok), 128, 0,
-                   {bytes(a), viq.arg, bk ? bk.arg : viq.arg, scores});
+                   {bytes(a), viq.arg, bk ? bk.arg : viq.arg, scores, bks ? bks.arg : viq.arg});
         launch("rg_qsa_topk", uint32_t(s.ntok), 1, 256, (256 + 8 + 2) * sizeof(uint32_t),
                {bytes(a), scores, vs.arg, vns.arg});
     }
@@ -95,16 +101,17 @@ void MetalBackend::do_qsa_attend(const Tensor& q, const Tensor& gate, const Tens
     for (int64_t i = 0; i < n_seqs; ++i) {
         const QsaSeq& s = seqs[i];
         if (s.ntok == 0) continue;
-        const View k = view(s.k), v = view(s.v);
+        const View k = view(s.k), v = view(s.v), ks = view(s.k_scale), vsc = view(s.v_scale);
         const int64_t n_split = splits[size_t(i)];
         RgQsaAttendArgs a{};
         a.q = vq.shape, a.gate = vg.shape, a.sel = vs.shape, a.n_sel = vns.shape, a.k = k.shape,
-        a.v = v.shape;
+        a.v = v.shape, a.k_scale = ks.shape, a.v_scale = vsc.shape;
         a.out = vo.shape, a.t0 = s.t0, a.ntok = s.ntok, a.n0 = s.n0;
         a.n_head = int32_t(H), a.n_head_kv = int32_t(KV), a.head_dim = int32_t(D), a.ratio = int32_t(d.ratio);
         a.n_split = int32_t(n_split), a.scale = 1.0f / std::sqrt(float(D));
         launch("rg_qsa_attend", uint32_t(s.ntok * KV * htiles), uint32_t(n_split), 128, shmem,
-               {bytes(a), vq.arg, vg.arg, vs.arg, vns.arg, k.arg, v.arg, vo.arg, part});
+               {bytes(a), vq.arg, vg.arg, vs.arg, vns.arg, k.arg, v.arg, vo.arg, part, ks ? ks.arg : k.arg,
+                vsc ? vsc.arg : v.arg});
         if (n_split > 1) {
             RgAttnMergeArgs m{};
             m.out = vo.shape, m.gate = vg.shape, m.t0 = s.t0, m.n_head = int32_t(H), m.heads_per_row = 1;
