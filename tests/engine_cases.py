@@ -186,16 +186,22 @@ def _singles(w: regolith.Window, ids: Sequence[int]) -> np.ndarray:
 # ---- tiny qwen4exp -------------------------------------------------------------------------------------------
 
 
+def _load_qwen4exp(*args: object, **kwargs: object) -> regolith.Model:
+    """A qwen4exp model with the f32 attention cache its fixtures were recorded with (its default until the
+    seed's i8 became it: tests/model/test_kv_cache_types.py checks the other cache types)."""
+    return regolith.Model.load(*args, kv_type="f32", **kwargs)
+
+
 def _tiny_cases(file: str, *, mtp: bool, exact: bool) -> list[Case]:
     path = FIXTURES / file
     ids = TINY_PROMPT
     stem = f"tiny/{file.removesuffix('.gguf')}"
 
     def whole(tmp: Path) -> Parts:
-        return {"logits": regolith.Model.load(path).window(64).eval(ids)}
+        return {"logits": _load_qwen4exp(path).window(64).eval(ids)}
 
     def chunks(tmp: Path) -> Parts:
-        w = regolith.Model.load(path).window(64)
+        w = _load_qwen4exp(path).window(64)
         parts, start = [], 0
         for n in (7, 1, 13, 2, 17):
             parts.append(w.eval(ids[start : start + n]))
@@ -203,10 +209,10 @@ def _tiny_cases(file: str, *, mtp: bool, exact: bool) -> list[Case]:
         return {"logits": np.concatenate(parts)}
 
     def token_by_token(tmp: Path) -> Parts:
-        return {"logits": _singles(regolith.Model.load(path).window(64), ids[:12])}
+        return {"logits": _singles(_load_qwen4exp(path).window(64), ids[:12])}
 
     def rollback(tmp: Path) -> Parts:
-        w = regolith.Model.load(path).window(64)
+        w = _load_qwen4exp(path).window(64)
         out: Parts = {"prompt_last": w.eval(ids, all_logits=False)}
         w.checkpoint()
         out["checkpointed"] = w.eval([11, 12, 13, 14, 15])
@@ -217,7 +223,7 @@ def _tiny_cases(file: str, *, mtp: bool, exact: bool) -> list[Case]:
         return out
 
     def drafts(tmp: Path) -> Parts:
-        w = regolith.Model.load(path).window(64)
+        w = _load_qwen4exp(path).window(64)
         w.eval(ids[:7], all_logits=False)
         w.eval(ids[7:39], all_logits=False)
         out: Parts = {"after_prompt": [w.draft(int(t), 4) for t in (ids[39], 5, 100, 2)]}
@@ -236,16 +242,16 @@ def _tiny_cases(file: str, *, mtp: bool, exact: bool) -> list[Case]:
         return out
 
     def arena(tmp: Path) -> Parts:
-        return streamed(regolith.Model.load(path, arena_gb=_arena_gb(path, 3)))
+        return streamed(_load_qwen4exp(path, arena_gb=_arena_gb(path, 3)))
 
     def packed(tmp: Path) -> Parts:
         from regolith import pack as pk
 
         src = pk.pack(path, tmp / "tiny.pack")
-        return streamed(regolith.Model.load(src, arena_gb=_arena_gb(src, 3)))
+        return streamed(_load_qwen4exp(src, arena_gb=_arena_gb(src, 3)))
 
     def state(tmp: Path) -> Parts:
-        model = regolith.Model.load(path)
+        model = _load_qwen4exp(path)
         w = model.window(64)
         w.eval(ids[:20])
         w.eval(ids[20:30])
@@ -259,7 +265,7 @@ def _tiny_cases(file: str, *, mtp: bool, exact: bool) -> list[Case]:
         before = _core.exact_activations()
         _core.set_exact_activations(True)
         try:
-            return {"logits": regolith.Model.load(path).window(64).eval(ids)}
+            return {"logits": _load_qwen4exp(path).window(64).eval(ids)}
         finally:
             _core.set_exact_activations(before)
 
@@ -278,7 +284,7 @@ def _llamacpp_case(file: str) -> Case:
     ids = np.random.default_rng(1).integers(3, 304, 28).astype(np.int32)
 
     def run(tmp: Path) -> Parts:
-        w = regolith.Model.load(path).window(64)
+        w = _load_qwen4exp(path).window(64)
         return {"prompt": w.eval(ids[:24]), "decode": _singles(w, ids[24:])}
 
     return Case(f"llamacpp/{file.removesuffix('.gguf')}/prompt_and_decode", "llamacpp", run)
@@ -288,7 +294,7 @@ def _llamacpp_case(file: str) -> Case:
 
 
 def _demo_ids() -> list[int]:
-    ids = regolith.Model.load().tokenize(DEMO_TEXT)
+    ids = _load_qwen4exp().tokenize(DEMO_TEXT)
     if len(ids) < 56:
         raise AssertionError(f"DEMO_TEXT is {len(ids)} tokens; the demo cases need 56")
     return ids[:56]
@@ -301,21 +307,21 @@ def _demo_prompt_and_decode(model: regolith.Model, ids: list[int]) -> Parts:
 
 def _demo_cases() -> list[Case]:
     def prompt_and_decode(tmp: Path) -> Parts:
-        return _demo_prompt_and_decode(regolith.Model.load(), _demo_ids())
+        return _demo_prompt_and_decode(_load_qwen4exp(), _demo_ids())
 
     def generate(tmp: Path) -> Parts:
         from regolith.speculative import Speculation
 
         prompt = "class Stack:\n    def __init__(self):\n"
-        plain = regolith.Model.load().generate(prompt, max_tokens=16, temperature=0, speculative=False)
+        plain = _load_qwen4exp().generate(prompt, max_tokens=16, temperature=0, speculative=False)
         # MTP drafts of fixed length (no cost gate, which times the machine): verification and rollback
         spec = Speculation(drafters=("mtp",), gate=False, draft_max=3)
-        drafted = regolith.Model.load().generate(prompt, max_tokens=16, temperature=0, speculative=spec)
+        drafted = _load_qwen4exp().generate(prompt, max_tokens=16, temperature=0, speculative=spec)
         return {"greedy": plain, "greedy_mtp_drafts": drafted}
 
     def drafts(tmp: Path) -> Parts:
         ids = _demo_ids()
-        w = regolith.Model.load().window(128)
+        w = _load_qwen4exp().window(128)
         w.eval(ids[:48], all_logits=False)
         out: Parts = {"after_prompt": [w.draft(int(t), 4) for t in (ids[48], ids[49], 28)]}
         w.eval(ids[48:52])
@@ -323,7 +329,7 @@ def _demo_cases() -> list[Case]:
         return out
 
     def arena(tmp: Path) -> Parts:
-        return _demo_prompt_and_decode(regolith.Model.load(arena_gb=0.004, n_ctx=1024), _demo_ids())
+        return _demo_prompt_and_decode(_load_qwen4exp(arena_gb=0.004, n_ctx=1024), _demo_ids())
 
     return [Case(f"demo/{f.__name__}", "demo", f) for f in (prompt_and_decode, generate, drafts, arena)]
 
@@ -389,7 +395,7 @@ def _vision_cases() -> list[Case]:
         return run
 
     def multimodal_logits(tmp: Path) -> Parts:
-        model = regolith.Model.load(VL_TEXT, mmproj=FIXTURES / "tiny-vl-mmproj-f32.gguf", n_ctx=256)
+        model = _load_qwen4exp(VL_TEXT, mmproj=FIXTURES / "tiny-vl-mmproj-f32.gguf", n_ctx=256)
         ids, spans = model.multimodal_prompt(_vision_messages([_image(h, w, s) for h, w, s in IMAGES]))
         w = model.window(256)
         w.attach_images(spans)
@@ -405,7 +411,7 @@ def _vision_cases() -> list[Case]:
         return out
 
     def chat(tmp: Path) -> Parts:
-        model = regolith.Model.load(VL_TEXT, mmproj=FIXTURES / "tiny-vl-mmproj-f16.gguf", n_ctx=256)
+        model = _load_qwen4exp(VL_TEXT, mmproj=FIXTURES / "tiny-vl-mmproj-f16.gguf", n_ctx=256)
         messages = _vision_messages([_image(30, 70, 5)])
         return {"reply": model.chat(messages, max_tokens=8, temperature=0, speculative=False)}
 

@@ -30,7 +30,8 @@ def tiny(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("gen")
     save_tiny_model(tmp / "hf", 3, **OVERRIDES)
-    model = regolith.Model.load(convert(tmp / "hf", tmp / "tiny.gguf", "f32"), n_ctx=256)
+    # the f32 cache computes what transformers computes (the default i8: tests/model/test_kv_cache_types.py)
+    model = regolith.Model.load(convert(tmp / "hf", tmp / "tiny.gguf", "f32"), n_ctx=256, kv_type="f32")
     return model, tiny_model(3, **OVERRIDES)
 
 

@@ -51,10 +51,11 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
 
         dev = backends.device_memory(args.backend)  # a GPU backend: its parts against its free memory
         with _gguf.open(path, side_files=side) as f:
-            sizes = memory_plan.sizes_from_gguf(
-                f.tensors, f.metadata, packed.manifest if packed else None, args.kv_type or "f32"
-            )
             arch = f.architecture or ""
+            kv_type = args.kv_type or memory_plan.default_kv_type(arch)
+            sizes = memory_plan.sizes_from_gguf(
+                f.tensors, f.metadata, packed.manifest if packed else None, kv_type
+            )
             contexts = args.ctx or [default_n_ctx(f.metadata.get(f"{arch}.context_length"))]
         plans = [
             memory_plan.plan_memory(

@@ -23,9 +23,9 @@ Policy (docs/cache.md):
   deleted with its descendants and the prompt is evaluated instead: a broken cache costs time, never output.
 
 Entries live in ``cache_dir/<fingerprint>/<key>.rgs`` (:mod:`regolith.state` files; the fingerprint is mixed
-with the attention cache type where that is not the model's default, so a model loaded with another
-``kv_type`` keeps entries of its own). One process should own
-a cache directory; files are written atomically, so a process killed mid-save leaves the cache valid
+with the attention cache type unless that is f32 for qwen4exp or f16 for the dense models, the types every
+window had before cache types existed, so a model loaded with another ``kv_type`` keeps entries of its own).
+One process should own a cache directory; files are written atomically, so a process killed mid-save leaves the cache valid
 (its temporary file is removed by a later :class:`PromptCache` once it is a minute old).
 """
 
@@ -45,7 +45,6 @@ import numpy as np
 
 from . import state as _state
 from .errors import SessionError
-from .memory_plan import default_kv_type
 
 if TYPE_CHECKING:
     from .chat import ChatTemplate
@@ -119,8 +118,9 @@ class _Unreadable(Exception):
 
 def _cache_id(fingerprint: bytes, architecture: str, kv_type: str | None) -> bytes:
     """What entries are filed and keyed by: the model's fingerprint, mixed with the attention cache type where
-    that is not the architecture's default (a state restores only into a window of its cache type)."""
-    if kv_type is None or kv_type == default_kv_type(architecture):
+    that is not the type every window had before cache types existed (f32 for qwen4exp, f16 otherwise: their
+    entries keep their keys) — a state restores only into a window of its cache type."""
+    if kv_type is None or kv_type == ("f32" if architecture == "qwen4exp" else "f16"):
         return fingerprint
     return hashlib.blake2b(fingerprint + kv_type.encode(), digest_size=32).digest()
 

@@ -36,7 +36,8 @@ def vl(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vl")
     ref = save_tiny_vl_model(tmp / "hf", 3)
     convert(tmp / "hf", tmp / "m.gguf", "f32", mmproj=tmp / "mmproj.gguf")
-    model = regolith.Model.load(tmp / "m.gguf", mmproj=tmp / "mmproj.gguf", n_ctx=256)
+    # the f32 cache computes what transformers computes (the default i8: tests/model/test_kv_cache_types.py)
+    model = regolith.Model.load(tmp / "m.gguf", mmproj=tmp / "mmproj.gguf", n_ctx=256, kv_type="f32")
     return model, ref, tmp / "hf"
 
 
