@@ -27,10 +27,16 @@ SUITE = (
 )
 
 
-def run_suite(backend: str, *pytest_args: str, paths: tuple[str, ...] = SUITE, timeout: float = 2400) -> None:
+def run_suite(
+    backend: str, *pytest_args: str, paths: tuple[str, ...] = SUITE, workers: int = 2, timeout: float = 2400
+) -> None:
     """Runs the tests in `paths` (SUITE by default) with REGOLITH_BACKEND=backend, stopping at the first failure,
-    and asserts that they passed."""
+    and asserts that they passed. The test files are spread over `workers` pytest-xdist processes (at most one
+    per core): the calling pytest only waits meanwhile, and an emulated backend computes on one core."""
     env = {**os.environ, "REGOLITH_BACKEND": backend}
+    n = min(workers, os.cpu_count() or 1)
+    if n > 1:
+        pytest_args = ("-n", str(n), "--dist", "loadfile", *pytest_args)
     cmd = [
         sys.executable,
         "-m",

@@ -7,7 +7,6 @@ tests/test_backend_conformance.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
@@ -19,6 +18,4 @@ from tests.backend_suite import run_suite
 @pytest.mark.skipif("cuda" not in backends.available(), reason="this build or machine has no CUDA backend")
 @pytest.mark.skipif(bool(os.environ.get("REGOLITH_BACKEND")), reason="already running on a chosen backend")
 def test_model_suite_passes_on_cuda():
-    # the suite's processes share the GPU: spread over the host's cores where pytest-xdist is installed
-    workers = ["-n", str(min(14, os.cpu_count() or 1))] if importlib.util.find_spec("xdist") else []
-    run_suite("cuda", *workers)
+    run_suite("cuda", workers=14)  # the suite's processes share the GPU
