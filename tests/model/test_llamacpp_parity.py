@@ -73,7 +73,8 @@ def case(request, tmp_path_factory, llamacpp):
     np.testing.assert_array_equal(ids, case_prompt())
     with torch.no_grad():
         ref = tiny_model(SEED, **CASES[name])(torch.tensor(ids)[None]).logits[0].numpy()
-    ours = regolith.Model.load(convert(hf, tmp / "m.gguf", "f32")).window(64).eval(ids)
+    # the f32 cache, as transformers and llama.cpp's f32 KV cache compute (the default i8: test_kv_cache_types.py)
+    ours = regolith.Model.load(convert(hf, tmp / "m.gguf", "f32"), kv_type="f32").window(64).eval(ids)
     return name, ours, ref, llamacpp[f"{name}/logits"]
 
 
@@ -110,5 +111,5 @@ def test_llamacpp_reads_our_shards_as_we_do(tmp_path):
         shards = gguf_split.write_split(src, tmp_path / "split" / "m.gguf", max_tensors=SPLIT_TENSORS)
     assert [f"{p.name} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in shards] == recorded
     assert len(shards) > 2
-    ours = regolith.Model.load(shards[1]).window(64).eval(ids)
+    ours = regolith.Model.load(shards[1], kv_type="f32").window(64).eval(ids)
     assert _rel(ours, lc) <= 1e-4
