@@ -82,7 +82,7 @@ def _convert(args: argparse.Namespace, console: Console) -> int:
 
         shards = split_paths(written)
         for path in (*shards, args.mmproj) if args.mmproj else shards:
-            console.print(f"wrote {escape(str(path))} ({human_bytes(os.path.getsize(path))})")
+            console.print(f"wrote {escape(str(path))} ({human_bytes(os.path.getsize(path))})", soft_wrap=True)
     return 0
 
 
@@ -104,7 +104,7 @@ def _pack(args: argparse.Namespace, console: Console) -> int:
         out = pack(files.model, args.out, side_files=files.side_files, overwrite=args.force, progress=step)
     if not args.quiet:
         size = sum(f.stat().st_size for f in out.iterdir())
-        console.print(f"wrote {escape(str(out))} ({human_bytes(size)})")
+        console.print(f"wrote {escape(str(out))} ({human_bytes(size)})", soft_wrap=True)
     return 0
 
 
@@ -407,9 +407,13 @@ def _chat(args: argparse.Namespace, console: Console) -> int:
                     session.save_transcript(path)
                 except OSError as e:
                     where = os.fsdecode(e.filename) if e.filename else path
-                    console.print(f"[red]error: {escape(e.strerror or str(e))}: {escape(where)}[/red]")
+                    console.print(
+                        f"[red]error: {escape(e.strerror or str(e))}: {escape(where)}[/red]", soft_wrap=True
+                    )
                     continue
-                console.print(f"[dim]saved {len(session.messages)} messages to {escape(path)}[/dim]")
+                console.print(
+                    f"[dim]saved {len(session.messages)} messages to {escape(path)}[/dim]", soft_wrap=True
+                )
             elif word in ("/help", "/?"):
                 console.print(escape(CHAT_HELP), highlight=False)
             else:
