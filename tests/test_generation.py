@@ -121,6 +121,25 @@ def test_prefix_reuse_evaluates_only_new_tokens(tiny):
     assert w.n_evaluated - before == (len(second) - held) + max(len(g2.tokens) - 1, 0)
 
 
+def test_a_prompt_that_leaves_the_window_is_evaluated_as_on_a_new_window(tiny):
+    """A prompt sharing only its first tokens with a recurrent window cannot cut the window back without
+    replaying them; it is evaluated from its start, so its logits do not depend on what the window held."""
+    from regolith.generation import prefill
+
+    model, _ = tiny
+    held = model.tokenize(PROMPT)
+    prompt = held[:3] + model.tokenize(" x = [1, 2]", add_special=False)
+    w = model.window()
+    w.eval(held[:2])
+    for t in held[2:]:
+        w.eval([t])
+    before = w.n_evaluated
+    logits, reused = prefill(w, prompt)
+    want, _ = prefill(model.window(), prompt)
+    assert reused == 0 and w.n_evaluated - before == len(prompt) and w.tokens == prompt
+    np.testing.assert_array_equal(logits, want)
+
+
 def test_truncate_without_kv_history_replays(tiny):
     model, _ = tiny
     ids = model.tokenize(PROMPT)

@@ -107,7 +107,8 @@ def prefill(
 ) -> tuple[np.ndarray, int]:
     """Bring ``window`` to exactly ``prompt`` and return (logits after its last token, tokens reused).
 
-    Keeps the longest prefix the window already holds, or restores a longer one from ``cache``, and evaluates
+    Keeps the longest prefix the window already holds (where its state can be cut back to it: any prefix on
+    attention-only models, all the window holds on recurrent ones), or restores a longer one from ``cache``, and evaluates
     only the rest (at least the last token, whose logits are needed, unless the cache held the whole prompt
     and its logits), in chunks of :data:`PREFILL_CHUNK`. With a cache, the state is stored at each of
     ``boundaries`` (token offsets) passed on the way and at the end of the prompt. ``progress(done, total)``
@@ -124,7 +125,11 @@ def prefill(
         if hit is not None and hit.logits is not None:
             return hit.logits, len(prompt)
     keep = min(_common_prefix(window.tokens, prompt), len(prompt) - 1)
-    window.truncate(keep)
+    if not window.try_truncate(keep):
+        # A recurrent state cut back by replaying the kept tokens saves nothing, and the replay's chunks would
+        # differ from a fresh prefill's: the prompt's logits would then depend on what the window held before.
+        keep = 0
+        window.truncate(0)
     logits = None
     done = keep
     stops = sorted({b for b in boundaries if keep < b < len(prompt)} if cache is not None else set())

@@ -114,18 +114,24 @@ class Window:
         keep no history, so the window is reset and the kept tokens evaluated again, unless ``n`` lies within
         the last evaluation after :meth:`checkpoint`.
         """
-        if not 0 <= n <= len(self._tokens):
-            raise ValueError(f"cannot truncate a window of {len(self._tokens)} tokens to {n}")
-        if n == len(self._tokens):
-            return
-        if self._w.truncate(n):
-            del self._tokens[n:]
+        if self.try_truncate(n):
             return
         kept, images = self._tokens[:n], self._images
         self.reset()
         self._images = images
         for start in range(0, n, 512):
             self.eval(kept[start : start + 512], all_logits=False)
+
+    def try_truncate(self, n: int) -> bool:
+        """Keep the first ``n`` tokens when the state can be cut back there without evaluating anything again
+        (any ``n`` on attention-only models; within the last evaluation after :meth:`checkpoint` on recurrent
+        ones); False, the window unchanged, otherwise."""
+        if not 0 <= n <= len(self._tokens):
+            raise ValueError(f"cannot truncate a window of {len(self._tokens)} tokens to {n}")
+        if n == len(self._tokens) or self._w.truncate(n):
+            del self._tokens[n:]
+            return True
+        return False
 
     def snapshot(self) -> WindowSnapshot:
         """A copy of the window's whole state (every layer's state and the token ids) in host memory, which
