@@ -108,11 +108,10 @@ class ModelSizes:
 
 
 def default_kv_type(architecture: str) -> str:
-    """The attention cache type ``Model.load`` gives a model of ``architecture`` without ``kv_type``: f32 for
-    qwen4exp (the seed's i8 is a quarter of the bytes, every backend has its kernels and its fidelity cost is
-    measured in docs/benchmarks.md, but with it a request batched beside a cancelled one decoded differently
-    from the same request alone, tests/server/test_batching.py), llama.cpp's f16 for the dense models."""
-    return "f32" if architecture == "qwen4exp" else "f16"
+    """The attention cache type ``Model.load`` gives a model of ``architecture`` without ``kv_type``: the seed's
+    int8 rows for qwen4exp's QSA caches (a quarter of f32's bytes; its fidelity cost is measured in
+    docs/benchmarks.md), llama.cpp's f16 for the dense models."""
+    return "i8" if architecture == "qwen4exp" else "f16"
 
 
 def cache_row_bytes(kv_type: str, n: int) -> int:

@@ -179,7 +179,7 @@ class Model:
         ``kv_type`` is the type of the windows' attention caches (llama.cpp's ``-ctk`` / ``-ctv`` names):
         ``"f32"``, ``"f16"``, ``"q8_0"`` (llama.cpp's blocks of 32) or ``"i8"`` (int8 rows with one f32 scale
         each, the seed's) for qwen4exp's QSA keys, values, indexer keys and pooled block keys (default
-        ``"f32"``, which computes exactly what transformers does) and for the dense models' keys
+        ``"i8"``, the seed's: ``"f32"`` computes exactly what transformers does) and for the dense models' keys
         and values (default ``"f16"``, llama.cpp's). A type the
         backend has no kernels for is refused here with a ``ValueError``, as is a type the model cannot take
         (q8_0 needs head dims that are multiples of 32).

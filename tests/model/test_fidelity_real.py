@@ -30,7 +30,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reference"
 pytestmark = pytest.mark.real_weights
 
 MODELS = {"gemma3": "gemma3-270m", "qwen2": "qwen2.5-coder-0.5b", "qwen4exp": "regolith-demo"}
-# (arch, text): regolith default's mean KL (top-32 + rest, nats) and top-1 agreement, measured.
+# (arch, text): regolith default's mean KL (top-32 + rest, nats) and top-1 agreement, measured (the demo model
+# with its default i8 attention cache: within its f32 cache's 0.0030-0.0043 / 494-507 of 512, docs/fidelity.md).
 MEASURED = {
     ("gemma3", "prose"): (0.002606, 490 / 512),
     ("gemma3", "code"): (0.004912, 499 / 512),
@@ -38,9 +39,9 @@ MEASURED = {
     ("qwen2", "prose"): (0.0007512, 504 / 512),
     ("qwen2", "code"): (0.0003024, 511 / 512),
     ("qwen2", "chat"): (0.0008403, 502 / 512),
-    ("qwen4exp", "prose"): (0.004278, 498 / 512),
-    ("qwen4exp", "code"): (0.003096, 507 / 512),
-    ("qwen4exp", "chat"): (0.003016, 494 / 512),
+    ("qwen4exp", "prose"): (0.003515, 497 / 512),
+    ("qwen4exp", "code"): (0.002444, 506 / 512),
+    ("qwen4exp", "chat"): (0.003938, 501 / 512),
 }
 SLACK = 0.05
 
