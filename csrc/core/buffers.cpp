@@ -93,6 +93,9 @@ Tensor Workspace::alloc(uint32_t type, int64_t rows, int64_t cols) {
             const size_t at = chunks_.empty() ? 0 : chunk_ + 1;
             chunks_.insert(chunks_.begin() + std::ptrdiff_t(at), Buffer(*be_, std::max({bytes, kMinChunk, 2 * last})));
             chunk_ = at;
+            uint64_t held = 0;
+            for (const Buffer& c : chunks_) held += c.bytes();
+            held_peak_ = std::max(held_peak_, held);
         }
         used_ = 0;
     }
@@ -110,6 +113,7 @@ void Workspace::reset() {
     } else if (chunks_.size() > 1) {
         chunks_.clear();
         chunks_.push_back(Buffer(*be_, round_up(peak_, kMinChunk)));
+        held_peak_ = std::max(held_peak_, chunks_.back().bytes());
     }
     chunk_ = 0;
     used_ = 0;

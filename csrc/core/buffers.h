@@ -59,6 +59,8 @@ public:
     Tensor f32(int64_t rows, int64_t cols) { return alloc(RG_TYPE_F32, rows, cols); }
     Tensor i32(int64_t rows, int64_t cols) { return alloc(RG_TYPE_I32, rows, cols); }
     void reset();
+    // The most bytes of backend memory its chunks have held at once since construction.
+    uint64_t held_peak() const { return held_peak_; }
 
     class Scope {
     public:
@@ -79,6 +81,7 @@ private:
     size_t chunk_ = 0;   // the chunk being filled
     uint64_t used_ = 0;  // bytes used in it
     uint64_t peak_ = 0;  // bytes taken in all chunks at once, most this step
+    uint64_t held_peak_ = 0;
 };
 
 // Bytes of rows x cols elements of `type`, rows packed.

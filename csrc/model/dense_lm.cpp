@@ -150,6 +150,11 @@ DenseWindow::DenseWindow(const DenseModel& model, int64_t max_ctx, KvType kv_typ
     reset_locked();
 }
 
+uint64_t DenseWindow::scratch_peak_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ws_.held_peak();
+}
+
 uint64_t DenseWindow::attention_cache_bytes() const {
     std::lock_guard<std::mutex> lock(mutex_);
     uint64_t n = 0;

@@ -97,6 +97,7 @@ public:
     int64_t n_past() const override { return n_past_; }
     int64_t max_ctx() const override { return max_ctx_; }
     uint64_t attention_cache_bytes() const override;
+    uint64_t scratch_peak_bytes() const override;
     int64_t vocab() const override { return model_.config_.vocab; }
     void reset() override;
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;

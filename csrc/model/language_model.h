@@ -70,6 +70,9 @@ public:
     // Bytes of backend memory the window's growing attention caches hold now (QSA or KV caches; not the MTP
     // head's): what the memory plan's per-token state estimates.
     virtual uint64_t attention_cache_bytes() const = 0;
+    // The most bytes of backend memory the window's scratch (the tensors of one evaluation, or of a step over
+    // several windows this one led) has held at once: what the memory plan's scratch estimates.
+    virtual uint64_t scratch_peak_bytes() const = 0;
 };
 
 // One forward pass over several windows of one model: every window's rows have their own positions, caches

@@ -133,6 +133,11 @@ std::unique_ptr<ModelWindow> Qwen4ExpModel::new_window(int64_t max_ctx, uint32_t
     return std::make_unique<Qwen4ExpWindow>(*this, max_ctx, cache_type);
 }
 
+uint64_t Qwen4ExpWindow::scratch_peak_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ws_.held_peak();
+}
+
 uint64_t Qwen4ExpWindow::attention_cache_bytes() const {
     std::lock_guard<std::mutex> lock(mutex_);
     uint64_t n = 0;

@@ -125,6 +125,7 @@ public:
     int64_t n_past() const override { return n_past_; }
     int64_t max_ctx() const override { return max_ctx_; }
     uint64_t attention_cache_bytes() const override;
+    uint64_t scratch_peak_bytes() const override;
     int64_t vocab() const override;
     int64_t hidden() const { return model_.config_.hidden; }
     void reset() override;

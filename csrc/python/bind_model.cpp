@@ -244,6 +244,8 @@ void init_model(nb::module_& m) {
     nb::class_<ModelWindow>(m, "ModelWindow")
         .def_prop_ro("n_past", &ModelWindow::n_past)
         .def_prop_ro("max_ctx", &ModelWindow::max_ctx)
+        .def_prop_ro("scratch_peak_bytes", &ModelWindow::scratch_peak_bytes,
+                     "The most backend memory the window's scratch has held at once (the memory plan's scratch).")
         .def_prop_ro("attention_cache_bytes", &ModelWindow::attention_cache_bytes,
                      "Backend memory the attention caches hold now (the memory plan's per-token state).")
         .def_prop_ro("vocab", &ModelWindow::vocab)

@@ -54,6 +54,9 @@ def process_rss() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+SCRATCH_MIN_CHUNK = 1 << 20  # a window's workspace takes at least this much (csrc/core/buffers.cpp kMinChunk)
+
+
 @dataclass(frozen=True)
 class ModelSizes:
     """Byte counts of a model's parts, read from its GGUF (and pack manifest)."""
@@ -76,6 +79,7 @@ class ModelSizes:
     ff_expert: int = 0
     mtp_bytes: int = 0  # the MTP head's tensors but its routed experts (which count as a layer's experts)
     mtp_experts: int = 0  # the MTP head's routed experts (0: no head)
+    dense_scratch: int = 0  # gemma3 / qwen2: scratch_bytes
 
     @property
     def expert_bytes(self) -> int:
@@ -100,11 +104,14 @@ class ModelSizes:
         return self.state_fixed + self.state_per_token * n_ctx
 
     def scratch_bytes(self) -> int:
-        """Activations of one prefill chunk (estimate: streams, mixer and MoE buffers, one logits row)."""
+        """Activations of one prefill chunk (estimate: streams, mixer and MoE buffers, one logits row; the
+        dense models': what their workspace can hold for it, ``_dense_scratch``)."""
+        if self.architecture != "qwen4exp":
+            return self.dense_scratch
         t = PREFILL_CHUNK
         streams = 6 * t * self.hc * self.hidden
         moe = t * max(self.n_used, 1) * (2 * self.hidden + 2 * self.ff_expert)
-        return 4 * (streams + moe + 2 * self.vocab)
+        return max(4 * (streams + moe + 2 * self.vocab), SCRATCH_MIN_CHUNK)
 
 
 def default_kv_type(architecture: str) -> str:
@@ -135,6 +142,23 @@ def _dense_head_dim(metadata: dict[str, Any], arch: str) -> int:
     if p + "attention.key_length" in metadata:
         return int(metadata[p + "attention.key_length"])
     return int(metadata[p + "embedding_length"]) // int(metadata[p + "attention.head_count"])
+
+
+def _dense_scratch(metadata: dict[str, Any], arch: str, kv_heads: int, vocab: int) -> int:
+    """What a gemma3 / qwen2 window's workspace can hold while it evaluates a prefill chunk (DenseWindow's
+    forward, csrc/model/dense_lm.cpp): per token the residual stream, its norm and the attention output
+    [hidden] x 3, queries and attention [heads * head_dim] x 2, keys and values [kv_heads * head_dim] x 2,
+    the MLP's gate and up [ff] x 2 and two rope tables, all f32, and the last token's logits row. The
+    workspace grows by chunks of twice the last one (the first at least SCRATCH_MIN_CHUNK), each left when the
+    next tensor does not fit, so it can hold about twice the tensors, the largest one's room left unused (the
+    MLP's) and its first chunk's minimum (tests/model/test_kv_cache_types.py checks the bound)."""
+    p = f"{arch}."
+    hidden, d = int(metadata[p + "embedding_length"]), _dense_head_dim(metadata, arch)
+    n_head, ff = int(metadata[p + "attention.head_count"]), int(metadata[p + "feed_forward_length"])
+    n_rot = int(metadata.get(p + "rope.dimension_count", d))
+    per_token = 4 * (3 * hidden + 2 * n_head * d + 2 * kv_heads * d + 2 * ff + 2 * n_rot) + 3 * 8 + 4
+    t = PREFILL_CHUNK
+    return 2 * (t * per_token + 4 * t * ff + 4 * vocab) + SCRATCH_MIN_CHUNK
 
 
 def check_kv_type(metadata: dict[str, Any], kv_type: str) -> None:
@@ -187,7 +211,12 @@ def _sizes(
         n_layer = int(metadata[p + "block_count"])
         heads = [int(h) for h in kvh] if isinstance(kvh, list) else [int(kvh)] * n_layer
         row = cache_row_bytes(kv_type, _dense_head_dim(metadata, arch))
-        return ModelSizes(arch, dense, state_per_token=sum(2 * h * row for h in heads))
+        return ModelSizes(
+            arch,
+            dense,
+            state_per_token=sum(2 * h * row for h in heads),
+            dense_scratch=_dense_scratch(metadata, arch, max(heads), tensors["token_embd.weight"].shape[0]),
+        )
     p = "qwen4exp."
     n_layer = int(metadata[p + "block_count"])
     if not 0 < n_layer <= len(tensors):  # every layer has tensors: a larger count is a lie

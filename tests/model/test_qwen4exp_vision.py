@@ -135,18 +135,21 @@ def test_chat_with_images_reuses_the_prefix_only_for_the_same_image(vl):
     def messages(img):
         return [{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "?"}]}]
 
-    def ask(img):
-        gen = model.chat(messages(img), max_tokens=3, temperature=0, stream=True)
-        return "".join(gen), gen.stats.cached_tokens
-
     ids, spans = model.multimodal_prompt(messages(a))
-    first, _ = ask(a)
-    again, cached = ask(a)
-    assert again == first and cached > spans[0].end
-    _, cached_b = ask(b)  # same token ids, another image: nothing from the image on is reused
-    assert cached_b <= spans[0].start
-    fresh = model.start(ids, window=model.window(256), images=spans, max_tokens=3, temperature=0)
-    assert "".join(fresh) == first
+    _, spans_b = model.multimodal_prompt(messages(b))
+    first = "".join(model.chat(messages(a), max_tokens=3, temperature=0, stream=True))
+    w = model.window(256)
+    gen = model.start(ids, window=w, images=spans, max_tokens=3, temperature=0)
+    assert "".join(gen) == first
+    # A prompt continuing what the window holds, the same image in it: all of it is reused ...
+    more = [*ids, *gen.tokens, *model.tokenize("?", add_special=False)]
+    again = model.start(more, window=w, images=spans, max_tokens=3, temperature=0)
+    "".join(again)
+    assert again.stats.cached_tokens == len(ids) + len(gen.tokens) - 1 > spans[0].end
+    # ... the same token ids with another image: nothing from the image on
+    other = model.start(more, window=w, images=spans_b, max_tokens=3, temperature=0)
+    "".join(other)
+    assert other.stats.cached_tokens <= spans_b[0].start
 
 
 def test_text_after_an_image_turn_drops_the_image_tokens(vl, tmp_path):
