@@ -52,7 +52,7 @@ def write_projector(path: Path, depth: int, out_dim: int) -> None:
     import gguf
 
     from regolith.convert.mmproj import mmproj_metadata, mmproj_tensors
-    from regolith.convert.writer import _add_kv, _add_tensor_infos, _mmproj_type, _write_plan
+    from regolith.convert.writer import _add_kv, _add_tensor_infos, _write_plan, mmproj_type
 
     config = {
         "hidden_size": out_dim,
@@ -92,7 +92,7 @@ def write_projector(path: Path, depth: int, out_dim: int) -> None:
         norm_weight = key.endswith(("norm.weight", "norm1.weight", "norm2.weight"))
         named.append(("model.visual." + key, _Random(shape, seed, 0.02, 1.0 if norm_weight else 0.0)))
     plan = mmproj_tensors(config, named)
-    types = [_mmproj_type(name, shape, "f16") for name, shape, _ in plan]
+    types = [mmproj_type(name, shape, "f16") for name, shape, _ in plan]
     writer = gguf.GGUFWriter(path=None, arch="clip")
     _add_tensor_infos(writer, plan, types)
     writer.add_type(gguf.GGUFType.MMPROJ)

@@ -51,9 +51,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from regolith import gguf_split, quant
 from regolith._atomic import atomic_path
-from regolith.convert import qwen4exp
+from regolith.convert import mmproj, qwen4exp
 from regolith.convert.tokenizer import gpt2_tokenizer_metadata
-from regolith.convert.writer import tensor_type
+from regolith.convert.writer import _add_kv, mmproj_type, tensor_type
 
 __all__ = [
     "DENSE_TYPES",
@@ -389,10 +389,13 @@ def write_bundle(
     mtp: bool = True,
     mtp_expert_type: str = "Q2_0",
     split_max_size: int = 48 * 10**9,
+    vision: bool = False,
 ) -> list[Path]:
     """Write the headers of a synthetic model laid out as Flash-Next is published (module docstring,
     ``--bundle``) into ``out_dir``: the model's gguf-split shards of at most ``split_max_size`` bytes,
-    ``ple-<ple_type>.gguf`` and ``mtp-<mtp_expert_type>.gguf``; returns the files, the first shard first."""
+    ``ple-<ple_type>.gguf``, ``mtp-<mtp_expert_type>.gguf`` and with ``vision`` ``mmproj-f16.gguf`` (the
+    vision tower of ``Qwen4ExpVisionConfig()`` defaults, as ``regolith convert --mmproj`` writes it); returns
+    the files, the first shard first."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = config(n_layers, vocab=vocab, ple=ple, mtp=mtp)
@@ -421,7 +424,34 @@ def write_bundle(
         if group:
             _write_headers(out / name, gguf.GGUFWriter(path=None, arch=qwen4exp.ARCH), group)
             written.append(out / name)
+    if vision:
+        writer = gguf.GGUFWriter(path=None, arch="clip")
+        writer.add_type(gguf.GGUFType.MMPROJ)
+        md, specs = projector(int(cfg["hidden_size"]))
+        _add_kv(writer, md)
+        _write_headers(out / "mmproj-f16.gguf", writer, specs)
+        written.append(out / "mmproj-f16.gguf")
     return written
+
+
+def projector(hidden: int) -> tuple[list[tuple[str, Any, Any]], list[TensorSpec]]:
+    """The metadata and tensors (in file order) of the projector GGUF regolith's converter writes for the
+    vision tower of ``Qwen4ExpVisionConfig()`` defaults projecting to ``hidden``-wide embeddings, from the
+    shapes of a transformers vision model built on the meta device."""
+    import torch
+    from transformers.models.qwen4_exp.configuration_qwen4_exp import Qwen4ExpVisionConfig
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpVisionModel
+
+    vision_cfg = Qwen4ExpVisionConfig(out_hidden_size=hidden)
+    with torch.device("meta"):
+        model = Qwen4ExpVisionModel(vision_cfg)
+    config = {"hidden_size": hidden, "vision_config": vision_cfg.to_dict()}
+    plan = mmproj.mmproj_tensors(config, [("model.visual." + n, t) for n, t in model.state_dict().items()])
+    specs = [
+        TensorSpec(name, tuple(int(s) for s in shape), mmproj_type(name, shape, "f16"))
+        for name, shape, _ in plan
+    ]
+    return mmproj.mmproj_metadata(config, {}, file_type=int(gguf.LlamaFileType.MOSTLY_F16)), specs
 
 
 def _logit_summary(logits: np.ndarray) -> str:
@@ -466,6 +496,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--ple-type", default="IQ4_NL", help="--bundle: the PLE table's type")
     ap.add_argument("--mtp", action="store_true", help="--bundle: with an MTP head")
+    ap.add_argument("--vision", action="store_true", help="--bundle: with the vision tower's projector")
     ap.add_argument("--mtp-experts", default="Q2_0", help="--bundle: the MTP head's experts' type")
     ap.add_argument(
         "--bundle", action="store_true", help="write OUT as a sparse, headers-only model directory"
@@ -489,6 +520,7 @@ def main(argv: list[str] | None = None) -> None:
             mtp=args.mtp,
             mtp_expert_type=args.mtp_experts,
             split_max_size=gguf_split.parse_size(args.split_max_size),
+            vision=args.vision,
         )
         for f in files:
             print(f"{f}: {f.stat().st_size / 1e9:.2f} GB ({f.stat().st_blocks * 512 / 1e6:.1f} MB on disk)")

@@ -1,6 +1,7 @@
 """`regolith inspect --plan` on a full-size synthetic Qwen3.8-Flash-Next laid out as it is published: 48 layers of
 512 IQ2_XS experts, the full 248,320-token vocabulary, the model in gguf-split shards, the ~320M-row PLE table in
-ple-iq4_nl.gguf and the MTP head (Q2_0 experts) in mtp-q2_0.gguf. The files are sparse (headers only, ~50 GB
+ple-iq4_nl.gguf, the MTP head (Q2_0 experts) in mtp-q2_0.gguf and the vision tower in mmproj-f16.gguf. The
+files are sparse (headers only, ~51 GB
 apparent, a few MB on disk). The plan's sizes are checked against the tensor infos as the gguf package reads
 them, and the table against a 24 GB machine's cap (the seed's 18.8 GB)."""
 
@@ -41,6 +42,7 @@ def bundle(tmp_path_factory) -> Path:
         ple_type="IQ4_NL",
         mtp=True,
         split_max_size=10 * 10**9,
+        vision=True,
     )
     return d
 
@@ -48,7 +50,11 @@ def bundle(tmp_path_factory) -> Path:
 def test_bundle_is_split_sparse_and_found_by_name(bundle):
     files = resolve_files(bundle)
     assert files.model.name == "flash-next-IQ2_XS-00001-of-00003.gguf"
-    assert (files.ple.name, files.mtp.name) == ("ple-iq4_nl.gguf", "mtp-q2_0.gguf")
+    assert (files.ple.name, files.mtp.name, files.mmproj.name) == (
+        "ple-iq4_nl.gguf",
+        "mtp-q2_0.gguf",
+        "mmproj-f16.gguf",
+    )
     total = sum(p.stat().st_size for p in bundle.iterdir())
     assert total > 45 * 10**9 and sum(p.stat().st_blocks * 512 for p in bundle.iterdir()) < 100 * 10**6
 
@@ -76,6 +82,18 @@ def test_plan_sizes_match_the_files_tensor_infos(bundle):
     assert (sizes.ple_rows, sizes.ple_row_bytes) == (
         int(table.shape[1]),
         int(table.n_bytes) // int(table.shape[1]),
+    )
+    # the vision encoder as it loads: F16 matrices as stored, the rest converted to f32, two rotary tables
+    projector = gguf.GGUFReader(files.mmproj)
+    hd = int(projector.get_field("clip.vision.embedding_length").contents()) // int(
+        projector.get_field("clip.vision.attention.head_count").contents()
+    )
+    as_stored = [t for t in projector.tensors if len(t.shape) == 2 and "position" not in t.name]
+    assert {t.tensor_type.name for t in as_stored} == {"F16"}
+    stored = {t.name for t in as_stored}
+    converted = sum(4 * int(t.n_elements) for t in projector.tensors if t.name not in stored)
+    assert (
+        memory_plan.vision_bytes(files.mmproj) == sum(int(t.n_bytes) for t in as_stored) + converted + 4 * hd
     )
 
 
@@ -112,6 +130,7 @@ def test_inspect_plan_prints_the_24gb_table(bundle):
         "KV / state",
         "scratch",
         "PLE row cache",
+        "vision encoder",
         "runtime (before load)",
     ]
     assert total.startswith("total") and total.endswith(f"of a {CAP_GB} GiB budget")
@@ -142,3 +161,9 @@ def test_an_8_bit_cache_plans_128k_within_the_seeds_context_state(bundle):
             for kv in ("f32", "q8_0", "i8")
         }
     assert state["i8"] < state["q8_0"] <= 2.23e9 < state["f32"] / 3.5
+    # per token and QSA cache (the 12 layers' and the MTP head's), the default i8 within the seed's 14.2 KiB for
+    # its 12 layers
+    with regolith.gguf.open(files.model, side_files=files.side_files) as f:
+        i8 = memory_plan.sizes_from_gguf(f.tensors, f.metadata, None, "i8")
+        assert memory_plan.default_kv_type(f.architecture) == "i8"
+    assert i8.state_per_token / 13 <= 14.2 * 1024 / 12

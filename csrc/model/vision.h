@@ -41,6 +41,8 @@ public:
     ~VisionEncoder();
 
     const VisionConfig& config() const { return config_; }
+    // Bytes of the weights it holds (in the backend's memory, or mapped from the file).
+    uint64_t weight_bytes() const { return store_.bytes(); }
 
     // pixels: [sum t*h*w][patch_dim] rows in the processor's order (per image, merge x merge blocks of
     // patches in raster order of blocks; each row is (channel, frame, y, x)); grids: [n_images][3] (t, h, w)

@@ -53,6 +53,13 @@ Tensor WeightStore::upload(uint32_t type, int64_t rows, int64_t cols, const void
     return uploaded_.emplace_back(OwnedTensor::from_host(be_, type, rows, cols, data)).t;
 }
 
+uint64_t WeightStore::bytes() const {
+    uint64_t n = 0;
+    for (const auto& [t, b] : imported_) n += b.bytes();
+    for (const OwnedTensor& o : uploaded_) n += o.buffer.bytes();
+    return n;
+}
+
 const GgufTensor& ModelWeights::get(const std::string& name) const { return supported(file_, name); }
 
 const GgufTensor& ModelWeights::tensor(const std::string& name, std::initializer_list<int64_t> ne) const {

@@ -28,6 +28,8 @@ public:
     Tensor whole(const GgufTensor& t);
     // rows x cols of `type` copied from host memory into a new backend buffer the store owns.
     Tensor upload(uint32_t type, int64_t rows, int64_t cols, const void* data);
+    // Bytes of the tensors imported and uploaded so far.
+    uint64_t bytes() const;
 
 private:
     const GgufSet& file_;

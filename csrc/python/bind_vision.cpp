@@ -81,6 +81,8 @@ void init_vision(nb::module_& m) {
              },
              nb::arg("path"), nb::arg("backend") = "")
         .def("config", &vision_config)
+        .def_prop_ro("weight_bytes", &VisionEncoder::weight_bytes,
+                     "Bytes of the weights it holds: what the memory plan's vision encoder row counts.")
         .def("encode", &encode, nb::arg("pixel_values"), nb::arg("grid_thw"),
              "pixel_values [patches, C*T*p*p] float32, grid_thw [images, 3] int64 -> embeddings "
              "[patches / merge^2, out_hidden_size] float32");

@@ -4,6 +4,7 @@ would make."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from rich.console import Console
@@ -57,6 +58,8 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
                 f.tensors, f.metadata, packed.manifest if packed else None, kv_type
             )
             contexts = args.ctx or [default_n_ctx(f.metadata.get(f"{arch}.context_length"))]
+        if files.mmproj is not None:
+            sizes = dataclasses.replace(sizes, vision_bytes=memory_plan.vision_bytes(files.mmproj))
         plans = [
             memory_plan.plan_memory(
                 sizes,

@@ -3,6 +3,7 @@ fits in the budget (``memory_gb``), decided before anything large is allocated."
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import textwrap
@@ -80,6 +81,7 @@ class ModelSizes:
     mtp_bytes: int = 0  # the MTP head's tensors but its routed experts (which count as a layer's experts)
     mtp_experts: int = 0  # the MTP head's routed experts (0: no head)
     dense_scratch: int = 0  # gemma3 / qwen2: scratch_bytes
+    vision_bytes: int = 0  # the projector's weights (mmproj): the vision encoder, loaded for images
 
     @property
     def expert_bytes(self) -> int:
@@ -159,6 +161,24 @@ def _dense_scratch(metadata: dict[str, Any], arch: str, kv_heads: int, vocab: in
     per_token = 4 * (3 * hidden + 2 * n_head * d + 2 * kv_heads * d + 2 * ff + 2 * n_rot) + 3 * 8 + 4
     t = PREFILL_CHUNK
     return 2 * (t * per_token + 4 * t * ff + 4 * vocab) + SCRATCH_MIN_CHUNK
+
+
+def vision_bytes(mmproj: str | os.PathLike[str]) -> int:
+    """The memory a projector GGUF's vision encoder takes when it is loaded: its matrices as stored, the
+    other tensors (vectors, the patch kernel, the position embeddings) as f32, as csrc/model/vision.cpp loads
+    them, and its rotary tables (head_dim / 2 frequencies and axes, 4 bytes each)."""
+    from . import gguf
+
+    with gguf.open(mmproj) as f:
+        md = f.metadata
+        try:
+            head_dim = int(md["clip.vision.embedding_length"]) // int(md["clip.vision.attention.head_count"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            raise ModelFormatError(f"{os.fspath(mmproj)}: not a vision projector ({e!r})") from None
+        return 4 * head_dim + sum(
+            t.nbytes if len(t.shape) == 2 and "position_embd" not in name else 4 * math.prod(t.shape)
+            for name, t in f.tensors.items()
+        )
 
 
 def check_kv_type(metadata: dict[str, Any], kv_type: str) -> None:
@@ -324,6 +344,7 @@ class MemoryPlan:
     # The parts a backend with its own memory (a GPU) holds there; the rest is host RAM.
     DEVICE_PARTS = (
         "dense weights (resident)",
+        "vision encoder",
         "MTP head",
         "expert arena",
         "experts (resident)",
@@ -379,6 +400,7 @@ class MemoryPlan:
             + self.host_tier_bytes
             + self.ple_cache_bytes
             + self.sizes.ple_index_bytes
+            + self.sizes.vision_bytes
             + self.overhead_bytes
         )
 
@@ -422,6 +444,10 @@ class MemoryPlan:
             )
             if s.ple_index_bytes:
                 rows.append(("PLE block checksums", s.ple_index_bytes, ""))
+        if s.vision_bytes:
+            rows.append(
+                ("vision encoder", s.vision_bytes, "the projector's weights, loaded while images are encoded")
+            )
         rows.append(("runtime (before load)", self.overhead_bytes, "interpreter and libraries"))
         return rows
 

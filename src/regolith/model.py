@@ -3,6 +3,7 @@ contexts are :class:`regolith.Window` (:mod:`regolith.window`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -217,6 +218,8 @@ class Model:
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
         kv_type = kv_type or _plan.default_kv_type(arch)
         sizes = _plan.sizes_from_gguf(tensors, metadata, packed.manifest if packed else None, kv_type)
+        if files.mmproj is not None:
+            sizes = dataclasses.replace(sizes, vision_bytes=_plan.vision_bytes(files.mmproj))
         ctx = int(n_ctx or default_n_ctx(metadata.get(f"{arch}.context_length")))
         plan = _plan.plan_memory(
             sizes,

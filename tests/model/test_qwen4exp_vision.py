@@ -128,6 +128,16 @@ def _reference_ids(ref, hf_dir, ids, extra, images):
     return full[0].numpy(), logits.numpy().astype(np.float64)
 
 
+def test_the_plan_counts_the_vision_encoder_it_loads(vl):
+    model, _, _ = vl
+    model.vision.encode(_image(24, 24, 3))
+    assert model.vision.loaded
+    assert model.plan.sizes.vision_bytes == model.vision._encoder.weight_bytes > 0
+    rows = {name: size for name, size, _ in model.plan.rows()}
+    assert rows["vision encoder"] == model.plan.sizes.vision_bytes
+    assert model.plan.total_bytes == sum(rows.values())
+
+
 def test_chat_with_images_reuses_the_prefix_only_for_the_same_image(vl):
     model, _, _ = vl
     a, b = _image(24, 24, 7), _image(24, 24, 8)

@@ -23,7 +23,7 @@ from . import qwen4exp
 from .checkpoint import Checkpoint
 from .tokenizer import gpt2_tokenizer_metadata
 
-__all__ = ["OUTTYPES", "convert", "convert_mmproj", "tensor_type"]
+__all__ = ["OUTTYPES", "convert", "convert_mmproj", "mmproj_type", "tensor_type"]
 
 # --outtype -> (ggml type of the quantizable tensors, general.file_type). q4_k / q6_k / iq4_nl files are
 # "pure": every quantizable tensor gets the type (llama.cpp's Q4_K_M and friends mix in higher types).
@@ -228,7 +228,7 @@ def convert(
     return out_path
 
 
-def _mmproj_type(name: str, shape: Sequence[int], outtype: str) -> str:
+def mmproj_type(name: str, shape: Sequence[int], outtype: str) -> str:
     """llama.cpp's mmproj types: F32 for 1-D tensors and biases, else F32 or F16 (quantized outtypes too)."""
     if len(shape) <= 1 or not name.endswith((".weight", ".weight.1")):
         return "F32"
@@ -250,7 +250,7 @@ def convert_mmproj(
     file_type = gguf.LlamaFileType.ALL_F32 if outtype == "f32" else gguf.LlamaFileType.MOSTLY_F16
     md = _mmproj.mmproj_metadata(ckpt.config, preprocessor, file_type=int(file_type))
     writer = gguf.GGUFWriter(path=None, arch="clip")
-    types = [_mmproj_type(name, shape, outtype) for name, shape, _ in plan]
+    types = [mmproj_type(name, shape, outtype) for name, shape, _ in plan]
     _add_tensor_infos(writer, plan, types)
     writer.add_type(gguf.GGUFType.MMPROJ)
     meta = gguf.Metadata.load(None, ckpt.path, None, 0)
