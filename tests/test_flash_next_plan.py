@@ -92,9 +92,9 @@ def test_plan_sizes_match_the_files_tensor_infos(bundle):
     assert {t.tensor_type.name for t in as_stored} == {"F16"}
     stored = {t.name for t in as_stored}
     converted = sum(4 * int(t.n_elements) for t in projector.tensors if t.name not in stored)
-    assert (
-        memory_plan.vision_bytes(files.mmproj) == sum(int(t.n_bytes) for t in as_stored) + converted + 4 * hd
-    )
+    with regolith.gguf.open(files.mmproj) as f:
+        planned = memory_plan.vision_bytes(f.tensors, f.metadata, str(files.mmproj))
+    assert planned == sum(int(t.n_bytes) for t in as_stored) + converted + 4 * hd
 
 
 def test_inspect_plan_prints_the_24gb_table(bundle):

@@ -59,7 +59,9 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
             )
             contexts = args.ctx or [default_n_ctx(f.metadata.get(f"{arch}.context_length"))]
         if files.mmproj is not None:
-            sizes = dataclasses.replace(sizes, vision_bytes=memory_plan.vision_bytes(files.mmproj))
+            with _gguf.open(files.mmproj) as v:
+                vision_size = memory_plan.vision_bytes(v.tensors, v.metadata, str(files.mmproj))
+            sizes = dataclasses.replace(sizes, vision_bytes=vision_size)
         plans = [
             memory_plan.plan_memory(
                 sizes,

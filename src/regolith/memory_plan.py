@@ -163,22 +163,21 @@ def _dense_scratch(metadata: dict[str, Any], arch: str, kv_heads: int, vocab: in
     return 2 * (t * per_token + 4 * t * ff + 4 * vocab) + SCRATCH_MIN_CHUNK
 
 
-def vision_bytes(mmproj: str | os.PathLike[str]) -> int:
-    """The memory a projector GGUF's vision encoder takes when it is loaded: its matrices as stored, the
-    other tensors (vectors, the patch kernel, the position embeddings) as f32, as csrc/model/vision.cpp loads
-    them, and its rotary tables (head_dim / 2 frequencies and axes, 4 bytes each)."""
-    from . import gguf
-
-    with gguf.open(mmproj) as f:
-        md = f.metadata
-        try:
-            head_dim = int(md["clip.vision.embedding_length"]) // int(md["clip.vision.attention.head_count"])
-        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
-            raise ModelFormatError(f"{os.fspath(mmproj)}: not a vision projector ({e!r})") from None
-        return 4 * head_dim + sum(
-            t.nbytes if len(t.shape) == 2 and "position_embd" not in name else 4 * math.prod(t.shape)
-            for name, t in f.tensors.items()
+def vision_bytes(tensors: dict[str, Any], metadata: dict[str, Any], where: str) -> int:
+    """The memory a projector GGUF's vision encoder (``tensors`` and ``metadata`` of the file at ``where``)
+    takes when it is loaded: its matrices as stored, the other tensors (vectors, the patch kernel, the
+    position embeddings) as f32, as csrc/model/vision.cpp loads them, and its rotary tables (head_dim / 2
+    frequencies and axes, 4 bytes each). Raises ModelFormatError for a file that is not a projector."""
+    try:
+        head_dim = int(metadata["clip.vision.embedding_length"]) // int(
+            metadata["clip.vision.attention.head_count"]
         )
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise ModelFormatError(f"{where}: not a vision projector ({e!r})") from None
+    return 4 * head_dim + sum(
+        t.nbytes if len(t.shape) == 2 and "position_embd" not in name else 4 * math.prod(t.shape)
+        for name, t in tensors.items()
+    )
 
 
 def check_kv_type(metadata: dict[str, Any], kv_type: str) -> None:

@@ -219,7 +219,9 @@ class Model:
         kv_type = kv_type or _plan.default_kv_type(arch)
         sizes = _plan.sizes_from_gguf(tensors, metadata, packed.manifest if packed else None, kv_type)
         if files.mmproj is not None:
-            sizes = dataclasses.replace(sizes, vision_bytes=_plan.vision_bytes(files.mmproj))
+            with _gguf.open(files.mmproj) as v:
+                vision_size = _plan.vision_bytes(v.tensors, v.metadata, os.fspath(files.mmproj))
+            sizes = dataclasses.replace(sizes, vision_bytes=vision_size)
         ctx = int(n_ctx or default_n_ctx(metadata.get(f"{arch}.context_length")))
         plan = _plan.plan_memory(
             sizes,
