@@ -4,7 +4,6 @@ would make."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import Any
 
 from rich.console import Console
@@ -35,7 +34,7 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
     """`regolith inspect`: the summary, hyper-parameters and tensor types of a GGUF file or packed model, or
     with --plan the memory plan a load would make; returns the exit status."""
     from . import memory_plan
-    from .model import default_n_ctx
+    from .model import default_n_ctx, plan_sizes
     from .pack import is_packed, open_packed
 
     files = resolve_files(args.model, ple=args.ple, mtp=args.mtp)
@@ -54,14 +53,8 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
         with _gguf.open(path, side_files=side) as f:
             arch = f.architecture or ""
             kv_type = args.kv_type or memory_plan.default_kv_type(arch)
-            sizes = memory_plan.sizes_from_gguf(
-                f.tensors, f.metadata, packed.manifest if packed else None, kv_type
-            )
+            sizes = plan_sizes(files, f.tensors, f.metadata, packed.manifest if packed else None, kv_type)
             contexts = args.ctx or [default_n_ctx(f.metadata.get(f"{arch}.context_length"))]
-        if files.mmproj is not None:
-            with _gguf.open(files.mmproj) as v:
-                vision_size = memory_plan.vision_bytes(v.tensors, v.metadata, str(files.mmproj))
-            sizes = dataclasses.replace(sizes, vision_bytes=vision_size)
         plans = [
             memory_plan.plan_memory(
                 sizes,

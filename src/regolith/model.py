@@ -39,6 +39,23 @@ DEFAULT_MAX_TOKENS = 256
 SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
 
 
+def plan_sizes(
+    files: ModelFiles,
+    tensors: dict[str, Any],
+    metadata: dict[str, Any],
+    manifest: dict[str, Any] | None,
+    kv_type: str,
+) -> _plan.ModelSizes:
+    """The sizes the memory plan takes for ``files``: the model's parts from its tensors and metadata (and a
+    packed model's manifest), with the vision encoder's weights when a projector is among the files."""
+    sizes = _plan.sizes_from_gguf(tensors, metadata, manifest, kv_type)
+    if files.mmproj is None:
+        return sizes
+    with _gguf.open(files.mmproj) as v:
+        vision = _plan.vision_bytes(v.tensors, v.metadata, os.fspath(files.mmproj))
+    return dataclasses.replace(sizes, vision_bytes=vision)
+
+
 def default_n_ctx(context_length: int | None) -> int:
     """The context a model's windows get by default: its trained context length, at most DEFAULT_CTX."""
     return min(int(context_length or DEFAULT_CTX), DEFAULT_CTX)
@@ -217,11 +234,7 @@ class Model:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
         kv_type = kv_type or _plan.default_kv_type(arch)
-        sizes = _plan.sizes_from_gguf(tensors, metadata, packed.manifest if packed else None, kv_type)
-        if files.mmproj is not None:
-            with _gguf.open(files.mmproj) as v:
-                vision_size = _plan.vision_bytes(v.tensors, v.metadata, os.fspath(files.mmproj))
-            sizes = dataclasses.replace(sizes, vision_bytes=vision_size)
+        sizes = plan_sizes(files, tensors, metadata, packed.manifest if packed else None, kv_type)
         ctx = int(n_ctx or default_n_ctx(metadata.get(f"{arch}.context_length")))
         plan = _plan.plan_memory(
             sizes,
