@@ -10,7 +10,8 @@ exactly ``--tokens`` tokens: a tiny random model otherwise stops after 2 tokens 
 
 Modes: ``plain`` (``speculative=False``), ``gated`` (the default: suffix and MTP drafters behind the cost
 gate) and ``forced`` (always draft up to 7, no gate: what the gate protects against). After one warm-up run
-per mode (which also teaches the gate) each cell runs ``--repeat`` times, the modes taking turns.
+per mode (which also teaches the gate) each cell runs ``--repeat`` times, the modes taking turns (in
+reverse order every other repeat, so neither always runs first).
 ``gated x best`` is plain's fastest decode over gated's fastest (the runs least disturbed by other work on
 the machine); ``median (min-max)`` is the median over repeats of plain over gated decode seconds in the same
 repeat, with the lowest and highest such ratio as its spread; ``cpu x`` is the median ratio of process CPU
@@ -140,12 +141,14 @@ def bench(
     seconds: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}
     last: dict[str, regolith.Generation] = {}
+    reference = None
     for mode in modes:
-        run(model, workload, mode, n)  # warm-up; the gate learns the costs
-    for _ in range(repeat):
-        for mode in modes:
+        g, _c = run(model, workload, mode, n)  # warm-up; the gate learns the costs
+        reference = reference or g.tokens
+    for i in range(repeat):
+        for mode in modes if i % 2 == 0 else modes[::-1]:  # taking turns in both orders
             g, c = run(model, workload, mode, n)
-            assert g.tokens == last.get("plain", g).tokens, f"{mode} changed the output"
+            assert g.tokens == reference, f"{mode} changed the output"
             last[mode] = g
             seconds[mode].append(g.stats.decode_seconds)
             cpu[mode].append(c)

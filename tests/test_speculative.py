@@ -294,6 +294,77 @@ def test_declining_gate_skips_planning_and_indexes_the_prompt_up_front():
     assert MAX_BACKOFF == 16 and drafter.proposals == 4 + 29
 
 
+class _FixedCostGate(CostGate):
+    """Plain steps of 10 ms and 5 ms more per verified draft token (a draft pays above 1/2 acceptance),
+    whatever the fake window's evaluations measure."""
+
+    def __init__(self):
+        super().__init__()
+        for n in range(1, 9):
+            self.observe_eval(n, 0.0)
+        self.observe_eval(1, 0.0)
+
+    def observe_eval(self, n, seconds, stall=0.0):
+        super().observe_eval(n, 0.010 + 0.005 * (n - 1), 0.0)
+
+
+def test_a_strong_match_ends_the_backoff():
+    from regolith.speculative import MAX_BACKOFF, Speculator, SuffixDrafter
+
+    gate = _FixedCostGate()
+    for bucket in range(7):  # the model's record: a match of 1-2 tokens never continues, of 3+ always
+        for _ in range(50):
+            gate.record(("suffix", bucket), bucket >= 2)
+    prompt = list(range(1000, 1040))
+    drafter = SuffixDrafter()
+    spec = Speculator(_FakeWindow(), prompt, Speculation(drafters=(drafter,)), gate)
+    for t in range(2000, 2040):  # new text: nothing to draft; planning backs off to MAX_BACKOFF
+        spec.advance(t, 1000)
+    assert spec.drafted == 0 and spec._backoff == MAX_BACKOFF and spec._skip > 10
+    first_draft = None
+    for i, t in enumerate(prompt[:8]):  # the prompt again: a copy starts while the gate is backing off
+        spec.advance(t, 1000)
+        if spec.drafted and first_draft is None:
+            first_draft = i
+    # drafted as soon as the match reached 3 tokens (the copy's 3rd token), not 10+ tokens later
+    assert first_draft == 2
+
+
+def test_a_generations_own_record_outweighs_the_pool():
+    from regolith.speculative import Record, Speculator
+
+    gate = CostGate()
+    for _ in range(100):
+        gate.record(("k", 0), True)
+    own = Record()
+    assert gate.acceptance(("k", 0), own) == gate.acceptance(("k", 0)) == pytest.approx(101 / 102)
+    for _ in range(4):
+        own.record(("k", 0), False)
+    assert gate.acceptance(("k", 0), own) == pytest.approx(4 * 101 / 102 / 8)  # the pool worth 4 tries
+
+    def drafting_rounds(pool_tries: float) -> int:
+        """Rounds that draft along 400 random tokens of 4 kinds (a match continues 1 time in 4), where the
+        pool says every match continues."""
+        gate = _FixedCostGate()
+        gate.POOL_TRIES = pool_tries
+        for bucket in range(7):
+            for _ in range(200):
+                gate.record(("suffix", bucket), True)
+        text = np.random.default_rng(0).integers(0, 4, 440).tolist()
+        spec = Speculator(_FakeWindow(), text[:40], Speculation(drafters=("suffix",)), gate)
+        rounds = 0
+        for t in text[40:]:
+            drafted = spec.drafted
+            spec.advance(t, 1000)
+            rounds += spec.drafted > drafted
+        return rounds
+
+    # the text's own failures stop the drafting after a few rounds per key (under 30 of 400 tokens); the
+    # pool alone drafts nearly every token
+    assert drafting_rounds(CostGate.POOL_TRIES) < 30
+    assert drafting_rounds(1e9) >= 300
+
+
 def test_streaming_model_gate_reads_the_stall_clock():
     model = regolith.Model.load("regolith-demo", arena_gb=0.004)
     gate = model.spec_gate

@@ -82,16 +82,26 @@ void SuffixDrafter::truncate(int64_t n) {
     append(kept.data(), n);
 }
 
+int64_t SuffixDrafter::match_end() const {
+    if (text_.empty()) return -1;
+    const int32_t v = st_[size_t(last_)].link;
+    if (v <= 0) return -1;
+    const State& s = st_[size_t(v)];
+    return s.end < size() - 1 ? s.end : s.prev;
+}
+
+int64_t SuffixDrafter::match_len() const {
+    return match_end() < 0 ? 0 : st_[size_t(st_[size_t(last_)].link)].len;
+}
+
 SuffixDraft SuffixDrafter::propose(int64_t max_tokens, int64_t min_match) const {
     SuffixDraft d;
-    if (text_.empty() || max_tokens <= 0) return d;
-    const int32_t v = st_[size_t(last_)].link;
-    if (v <= 0 || st_[size_t(v)].len < min_match) return d;
+    const int64_t end = match_end();
+    if (end < 0 || max_tokens <= 0) return d;
+    const int64_t len = st_[size_t(st_[size_t(last_)].link)].len;
+    if (len < min_match) return d;
     const int64_t n = size();
-    const State& s = st_[size_t(v)];
-    const int64_t end = s.end < n - 1 ? s.end : s.prev;
-    if (end < 0) return d;
-    d.match_len = s.len;
+    d.match_len = len;
     const int64_t stop = std::min<int64_t>(n, end + 1 + max_tokens);
     d.tokens.assign(text_.begin() + end + 1, text_.begin() + stop);
     return d;

@@ -34,6 +34,9 @@ public:
     // Up to max_tokens tokens continuing the text, when its longest repeated suffix has at least min_match
     // tokens; otherwise an empty draft.
     SuffixDraft propose(int64_t max_tokens, int64_t min_match = 1) const;
+    // The match length a draft proposed now would continue (0: none), in O(1): a check cheap enough for the
+    // tokens the speculator skips planning for.
+    int64_t match_len() const;
 
 private:
     static constexpr int kMaxRefresh = 8;
@@ -44,6 +47,8 @@ private:
         int32_t prev = -1;  // the one before (an occurrence before `end`), or -1
     };
     void extend(int32_t token);
+    // Where the latest earlier occurrence of the longest repeated suffix ends (-1: no match).
+    int64_t match_end() const;
     void seen_at(int32_t state, int32_t pos);
     int32_t next(int32_t state, int32_t token) const;
 

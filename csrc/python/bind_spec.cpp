@@ -38,8 +38,16 @@ void init_spec(nb::module_& m) {
         .def_prop_ro("text", &SuffixDrafter::text)
         .def(
             "append", [](SuffixDrafter& d, Ids ids) { d.append(ids.data(), int64_t(ids.shape(0))); }, nb::arg("ids"))
-        .def("push", [](SuffixDrafter& d, int32_t id) { d.append(&id, 1); }, nb::arg("id"))
+        .def(
+            "push",
+            [](SuffixDrafter& d, int32_t id) {
+                d.append(&id, 1);
+                return d.match_len();
+            },
+            nb::arg("id"), "Appends one token; returns the match length a draft proposed now would continue.")
         .def("truncate", &SuffixDrafter::truncate, nb::arg("n"))
+        .def_prop_ro("match_len", &SuffixDrafter::match_len,
+                     "The match length a draft proposed now would continue (0: none).")
         .def(
             "propose",
             [](const SuffixDrafter& d, int64_t max_tokens, int64_t min_match) {

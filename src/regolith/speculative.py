@@ -24,16 +24,21 @@ decoding. On a streaming MoE model an evaluation's time is kept in two parts, co
 expert reads (the arena's stall clock): a verification reads the union of its tokens' experts, so a length
 not yet measured is assumed to wait for as many reads per extra token as one plain token did.
 
+Acceptance depends on the text: the gate's counts over all of a model's generations (the pool) are the prior
+for a generation's own record, worth ``CostGate.POOL_TRIES`` of its tries.
+
 Declining costs next to nothing: the prompt is indexed when the speculator is made (with the prompt's
 evaluation), and after the gate declines, the next 1, 2, 4, ... up to ``MAX_BACKOFF`` tokens are evaluated
-without planning or timing.
+without planning or timing; each only tells the suffix drafter its token (one C++ call returning the match
+length), and a match whose key has earned ``WAKE_ACCEPTANCE`` ends the backoff, so a copy that starts then is
+drafted from its first tokens.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -43,7 +48,16 @@ from . import _core
 if TYPE_CHECKING:
     from .window import Window
 
-__all__ = ["MAX_DRAFT", "CostGate", "Drafter", "Speculation", "Speculator", "SuffixDrafter", "speculation"]
+__all__ = [
+    "MAX_DRAFT",
+    "CostGate",
+    "Drafter",
+    "Record",
+    "Speculation",
+    "Speculator",
+    "SuffixDrafter",
+    "speculation",
+]
 
 # Draft tokens per round: the round evaluates 1 + MAX_DRAFT <= 8 tokens.
 MAX_DRAFT = 7
@@ -52,6 +66,10 @@ REMEASURE_ROUNDS = 64
 # After a round the gate decides not to draft, skip planning for 1, 2, 4, ... at most this many tokens: on
 # text where nothing pays, speculation then costs next to nothing per token.
 MAX_BACKOFF = 16
+# A skipped token ends the backoff when a drafter's key for drafting now (the suffix drafter's match length)
+# has at least this acceptance: a long copy that starts while the gate is backing off is drafted from its
+# first tokens, not up to MAX_BACKOFF tokens later.
+WAKE_ACCEPTANCE = 0.75
 
 
 @dataclass(frozen=True)
@@ -104,7 +122,9 @@ def speculation(value: bool | str | Speculation | None) -> Speculation | None:
 
 
 class Drafter(Protocol):
-    """Proposes tokens to follow a sequence. ``name`` labels its statistics."""
+    """Proposes tokens to follow a sequence. ``name`` labels its statistics. A drafter may also have
+    ``key_now(seq) -> key | None``: the key a draft proposed now would start with, cheap enough to be asked on
+    every token the gate skips planning for (see ``WAKE_ACCEPTANCE``)."""
 
     name: str
 
@@ -146,7 +166,18 @@ class SuffixDrafter:
         self.index(seq)
         tokens, match = self._d.propose(n, self._min_match)
         # The i-th token continues a match of match + i tokens once the ones before it are accepted.
-        return tokens, [("suffix", _bucket(match + i)) for i in range(len(tokens))]
+        lo, hi = min(match, _LONG_MATCH), min(match + len(tokens), _LONG_MATCH)
+        return tokens, [*_SUFFIX_KEYS[lo:hi], *[_SUFFIX_KEYS[_LONG_MATCH]] * (len(tokens) - (hi - lo))]
+
+    def key_now(self, seq: Sequence[int]) -> Hashable | None:
+        """The key a draft proposed now would start with (None: no match), without proposing."""
+        d = self._d
+        if d.size == len(seq) - 1:
+            match = d.push(seq[-1])  # the common case: one token since the last call
+        else:
+            self.index(seq)
+            match = d.match_len
+        return _SUFFIX_KEYS[min(match, _LONG_MATCH)] if match >= self._min_match else None
 
     def rollback(self, n: int) -> None:
         if n < self._d.size:
@@ -156,6 +187,12 @@ class SuffixDrafter:
 def _bucket(match: int) -> int:
     """Match lengths 1, 2, 3-4, 5-8, 9-16, 17-32, 33+ -> 0..6."""
     return next((i for i, top in enumerate((1, 2, 4, 8, 16, 32)) if match <= top), 6)
+
+
+# The suffix drafter's key for each match length, looked up once per planned round instead of bucketed per
+# token (planning is on the per-token path); lengths from _LONG_MATCH on share the last bucket.
+_LONG_MATCH = 33
+_SUFFIX_KEYS = tuple(("suffix", _bucket(m)) for m in range(_LONG_MATCH + 1))
 
 
 class _MtpDrafter:
@@ -184,6 +221,11 @@ class CostGate:
     :meth:`regolith.Model` arena), read around each timed evaluation; None when nothing streams."""
 
     EMA = 0.2
+    # A generation's acceptance estimate: its own record, with the model's record over all generations (the
+    # pool) worth this many tries of its own. Acceptance depends on the text (a match of 5-8 tokens continues
+    # a code copy ~100% of the time, a chat reply's ~50%): the pool alone kept drafting a chat reply at the
+    # rate code copies had earned.
+    POOL_TRIES = 4.0
     # A draft whose first key has fewer tries than this is verified one token long even where the prior says
     # no: without it a model whose verification costs much more than a plain step (Gemma 3's 262k-row LM head)
     # never learns that a long repeated suffix is accepted 90% of the time. 3 failures bring a key to 1/5.
@@ -218,9 +260,14 @@ class CostGate:
         self.tries[key] = self.tries.get(key, 0.0) + 1.0
         self.hits[key] = self.hits.get(key, 0.0) + float(accepted)
 
-    def acceptance(self, key: Hashable) -> float:
-        """Posterior mean acceptance rate under a uniform prior."""
-        return (self.hits.get(key, 0.0) + 1.0) / (self.tries.get(key, 0.0) + 2.0)
+    def acceptance(self, key: Hashable, own: Record | None = None) -> float:
+        """The pool's posterior mean acceptance rate under a uniform prior; with ``own`` (a generation's
+        record), the posterior mean of its own counts under the pool's rate as a prior worth ``POOL_TRIES``
+        tries."""
+        pool = (self.hits.get(key, 0.0) + 1.0) / (self.tries.get(key, 0.0) + 2.0)
+        if own is None:
+            return pool
+        return (own.hits.get(key, 0.0) + self.POOL_TRIES * pool) / (own.tries.get(key, 0.0) + self.POOL_TRIES)
 
     def eval_cost(self, n: int) -> float:
         """Estimated seconds to evaluate n tokens: measured, else interpolated between measured counts, else
@@ -245,9 +292,10 @@ class CostGate:
             stall *= n / ref
         return compute + stall
 
-    def best_length(self, name: str, keys: Sequence[Hashable], limit: int) -> int:
-        """The draft length (0..min(limit, len(keys))) with the most expected tokens per second; at least 1
-        while the first key has fewer than ``EXPLORE_TRIES`` tries."""
+    def best_length(self, name: str, keys: Sequence[Hashable], limit: int, own: Record | None = None) -> int:
+        """The draft length (0..min(limit, len(keys))) with the most expected tokens per second (acceptance as
+        :meth:`acceptance` with ``own``); at least 1 while the first key has fewer than ``EXPLORE_TRIES``
+        tries in the pool."""
         if 1 not in self.eval_seconds or self.rounds_since_plain >= REMEASURE_ROUNDS:
             return 0  # measure plain decoding first (and again now and then)
         t1 = self.eval_cost(1)
@@ -257,17 +305,29 @@ class CostGate:
             return 0
         explore = int(self.tries.get(keys[0], 0.0) < self.EXPLORE_TRIES)
         # E(k) <= 1 + a_1 k and every round costs at least T(2) + T_draft: often nothing can win.
-        if (1.0 + self.acceptance(keys[0]) * n) * t1 <= self.eval_cost(2) + per_draft:
+        if (1.0 + self.acceptance(keys[0], own) * n) * t1 <= self.eval_cost(2) + per_draft:
             return explore
         best, best_rate = 0, 1.0 / t1 if t1 > 0 else 0.0
         expected, survive = 1.0, 1.0
         for k in range(1, n + 1):
-            survive *= self.acceptance(keys[k - 1])
+            survive *= self.acceptance(keys[k - 1], own)
             expected += survive
             seconds = self.eval_cost(k + 1) + per_draft * k
             if seconds > 0 and expected / seconds > best_rate:
                 best, best_rate = k, expected / seconds
         return max(best, explore)
+
+
+@dataclass
+class Record:
+    """Accepted and tried draft tokens per acceptance key (one generation's, beside the gate's pool)."""
+
+    hits: dict[Hashable, float] = field(default_factory=dict)
+    tries: dict[Hashable, float] = field(default_factory=dict)
+
+    def record(self, key: Hashable, accepted: bool) -> None:
+        self.tries[key] = self.tries.get(key, 0.0) + 1.0
+        self.hits[key] = self.hits.get(key, 0.0) + float(accepted)
 
 
 @dataclass
@@ -300,6 +360,9 @@ class Speculator:
             index = getattr(d, "index", None)
             if index is not None:
                 index(self._seq)  # with the prompt's evaluation, not the first decode step
+        self._wakers = [d for d in self._drafters if hasattr(d, "key_now")]
+        self._own = Record()  # this generation's acceptance record
+        self._wake_keys: dict[Hashable, bool] = {}  # per key: whether it wakes; cleared when records change
         self._pending: list[_Pending] = []
         self._skip = 0  # rounds left without planning
         self._backoff = 0
@@ -314,15 +377,18 @@ class Speculator:
         if self._pending:
             head = self._pending.pop(0)
             self._gate.record(head.key, head.token == token)
+            self._own.record(head.key, head.token == token)
+            self._wake_keys.clear()
             if head.token == token:
                 self.accepted += 1
                 return head.row
             self._pending.clear()
             self._window.truncate(len(self._seq) - 1)
-        if self._skip > 0:
+        if self._skip > 0 and not self._wakes():
             self._skip -= 1
             self.rounds += 1
             return self._window.eval([token], all_logits=False)[0]  # declined earlier: no planning, no timing
+        self._skip = 0
         k, drafts, keys = self._plan(room)
         if k == 0 and self._config.gate:
             self._backoff = min(max(1, 2 * self._backoff), MAX_BACKOFF)
@@ -357,7 +423,7 @@ class Speculator:
             n = limit
             if cfg.gate and getattr(d, "keyed_by_position", True):
                 # Drafting costs: ask only for what the drafter's track record by position justifies.
-                n = gate.best_length(d.name, [(d.name, i) for i in range(limit)], limit)
+                n = gate.best_length(d.name, [(d.name, i) for i in range(limit)], limit, self._own)
                 if n == 0:
                     continue
             t0 = time.perf_counter()
@@ -367,7 +433,7 @@ class Speculator:
                 gate.observe_draft(d.name, len(tokens), time.perf_counter() - t0)
             if not tokens:
                 continue
-            k = gate.best_length(d.name, keys, len(tokens)) if cfg.gate else len(tokens)
+            k = gate.best_length(d.name, keys, len(tokens), self._own) if cfg.gate else len(tokens)
             if k == 0:
                 continue
             rate = self._rate(d.name, keys[:k]) if cfg.gate else float(k)
@@ -375,11 +441,25 @@ class Speculator:
                 best, best_rate = (k, tokens, keys), rate
         return best
 
+    def _wakes(self) -> bool:
+        """Whether a drafter's key for drafting now has earned ``WAKE_ACCEPTANCE`` (checked on skipped tokens:
+        one C++ call and a lookup)."""
+        for d in self._wakers:
+            key = d.key_now(self._seq)
+            if key is None:
+                continue
+            wakes = self._wake_keys.get(key)
+            if wakes is None:
+                wakes = self._wake_keys[key] = self._gate.acceptance(key, self._own) >= WAKE_ACCEPTANCE
+            if wakes:
+                return True
+        return False
+
     def _rate(self, name: str, keys: Sequence[Hashable]) -> float:
         gate = self._gate
         expected, survive = 1.0, 1.0
         for key in keys:
-            survive *= gate.acceptance(key)
+            survive *= gate.acceptance(key, self._own)
             expected += survive
         seconds = gate.eval_cost(len(keys) + 1) + gate.draft_seconds.get(name, 0.0) * len(keys)
         return expected / seconds if seconds > 0 else 0.0
