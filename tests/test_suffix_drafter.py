@@ -40,7 +40,8 @@ def test_match_length_and_continuation_match_brute_force(alphabet):
         text = [int(t) for t in rng.integers(0, alphabet, rng.integers(1, 60))]
         d = _core.SuffixDrafter()
         for i, t in enumerate(text):
-            d.push(t)
+            match = d.push(t)  # push returns the match a draft proposed now continues, as match_len does
+            assert match == d.match_len == d.propose(5)[1]
             check(text[: i + 1], d)
 
 
