@@ -294,6 +294,29 @@ def test_declining_gate_skips_planning_and_indexes_the_prompt_up_front():
     assert MAX_BACKOFF == 16 and drafter.proposals == 4 + 29
 
 
+class _KeyedCountingDrafter(_CountingDrafter):
+    """Says the key its draft would start with, as the suffix drafter does."""
+
+    def key_now(self, seq):
+        return ("counting", 0)
+
+
+def test_a_key_that_cannot_pay_is_not_asked_for_a_draft():
+    from regolith.speculative import Speculator
+
+    gate = _FixedCostGate()
+    for _ in range(50):
+        gate.record(("counting", 0), False)
+    keyed, other = _KeyedCountingDrafter(), _CountingDrafter()
+    for drafter in (keyed, other):
+        spec = Speculator(_FakeWindow(), [1, 2, 3], Speculation(drafters=(drafter,)), gate)
+        for t in range(200):
+            spec.advance(t, 1000)
+        assert spec.drafted == 0
+    # the keyed drafter is never asked; the other is asked at every plan (its keys come with its draft)
+    assert keyed.proposals == 0 and other.proposals > 10
+
+
 class _FixedCostGate(CostGate):
     """Plain steps of 10 ms and 5 ms more per verified draft token (a draft pays above 1/2 acceptance),
     whatever the fake window's evaluations measure."""

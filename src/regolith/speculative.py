@@ -292,21 +292,28 @@ class CostGate:
             stall *= n / ref
         return compute + stall
 
+    def may_pay(self, name: str, first_key: Hashable, n: int, own: Record | None = None) -> bool:
+        """Whether a draft of up to ``n`` tokens whose first key is ``first_key`` can beat plain decoding, or is
+        to be explored (its key has fewer than ``EXPLORE_TRIES`` tries); False until plain decoding is
+        measured (and when it is due to be again). Expected tokens ``E(k) <= 1 + a_1 k``, and every round costs
+        at least ``T(2) + T_draft``: often nothing can win, and this says so without a draft."""
+        if 1 not in self.eval_seconds or self.rounds_since_plain >= REMEASURE_ROUNDS:
+            return False
+        if self.tries.get(first_key, 0.0) < self.EXPLORE_TRIES:
+            return True
+        bound = (1.0 + self.acceptance(first_key, own) * n) * self.eval_cost(1)
+        return bound > self.eval_cost(2) + self.draft_seconds.get(name, 0.0)
+
     def best_length(self, name: str, keys: Sequence[Hashable], limit: int, own: Record | None = None) -> int:
         """The draft length (0..min(limit, len(keys))) with the most expected tokens per second (acceptance as
         :meth:`acceptance` with ``own``); at least 1 while the first key has fewer than ``EXPLORE_TRIES``
         tries in the pool."""
-        if 1 not in self.eval_seconds or self.rounds_since_plain >= REMEASURE_ROUNDS:
-            return 0  # measure plain decoding first (and again now and then)
-        t1 = self.eval_cost(1)
-        per_draft = self.draft_seconds.get(name, 0.0)
         n = min(limit, len(keys))
-        if n == 0:
+        if n == 0 or not self.may_pay(name, keys[0], n, own):
             return 0
         explore = int(self.tries.get(keys[0], 0.0) < self.EXPLORE_TRIES)
-        # E(k) <= 1 + a_1 k and every round costs at least T(2) + T_draft: often nothing can win.
-        if (1.0 + self.acceptance(keys[0], own) * n) * t1 <= self.eval_cost(2) + per_draft:
-            return explore
+        t1 = self.eval_cost(1)
+        per_draft = self.draft_seconds.get(name, 0.0)
         best, best_rate = 0, 1.0 / t1 if t1 > 0 else 0.0
         expected, survive = 1.0, 1.0
         for k in range(1, n + 1):
@@ -421,7 +428,13 @@ class Speculator:
         best_rate = 0.0
         for d in self._drafters:
             n = limit
-            if cfg.gate and getattr(d, "keyed_by_position", True):
+            key_now = getattr(d, "key_now", None) if cfg.gate else None
+            if key_now is not None:
+                # The key a draft would start with says, without the draft, whether any length can pay.
+                key = key_now(self._seq)
+                if key is None or not gate.may_pay(d.name, key, limit, self._own):
+                    continue
+            elif cfg.gate and getattr(d, "keyed_by_position", True):
                 # Drafting costs: ask only for what the drafter's track record by position justifies.
                 n = gate.best_length(d.name, [(d.name, i) for i in range(limit)], limit, self._own)
                 if n == 0:
