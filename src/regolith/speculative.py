@@ -212,6 +212,19 @@ class _MtpDrafter:
         pass  # the head's state lives in the window
 
 
+@dataclass
+class Record:
+    """Accepted and tried draft tokens per acceptance key: a model's over all its generations (``CostGate.pool``)
+    or one generation's."""
+
+    hits: dict[Hashable, float] = field(default_factory=dict)
+    tries: dict[Hashable, float] = field(default_factory=dict)
+
+    def record(self, key: Hashable, accepted: bool) -> None:
+        self.tries[key] = self.tries.get(key, 0.0) + 1.0
+        self.hits[key] = self.hits.get(key, 0.0) + float(accepted)
+
+
 class CostGate:
     """The online cost model: exponential moving averages of evaluation seconds per token count (split into
     computing and waiting for expert reads when the model streams its experts) and of each drafter's seconds
@@ -239,8 +252,7 @@ class CostGate:
         self.eval_seconds: dict[int, float] = {}
         self.stall_seconds: dict[int, float] = {}  # the part of eval_seconds spent waiting for expert reads
         self.draft_seconds: dict[str, float] = {}
-        self.hits: dict[Hashable, float] = {}
-        self.tries: dict[Hashable, float] = {}
+        self.pool = Record()  # acceptance over all the model's generations
         self.rounds_since_plain = 0
 
     def observe_eval(self, n: int, seconds: float, stall: float = 0.0) -> None:
@@ -257,14 +269,13 @@ class CostGate:
         self.draft_seconds[name] = per if old is None else old + self.EMA * (per - old)
 
     def record(self, key: Hashable, accepted: bool) -> None:
-        self.tries[key] = self.tries.get(key, 0.0) + 1.0
-        self.hits[key] = self.hits.get(key, 0.0) + float(accepted)
+        self.pool.record(key, accepted)
 
     def acceptance(self, key: Hashable, own: Record | None = None) -> float:
         """The pool's posterior mean acceptance rate under a uniform prior; with ``own`` (a generation's
         record), the posterior mean of its own counts under the pool's rate as a prior worth ``POOL_TRIES``
         tries."""
-        pool = (self.hits.get(key, 0.0) + 1.0) / (self.tries.get(key, 0.0) + 2.0)
+        pool = (self.pool.hits.get(key, 0.0) + 1.0) / (self.pool.tries.get(key, 0.0) + 2.0)
         if own is None:
             return pool
         return (own.hits.get(key, 0.0) + self.POOL_TRIES * pool) / (own.tries.get(key, 0.0) + self.POOL_TRIES)
@@ -299,7 +310,7 @@ class CostGate:
         at least ``T(2) + T_draft``: often nothing can win, and this says so without a draft."""
         if 1 not in self.eval_seconds or self.rounds_since_plain >= REMEASURE_ROUNDS:
             return False
-        if self.tries.get(first_key, 0.0) < self.EXPLORE_TRIES:
+        if self.pool.tries.get(first_key, 0.0) < self.EXPLORE_TRIES:
             return True
         bound = (1.0 + self.acceptance(first_key, own) * n) * self.eval_cost(1)
         return bound > self.eval_cost(2) + self.draft_seconds.get(name, 0.0)
@@ -311,7 +322,7 @@ class CostGate:
         n = min(limit, len(keys))
         if n == 0 or not self.may_pay(name, keys[0], n, own):
             return 0
-        explore = int(self.tries.get(keys[0], 0.0) < self.EXPLORE_TRIES)
+        explore = int(self.pool.tries.get(keys[0], 0.0) < self.EXPLORE_TRIES)
         t1 = self.eval_cost(1)
         per_draft = self.draft_seconds.get(name, 0.0)
         best, best_rate = 0, 1.0 / t1 if t1 > 0 else 0.0
@@ -323,18 +334,6 @@ class CostGate:
             if seconds > 0 and expected / seconds > best_rate:
                 best, best_rate = k, expected / seconds
         return max(best, explore)
-
-
-@dataclass
-class Record:
-    """Accepted and tried draft tokens per acceptance key (one generation's, beside the gate's pool)."""
-
-    hits: dict[Hashable, float] = field(default_factory=dict)
-    tries: dict[Hashable, float] = field(default_factory=dict)
-
-    def record(self, key: Hashable, accepted: bool) -> None:
-        self.tries[key] = self.tries.get(key, 0.0) + 1.0
-        self.hits[key] = self.hits.get(key, 0.0) + float(accepted)
 
 
 @dataclass
