@@ -388,6 +388,79 @@ def test_a_generations_own_record_outweighs_the_pool():
     assert drafting_rounds(1e9) >= 300
 
 
+def test_a_drafters_catch_up_is_priced_per_decoded_token():
+    """The MTP head's first draft takes in the whole prompt: timed apart (catch_up), it prices every round by
+    its decoded tokens instead of pricing each draft token by the prompt."""
+    keys = [("mtp", i) for i in range(7)]
+    gate = _FixedCostGate()
+    for _ in range(100):
+        gate.record(("mtp", 0), True)  # 99% first-token acceptance, 0 after it
+        for i in range(1, 7):
+            gate.record(("mtp", i), False)
+    gate.observe_draft("mtp", 1, 0.0002)
+    gate.observe_catch_up("mtp", 150, 0.030)  # a 150-token prompt: 0.2 ms a token
+    # one draft token: 1.99 expected tokens in 15 ms + 0.2 ms + 1.99 x 0.2 ms (128/s against plain's 100/s)
+    assert gate.best_length("mtp", keys, 7) == 1 and gate.may_pay("mtp", keys[0], 7)
+    old = _FixedCostGate()  # the same time as one draft token's cost: never pays
+    old.pool = gate.pool
+    old.observe_draft("mtp", 1, 0.030 + 0.0002)
+    assert old.best_length("mtp", keys, 7) == 0 and not old.may_pay("mtp", keys[0], 1)
+    slow = _FixedCostGate()  # taking a token in costs 4 ms: 1.99 tokens in 23.2 ms (86/s)
+    slow.pool = gate.pool
+    slow.observe_draft("mtp", 1, 0.0002)
+    slow.observe_catch_up("mtp", 10, 0.040)
+    assert slow.best_length("mtp", keys, 7) == 0 and not slow.may_pay("mtp", keys[0], 1)
+
+
+class _CatchingDrafter(_CountingDrafter):
+    """Takes in the tokens its window holds, as the MTP head does (the pair of the last one waits for the
+    token about to be evaluated)."""
+
+    name = "catching"
+    keyed_by_position = True
+
+    def __init__(self, window):
+        super().__init__()
+        self.window, self.taken, self.calls = window, 0, []
+
+    def catch_up(self):
+        held = max(self.window.n - 1, 0)
+        new, self.taken = held - self.taken, held
+        self.calls.append(("catch_up", new))
+        return new
+
+    def propose(self, seq, n):
+        assert self.calls[-1][0] == "catch_up" and self.taken == len(seq) - 2
+        self.calls.append(("propose", n))
+        return super().propose(seq, n)
+
+    def rollback(self, n):
+        self.taken = min(self.taken, n)
+
+
+def test_the_speculator_times_a_catch_up_before_each_draft():
+    from regolith.speculative import Speculator
+
+    class Gate(_FixedCostGate):
+        def observe_catch_up(self, name, n, seconds):
+            caught.append(n)
+            super().observe_catch_up(name, n, seconds)
+
+    caught: list[int] = []
+    gate, window = Gate(), _FakeWindow()
+    window.n = 50
+    drafter = _CatchingDrafter(window)
+    spec = Speculator(window, list(range(50)), Speculation(drafters=(drafter,), gate=False), gate)
+    for t in range(100, 130):
+        spec.advance(t, 1000)
+    assert spec.drafted > 0
+    kinds = [c[0] for c in drafter.calls]
+    assert kinds == ["catch_up", "propose"] * drafter.proposals
+    # the prompt's pairs, then each round's decoded tokens; a catch-up of nothing is not timed
+    assert caught[0] == 49 and sum(caught) == drafter.taken and 0 not in caught
+    assert "catching" in gate.catch_up_seconds
+
+
 def test_streaming_model_gate_reads_the_stall_clock():
     model = regolith.Model.load("regolith-demo", arena_gb=0.004)
     gate = model.spec_gate

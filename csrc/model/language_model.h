@@ -55,6 +55,10 @@ public:
     // draft head or before the window holds a token whose hidden state it knows.
     virtual bool has_draft_head() const { return false; }
     virtual std::vector<int32_t> draft(int32_t /*next*/, int64_t /*n*/) { return {}; }
+    // The part of the next draft that depends on the held tokens alone: the head takes in every token it
+    // has not seen but the last, and the backend finishes, so that timing this call times it. Returns how
+    // many tokens it took in. A draft after it costs what drafting costs; a draft without it does this first.
+    virtual int64_t catch_up_draft_head() { return 0; }
 
     using StateFn = std::function<void(std::vector<StatePart>&)>;
     // Saving (model/state_file.h): runs fn with the window locked and its state as parts, positional parts

@@ -194,6 +194,15 @@ std::vector<int32_t> Qwen4ExpWindow::draft(int32_t next, int64_t n) {
     return out;
 }
 
+int64_t Qwen4ExpWindow::catch_up_draft_head() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!mtp_) return 0;
+    const int64_t n = mtp_->catch_up(ws_, *model_.mtp_);
+    ws_.reset();
+    be_.synchronize();
+    return n;
+}
+
 void Qwen4ExpWindow::reset() {
     std::lock_guard<std::mutex> lock(mutex_);
     reset_locked();

@@ -124,6 +124,17 @@ void MtpContext::forget(int64_t n) {
     kv.truncate(0);
 }
 
+int64_t MtpContext::catch_up(Workspace& ws, const MtpHead& head) {
+    const int64_t first = known_from + kv.size(), count = size() - 1 - first;  // pairs whose tokens are all held
+    if (count <= 0 || kv.size() + count > kv.max_ctx()) return 0;
+    Workspace::Scope scope(ws);
+    std::vector<int64_t> pos(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) pos[size_t(i)] = first + i + 1;
+    const Tensor o = ws.f32(count, head.hidden());  // [count][H], not read: the head's KV is what stays
+    head.forward(ws, hidden.t.row_range(first, count), tokens.data() + first + 1, pos.data(), kv, o);
+    return count;
+}
+
 std::vector<int32_t> MtpContext::draft(Workspace& ws, const MtpHead& head, int32_t next, int64_t n) {
     std::vector<int32_t> out;
     const int64_t n_past = size(), H = head.hidden();

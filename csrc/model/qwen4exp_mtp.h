@@ -76,7 +76,11 @@ struct MtpContext {
     void append(const int32_t* ids, const Tensor& rows);  // rows [n][width]
     void truncate(int64_t n);      // keep the first n tokens
     void forget(int64_t n);        // n tokens whose ids and hidden states are unknown (a restored state)
-    // Up to n greedy draft tokens after the held tokens and `next` (the token evaluated next).
+    // Runs the head over the pairs the held tokens determine that it has not consumed (all but the last
+    // token's, which needs the next token): what a draft would do first. Returns how many.
+    int64_t catch_up(Workspace& ws, const MtpHead& head);
+    // Up to n greedy draft tokens after the held tokens and `next` (the token evaluated next), after a
+    // catch-up of whatever pairs are pending.
     std::vector<int32_t> draft(Workspace& ws, const MtpHead& head, int32_t next, int64_t n);
 };
 

@@ -263,6 +263,13 @@ void init_model(nb::module_& m) {
                 return w.draft(next, n);
             },
             nb::arg("next"), nb::arg("n"), "Up to n greedy tokens from the model's draft head (MTP) after `next`.")
+        .def(
+            "catch_up_draft_head",
+            [](ModelWindow& w) {
+                nb::gil_scoped_release release;
+                return w.catch_up_draft_head();
+            },
+            "Let the draft head take in the held tokens it has not seen (all but the last); returns how many.")
         .def("snapshot", &snapshot_window, "A copy of the whole state in host memory.")
         .def("restore", &restore_window, nb::arg("snapshot"),
              "Reset, then put back the state a snapshot() copied (StateError for another model's).")

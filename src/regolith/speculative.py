@@ -19,8 +19,11 @@ head's greedy drafts).
 The gate (:class:`CostGate`) keeps measured seconds per evaluation of n tokens, each drafter's seconds per
 proposed token, and acceptance rates (the suffix drafter's by match length, others' by draft position), and
 picks the draft length ``k`` maximising expected tokens per second
-``E(k) / (T_eval(k + 1) + T_draft(k))`` with ``E(k) = 1 + sum_i prod_{j <= i} a_j``; ``k = 0`` is plain
-decoding. On a streaming MoE model an evaluation's time is kept in two parts, computing and waiting for
+``E(k) / (T_eval(k + 1) + T_draft(k) + E(k) T_catch)`` with ``E(k) = 1 + sum_i prod_{j <= i} a_j``; ``k = 0``
+is plain decoding. ``T_catch`` is a drafter's seconds per token it must take in before its next draft (the
+MTP head runs over every token decoded since its last draft): a cost per decoded token while it drafts, timed
+apart from drafting, so that a generation's first draft, which takes in the whole prompt, does not price the
+head's drafts. On a streaming MoE model an evaluation's time is kept in two parts, computing and waiting for
 expert reads (the arena's stall clock): a verification reads the union of its tokens' experts, so a length
 not yet measured is assumed to wait for as many reads per extra token as one plain token did.
 
@@ -124,7 +127,9 @@ def speculation(value: bool | str | Speculation | None) -> Speculation | None:
 class Drafter(Protocol):
     """Proposes tokens to follow a sequence. ``name`` labels its statistics. A drafter may also have
     ``key_now(seq) -> key | None``: the key a draft proposed now would start with, cheap enough to be asked on
-    every token the gate skips planning for (see ``WAKE_ACCEPTANCE``)."""
+    every token the gate skips planning for (see ``WAKE_ACCEPTANCE``); and ``catch_up() -> int``: take in the
+    tokens decoded since its last draft before drafting (returns how many), so that the gate times that part
+    apart (``CostGate.observe_catch_up``)."""
 
     name: str
 
@@ -208,6 +213,9 @@ class _MtpDrafter:
         tokens = self._window.draft(seq[-1], n)
         return tokens, [("mtp", i) for i in range(len(tokens))]
 
+    def catch_up(self) -> int:
+        return self._window.catch_up_draft_head()
+
     def rollback(self, n: int) -> None:
         pass  # the head's state lives in the window
 
@@ -252,6 +260,7 @@ class CostGate:
         self.eval_seconds: dict[int, float] = {}
         self.stall_seconds: dict[int, float] = {}  # the part of eval_seconds spent waiting for expert reads
         self.draft_seconds: dict[str, float] = {}
+        self.catch_up_seconds: dict[str, float] = {}  # per token a drafter takes in before drafting
         self.pool = Record()  # acceptance over all the model's generations
         self.rounds_since_plain = 0
 
@@ -267,6 +276,12 @@ class CostGate:
         per = seconds / max(n, 1)
         old = self.draft_seconds.get(name)
         self.draft_seconds[name] = per if old is None else old + self.EMA * (per - old)
+
+    def observe_catch_up(self, name: str, n: int, seconds: float) -> None:
+        """Drafter ``name`` took ``seconds`` to take in ``n`` tokens decoded since its last draft."""
+        per = seconds / n
+        old = self.catch_up_seconds.get(name)
+        self.catch_up_seconds[name] = per if old is None else old + self.EMA * (per - old)
 
     def record(self, key: Hashable, accepted: bool) -> None:
         self.pool.record(key, accepted)
@@ -307,13 +322,15 @@ class CostGate:
         """Whether a draft of up to ``n`` tokens whose first key is ``first_key`` can beat plain decoding, or is
         to be explored (its key has fewer than ``EXPLORE_TRIES`` tries); False until plain decoding is
         measured (and when it is due to be again). Expected tokens ``E(k) <= 1 + a_1 k``, and every round costs
-        at least ``T(2) + T_draft``: often nothing can win, and this says so without a draft."""
+        at least ``T(2) + T_draft + E(k) T_catch``: often nothing can win, and this says so without a draft."""
         if 1 not in self.eval_seconds or self.rounds_since_plain >= REMEASURE_ROUNDS:
             return False
         if self.pool.tries.get(first_key, 0.0) < self.EXPLORE_TRIES:
             return True
-        bound = (1.0 + self.acceptance(first_key, own) * n) * self.eval_cost(1)
-        return bound > self.eval_cost(2) + self.draft_seconds.get(name, 0.0)
+        most = 1.0 + self.acceptance(first_key, own) * n
+        return most * (self.eval_cost(1) - self.catch_up_seconds.get(name, 0.0)) > self.eval_cost(2) + (
+            self.draft_seconds.get(name, 0.0)
+        )
 
     def best_length(self, name: str, keys: Sequence[Hashable], limit: int, own: Record | None = None) -> int:
         """The draft length (0..min(limit, len(keys))) with the most expected tokens per second (acceptance as
@@ -325,12 +342,13 @@ class CostGate:
         explore = int(self.pool.tries.get(keys[0], 0.0) < self.EXPLORE_TRIES)
         t1 = self.eval_cost(1)
         per_draft = self.draft_seconds.get(name, 0.0)
+        per_catch = self.catch_up_seconds.get(name, 0.0)
         best, best_rate = 0, 1.0 / t1 if t1 > 0 else 0.0
         expected, survive = 1.0, 1.0
         for k in range(1, n + 1):
             survive *= self.acceptance(keys[k - 1], own)
             expected += survive
-            seconds = self.eval_cost(k + 1) + per_draft * k
+            seconds = self.eval_cost(k + 1) + per_draft * k + per_catch * expected
             if seconds > 0 and expected / seconds > best_rate:
                 best, best_rate = k, expected / seconds
         return max(best, explore)
@@ -438,6 +456,12 @@ class Speculator:
                 n = gate.best_length(d.name, [(d.name, i) for i in range(limit)], limit, self._own)
                 if n == 0:
                     continue
+            catch_up = getattr(d, "catch_up", None)
+            if catch_up is not None:
+                t0 = time.perf_counter()
+                taken = catch_up()
+                if taken:
+                    gate.observe_catch_up(d.name, taken, time.perf_counter() - t0)
             t0 = time.perf_counter()
             tokens, keys = d.propose(self._seq, n)
             tokens, keys = list(tokens)[:n], list(keys)[:n]
@@ -474,6 +498,7 @@ class Speculator:
             survive *= gate.acceptance(key, self._own)
             expected += survive
         seconds = gate.eval_cost(len(keys) + 1) + gate.draft_seconds.get(name, 0.0) * len(keys)
+        seconds += gate.catch_up_seconds.get(name, 0.0) * expected
         return expected / seconds if seconds > 0 else 0.0
 
     def rollback(self, n: int) -> None:

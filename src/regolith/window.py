@@ -169,6 +169,12 @@ class Window:
             raise ValueError(f"token id {next_token} is out of range for a vocabulary of {vocab}")
         return self._w.draft(int(next_token), int(n))
 
+    def catch_up_draft_head(self) -> int:
+        """Let the draft head take in the window's tokens it has not seen yet, all but the last (whose pair
+        needs the next token): the part of a :meth:`draft` that depends on the held tokens alone, so that it
+        can be timed apart from drafting. Returns how many tokens it took in; 0 without a draft head."""
+        return self._w.catch_up_draft_head()
+
     def eval(self, tokens, *, all_logits: bool = True) -> np.ndarray:
         """Evaluate ``tokens`` after those already seen; returns float32 logits of shape (len(tokens), n_vocab),
         or (1, n_vocab) for the last token only when ``all_logits`` is False (what generation needs after a

@@ -191,6 +191,28 @@ def test_window_draft_follows_the_reference_chain(tiny):
     assert w.draft(nxt, 4) == want
 
 
+def test_catching_the_draft_head_up_first_drafts_the_same(tiny):
+    """Window.catch_up_draft_head takes in every held pair but the last (whose token comes with the draft),
+    once; a draft after it equals a draft that catches up by itself, with the head's logits from the same
+    pairs; tokens evaluated later are taken in by the next catch-up."""
+    path, ref = tiny
+    ids = np.random.default_rng(6).integers(3, ref.cfg.vocab_size, SEQ + 4)
+    model = regolith.Model.load(path)
+    alone, first = model.window(64), model.window(64)
+    for w in (alone, first):
+        w.eval(ids[:SEQ], all_logits=False)
+    assert first.catch_up_draft_head() == SEQ - 1
+    assert first.catch_up_draft_head() == 0
+    nxt = int(ids[SEQ])
+    assert first.draft(nxt, 4) == alone.draft(nxt, 4)
+    for w in (alone, first):
+        w.eval(ids[SEQ:-1], all_logits=False)
+    assert first.catch_up_draft_head() == 3  # the pair with ids[SEQ] was dropped after the draft, and 2 more
+    nxt = int(ids[-1])
+    assert first.draft(nxt, 4) == alone.draft(nxt, 4)
+    assert regolith.Model.load(path).window(8).catch_up_draft_head() == 0  # holds nothing
+
+
 def test_gguf_without_nextn_tensors_has_no_mtp(tmp_path):
     from regolith.convert import convert
     from tests.qwen4exp_models import save_tiny_model
