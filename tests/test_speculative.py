@@ -410,6 +410,11 @@ def test_a_drafters_catch_up_is_priced_per_decoded_token():
     slow.observe_draft("mtp", 1, 0.0002)
     slow.observe_catch_up("mtp", 10, 0.040)
     assert slow.best_length("mtp", keys, 7) == 0 and not slow.may_pay("mtp", keys[0], 1)
+    # taking in a 150-token prompt first (30 ms) pays when drafting saves 2.2 ms a token over 128 tokens, not
+    # over 8
+    rate = 1.99 / (0.015 + 0.0002 + 1.99 * 0.0002)
+    assert gate.catch_up_pays("mtp", 150, rate, 128) and not gate.catch_up_pays("mtp", 150, rate, 8)
+    assert gate.catch_up_pays("mtp", 10, rate, 8)
 
 
 class _CatchingDrafter(_CountingDrafter):
@@ -437,6 +442,9 @@ class _CatchingDrafter(_CountingDrafter):
     def rollback(self, n):
         self.taken = min(self.taken, n)
 
+    def lag(self):
+        return max(self.window.n - 1, 0) - self.taken
+
 
 def test_the_speculator_times_a_catch_up_before_each_draft():
     from regolith.speculative import Speculator
@@ -459,6 +467,32 @@ def test_the_speculator_times_a_catch_up_before_each_draft():
     # the prompt's pairs, then each round's decoded tokens; a catch-up of nothing is not timed
     assert caught[0] == 49 and sum(caught) == drafter.taken and 0 not in caught
     assert "catching" in gate.catch_up_seconds
+
+
+def test_a_long_lag_is_taken_in_only_where_the_rest_of_the_generation_pays_for_it():
+    from regolith.speculative import Speculator
+
+    def first_catch_up(room: int) -> int | None:
+        """At which token a gated catching drafter is first asked, after a 400-token prompt, when generation
+        may want ``room`` more tokens (a catch-up of 1 ms a token; a draft token accepted 99% of the time)."""
+        gate = _FixedCostGate()
+        for _ in range(100):
+            gate.record(("catching", 0), True)
+        gate.observe_catch_up("catching", 1, 0.001)
+        window = _FakeWindow()
+        window.n = 400
+        drafter = _CatchingDrafter(window)
+        spec = Speculator(window, list(range(400)), Speculation(drafters=(drafter,)), gate)
+        for i in range(room):
+            spec.advance(1000 + i, room - i)
+            if drafter.calls:
+                return i
+        return None
+
+    # one draft token: 1.99 tokens in 16.99 ms (8.5 ms a token against 10): 400 ms of catching up pays over
+    # 274+ tokens, not over 100
+    assert first_catch_up(400) == 0
+    assert first_catch_up(100) is None
 
 
 def test_streaming_model_gate_reads_the_stall_clock():

@@ -59,6 +59,8 @@ public:
     // has not seen but the last, and the backend finishes, so that timing this call times it. Returns how
     // many tokens it took in. A draft after it costs what drafting costs; a draft without it does this first.
     virtual int64_t catch_up_draft_head() { return 0; }
+    // How many tokens catch_up_draft_head would take in now.
+    virtual int64_t draft_head_lag() const { return 0; }
 
     using StateFn = std::function<void(std::vector<StatePart>&)>;
     // Saving (model/state_file.h): runs fn with the window locked and its state as parts, positional parts

@@ -203,6 +203,11 @@ int64_t Qwen4ExpWindow::catch_up_draft_head() {
     return n;
 }
 
+int64_t Qwen4ExpWindow::draft_head_lag() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return mtp_ ? mtp_->lag() : 0;
+}
+
 void Qwen4ExpWindow::reset() {
     std::lock_guard<std::mutex> lock(mutex_);
     reset_locked();

@@ -141,6 +141,7 @@ public:
     bool has_draft_head() const override { return model_.mtp_ != nullptr; }
     std::vector<int32_t> draft(int32_t next, int64_t n) override;
     int64_t catch_up_draft_head() override;
+    int64_t draft_head_lag() const override;
     // Per layer in order: the PLE part (if any), then the Gated DeltaNet or QSA part.
     void export_state(int64_t from, const StateFn& fn) override;
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;

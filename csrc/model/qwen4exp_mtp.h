@@ -9,6 +9,7 @@
 // layer's usual blk.L.* tensors. Embedding and LM head are the main model's.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -79,6 +80,8 @@ struct MtpContext {
     // Runs the head over the pairs the held tokens determine that it has not consumed (all but the last
     // token's, which needs the next token): what a draft would do first. Returns how many.
     int64_t catch_up(Workspace& ws, const MtpHead& head);
+    // How many pairs catch_up would take in now.
+    int64_t lag() const { return std::max<int64_t>(0, size() - 1 - known_from - kv.size()); }
     // Up to n greedy draft tokens after the held tokens and `next` (the token evaluated next), after a
     // catch-up of whatever pairs are pending.
     std::vector<int32_t> draft(Workspace& ws, const MtpHead& head, int32_t next, int64_t n);

@@ -270,6 +270,8 @@ void init_model(nb::module_& m) {
                 return w.catch_up_draft_head();
             },
             "Let the draft head take in the held tokens it has not seen (all but the last); returns how many.")
+        .def_prop_ro("draft_head_lag", &ModelWindow::draft_head_lag,
+                     "How many tokens catch_up_draft_head() would take in now.")
         .def("snapshot", &snapshot_window, "A copy of the whole state in host memory.")
         .def("restore", &restore_window, nb::arg("snapshot"),
              "Reset, then put back the state a snapshot() copied (StateError for another model's).")

@@ -127,9 +127,9 @@ def speculation(value: bool | str | Speculation | None) -> Speculation | None:
 class Drafter(Protocol):
     """Proposes tokens to follow a sequence. ``name`` labels its statistics. A drafter may also have
     ``key_now(seq) -> key | None``: the key a draft proposed now would start with, cheap enough to be asked on
-    every token the gate skips planning for (see ``WAKE_ACCEPTANCE``); and ``catch_up() -> int``: take in the
-    tokens decoded since its last draft before drafting (returns how many), so that the gate times that part
-    apart (``CostGate.observe_catch_up``)."""
+    every token the gate skips planning for (see ``WAKE_ACCEPTANCE``); and ``catch_up() -> int`` with
+    ``lag() -> int``: take in the tokens decoded since its last draft before drafting (returns how many), so
+    that the gate times that part apart (``CostGate.observe_catch_up``), and how many that would be now."""
 
     name: str
 
@@ -215,6 +215,9 @@ class _MtpDrafter:
 
     def catch_up(self) -> int:
         return self._window.catch_up_draft_head()
+
+    def lag(self) -> int:
+        return self._window.draft_head_lag
 
     def rollback(self, n: int) -> None:
         pass  # the head's state lives in the window
@@ -317,6 +320,18 @@ class CostGate:
         else:
             stall *= n / ref
         return compute + stall
+
+    def catch_up_pays(self, name: str, lag: int, rate: float, room: int) -> bool:
+        """Whether drafter ``name``, expected to make ``rate`` tokens a second (where plain decoding makes
+        ``1 / T(1)``), is worth taking in the ``lag`` tokens it has not seen (a generation's first draft: the
+        whole prompt): what it saves over the ``room`` tokens generation may still want, drafting from now on,
+        must exceed what taking them in costs. Always while its first draft position is being explored or its
+        catch-up was never timed."""
+        per = self.catch_up_seconds.get(name)
+        if per is None or self.pool.tries.get((name, 0), 0.0) < self.EXPLORE_TRIES:
+            return True
+        saved = room * (self.eval_cost(1) - 1.0 / rate) if rate > 0 else 0.0
+        return saved > lag * per
 
     def may_pay(self, name: str, first_key: Hashable, n: int, own: Record | None = None) -> bool:
         """Whether a draft of up to ``n`` tokens whose first key is ``first_key`` can beat plain decoding, or is
@@ -456,6 +471,13 @@ class Speculator:
                 n = gate.best_length(d.name, [(d.name, i) for i in range(limit)], limit, self._own)
                 if n == 0:
                     continue
+                lag = getattr(d, "lag", None)
+                if lag is not None:
+                    # Taking in the tokens since its last draft comes first: not when an earlier drafter's
+                    # draft is better, nor when the rest of the generation cannot pay for a long lag.
+                    rate = self._rate(d.name, [(d.name, i) for i in range(n)])
+                    if rate <= best_rate or not gate.catch_up_pays(d.name, lag(), rate, room):
+                        continue
             catch_up = getattr(d, "catch_up", None)
             if catch_up is not None:
                 t0 = time.perf_counter()

@@ -175,6 +175,11 @@ class Window:
         can be timed apart from drafting. Returns how many tokens it took in; 0 without a draft head."""
         return self._w.catch_up_draft_head()
 
+    @property
+    def draft_head_lag(self) -> int:
+        """How many tokens :meth:`catch_up_draft_head` would take in now (0 without a draft head)."""
+        return self._w.draft_head_lag
+
     def eval(self, tokens, *, all_logits: bool = True) -> np.ndarray:
         """Evaluate ``tokens`` after those already seen; returns float32 logits of shape (len(tokens), n_vocab),
         or (1, n_vocab) for the last token only when ``all_logits`` is False (what generation needs after a

@@ -201,13 +201,15 @@ def test_catching_the_draft_head_up_first_drafts_the_same(tiny):
     alone, first = model.window(64), model.window(64)
     for w in (alone, first):
         w.eval(ids[:SEQ], all_logits=False)
+    assert first.draft_head_lag == SEQ - 1
     assert first.catch_up_draft_head() == SEQ - 1
-    assert first.catch_up_draft_head() == 0
+    assert first.draft_head_lag == 0 and first.catch_up_draft_head() == 0
     nxt = int(ids[SEQ])
     assert first.draft(nxt, 4) == alone.draft(nxt, 4)
     for w in (alone, first):
         w.eval(ids[SEQ:-1], all_logits=False)
-    assert first.catch_up_draft_head() == 3  # the pair with ids[SEQ] was dropped after the draft, and 2 more
+    assert first.draft_head_lag == 3  # the pair with ids[SEQ] was dropped after the draft, and 2 more
+    assert first.catch_up_draft_head() == 3
     nxt = int(ids[-1])
     assert first.draft(nxt, 4) == alone.draft(nxt, 4)
     assert regolith.Model.load(path).window(8).catch_up_draft_head() == 0  # holds nothing
