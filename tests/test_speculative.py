@@ -235,6 +235,25 @@ def test_cost_gate_extrapolates_expert_stalls_per_extra_token():
     assert gates[False].best_length("d", keys, 7) == 2
 
 
+def test_cost_gate_eval_costs_never_fall_with_more_tokens():
+    """A count measured once at a busy moment does not keep its lengths priced out: the measured seconds are
+    fitted non-decreasing in the count, each weighted by its measurements (at most 1 / EMA)."""
+    gate = CostGate()
+    gate.observe_eval(1, 0.006)
+    gate.observe_eval(2, 0.008)
+    gate.observe_eval(3, 0.019)  # once, on a busy machine
+    for _ in range(7):
+        gate.observe_eval(4, 0.012)
+    gate.observe_eval(8, 0.022)
+    assert gate.eval_seconds[3] == pytest.approx(0.019)
+    pooled = (0.019 * 1 + 0.012 * 5) / 6
+    assert [gate.eval_cost(n) for n in (1, 2, 3, 4)] == pytest.approx([0.006, 0.008, pooled, pooled])
+    assert gate.eval_cost(6) == pytest.approx(pooled + (0.022 - pooled) / 2)
+    gate.observe_eval(3, 0.009)  # measured again (its average 17 ms, 2 measurements): the fit follows
+    assert gate.eval_cost(3) == gate.eval_cost(4) == pytest.approx((0.017 * 2 + 0.012 * 5) / 7)
+    assert all(gate.eval_cost(n) <= gate.eval_cost(n + 1) for n in range(1, 9))
+
+
 class _FakeWindow:
     """A window that evaluates nothing: what the speculator itself costs."""
 

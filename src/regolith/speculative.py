@@ -262,6 +262,8 @@ class CostGate:
         self.stall_clock = stall_clock
         self.eval_seconds: dict[int, float] = {}
         self.stall_seconds: dict[int, float] = {}  # the part of eval_seconds spent waiting for expert reads
+        self.eval_weight: dict[int, float] = {}  # measurements behind each eval_seconds, at most 1 / EMA
+        self._fitted: dict[int, float] | None = None  # eval_seconds made non-decreasing in n
         self.draft_seconds: dict[str, float] = {}
         self.catch_up_seconds: dict[str, float] = {}  # per token a drafter takes in before drafting
         self.pool = Record()  # acceptance over all the model's generations
@@ -271,6 +273,8 @@ class CostGate:
         """An evaluation of ``n`` tokens took ``seconds``, ``stall`` of them waiting for expert reads."""
         old = self.eval_seconds.get(n)
         self.eval_seconds[n] = seconds if old is None else old + self.EMA * (seconds - old)
+        self.eval_weight[n] = min(self.eval_weight.get(n, 0.0) + 1.0, 1.0 / self.EMA)
+        self._fitted = None
         old = self.stall_seconds.get(n)
         self.stall_seconds[n] = stall if old is None else old + self.EMA * (stall - old)
         self.rounds_since_plain = 0 if n == 1 else self.rounds_since_plain + 1
@@ -298,12 +302,28 @@ class CostGate:
             return pool
         return (own.hits.get(key, 0.0) + self.POOL_TRIES * pool) / (own.tries.get(key, 0.0) + self.POOL_TRIES)
 
+    def _monotone(self) -> dict[int, float]:
+        """The measured seconds per token count, made non-decreasing in the count by a weighted isotonic fit
+        (pool adjacent violators): evaluating more tokens never costs less, and a count measured once at a
+        busy moment (3 tokens at 19 ms between 2 at 8 and 4 at 12) would otherwise keep the lengths it prices
+        out from being tried again."""
+        if self._fitted is None:
+            blocks: list[list[float]] = []  # [seconds, weight, how many counts]
+            for n in sorted(self.eval_seconds):
+                blocks.append([self.eval_seconds[n], self.eval_weight.get(n, 1.0), 1])
+                while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                    (t1, w1, c1), (t2, w2, c2) = blocks.pop(-2), blocks.pop()
+                    blocks.append([(t1 * w1 + t2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+            values = [t for t, _w, c in blocks for _ in range(c)]
+            self._fitted = dict(zip(sorted(self.eval_seconds), values, strict=True))
+        return self._fitted
+
     def eval_cost(self, n: int) -> float:
-        """Estimated seconds to evaluate n tokens: measured, else interpolated between measured counts, else
-        extrapolated from the nearest measured count: computing by the prior slope, and (streaming) waiting
-        for as many expert reads per extra token as a plain token waits for (an upper bound: a round reads
-        the union of its tokens' experts)."""
-        known = self.eval_seconds
+        """Estimated seconds to evaluate n tokens: measured (made non-decreasing in n), else interpolated
+        between measured counts, else extrapolated from the nearest measured count: computing by the prior
+        slope, and (streaming) waiting for as many expert reads per extra token as a plain token waits for
+        (an upper bound: a round reads the union of its tokens' experts)."""
+        known = self._monotone()
         if n in known:
             return known[n]
         lo = max((m for m in known if m < n), default=None)
@@ -314,7 +334,11 @@ class CostGate:
         if ref is None:
             return 0.0
         stall = self.stall_seconds[ref]
-        compute = (known[ref] - stall) * (1 + self.PRIOR_SLOPE * (n - 1)) / (1 + self.PRIOR_SLOPE * (ref - 1))
+        compute = (
+            max(known[ref] - stall, 0.0)
+            * (1 + self.PRIOR_SLOPE * (n - 1))
+            / (1 + self.PRIOR_SLOPE * (ref - 1))
+        )
         if lo is not None:
             stall += (n - lo) * self.stall_seconds.get(1, 0.0)
         else:
