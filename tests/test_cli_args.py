@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 
 import regolith
-from regolith import cli, terminal
+from regolith import cli, cli_options, terminal
 
 
 @pytest.mark.parametrize(
@@ -188,4 +188,4 @@ def test_kv_type_reaches_the_model(capsys):
     ref = regolith.Model.load(kv_type="i8").generate("class Stack:", max_tokens=3, temperature=0)
     assert ref and ref in capsys.readouterr().out
     args = cli._parser().parse_args(["serve", "--kv-type", "q8_0"])
-    assert cli._memory_options(args)["kv_type"] == "q8_0"
+    assert cli_options.memory_options(args)["kv_type"] == "q8_0"

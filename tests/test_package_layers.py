@@ -52,7 +52,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("server/endpoint.py",),
     ("server/openai_api.py", "server/anthropic_api.py", "server/tokenize_api.py"),
     ("server/app.py",),
-    ("server/__init__.py", "inspection.py"),
+    ("server/__init__.py", "inspection.py", "cli_options.py"),
     ("cli.py",),
 ]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
@@ -15,6 +14,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
+from .cli_options import (
+    add_generation_arguments,
+    add_memory_arguments,
+    add_model_argument,
+    add_spec_arguments,
+    add_template_argument,
+    contexts,
+    generation_options,
+    memory_options,
+    number,
+    positive,
+    speculative_option,
+)
 from .errors import MemoryPlanError, RegolithError
 from .inspection import inspect_command
 from .models import DEFAULT_MODEL, KNOWN_MODELS, resolve_files
@@ -124,10 +136,10 @@ def _load(args: argparse.Namespace, console: Console, windows: int = 1) -> Model
             mtp=args.mtp,
             mmproj=getattr(args, "mmproj", None),
             windows=windows,
-            **_memory_options(args),
+            **memory_options(args),
         )
         model.tokenizer  # noqa: B018 - built here so its cost shows under the spinner, not in the first reply
-    model.speculative = _speculative_option(args)
+    model.speculative = speculative_option(args)
     trained = model.config.get("context_length")
     if args.ctx and trained and args.ctx > int(trained):
         print(
@@ -142,51 +154,6 @@ def _load(args: argparse.Namespace, console: Console, windows: int = 1) -> Model
     return model
 
 
-def _speculative_option(args: argparse.Namespace) -> Any:
-    from .speculative import Speculation
-
-    spec, draft_max = getattr(args, "spec", "auto"), getattr(args, "draft_max", 7)
-    if spec == "off" or draft_max == 0:
-        return False
-    drafters = ("suffix", "mtp") if spec == "auto" else (spec,)
-    return Speculation(draft_max=draft_max, drafters=drafters)
-
-
-def _memory_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "memory_gb": args.memory_gb,
-        "arena_gb": args.arena_gb,
-        "ple_cache_gb": args.ple_cache_gb,
-        "host_cache_gb": args.host_cache_gb,
-        "moce": args.moce,
-        "backend": args.backend,
-        "kv_type": args.kv_type,
-    }
-
-
-def _generation_options(args: argparse.Namespace) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "max_tokens": args.max_tokens,
-        "temperature": args.temp,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "min_p": args.min_p,
-        "repeat_penalty": args.repeat_penalty,
-        "seed": args.seed,
-        "stop": args.stop or None,
-        "antislop": _antislop_option(args),
-    }
-    return options
-
-
-def _antislop_option(args: argparse.Namespace) -> bool | Any:
-    if args.slop_list:
-        from .antislop import SlopList
-
-        return SlopList.load(args.slop_list)
-    return args.antislop
-
-
 def _run(args: argparse.Namespace, console: Console) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if not prompt:
@@ -194,7 +161,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         return 2
     err = Console(stderr=True)
     model = _load(args, err)
-    options = _generation_options(args)
+    options = generation_options(args)
     bar = PrefillBar(err)
     if not args.quiet:
         options["on_prefill"] = bar
@@ -212,56 +179,6 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         report(gen, err)
         report_arena(model, err)
     return 0
-
-
-def _number(
-    kind: type,
-    lo: float | None = None,
-    hi: float | None = None,
-    *,
-    lo_open: bool = False,
-    hi_open: bool = False,
-) -> Any:
-    """An argparse type: a finite `kind` in the range [lo, hi] (ends open where asked, absent where None);
-    a value outside it is the one-line usage error argparse exits 2 with."""
-
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-        below = lo is not None and (value <= lo if lo_open else value < lo)
-        above = hi is not None and (value >= hi if hi_open else value > hi)
-        if below or above:
-            if hi is None:
-                want = f"{'>' if lo_open else '>='} {lo}"
-            elif lo is None:
-                want = f"{'<' if hi_open else '<='} {hi}"
-            else:
-                want = f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
-            raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in its error messages
-    return parse
-
-
-def _positive(kind: type) -> Any:
-    return _number(kind, 0, lo_open=True)
-
-
-def _contexts(text: str) -> list[int]:
-    """Context sizes: comma-separated positive integers, each optionally with k (x1024)."""
-    out = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        scale = 1024 if part.endswith("k") else 1
-        digits = part.removesuffix("k")
-        if not digits.isdigit() or int(digits) == 0:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: expected positive token counts such as 32768 or 32k,128k"
-            )
-        out.append(int(digits) * scale)
-    return out
 
 
 def _bench(args: argparse.Namespace, console: Console) -> int:
@@ -378,7 +295,7 @@ def _chat(args: argparse.Namespace, console: Console) -> int:
     from .session import Session
 
     model = _load(args, console)
-    session = Session(model, system=args.system, **_generation_options(args))
+    session = Session(model, system=args.system, **generation_options(args))
     if not args.quiet:
         console.print(
             f"[dim]{escape(os.path.basename(model.path))} - {escape(CHAT_HELP)}[/dim]", highlight=False
@@ -436,140 +353,6 @@ def _chat(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _add_model_argument(p: argparse.ArgumentParser) -> None:
-    known = ", ".join(f"{k} ({m.description})" for k, m in KNOWN_MODELS.items())
-    p.add_argument(
-        "model",
-        nargs="?",
-        help="a .gguf file (any shard of a split model), a model directory, hf://ORG/REPO[:QUANT] (downloaded "
-        f"from the Hugging Face Hub) or a known model name (default: {DEFAULT_MODEL}); known models: {known}",
-    )
-    p.add_argument("--ple", metavar="PLE.gguf", help="the PLE n-gram table kept in its own GGUF")
-    p.add_argument("--mtp", metavar="MTP.gguf", help="the MTP head kept in its own GGUF")
-
-
-def _add_generation_arguments(p: argparse.ArgumentParser, *, antislop_default: bool) -> None:
-    _add_model_argument(p)
-    p.add_argument(
-        "-n", "--max-tokens", type=_number(int, 0), default=256, help="most tokens to generate (default 256)"
-    )
-    p.add_argument(
-        "--temp", type=_number(float, 0), default=0.8, help="temperature; 0 is greedy (default 0.8)"
-    )
-    p.add_argument(
-        "--top-p",
-        type=_number(float, 0, 1, lo_open=True),
-        default=0.95,
-        help="nucleus sampling mass (default 0.95; 1 = off)",
-    )
-    p.add_argument(
-        "--top-k",
-        type=_number(int, 0),
-        default=40,
-        help="keep the k most likely tokens (default 40; 0 = off)",
-    )
-    p.add_argument(
-        "--min-p",
-        type=_number(float, 0, 1),
-        default=0.05,
-        help="drop tokens below min-p x the best (default 0.05)",
-    )
-    p.add_argument(
-        "--repeat-penalty", type=_positive(float), default=1.0, help="repetition penalty (default 1 = off)"
-    )
-    p.add_argument(
-        "--seed",
-        type=_number(int, 0, 2**64, hi_open=True),
-        help="random seed (default: a fresh one each run)",
-    )
-    p.add_argument("--stop", action="append", metavar="TEXT", help="stop before this text (repeatable)")
-    p.add_argument(
-        "--ctx", type=_positive(int), help="context size in tokens (default: the model's, at most 8192)"
-    )
-    _add_template_argument(p)
-    _add_memory_arguments(p)
-    p.add_argument(
-        "--antislop",
-        action=argparse.BooleanOptionalAction,
-        default=antislop_default,
-        help=f"ban overused phrases in prose (default {'on' if antislop_default else 'off'})",
-    )
-    p.add_argument("--slop-list", metavar="FILE", help="phrases to ban, one per line (implies --antislop)")
-    _add_spec_arguments(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="no speed report")
-
-
-def _add_spec_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--spec",
-        choices=["auto", "off", "suffix", "mtp"],
-        default="auto",
-        help="speculative decoding: auto (drafts from repeated text and the model's MTP head, only when a cost "
-        "model measures a gain), off, or one drafter (default auto; output is the same either way)",
-    )
-    p.add_argument(
-        "--draft-max",
-        type=int,
-        choices=range(8),
-        default=7,
-        metavar="N",
-        help="most draft tokens per verification, 0-7 (default 7; 0 = off)",
-    )
-
-
-def _backend_name(text: str) -> str:
-    from . import backends
-
-    try:
-        return backends.resolve(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _add_memory_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--backend",
-        type=_backend_name,
-        help="compute engine: cpu, cuda, metal, metal-emu (Metal's kernels on the CPU: a test mode), or auto "
-        "(cuda or metal where this build and machine have it, else cpu); default $REGOLITH_BACKEND or cpu",
-    )
-    p.add_argument(
-        "--kv-type",
-        choices=["f32", "f16", "q8_0", "i8"],
-        help="attention cache type (llama.cpp's -ctk/-ctv names; i8: int8 rows with one f32 scale each); "
-        "default i8 for qwen4exp, f16 for gemma3 / qwen2",
-    )
-    p.add_argument(
-        "--memory-gb",
-        type=_positive(float),
-        help="memory budget in GiB (default: 3/4 of RAM); a model over it streams its experts",
-    )
-    p.add_argument(
-        "--arena-gb", type=_positive(float), help="stream the experts through an arena of this size"
-    )
-    p.add_argument(
-        "--ple-cache-gb", type=_positive(float), help="PLE row cache size in GiB (default 256 MiB)"
-    )
-    p.add_argument(
-        "--host-cache-gb",
-        type=_positive(float),
-        help="with --arena-gb on a GPU backend: keep this many GiB of experts in RAM behind the device arena",
-    )
-    p.add_argument(
-        "--moce",
-        action="store_true",
-        help="cache-aware routing: prefer experts already in the arena (changes the output; default off)",
-    )
-
-
-def _add_template_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--chat-template-file",
-        metavar="FILE",
-        help="a jinja2 chat template to use instead of the model's own",
-    )
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="regolith",
@@ -585,18 +368,18 @@ def _parser() -> argparse.ArgumentParser:
         help="show a GGUF file's architecture, hyper-parameters and tensor types",
         description="Show a GGUF file's architecture, hyper-parameters, tensor-type histogram and size.",
     )
-    _add_model_argument(p)
+    add_model_argument(p)
     p.add_argument("--tensors", action="store_true", help="also list every tensor (name, type, shape, bytes)")
     p.add_argument(
         "--plan", action="store_true", help="print the memory plan a load would make (with --memory-gb, ...)"
     )
     p.add_argument(
         "--ctx",
-        type=_contexts,
+        type=contexts,
         help="context size in tokens for --plan, or several side by side: 32768,131072 or 32k,128k (k = 1024; "
         "default: the model's, at most 8192)",
     )
-    _add_memory_arguments(p)
+    add_memory_arguments(p)
     p.set_defaults(func=inspect_command)
 
     k = sub.add_parser(
@@ -607,7 +390,7 @@ def _parser() -> argparse.ArgumentParser:
         "n-gram table in checksummed 4 KiB blocks) and manifest.json. The directory appears only when "
         "complete. Load it like a GGUF: regolith run DIR. See docs/formats.md.",
     )
-    _add_model_argument(k)
+    add_model_argument(k)
     k.add_argument("out", help="the directory to write")
     k.add_argument("-f", "--force", action="store_true", help="replace an existing directory")
     k.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
@@ -640,7 +423,7 @@ def _parser() -> argparse.ArgumentParser:
         "layout: OUT-00001-of-0000N.gguf, ...",
     )
     split.add_argument(
-        "--split-max-tensors", type=_positive(int), metavar="N", help="write shards of at most N tensors"
+        "--split-max-tensors", type=positive(int), metavar="N", help="write shards of at most N tensors"
     )
     c.add_argument("--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the regex is not recognised")
     c.add_argument(
@@ -670,7 +453,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Continue a prompt (or, with --chat, answer it as a chat message) and stream the text; "
         "the speed is reported on stderr.",
     )
-    _add_generation_arguments(r, antislop_default=False)
+    add_generation_arguments(r, antislop_default=False)
     r.add_argument("-p", "--prompt", help="the prompt (default: read standard input)")
     r.add_argument(
         "--chat", action="store_true", help="send the prompt as a user message through the chat template"
@@ -683,7 +466,7 @@ def _parser() -> argparse.ArgumentParser:
         description="An interactive conversation, streamed; only each turn's new tokens are evaluated. "
         + CHAT_HELP,
     )
-    _add_generation_arguments(ch, antislop_default=True)
+    add_generation_arguments(ch, antislop_default=True)
     ch.add_argument("--system", help="a system prompt")
     ch.set_defaults(func=_chat)
 
@@ -694,11 +477,11 @@ def _parser() -> argparse.ArgumentParser:
         "(no speculation), repeated; one table with tok/s (mean ± spread), the arena's hit rate and disk "
         "reads (streaming models), peak memory and the memory plan.",
     )
-    _add_model_argument(b)
-    b.add_argument("-p", "--prompt", type=_positive(int), default=512, help="prompt tokens (default 512)")
-    b.add_argument("-n", "--gen", type=_number(int, 0), default=128, help="decode steps (default 128)")
-    b.add_argument("-r", "--repetitions", type=_positive(int), default=3, help="repetitions (default 3)")
-    _add_memory_arguments(b)
+    add_model_argument(b)
+    b.add_argument("-p", "--prompt", type=positive(int), default=512, help="prompt tokens (default 512)")
+    b.add_argument("-n", "--gen", type=number(int, 0), default=128, help="decode steps (default 128)")
+    b.add_argument("-r", "--repetitions", type=positive(int), default=3, help="repetitions (default 3)")
+    add_memory_arguments(b)
     b.set_defaults(func=_bench, chat_template_file=None, quiet=False, spec="off")
 
     sv = sub.add_parser(
@@ -708,7 +491,7 @@ def _parser() -> argparse.ArgumentParser:
         "/v1/messages/count_tokens; GET /v1/models, /health, /metrics. Requests are queued and run one at a "
         "time. See docs/server.md.",
     )
-    _add_model_argument(sv)
+    add_model_argument(sv)
     sv.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
@@ -718,10 +501,10 @@ def _parser() -> argparse.ArgumentParser:
         help="require this key (Authorization: Bearer KEY or x-api-key: KEY); default: $REGOLITH_API_KEY, else none",
     )
     sv.add_argument(
-        "--ctx", type=_positive(int), help="context size in tokens (default: the model's, at most 8192)"
+        "--ctx", type=positive(int), help="context size in tokens (default: the model's, at most 8192)"
     )
-    _add_template_argument(sv)
-    _add_memory_arguments(sv)
+    add_template_argument(sv)
+    add_memory_arguments(sv)
     sv.add_argument(
         "--mmproj",
         metavar="MMPROJ.gguf",
@@ -738,36 +521,36 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument(
         "-n",
         "--max-tokens",
-        type=_positive(int),
+        type=positive(int),
         help="reply length for requests that do not set one (default 4096: the server's DEFAULT_MAX_TOKENS)",
     )
     sv.add_argument(
         "--parallel",
         "-np",
-        type=_positive(int),
+        type=positive(int),
         help=f"requests generated at once, batched (default: as many as fit, at most {DEFAULT_PARALLEL}); "
         "speculative decoding runs only at 1",
     )
     sv.add_argument(
         "--max-queue",
-        type=_positive(int),
+        type=positive(int),
         default=64,
         help="requests that may wait (default 64); more get 503",
     )
     sv.add_argument(
         "--timeout",
-        type=_positive(float),
+        type=positive(float),
         default=600.0,
         help="seconds a request may take, queued or running (default 600)",
     )
     sv.add_argument(
         "--max-body",
-        type=_positive(int),
+        type=positive(int),
         default=16 * 1024 * 1024,
         help="largest request body in bytes (default 16 MiB)",
     )
     sv.add_argument("--antislop", action="store_true", help="ban overused phrases in prose (default off)")
-    _add_spec_arguments(sv)
+    add_spec_arguments(sv)
     sv.add_argument(
         "--cache-dir",
         metavar="DIR",
@@ -776,7 +559,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sv.add_argument(
         "--cache-size-gb",
-        type=_positive(float),
+        type=positive(float),
         default=4.0,
         help="the prompt cache's size cap in GiB; least recently used states go first (default 4)",
     )
