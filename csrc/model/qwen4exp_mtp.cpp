@@ -127,11 +127,14 @@ void MtpContext::forget(int64_t n) {
 int64_t MtpContext::catch_up(Workspace& ws, const MtpHead& head) {
     const int64_t first = known_from + kv.size(), count = size() - 1 - first;  // pairs whose tokens are all held
     if (count <= 0 || kv.size() + count > kv.max_ctx()) return 0;
-    Workspace::Scope scope(ws);
-    std::vector<int64_t> pos(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) pos[size_t(i)] = first + i + 1;
-    const Tensor o = ws.f32(count, head.hidden());  // [count][H], not read: the head's KV is what stays
-    head.forward(ws, hidden.t.row_range(first, count), tokens.data() + first + 1, pos.data(), kv, o);
+    for (int64_t c0 = 0; c0 < count; c0 += kCatchUpRows) {
+        const int64_t rows = std::min(kCatchUpRows, count - c0), from = first + c0;
+        Workspace::Scope scope(ws);
+        std::vector<int64_t> pos(static_cast<size_t>(rows));
+        for (int64_t i = 0; i < rows; ++i) pos[size_t(i)] = from + i + 1;
+        const Tensor o = ws.f32(rows, head.hidden());  // [rows][H], not read: the head's KV is what stays
+        head.forward(ws, hidden.t.row_range(from, rows), tokens.data() + from + 1, pos.data(), kv, o);
+    }
     return count;
 }
 
@@ -139,17 +142,13 @@ std::vector<int32_t> MtpContext::draft(Workspace& ws, const MtpHead& head, int32
     std::vector<int32_t> out;
     const int64_t n_past = size(), H = head.hidden();
     if (n <= 0 || n_past == 0 || known_from >= n_past) return out;
-    // Catch up: the pairs not yet consumed, then (hidden[n_past-1], next).
-    const int64_t first = known_from + kv.size(), count = n_past - first;
-    if (kv.size() + count + n > kv.max_ctx()) return out;
+    if (n_past - known_from + n > kv.max_ctx()) return out;  // the pairs up to the last draft's
+    catch_up(ws, head);
+    // (hidden[n_past-1], next), then each drafted token with the head's own output
     Workspace::Scope scope(ws);
-    std::vector<int32_t> ids(tokens.begin() + first + 1, tokens.end());
-    ids.push_back(next);
-    std::vector<int64_t> pos(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) pos[size_t(i)] = first + i + 1;
-    const Tensor o = ws.f32(count, H);
-    head.forward(ws, hidden.t.row_range(first, count), ids.data(), pos.data(), kv, o);
-    Tensor last = o.row_range(count - 1, 1);  // [1][H]
+    Tensor last = ws.f32(1, H);  // [1][H]
+    const int64_t p0 = n_past;
+    head.forward(ws, hidden.t.row_range(n_past - 1, 1), &next, &p0, kv, last);
     for (int64_t k = 0; k < n; ++k) {
         if (k > 0) {
             const int64_t p = n_past + k;

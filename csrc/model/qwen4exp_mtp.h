@@ -64,6 +64,11 @@ private:
 // (hidden[i], tokens[i+1]) at RoPE position i + 1. Rows before known_from are unknown (a restored state):
 // the head covers pairs [known_from, known_from + kv.size()).
 struct MtpContext {
+    // Rows per head evaluation when catching up: a quarter of generation's 512-token prefill chunk, so that
+    // taking in a long prompt at its first draft holds no more scratch than the prompt's evaluation did (the
+    // plan counts that); one evaluation of the whole prompt held 2-3x as much.
+    static constexpr int64_t kCatchUpRows = 128;
+
     Backend* be;
     int64_t width;                // hidden size
     int64_t max_ctx;
@@ -78,7 +83,7 @@ struct MtpContext {
     void truncate(int64_t n);      // keep the first n tokens
     void forget(int64_t n);        // n tokens whose ids and hidden states are unknown (a restored state)
     // Runs the head over the pairs the held tokens determine that it has not consumed (all but the last
-    // token's, which needs the next token): what a draft would do first. Returns how many.
+    // token's, which needs the next token), kCatchUpRows at a time: what a draft does first. Returns how many.
     int64_t catch_up(Workspace& ws, const MtpHead& head);
     // How many pairs catch_up would take in now.
     int64_t lag() const { return std::max<int64_t>(0, size() - 1 - known_from - kv.size()); }

@@ -215,6 +215,26 @@ def test_catching_the_draft_head_up_first_drafts_the_same(tiny):
     assert regolith.Model.load(path).window(8).catch_up_draft_head() == 0  # holds nothing
 
 
+def test_a_long_catch_up_runs_in_prefill_chunks_with_the_same_drafts(tiny):
+    """Many pairs to take in (a long prompt's first draft) run 128 at a time, so the head's scratch stays
+    within what the prompt's evaluation held and the plan counts (one evaluation of all 1,199 held twice
+    the plan); the drafts equal those of a head that took the pairs in 100 at a time."""
+    path, ref = tiny
+    ids = np.random.default_rng(7).integers(3, ref.cfg.vocab_size, 1201)
+    model = regolith.Model.load(path)
+    at_once, by_hundreds = model.window(1300), model.window(1300)
+    for i in range(0, 1200, 400):  # as generation's prefill does, in chunks within 512
+        at_once.eval(ids[i : i + 400], all_logits=False)
+    for i in range(0, 1200, 100):
+        by_hundreds.eval(ids[i : i + 100], all_logits=False)
+        assert by_hundreds.catch_up_draft_head() == (99 if i == 0 else 100)
+    assert at_once.draft_head_lag == 1199
+    nxt = int(ids[1200])
+    assert at_once.draft(nxt, 4) == by_hundreds.draft(nxt, 4)
+    assert at_once.draft_head_lag == 0
+    assert at_once._w.scratch_peak_bytes <= model.plan.sizes.scratch_bytes()
+
+
 def test_gguf_without_nextn_tensors_has_no_mtp(tmp_path):
     from regolith.convert import convert
     from tests.qwen4exp_models import save_tiny_model
