@@ -66,7 +66,8 @@ private:
 struct MtpContext {
     // Rows per head evaluation when catching up: a quarter of generation's 512-token prefill chunk, so that
     // taking in a long prompt at its first draft holds no more scratch than the prompt's evaluation did (the
-    // plan counts that); one evaluation of the whole prompt held 2-3x as much.
+    // plan counts that): on the tiny MTP model, one evaluation of 1,199 pairs held 7.3 MB where the prompt's
+    // 512-token chunks held 3.1 MB.
     static constexpr int64_t kCatchUpRows = 128;
 
     Backend* be;
