@@ -269,26 +269,25 @@ class CostGate:
         self.pool = Record()  # acceptance over all the model's generations
         self.rounds_since_plain = 0
 
+    def _average(self, table: dict, key: Hashable, value: float) -> None:
+        """Moves ``table[key]``, the moving average, toward ``value`` (the first value as it is)."""
+        old = table.get(key)
+        table[key] = value if old is None else old + self.EMA * (value - old)
+
     def observe_eval(self, n: int, seconds: float, stall: float = 0.0) -> None:
         """An evaluation of ``n`` tokens took ``seconds``, ``stall`` of them waiting for expert reads."""
-        old = self.eval_seconds.get(n)
-        self.eval_seconds[n] = seconds if old is None else old + self.EMA * (seconds - old)
+        self._average(self.eval_seconds, n, seconds)
         self.eval_weight[n] = min(self.eval_weight.get(n, 0.0) + 1.0, 1.0 / self.EMA)
         self._fitted = None
-        old = self.stall_seconds.get(n)
-        self.stall_seconds[n] = stall if old is None else old + self.EMA * (stall - old)
+        self._average(self.stall_seconds, n, stall)
         self.rounds_since_plain = 0 if n == 1 else self.rounds_since_plain + 1
 
     def observe_draft(self, name: str, n: int, seconds: float) -> None:
-        per = seconds / max(n, 1)
-        old = self.draft_seconds.get(name)
-        self.draft_seconds[name] = per if old is None else old + self.EMA * (per - old)
+        self._average(self.draft_seconds, name, seconds / max(n, 1))
 
     def observe_catch_up(self, name: str, n: int, seconds: float) -> None:
         """Drafter ``name`` took ``seconds`` to take in ``n`` tokens decoded since its last draft."""
-        per = seconds / n
-        old = self.catch_up_seconds.get(name)
-        self.catch_up_seconds[name] = per if old is None else old + self.EMA * (per - old)
+        self._average(self.catch_up_seconds, name, seconds / n)
 
     def record(self, key: Hashable, accepted: bool) -> None:
         self.pool.record(key, accepted)
@@ -345,6 +344,15 @@ class CostGate:
             stall *= n / ref
         return compute + stall
 
+    def round_seconds(self, name: str, k: int, expected: float) -> float:
+        """Estimated seconds of a round verifying ``k`` tokens drafted by ``name`` that is expected to decode
+        ``expected`` tokens: the evaluation, the drafting and the catch-up those tokens will need."""
+        return (
+            self.eval_cost(k + 1)
+            + self.draft_seconds.get(name, 0.0) * k
+            + self.catch_up_seconds.get(name, 0.0) * expected
+        )
+
     def catch_up_pays(self, name: str, lag: int, rate: float, room: int) -> bool:
         """Whether drafter ``name``, expected to make ``rate`` tokens a second (where plain decoding makes
         ``1 / T(1)``), is worth taking in the ``lag`` tokens it has not seen (a generation's first draft: the
@@ -380,14 +388,12 @@ class CostGate:
             return 0
         explore = int(self.pool.tries.get(keys[0], 0.0) < self.EXPLORE_TRIES)
         t1 = self.eval_cost(1)
-        per_draft = self.draft_seconds.get(name, 0.0)
-        per_catch = self.catch_up_seconds.get(name, 0.0)
         best, best_rate = 0, 1.0 / t1 if t1 > 0 else 0.0
         expected, survive = 1.0, 1.0
         for k in range(1, n + 1):
             survive *= self.acceptance(keys[k - 1], own)
             expected += survive
-            seconds = self.eval_cost(k + 1) + per_draft * k + per_catch * expected
+            seconds = self.round_seconds(name, k, expected)
             if seconds > 0 and expected / seconds > best_rate:
                 best, best_rate = k, expected / seconds
         return max(best, explore)
@@ -492,14 +498,15 @@ class Speculator:
                     continue
             elif cfg.gate and getattr(d, "keyed_by_position", True):
                 # Drafting costs: ask only for what the drafter's track record by position justifies.
-                n = gate.best_length(d.name, [(d.name, i) for i in range(limit)], limit, self._own)
+                positions = [(d.name, i) for i in range(limit)]
+                n = gate.best_length(d.name, positions, limit, self._own)
                 if n == 0:
                     continue
                 lag = getattr(d, "lag", None)
                 if lag is not None:
                     # Taking in the tokens since its last draft comes first: not when an earlier drafter's
                     # draft is better, nor when the rest of the generation cannot pay for a long lag.
-                    rate = self._rate(d.name, [(d.name, i) for i in range(n)])
+                    rate = self._rate(d.name, positions[:n])
                     if rate <= best_rate or not gate.catch_up_pays(d.name, lag(), rate, room):
                         continue
             catch_up = getattr(d, "catch_up", None)
@@ -543,8 +550,7 @@ class Speculator:
         for key in keys:
             survive *= gate.acceptance(key, self._own)
             expected += survive
-        seconds = gate.eval_cost(len(keys) + 1) + gate.draft_seconds.get(name, 0.0) * len(keys)
-        seconds += gate.catch_up_seconds.get(name, 0.0) * expected
+        seconds = gate.round_seconds(name, len(keys), expected)
         return expected / seconds if seconds > 0 else 0.0
 
     def rollback(self, n: int) -> None:
