@@ -23,3 +23,13 @@ def scripted_input(monkeypatch):
         return script
 
     return feed
+
+
+@pytest.fixture(autouse=True)
+def _speculation_memory_in_tmp(monkeypatch, tmp_path_factory):
+    """Keeps the speculation cost files the command line saves (``Model.remember_speculation``) out of the
+    user's cache: under the session's temporary folder instead."""
+    import regolith.model
+
+    root = tmp_path_factory.getbasetemp() / "regolith-cache"
+    monkeypatch.setattr(regolith.model, "cache_root", lambda: root)

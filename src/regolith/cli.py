@@ -140,6 +140,8 @@ def _load(args: argparse.Namespace, console: Console, windows: int = 1) -> Model
         )
         model.tokenizer  # noqa: B018 - built here so its cost shows under the spinner, not in the first reply
     model.speculative = speculative_option(args)
+    if model.speculative and not getattr(args, "no_spec_memory", True):
+        model.remember_speculation()
     trained = model.config.get("context_length")
     if args.ctx and trained and args.ctx > int(trained):
         print(

@@ -198,6 +198,12 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="most draft tokens per verification, 0-7 (default 7; 0 = off)",
     )
+    p.add_argument(
+        "--no-spec-memory",
+        action="store_true",
+        help="start speculation's cost model afresh and do not save it (default: kept per model and machine "
+        "under ~/.cache/regolith/speculation, so a new process drafts as well as the last one ended)",
+    )
 
 
 def _backend_name(text: str) -> str:

@@ -450,6 +450,7 @@ class Generation(Iterator[str]):
                 self.stats.decode_rounds += self._spec.rounds
                 self.stats.drafted_tokens = self._spec.drafted
                 self.stats.accepted_tokens = self._spec.accepted
+                self._gate.checkpoint()
             self.stats.generated_tokens = len(self.tokens)
             self.stats.decode_seconds = time.perf_counter() - t1
 

@@ -3,9 +3,13 @@ contexts are :class:`regolith.Window` (:mod:`regolith.window`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import json
 import logging
 import os
+import platform
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +27,7 @@ from .chat import ChatTemplate, Message, fallback_template
 from .errors import ImageError, MemoryPlanError, ModelFormatError, RegolithError
 from .generation import Generation, SharedPrompt, TokenGuide
 from .memory_plan import MemoryPlan
-from .models import ModelFiles, resolve_files
+from .models import ModelFiles, cache_root, resolve_files
 from .prompt_cache import PromptCache, chat_boundaries
 from .sampling import SamplingParams
 from .speculative import CostGate, Speculation, speculation
@@ -37,6 +41,8 @@ DEFAULT_CTX = 8192
 DEFAULT_MAX_TOKENS = 256
 # llama.cpp's defaults, which users of its tools know.
 SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
+# Speculation cost files kept under cache_root()/speculation (Model.remember_speculation), newest first.
+REMEMBERED = 64
 
 
 def plan_sizes(
@@ -63,6 +69,30 @@ def default_n_ctx(context_length: int | None) -> int:
 
 _log = logging.getLogger("regolith")
 _warned_unlocked = False
+
+
+def _host_cpu() -> str:
+    """The host CPU's model name (Linux's /proc/cpuinfo), else what :mod:`platform` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _keep_newest(folder: Path, n: int, *, spare: Path) -> None:
+    """Delete all but the ``n`` most recently modified ``*.json`` files of ``folder`` (``spare`` aside)."""
+    try:
+        files = [p for p in folder.glob("*.json") if p != spare]
+        files.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return
+    for old in files[n:]:
+        with contextlib.suppress(OSError):
+            old.unlink()
 
 
 def _warn_unlocked(reason: str) -> None:
@@ -335,6 +365,32 @@ class Model:
                 f.model, side_files=[*f.side_files, *([f.mmproj] if f.mmproj else [])]
             )
         return self._fingerprint
+
+    def remember_speculation(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Keep :attr:`spec_gate`, the speculation cost model, in a file across processes: take back what an
+        earlier process on this model and machine learned (its costs and acceptance counts), and save it
+        again when generations end (at most every ``regolith.speculative.SAVE_SECONDS``), so that a new
+        process drafts as well as the last one ended instead of exploring again (the command line does
+        this unless ``--no-spec-memory``). ``path`` defaults to a file per setting the costs depend on
+        (model, backend, device, threads, arena and cache sizes) in the ``speculation`` folder of
+        :func:`regolith.models.cache_root`, where the :data:`REMEMBERED` most recently used are kept. A file that cannot be read costs exploration, never output. Returns the path."""
+        plan = self.plan
+        setting = {
+            "model": self.fingerprint.hex(),
+            "backend": self._core.backend,
+            "device": _backends.device_name(self._core.backend) or _host_cpu(),
+            "threads": _core.threads(),
+            "arena_slots": plan.arena_slots if plan is not None else 0,
+            "host_slots": plan.host_slots if plan is not None else 0,
+            "kv_type": self.kv_type,
+        }
+        if path is None:
+            folder = cache_root() / "speculation"
+            digest = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:32]
+            path = folder / f"{digest}.json"
+            _keep_newest(folder, REMEMBERED - 1, spare=path)
+        self.spec_gate.remember(path, setting)
+        return Path(path)
 
     def window(self, max_ctx: int | None = None) -> Window:
         """A new inference context holding up to ``max_ctx`` tokens (default: :attr:`n_ctx`)."""

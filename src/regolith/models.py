@@ -22,7 +22,15 @@ from ._atomic import atomic_path
 from .errors import ModelFormatError, RegolithError
 from .model_files import SIDE_ROLES, group_sets, role_of
 
-__all__ = ["DEFAULT_MODEL", "KNOWN_MODELS", "KnownModel", "ModelFiles", "resolve_files", "resolve_model"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "KNOWN_MODELS",
+    "KnownModel",
+    "ModelFiles",
+    "cache_root",
+    "resolve_files",
+    "resolve_model",
+]
 
 
 @dataclass(frozen=True)
@@ -72,11 +80,17 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 DEFAULT_MODEL = "regolith-demo"
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("REGOLITH_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "regolith"
+def cache_root() -> Path:
+    """Where regolith keeps what it makes for later processes: ``$REGOLITH_CACHE``, else
+    ``$XDG_CACHE_HOME/regolith``, else ``~/.cache/regolith``."""
+    return Path(
+        os.environ.get("REGOLITH_CACHE")
+        or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "regolith")
     )
-    return Path(base) / "models"
+
+
+def _cache_dir() -> Path:
+    return cache_root() / "models"
 
 
 def _missing_package(model: KnownModel) -> RegolithError:

@@ -39,14 +39,20 @@ drafted from its first tokens.
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import os
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from . import _core
+from ._atomic import atomic_path
 
 if TYPE_CHECKING:
     from .window import Window
@@ -73,6 +79,11 @@ MAX_BACKOFF = 16
 # has at least this acceptance: a long copy that starts while the gate is backing off is drafted from its
 # first tokens, not up to MAX_BACKOFF tokens later.
 WAKE_ACCEPTANCE = 0.75
+# A remembered gate (CostGate.remember) is saved when a generation ends, at most this often.
+SAVE_SECONDS = 10.0
+GATE_FORMAT = "regolith-cost-gate/1"
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -268,6 +279,120 @@ class CostGate:
         self.catch_up_seconds: dict[str, float] = {}  # per token a drafter takes in before drafting
         self.pool = Record()  # acceptance over all the model's generations
         self.rounds_since_plain = 0
+        self.path: Path | None = None  # the file :meth:`remember` keeps the gate in
+        self._setting: dict[str, Any] = {}
+        self._saved_at: float | None = None
+
+    def state(self) -> dict[str, Any]:
+        """What the gate has learned, as JSON-ready data (:meth:`restore` takes it back): per evaluated token
+        count its seconds, stall seconds and weight; per drafter its seconds per drafted and per caught-up
+        token; the pool's hits and tries per key. Keys that are not (name, integer) pairs (a custom
+        drafter's) are left out."""
+        return {
+            "eval": [
+                [n, t, self.stall_seconds.get(n, 0.0), self.eval_weight.get(n, 1.0)]
+                for n, t in sorted(self.eval_seconds.items())
+            ],
+            "draft": dict(self.draft_seconds),
+            "catch_up": dict(self.catch_up_seconds),
+            "pool": [
+                [key[0], key[1], self.pool.hits.get(key, 0.0), tries]
+                for key, tries in list(self.pool.tries.items())
+                if isinstance(key, tuple)
+                and len(key) == 2
+                and isinstance(key[0], str)
+                and type(key[1]) is int
+            ],
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Replace what the gate has learned with ``state`` (from :meth:`state`); ValueError, with the gate
+        unchanged, if it is not such data."""
+
+        def number(x: Any) -> float:
+            if type(x) not in (int, float) or not math.isfinite(x) or x < 0:
+                raise ValueError(f"{x!r} is not a non-negative number")
+            return float(x)
+
+        def count(x: Any) -> int:
+            if type(x) is not int or x < 0:
+                raise ValueError(f"{x!r} is not a count")
+            return x
+
+        def name(x: Any) -> str:
+            if not isinstance(x, str):
+                raise TypeError(f"{x!r} is not a drafter's name")
+            return x
+
+        def seconds(table: Any) -> dict[str, float]:
+            if not isinstance(table, dict):
+                raise TypeError("a drafter table is not an object")
+            return {name(d): number(t) for d, t in table.items()}
+
+        try:
+            evals = {count(n): (number(t), number(s), number(w)) for n, t, s, w in state["eval"]}
+            pool = {(name(d), count(i)): (number(h), number(n)) for d, i, h, n in state["pool"]}
+            draft, catch_up = seconds(state["draft"]), seconds(state["catch_up"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a cost gate's state: {e}") from None
+        if 0 in evals or any(not 0 < w <= 1.0 / self.EMA for _t, _s, w in evals.values()):
+            raise ValueError("not a cost gate's state: an evaluation of 0 tokens or a weight out of range")
+        if any(h > n for h, n in pool.values()):
+            raise ValueError("not a cost gate's state: more hits than tries")
+        self.eval_seconds = {n: t for n, (t, _s, _w) in evals.items()}
+        self.stall_seconds = {n: s for n, (_t, s, _w) in evals.items()}
+        self.eval_weight = {n: w for n, (_t, _s, w) in evals.items()}
+        self._fitted = None
+        self.draft_seconds, self.catch_up_seconds = draft, catch_up
+        self.pool = Record({k: h for k, (h, _n) in pool.items()}, {k: n for k, (_h, n) in pool.items()})
+
+    def remember(self, path: str | os.PathLike[str], setting: Mapping[str, Any]) -> bool:
+        """Keep the gate in the JSON file ``path`` across processes: take back what it holds if it was saved
+        for the same ``setting`` (what the costs depend on: model, backend, device, threads, arena; JSON
+        scalars), and save the gate when generations end (:meth:`checkpoint`). A file that cannot be read,
+        or holds another setting, is logged and replaced at the next save: it costs exploration, never
+        output. True if the gate was restored."""
+        self.path, self._setting, self._saved_at = Path(path), dict(setting), None
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError) as e:
+            _log.warning("%s: unreadable (%s); the speculation cost gate starts afresh", path, e)
+            return False
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != GATE_FORMAT
+            or data.get("setting") != self._setting
+        ):
+            _log.warning(
+                "%s: saved for another format or setting; the speculation cost gate starts afresh", path
+            )
+            return False
+        try:
+            self.restore(data.get("state", {}))
+        except ValueError as e:
+            _log.warning("%s: %s; the speculation cost gate starts afresh", path, e)
+            return False
+        return True
+
+    def checkpoint(self, *, force: bool = False) -> None:
+        """Save the gate to its :meth:`remember` file, if it has one, unless it was saved less than
+        ``SAVE_SECONDS`` ago (``force``: whenever). Written atomically; a save that fails (a full disk, a
+        read-only directory) is logged and leaves the file as it was."""
+        if self.path is None:
+            return
+        now = time.monotonic()
+        if not force and self._saved_at is not None and now - self._saved_at < SAVE_SECONDS:
+            return
+        self._saved_at = now
+        text = json.dumps({"format": GATE_FORMAT, "setting": self._setting, "state": self.state()})
+        try:
+            with atomic_path(self.path) as tmp:
+                tmp.write_text(text, encoding="utf-8")
+        except OSError as e:
+            _log.warning("could not save the speculation cost gate to %s: %s", self.path, e)
 
     def _average(self, table: dict, key: Hashable, value: float) -> None:
         """Moves ``table[key]``, the moving average, toward ``value`` (the first value as it is)."""
