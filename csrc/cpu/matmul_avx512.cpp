@@ -158,11 +158,14 @@ struct SimdAvx512 : SimdAvx2Vnni<EvexDpbusd> {
     static Acc2 zero2() { return _mm512_setzero_ps(); }
     static Acc lo(Acc2 a) { return _mm512_castps512_ps256(a); }
     static Acc hi(Acc2 a) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)); }
-    static W2 load_w2(const int8_t* wa, const int8_t* wb) {
-        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wa))),
-                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb)), 1);
+    static W2 make_w2(__m256i a, __m256i b) {
+        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
         const __m512i share = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), w);
         return {w, _mm512_sub_epi32(_mm512_setzero_si512(), share)};
+    }
+    static W2 load_w2(const int8_t* wa, const int8_t* wb) {
+        return make_w2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wa)),
+                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb)));
     }
     // lanes 0-3: sa_lo, 4-7: sa_hi, 8-11: sb_lo, 12-15: sb_hi
     static Acc2 scales2(float sa_lo, float sa_hi, float sb_lo, float sb_hi) {
@@ -208,6 +211,22 @@ struct SimdAvx512 : SimdAvx2Vnni<EvexDpbusd> {
     static void ioffset2(const IW2& w, const IScale2& s, IAcc2& acc) {
         const __m512i p = _mm512_maddubs_epi16(_mm512_set1_epi8(char(0x80)), w.w);
         acc = _mm512_sub_epi32(acc, _mm512_madd_epi16(p, s));
+    }
+    // Decode's chunk pairs (matmul_impl.h's simd_has_chunk_pairs): one row's chunks k and k + 1 in the low and
+    // high 256 bits, on 64 consecutive activations, summed as idot32x2's products are.
+    static IW2 make_iw2(__m256i a, __m256i b) {
+        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        return {w, _mm512_abs_epi8(w), _mm512_movepi8_mask(w)};
+    }
+    template <bool UNSIGNED>
+    static void idot64(const IW2& w, const int8_t* x, const IScale2& s, IAcc2& acc) {
+        const __m512i xv = _mm512_loadu_si512(x);
+        const __m512i p = UNSIGNED ? _mm512_maddubs_epi16(w.w, xv)
+                                   : _mm512_maddubs_epi16(w.abs, _mm512_mask_sub_epi8(xv, w.neg, _mm512_setzero_si512(), xv));
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
+    }
+    static IAcc ifold(const IAcc2& ia) {
+        return _mm256_add_epi32(_mm512_castsi512_si256(ia), _mm512_extracti64x4_epi64(ia, 1));
     }
     static void iflush2(const IAcc2& ia, float scale_a, float scale_b, Acc2& acc) {
         const __m512 sc = _mm512_insertf32x8(_mm512_set1_ps(scale_a), _mm256_set1_ps(scale_b), 1);

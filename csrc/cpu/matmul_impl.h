@@ -10,13 +10,14 @@
 //       // SPLIT is false when s_lo == s_hi (32-element scale groups).
 //       template <bool SPLIT> static void dot32(const W& w, const int8_t* x, float s_lo, float s_hi, Acc& acc);
 //       // Optional, two rows at once (the float-scale prefill tile): Acc2 holds row a's Acc and row b's,
-//       //   W2 = load_w2(wa, wb); Acc2 ws = scales2(sa_lo, sa_hi, sb_lo, sb_hi);
+//       //   W2 = load_w2(wa, wb) (or make_w2(raw_a, raw_b)); Acc2 ws = scales2(sa_lo, sa_hi, sb_lo, sb_hi);
 //       //   dot32x2(w2, x, ws, d, acc2) is dot32x for each row with scales (s * d), the same per lane;
 //       //   lo(acc2) / hi(acc2) give back each row's Acc; zero2().
 //       // Optional, the integer-scale products of two rows at once (prefill panels), each row's lanes as
 //       //   idot32's: IAcc2, IW2 = load_iw2(wa, wb), IScale2 = iscale2(sa_lo, sa_hi, sb_lo, sb_hi),
 //       //   izero2(), idot32x2<UNSIGNED>, idot32_offset2, ioffset2 (as the one-row forms),
 //       //   iflush2(ia2, scale_a, scale_b, acc2) (iflush per row).
+//       // Optional, two chunks of one row per integer-scale step (simd_has_chunk_pairs below).
 //       // Integer-scale path (256-element blocks with IntScales): int32 lanes, int16 sub-scales.
 //       using IAcc = ...;  using IScale = ...;
 //       static IAcc izero();
@@ -74,6 +75,15 @@ template <class S, class = void>
 struct simd_has_spread_pairs : std::false_type {};
 template <class S>
 struct simd_has_spread_pairs<S, std::void_t<decltype(&S::spread_pairs)>> : std::true_type {};
+
+// Does the ISA take two 32-code chunks of one row per integer-scale step (S::make_iw2(raw_a, raw_b): chunk a
+// in the low lanes of an IW2; S::idot64<UNSIGNED>(w, x, s, acc): idot32 of each chunk on x[0:32] / x[32:64]
+// with the scales of S::iscale2, into an IAcc2; S::ifold(acc): the two halves added into one IAcc)? The
+// int32 sums are idot32's, only added in another order, so the results are the same to the bit.
+template <class S, class = void>
+struct simd_has_chunk_pairs : std::false_type {};
+template <class S>
+struct simd_has_chunk_pairs<S, std::void_t<decltype(&S::make_iw2)>> : std::true_type {};
 
 // Does the ISA have the offset form of the integer-scale product (S::idot32_offset)?
 template <class S, class = void>
@@ -462,15 +472,32 @@ struct FusedKernel {
             if constexpr (Q::INT) {
                 for (int h = 0; h < QK / AB; ++h) {
                     typename S::IAcc ia[NT];
-                    for (int t = 0; t < NT; ++t) ia[t] = S::izero();
-                    for (int k = h * AB / 32; k < (h + 1) * AB / 32; ++k) {
-                        const typename S::W w = S::make_w(raw[k]);
-                        const int g = 32 * k / G;
-                        const typename S::IScale sv =
-                            S::template iscale<G == 16>(isc[g], isc[G == 16 ? g + 1 : g]);
-                        for (int t = 0; t < NT; ++t) {
-                            const int8_t* x = a.xq + (t0 + t) * cols + b * QK + 32 * k;
-                            S::template idot32<UCODES>(w, x, sv, ia[t]);
+                    if constexpr (simd_has_chunk_pairs<S>::value) {
+                        static_assert(AB % 64 == 0, "whole chunk pairs per activation block");
+                        typename S::IAcc2 ia2[NT];
+                        for (int t = 0; t < NT; ++t) ia2[t] = S::izero2();
+                        for (int k = h * AB / 32; k < (h + 1) * AB / 32; k += 2) {
+                            const typename S::IW2 w = S::make_iw2(raw[k], raw[k + 1]);
+                            const int g = 32 * k / G, g2 = 32 * (k + 1) / G;
+                            const typename S::IScale2 sv = S::iscale2(isc[g], isc[G == 16 ? g + 1 : g], isc[g2],
+                                                                      isc[G == 16 ? g2 + 1 : g2]);
+                            for (int t = 0; t < NT; ++t) {
+                                const int8_t* x = a.xq + (t0 + t) * cols + b * QK + 32 * k;
+                                S::template idot64<UCODES>(w, x, sv, ia2[t]);
+                            }
+                        }
+                        for (int t = 0; t < NT; ++t) ia[t] = S::ifold(ia2[t]);
+                    } else {
+                        for (int t = 0; t < NT; ++t) ia[t] = S::izero();
+                        for (int k = h * AB / 32; k < (h + 1) * AB / 32; ++k) {
+                            const typename S::W w = S::make_w(raw[k]);
+                            const int g = 32 * k / G;
+                            const typename S::IScale sv =
+                                S::template iscale<G == 16>(isc[g], isc[G == 16 ? g + 1 : g]);
+                            for (int t = 0; t < NT; ++t) {
+                                const int8_t* x = a.xq + (t0 + t) * cols + b * QK + 32 * k;
+                                S::template idot32<UCODES>(w, x, sv, ia[t]);
+                            }
                         }
                     }
                     const int64_t xb = b * (QK / AB) + h;
@@ -494,22 +521,75 @@ struct FusedKernel {
         }
     }
 
+    // The float-scale types without biases (Q8_0, Q5_0) two rows at a time where the ISA has the prefill
+    // tile's two-row product (S::dot32x2, activations in the offset form): both rows' codes in one register
+    // meet each token's activations once. Each row's int32 lanes are dot32's and its float steps
+    // (ds * xd, then one multiply-add per chunk, in chunk order) too, so the results are dot_row's to the bit.
+    static constexpr bool PAIRS = !Q::INT && !D::HAS_BIAS && simd_has_pair_dot<S>::value;
+
+    template <int NT>
+    static void dot_rows2(const MatmulArgs& a, int64_t r, float* oa, float* ob) {
+        const int64_t cols = a.cols, nb = cols / QK;
+        const auto* ba = reinterpret_cast<const typename D::Block*>(a.w + r * a.row_bytes);
+        const auto* bb = reinterpret_cast<const typename D::Block*>(a.w + (r + 1) * a.row_bytes);
+        typename S::Acc2 acc[NT];
+        for (int t = 0; t < NT; ++t) acc[t] = S::zero2();
+        for (int64_t b = 0; b < nb; ++b) {
+            prefetch_weights(ba + b);
+            prefetch_weights(bb + b);
+            typename S::Raw ra[NCH], rb[NCH];
+            int16_t isc[NG];
+            float bias[NG];
+            const float da = P::scales(ba[b], isc, bias), db = P::scales(bb[b], isc, bias);
+            P::codes(ba[b], ra);
+            P::codes(bb[b], rb);
+            const typename S::Acc2 ws = S::scales2(da, da, db, db);
+            for (int k = 0; k < NCH; ++k) {
+                const typename S::W2 w = S::make_w2(ra[k], rb[k]);
+                const int64_t c = b * QK + 32 * k;
+                for (int t = 0; t < NT; ++t) S::dot32x2(w, a.xu + t * cols + c, ws, a.xd[t * (cols / 32) + c / 32], acc[t]);
+            }
+        }
+        for (int t = 0; t < NT; ++t) {
+            oa[t] = S::hsum(S::lo(acc[t]));
+            ob[t] = S::hsum(S::hi(acc[t]));
+        }
+    }
+
+    // f(std::integral_constant<int, ntok>) for ntok in 1 .. kMaxTok.
+    template <class F>
+    static void with_ntok(int64_t ntok, F&& f) {
+        switch (ntok) {
+            case 1: return f(std::integral_constant<int, 1>{});
+            case 2: return f(std::integral_constant<int, 2>{});
+            case 3: return f(std::integral_constant<int, 3>{});
+            case 4: return f(std::integral_constant<int, 4>{});
+            case 5: return f(std::integral_constant<int, 5>{});
+            case 6: return f(std::integral_constant<int, 6>{});
+            case 7: return f(std::integral_constant<int, 7>{});
+            default: return f(std::integral_constant<int, 8>{});
+        }
+    }
+
     static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
         if (a.ntok > kMaxTok) return Q::rows(a, r0, r1, s);
-        float out[kMaxTok];
-        for (int64_t r = r0; r < r1; ++r) {
-            switch (a.ntok) {
-                case 1: dot_row<1>(a, r, 0, s.bias, out); break;
-                case 2: dot_row<2>(a, r, 0, s.bias, out); break;
-                case 3: dot_row<3>(a, r, 0, s.bias, out); break;
-                case 4: dot_row<4>(a, r, 0, s.bias, out); break;
-                case 5: dot_row<5>(a, r, 0, s.bias, out); break;
-                case 6: dot_row<6>(a, r, 0, s.bias, out); break;
-                case 7: dot_row<7>(a, r, 0, s.bias, out); break;
-                default: dot_row<8>(a, r, 0, s.bias, out); break;
+        with_ntok(a.ntok, [&](auto nt) {
+            constexpr int NT = decltype(nt)::value;
+            float out[NT], out2[NT];
+            int64_t r = r0;
+            if constexpr (PAIRS)
+                for (; r + 2 <= r1; r += 2) {
+                    dot_rows2<NT>(a, r, out, out2);
+                    for (int t = 0; t < NT; ++t) {
+                        a.y[t * a.rows + r] = out[t];
+                        a.y[t * a.rows + r + 1] = out2[t];
+                    }
+                }
+            for (; r < r1; ++r) {
+                dot_row<NT>(a, r, 0, s.bias, out);
+                for (int t = 0; t < NT; ++t) a.y[t * a.rows + r] = out[t];
             }
-            for (int64_t t = 0; t < a.ntok; ++t) a.y[t * a.rows + r] = out[t];
-        }
+        });
     }
 };
 
