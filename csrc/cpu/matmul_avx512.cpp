@@ -133,11 +133,32 @@ struct GridCodes : Avx2Codes<Grid::TYPE> {
     }
 };
 
+// Q5_0 with the two-row decode products' form (matmul_impl.h's simd_has_codes2): two rows' blocks decoded in
+// one zmm, row a's 32 codes in the low half. The high bits go straight into a mask register (qh bit j is
+// code j's), so a block takes a third of the instructions of codes_avx2.h's, whose codes these are.
+struct Q50Codes : Avx2Codes<RG_TYPE_Q5_0> {
+    static __m512i codes2(const block_q5_0& a, const block_q5_0& b) {
+        const __m128i qa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.qs));
+        const __m128i qb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+        // quarters a.qs, a.qs, b.qs, b.qs; the second of each pair shifted right by 4: low nibbles are codes
+        // 0-15 of a row, high nibbles 16-31
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(qa, qa)), _mm256_set_m128i(qb, qb), 1);
+        const long long four = 0x0004000400040004ll;  // a shift of 4 in each 16-bit element
+        const __m512i shift = _mm512_set_epi64(four, four, 0, 0, four, four, 0, 0);
+        const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(v, shift), _mm512_set1_epi8(0x0f));
+        const __mmask64 high = _cvtu64_mask64(uint64_t(load_u32(a.qh)) | uint64_t(load_u32(b.qh)) << 32);
+        // a clear high bit makes the code nibble - 16: 0xF0 | nibble as int8
+        return _mm512_mask_blend_epi8(high, _mm512_or_si512(nib, _mm512_set1_epi8(char(0xf0))), nib);
+    }
+};
+
 template <uint32_t TYPE>
 using Avx512Codes = std::conditional_t<
     TYPE == RG_TYPE_IQ2_XS, GridCodes<Iq2xsGrid>,
-    std::conditional_t<TYPE == RG_TYPE_IQ2_XXS, GridCodes<Iq2xxsGrid>,
-                       std::conditional_t<TYPE == RG_TYPE_IQ3_S, GridCodes<Iq3sGrid>, Avx2Codes<TYPE>>>>;
+    std::conditional_t<
+        TYPE == RG_TYPE_IQ2_XXS, GridCodes<Iq2xxsGrid>,
+        std::conditional_t<TYPE == RG_TYPE_IQ3_S, GridCodes<Iq3sGrid>,
+                           std::conditional_t<TYPE == RG_TYPE_Q5_0, Q50Codes, Avx2Codes<TYPE>>>>>;
 
 struct EvexDpbusd {
     static __m256i dpbusd(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
@@ -158,8 +179,8 @@ struct SimdAvx512 : SimdAvx2Vnni<EvexDpbusd> {
     static Acc2 zero2() { return _mm512_setzero_ps(); }
     static Acc lo(Acc2 a) { return _mm512_castps512_ps256(a); }
     static Acc hi(Acc2 a) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)); }
-    static W2 make_w2(__m256i a, __m256i b) {
-        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    static W2 make_w2(__m256i a, __m256i b) { return make_w2(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)); }
+    static W2 make_w2(__m512i w) {
         const __m512i share = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), w);
         return {w, _mm512_sub_epi32(_mm512_setzero_si512(), share)};
     }

@@ -56,6 +56,13 @@ struct simd_has_codes : std::false_type {};
 template <class S, uint32_t TYPE>
 struct simd_has_codes<S, TYPE, std::void_t<decltype(&S::template Codes<TYPE>::codes)>> : std::true_type {};
 
+// Does the ISA decode two rows' blocks of TYPE (32 codes each) into one register (S::Codes<TYPE>::codes2(a, b),
+// row a in the low lanes, for S::make_w2(that register))?
+template <class S, uint32_t TYPE, class = void>
+struct simd_has_codes2 : std::false_type {};
+template <class S, uint32_t TYPE>
+struct simd_has_codes2<S, TYPE, std::void_t<decltype(&S::template Codes<TYPE>::codes2)>> : std::true_type {};
+
 // Does the ISA have a two-row form of dot32x (S::dot32x2: both rows' accumulators in one S::Acc2)?
 template <class S, class = void>
 struct simd_has_pair_dot : std::false_type {};
@@ -541,11 +548,19 @@ struct FusedKernel {
             int16_t isc[NG];
             float bias[NG];
             const float da = P::scales(ba[b], isc, bias), db = P::scales(bb[b], isc, bias);
-            P::codes(ba[b], ra);
-            P::codes(bb[b], rb);
+            constexpr bool BOTH = simd_has_codes2<S, D::TYPE>::value;
+            static_assert(!BOTH || NCH == 1, "codes2 decodes one 32-code chunk of each row");
+            if constexpr (!BOTH) {
+                P::codes(ba[b], ra);
+                P::codes(bb[b], rb);
+            }
             const typename S::Acc2 ws = S::scales2(da, da, db, db);
             for (int k = 0; k < NCH; ++k) {
-                const typename S::W2 w = S::make_w2(ra[k], rb[k]);
+                typename S::W2 w;
+                if constexpr (BOTH)
+                    w = S::make_w2(P::codes2(ba[b], bb[b]));
+                else
+                    w = S::make_w2(ra[k], rb[k]);
                 const int64_t c = b * QK + 32 * k;
                 for (int t = 0; t < NT; ++t) S::dot32x2(w, a.xu + t * cols + c, ws, a.xd[t * (cols / 32) + c / 32], acc[t]);
             }
