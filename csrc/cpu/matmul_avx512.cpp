@@ -208,9 +208,8 @@ struct SimdAvx512 : SimdAvx2Vnni<EvexDpbusd> {
     };
     static IAcc2 izero2() { return _mm512_setzero_si512(); }
     static IW2 load_iw2(const int8_t* wa, const int8_t* wb) {
-        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wa))),
-                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb)), 1);
-        return {w, _mm512_abs_epi8(w), _mm512_movepi8_mask(w)};
+        return make_iw2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wa)),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb)));
     }
     static IScale2 iscale2(int16_t sa_lo, int16_t sa_hi, int16_t sb_lo, int16_t sb_hi) {
         const __m512i s = _mm512_set_epi64(sb_hi, sb_hi, sb_lo, sb_lo, sa_hi, sa_hi, sa_lo, sa_lo);
@@ -316,9 +315,7 @@ struct GridKernel {
                     }
                 }
                 for (int t = 0; t < NT; ++t) {
-                    const __m256i ia8 =
-                        _mm256_add_epi32(_mm512_castsi512_si256(ia[t]), _mm512_extracti64x4_epi64(ia[t], 1));
-                    SimdAvx2::iflush(ia8, ds * a.xd[t * (cols / 128) + 2 * b + h], acc[t]);
+                    SimdAvx2::iflush(SimdAvx512::ifold(ia[t]), ds * a.xd[t * (cols / 128) + 2 * b + h], acc[t]);
                 }
             }
         }
