@@ -5,10 +5,13 @@ full 248,320-token vocabulary: 24.25 GiB) unless ``--model`` names a GGUF. Rows 
 
 - ``resident``: every weight in VRAM; 512-token prefill and greedy decode, regolith and llama.cpp
   (``llama-bench -ngl 99``).
-- ``host``: regolith with the routed experts streamed through a VRAM arena of ``--arena-fraction`` of them
-  and a host-RAM tier holding every expert (misses are copies from RAM, after the first read from disk);
-  llama.cpp with every expert in RAM and computed by the CPU (``-ncmoe`` all layers), its way of running a
-  model larger than VRAM.
+- ``host``: regolith with a VRAM arena of ``--arena-fraction`` of the routed experts and a host-RAM tier
+  holding every expert, routed on the device (the default there: every expert read into mapped RAM at load,
+  each layer's experts computed with no host round trip, from the arena where it holds them and over the bus
+  otherwise, the arena refilled between tokens); ``host (on demand)``: the same memory with
+  ``device_routing=False`` (each layer's routing brought to the host, misses copied from RAM into the arena
+  before they run); llama.cpp with every expert in RAM and computed by the CPU (``-ncmoe`` all layers), its
+  way of running a model larger than VRAM.
 - ``disk``: the same VRAM arena with no host tier: every miss is an O_DIRECT read from disk.
 
 The roofline is measured in the same run: HBM bandwidth (a device-to-device copy, read + write), pinned
@@ -18,7 +21,7 @@ over HBM bandwidth; host: the expert bytes copied from RAM over the host-to-devi
 expert bytes read over the disk's bandwidth).
 
     python benchmarks/bench_cuda.py [--model PATH] [--dir DIR] [--llama-bench PATH] [--prompt 512]
-        [--decode 64] [--arena-fraction 0.25]
+        [--decode 64] [--arena-fraction 0.25] [--skip ROW ...] [--record FILE]
 
 Needs a regolith build with the CUDA backend and an NVIDIA GPU; torch (for the bandwidth probes) when
 present. ``--llama-bench`` is the llama-bench binary of a llama.cpp CUDA build (``../shared/tools/
@@ -44,6 +47,7 @@ import regolith
 from benchmarks import synthetic_qwen4exp
 from benchmarks.bench_stream import disk_bandwidth, drop_page_cache, expert_layout
 from regolith import gguf as rgguf
+from regolith import memory_plan
 
 GiB = 2**30
 
@@ -91,8 +95,10 @@ def decode_bytes(path: str) -> tuple[int, int]:
 
 
 def regolith_run(path: str, prompt: np.ndarray, n_decode: int, **load) -> dict[str, float]:
-    """Prefill seconds, decode seconds (greedy) and the arena's counters over the decode."""
+    """Load, prefill and decode seconds (greedy) and the arena's counters over the decode."""
+    t = time.perf_counter()
     model = regolith.Model.load(path, backend="cuda", **load)
+    loaded = time.perf_counter() - t
     model.window(len(prompt) + 8).eval(prompt, all_logits=False)  # warm-up: kernels loaded, arena filled
     window = model.window(len(prompt) + n_decode + 8)
     t = time.perf_counter()
@@ -104,7 +110,7 @@ def regolith_run(path: str, prompt: np.ndarray, n_decode: int, **load) -> dict[s
         tok = int(np.argmax(window.eval([tok], all_logits=False)[0]))
     decode = time.perf_counter() - t
     after = model.stats()
-    out = {"prefill": prefill, "decode": decode}
+    out = {"load": loaded, "prefill": prefill, "decode": decode}
     if "hits" in after:
         out["bytes_read"] = after["bytes_read"] - before["bytes_read"]
         hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
@@ -139,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--skip", nargs="*", default=[], choices=["resident", "host", "disk"], help="rows to leave out"
     )
+    ap.add_argument("--record", help="a JSON file keeping the rows measured (a rerun measures the rest)")
     args = ap.parse_args(argv)
     if "cuda" not in regolith.backends.available():
         raise SystemExit(
@@ -162,27 +169,58 @@ def main(argv: list[str] | None = None) -> None:
     disk = disk_bandwidth(path, lay["record"], (lay["start"], lay["end"]))["random x4"]
     prompt = np.random.default_rng(0).integers(3, 259, args.prompt).astype(np.int32)
 
-    rows: list[tuple[str, str, float, float, str]] = []  # (row, engine, prefill tok/s, decode tok/s, note)
+    # (row, engine, prefill tok/s, decode tok/s, note); with --record, the rows measured so far are kept in that
+    # JSON file and a rerun with the same arguments measures only the rest (a lent machine's calls are short)
+    rows: list[tuple[str, str, float, float, str]] = []
+    key = {"model": os.path.basename(path), "size": size, "prompt": args.prompt, "decode": args.decode}
+    done: dict[str, list] = {}
+    if args.record and os.path.exists(args.record):
+        with open(args.record) as f:
+            saved = json.load(f)
+        done = saved["rows"] if saved.get("key") == key else {}
 
-    def add(*row) -> None:
-        rows.append(row)
-        console.print(
-            f"{row[0]} {row[1]}: pp{args.prompt} {row[2]:.1f} tok/s, decode {row[3]:.2f} tok/s  {row[4]}"
-        )
+    def measure(row: str, engine: str, fn) -> None:
+        name = f"{row} / {engine}"
+        if name not in done:
+            pre, dec, note = fn()
+            done[name] = [row, engine, pre, dec, note]
+            if args.record:
+                with open(args.record, "w") as f:
+                    json.dump({"key": key, "rows": done}, f)
+        rows.append(tuple(done[name]))
+        r = rows[-1]
+        console.print(f"{r[0]} {r[1]}: pp{args.prompt} {r[2]:.1f} tok/s, decode {r[3]:.2f} tok/s  {r[4]}")
 
-    if "resident" not in args.skip:
+    arena_gb = args.arena_fraction * lay["total"] / GiB
+    arena = f"arena {arena_gb:.1f} GiB ({args.arena_fraction:.0%} of experts)"
+    with rgguf.open(path) as f:  # a host tier of every record, as the arena lays them out (slots)
+        sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, None)
+    tier = 1.001 * sizes.slot_bytes * sizes.n_experts_total / GiB
+
+    def resident():
         r = regolith_run(path, prompt, args.decode)
         rate = args.decode / r["decode"]
         note = f"{per_token * rate / bw['hbm']:.1%} of HBM ({per_token / 1e9:.2f} GB/token)" if bw else ""
-        add("resident", "regolith", args.prompt / r["prefill"], rate, note)
-        if args.llama_bench:
-            p = llamacpp_run(args.llama_bench, path, args.prompt, args.decode, "-ngl", "99")
-            add("resident", "llama.cpp", p["prefill"], p["decode"], "-ngl 99")
-    arena_gb = args.arena_fraction * lay["total"] / GiB
-    arena = f"arena {arena_gb:.1f} GiB ({args.arena_fraction:.0%} of experts)"
-    if "host" not in args.skip:
+        return args.prompt / r["prefill"], rate, note
+
+    def host_routed():
         r = regolith_run(
-            path, prompt, args.decode, arena_gb=arena_gb, host_cache_gb=1.01 * lay["total"] / GiB
+            path, prompt, args.decode, arena_gb=arena_gb, host_cache_gb=tier, device_routing=True
+        )
+        rate = args.decode / r["decode"]
+        # over the bus: the misses' records read in place, and the records copied into the arena between tokens
+        bus_bps = (r["misses"] + r["host_hits"]) * lay["record"] / r["decode"]
+        note = (
+            f"{arena}, routed on the GPU: hit rate {r['hit_rate']:.1%}, {r['misses']} experts read from RAM in "
+            f"place, {r['host_hits']} copied into the arena; loaded in {r['load']:.0f} s"
+        )
+        if bw:
+            note += f"; bus {bus_bps / 1e9:.2f} GB/s = {bus_bps / bw['h2d']:.0%} of host-to-device"
+        return args.prompt / r["prefill"], rate, note
+
+    def host_on_demand():
+        r = regolith_run(
+            path, prompt, args.decode, arena_gb=arena_gb, host_cache_gb=tier, device_routing=False
         )
         rate = args.decode / r["decode"]
         copy_bps = r["host_hits"] * lay["record"] / r["decode"]
@@ -192,25 +230,39 @@ def main(argv: list[str] | None = None) -> None:
         )
         if bw:
             note += f", copies {copy_bps / 1e9:.2f} GB/s = {copy_bps / bw['h2d']:.0%} of host-to-device"
-        add("host", "regolith", args.prompt / r["prefill"], rate, note)
-        if args.llama_bench:
-            p = llamacpp_run(
-                args.llama_bench, path, args.prompt, args.decode, "-ngl", "99", "-ncmoe", str(lay["n_layers"])
-            )
-            add(
-                "host",
-                "llama.cpp",
-                p["prefill"],
-                p["decode"],
-                f"-ncmoe {lay['n_layers']}: experts on the CPU",
-            )
-    if "disk" not in args.skip:
+        return args.prompt / r["prefill"], rate, note
+
+    def disk_row():
         drop_page_cache(path)
         r = regolith_run(path, prompt, args.decode, arena_gb=arena_gb)
         rate = args.decode / r["decode"]
         read_bps = r["bytes_read"] / r["decode"]
         note = f"{arena}, hit rate {r['hit_rate']:.1%}, reads {read_bps / 1e9:.2f} GB/s = {read_bps / disk:.0%} of the disk"
-        add("disk", "regolith", args.prompt / r["prefill"], rate, note)
+        return args.prompt / r["prefill"], rate, note
+
+    def llama(*extra: str):
+        def run():
+            p = llamacpp_run(args.llama_bench, path, args.prompt, args.decode, "-ngl", "99", *extra)
+            return (
+                p["prefill"],
+                p["decode"],
+                " ".join(["-ngl 99", *extra]) + (": experts on the CPU" if extra else ""),
+            )
+
+        return run
+
+    if "resident" not in args.skip:
+        measure("resident", "regolith", resident)
+    if "host" not in args.skip:
+        measure("host", "regolith", host_routed)
+        measure("host (on demand)", "regolith", host_on_demand)
+    if "disk" not in args.skip:
+        measure("disk", "regolith", disk_row)
+    # llama.cpp's rows last: its build may still be running beside the first ones
+    if args.llama_bench and "resident" not in args.skip:
+        measure("resident", "llama.cpp", llama())
+    if args.llama_bench and "host" not in args.skip:
+        measure("host", "llama.cpp", llama("-ncmoe", str(lay["n_layers"])))
 
     roof = f"disk O_DIRECT {disk / 1e9:.2f} GB/s"
     if bw:
@@ -223,8 +275,9 @@ def main(argv: list[str] | None = None) -> None:
     peers = {row: (pre, dec) for row, eng, pre, dec, _ in rows if eng == "llama.cpp"}
     for row, eng, pre, dec, note in rows:
         ratio = ""
-        if eng == "regolith" and row in peers:
-            ratio = f"prefill {pre / peers[row][0]:.2f}x, decode {dec / peers[row][1]:.2f}x"
+        peer = peers.get(row.split(" (")[0])
+        if eng == "regolith" and peer:
+            ratio = f"prefill {pre / peer[0]:.2f}x, decode {dec / peer[1]:.2f}x"
         table.add_row(row, eng, f"{pre:.1f}", f"{dec:.2f}", ratio, note)
     console.print(table)
     console.print(f"routed-expert bytes per decode token: {expert_per_token / 1e6:.1f} MB")

@@ -117,6 +117,16 @@ def test_lookahead_prefetches_are_used(packed):
 # ---- the host tier behind a device arena --------------------------------------------------------------
 
 
+def _device_backend(tiny: Path, reference: np.ndarray, ids: np.ndarray) -> tuple[str, np.ndarray]:
+    """The backend the suite runs on where it has memory of its own (a GPU), else cpu-opaque (its arena is not
+    host memory; a backend with unified memory has no host tier), with that backend's resident output."""
+    chosen = regolith.backends.resolve(None)
+    backend = chosen if regolith.backends.device_memory(chosen) else "cpu-opaque"
+    if backend != chosen:
+        reference = _run(regolith.Model.load(tiny, backend=backend), ids)
+    return backend, reference
+
+
 @pytest.mark.parametrize("host_slots", [8, 64])
 @pytest.mark.parametrize("source", ["gguf", "packed"])
 def test_host_tier_is_bit_identical_and_spares_disk_reads(tiny, packed, reference, host_slots, source):
@@ -124,15 +134,11 @@ def test_host_tier_is_bit_identical_and_spares_disk_reads(tiny, packed, referenc
     in the host tier and are copied to the device slots; a miss the tier holds is a copy, not a read."""
     path = tiny if source == "gguf" else packed
     ids = _ids(304)
-    # the backend the suite runs on where it has memory of its own (a GPU), else cpu-opaque (its arena is not
-    # host memory; a backend with unified memory has no host tier), with that backend's resident output
-    chosen = regolith.backends.resolve(None)
-    backend = chosen if regolith.backends.device_memory(chosen) else "cpu-opaque"
-    if backend != chosen:
-        reference = _run(regolith.Model.load(tiny, backend=backend), ids)
-    opts = {"arena_gb": _arena_gb(path, 3), "backend": backend, "lock_memory": False}
+    backend, reference = _device_backend(tiny, reference, ids)
+    opts = {"arena_gb": _arena_gb(path, 3), "backend": backend, "lock_memory": False, "device_routing": False}
     model = regolith.Model.load(path, host_cache_gb=_arena_gb(path, host_slots), **opts)
     assert model._core.arena_info()["host_slots"] == host_slots == model.plan.host_slots
+    assert not model._core.arena_info()["device_routed"]
     assert "expert host tier" in model.plan.render()
     np.testing.assert_array_equal(_run(model, ids), reference)
     first = model.stats()
@@ -147,6 +153,77 @@ def test_host_tier_is_bit_identical_and_spares_disk_reads(tiny, packed, referenc
         _run(without, ids)
         _run(without, ids)
         assert without.stats()["host_hits"] == 0 and without.stats()["reads"] > 4 * second["reads"]
+
+
+@pytest.mark.parametrize("slots", [1, 3, 17])
+@pytest.mark.parametrize("source", ["gguf", "packed"])
+def test_device_routing_is_bit_identical_at_any_arena_size(tiny, packed, reference, slots, source):
+    """A host tier of every expert behind a device arena: every record is read at load into memory the device
+    reads in place, each layer's experts run with no host round trip from whichever slot holds them, and
+    between tokens the arena takes the misses the policy admits. The same bits as resident experts."""
+    path = tiny if source == "gguf" else packed
+    ids = _ids(304)
+    backend, reference = _device_backend(tiny, reference, ids)
+    model = regolith.Model.load(
+        path,
+        arena_gb=_arena_gb(path, slots),
+        host_cache_gb=_arena_gb(path, 64),
+        backend=backend,
+        lock_memory=False,
+    )
+    assert model._core.arena_info()["device_routed"]
+    np.testing.assert_array_equal(_run(model, ids), reference)
+    first = model.stats()
+    # a second window: the arena as the first left it
+    np.testing.assert_array_equal(_run(model, ids), reference)
+    second = model.stats()
+    pairs = len(ids) * model.config["n_layer"] * model.config["num_experts_per_tok"]
+    assert first["reads"] == second["reads"] == 64  # each record once, at load
+    assert first["hits"] + first["misses"] == pairs and second["hits"] + second["misses"] == 2 * pairs
+    assert second["prefetches"] == 0 and second["read_stall_s"] == 0
+    # misses are copied into the arena between tokens, at most one token's records a step
+    assert 0 < first["host_hits"] <= first["misses"]
+    if slots == 17:  # the second pass starts from the first's arena: it hits more often
+        assert second["hits"] - first["hits"] > first["hits"] > 0
+    # a 40-token prefill copies each layer's records to device memory before its products
+    whole = regolith.Model.load(tiny, backend=backend).window(64).eval(ids)
+    np.testing.assert_array_equal(model.window(64).eval(ids), whole)
+
+
+def test_device_routing_takes_moce_resident_experts_from_the_arena(tiny, reference):
+    ids = _ids(304)
+    backend, reference = _device_backend(tiny, reference, ids)
+    opts = {
+        "arena_gb": _arena_gb(tiny, 24),
+        "host_cache_gb": _arena_gb(tiny, 64),
+        "backend": backend,
+        "lock_memory": False,
+    }
+    plain = regolith.Model.load(tiny, **opts)
+    _run(plain, ids)
+    moce = regolith.Model.load(tiny, moce={"bonus": 4.0, "protect": 1}, **opts)
+    got = _run(moce, ids)
+    assert moce._core.arena_info()["device_routed"]
+    assert np.isfinite(got).all() and not np.array_equal(got, reference)
+    assert moce.stats()["hit_rate"] > plain.stats()["hit_rate"]
+    same = regolith.Model.load(
+        tiny, moce={"bonus": 4.0, "protect": 4}, **opts
+    )  # protect = k: the router's top-k
+    np.testing.assert_array_equal(_run(same, ids), reference)
+
+
+def test_device_routing_is_refused_where_it_cannot_be_had(tiny):
+    gb = _arena_gb(tiny, 3)
+    with pytest.raises(MemoryPlanError, match="host tier of every expert"):
+        regolith.Model.load(
+            tiny, arena_gb=gb, host_cache_gb=_arena_gb(tiny, 32), device_routing=True, backend="cpu-opaque"
+        )
+    with pytest.raises(MemoryPlanError, match="host tier of every expert"):
+        regolith.Model.load(tiny, arena_gb=gb, device_routing=True)
+    off = regolith.Model.load(
+        tiny, arena_gb=gb, host_cache_gb=_arena_gb(tiny, 64), device_routing=False, backend="cpu-opaque"
+    )
+    assert not off._core.arena_info()["device_routed"]
 
 
 def test_host_tier_options_are_checked(tiny):

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/errors.h"
+#include "core/types.h"
 
 namespace regolith {
 
@@ -372,9 +373,31 @@ void Backend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weig
     need_type(ids, RG_TYPE_I32, "moe_experts", "ids");
     same_shape(x, y, "moe_experts");
     const int64_t ne = experts.n_expert;
-    need(ne > 0 && experts.gate.rows % ne == 0 && experts.up.rows == experts.gate.rows && experts.down.rows == ne * x.cols &&
-             experts.gate.cols == x.cols && experts.down.cols == experts.gate.rows / ne,
-         "moe_experts", "the stacked experts must be [n_expert * ff][hidden] twice and [n_expert * hidden][ff]");
+    if (const ExpertSlots* sl = experts.slots) {
+        need(supports_expert_slots(), "moe_experts", "this backend takes no expert slots");
+        const ExpertPart* p = sl->parts;
+        need(ne > 0 && p[0].cols == x.cols && p[1].rows == p[0].rows && p[1].cols == x.cols && p[2].rows == x.cols &&
+                 p[2].cols == p[0].rows,
+             "moe_experts", "the slots' parts must be [ff][hidden] twice and [hidden][ff]");
+        for (const ExpertPart& q : sl->parts) {
+            const TypeTraits* tt = type_traits(q.type);
+            need(tt && q.rows > 0 && q.cols % tt->block_elems == 0 && q.row_bytes >= type_row_bytes(*tt, q.cols),
+                 "moe_experts", "an expert part has an unknown type or rows shorter than its columns");
+        }
+        need_type(sl->device, RG_TYPE_I8, "moe_experts", "device slots");
+        need_type(sl->host, RG_TYPE_I8, "moe_experts", "host slots");
+        need_type(sl->where, RG_TYPE_I32, "moe_experts", "where");
+        need_type(sl->offsets, RG_TYPE_I32, "moe_experts", "offsets");
+        need(sl->host.rows == ne && sl->device.cols == sl->host.cols && sl->where.rows == 1 && sl->where.cols == ne &&
+                 sl->offsets.rows == ne && sl->offsets.cols == 3,
+             "moe_experts", "slots: host [n_expert][slot_bytes], device [n][slot_bytes], where [1][n_expert], "
+                            "offsets [n_expert][3]");
+    } else {
+        need(ne > 0 && experts.gate.rows % ne == 0 && experts.up.rows == experts.gate.rows &&
+                 experts.down.rows == ne * x.cols && experts.gate.cols == x.cols &&
+                 experts.down.cols == experts.gate.rows / ne,
+             "moe_experts", "the stacked experts must be [n_expert * ff][hidden] twice and [n_expert * hidden][ff]");
+    }
     need(ids.rows == x.rows && weights.rows == x.rows && weights.cols == ids.cols, "moe_experts",
          "ids and weights must be [ntok][k]");
     if (shared) {

@@ -28,8 +28,10 @@
 namespace regolith {
 
 // What a buffer is for. Arena buffers hold streamed expert records: where the backend can, they are locked
-// in RAM (mlock) and host-visible, so the streamer reads straight into them.
-enum class MemoryUse { Device, Arena };
+// in RAM (mlock) and host-visible, so the streamer reads straight into them. Mapped buffers are host RAM that
+// ops read in place (a discrete GPU over its bus: CUDA's mapped page-locked memory), for backends whose
+// supports_expert_slots() is true; host_address() gives their memory.
+enum class MemoryUse { Device, Arena, Mapped };
 
 enum class Unary : uint8_t {
     Silu,            // x / (1 + e^-x)
@@ -119,12 +121,34 @@ struct AttentionShape {
     float scale = 1.0f;     // applied to q·k before the softmax
 };
 
-// A MoE layer's routed experts resident on the backend: llama.cpp's stacked tensors, expert e's matrices
-// rows [e * ff, (e+1) * ff) of gate and up ([n_expert * ff][hidden]) and [e * hidden, (e+1) * hidden) of down
-// ([n_expert * hidden][ff]).
+// One of a routed expert's matrices as its record stores it: rows x cols of `type`, rows `row_bytes` apart.
+struct ExpertPart {
+    uint32_t type = 0;
+    int64_t rows = 0, cols = 0, row_bytes = 0;
+};
+
+// A MoE layer's routed experts as records in slots (the expert arena's device-routed mode): expert e's record
+// is in device slot where[e] when where[e] >= 0, else in host row e, and its part i (gate, up, down) starts
+// offsets[e][i] bytes into the record's slot (records keep their offsets when copied between slots).
+// device [n_slots][slot_bytes] and host [n_expert][slot_bytes] are I8 rows of the same slot_bytes: device is
+// the backend's own memory (a cache of some records), host every record (MemoryUse::Mapped memory read in
+// place, or a copy of it in the backend's memory).
+// The op reads where and offsets when it runs and does not wait for uploads into device: the caller points an
+// entry at a slot only once the upload that filled it has completed (Backend::wait_upload).
+struct ExpertSlots {
+    Tensor device, host;
+    Tensor where;    // [1][n_expert] I32
+    Tensor offsets;  // [n_expert][3] I32
+    ExpertPart parts[3];  // gate [ff][hidden], up [ff][hidden], down [hidden][ff]
+};
+
+// A MoE layer's routed experts on the backend: llama.cpp's stacked tensors, expert e's matrices rows
+// [e * ff, (e+1) * ff) of gate and up ([n_expert * ff][hidden]) and [e * hidden, (e+1) * hidden) of down
+// ([n_expert * hidden][ff]); or, with `slots`, records in slots (gate / up / down then unused).
 struct ExpertSet {
     Tensor gate, up, down;
     int64_t n_expert = 0;
+    const ExpertSlots* slots = nullptr;
 };
 
 // The shared expert of a MoE layer, its gate and up products already computed (with the router's).
@@ -167,6 +191,9 @@ public:
     // it or the OS refuses (the memory then works as it is). unpin_host(p) before the memory is freed.
     virtual bool pin_host(void* p, uint64_t bytes) { return false; }
     virtual void unpin_host(void* p) {}
+    // Whether moe_experts takes ExpertSet::slots and alloc() takes MemoryUse::Mapped (the expert arena's
+    // device-routed mode, where a discrete GPU reads the records it does not cache from host RAM in place).
+    virtual bool supports_expert_slots() const { return false; }
     // A device's own memory (a discrete GPU's VRAM): its free and total bytes. False where the backend's
     // memory is the host's RAM (CPU, unified memory), which the memory plan counts as RAM.
     virtual bool device_memory(uint64_t* free_bytes, uint64_t* total_bytes) { return false; }
@@ -313,7 +340,8 @@ public:
     // The routed experts of a layer without a host round trip: y[t] = sum over j of weights[t][j] *
     // down_e(silu(gate_e x_t) * up_e x_t), e = ids[t][j] (I32 [ntok][k]), summed in expert-id order, plus
     // sigmoid(gate_logit[t]) * down_s(silu(gate[t]) * up[t]) for the shared expert when given. The backend
-    // groups the tokens by expert itself; each product is the matmul contract's.
+    // groups the tokens by expert itself; each product is the matmul contract's, so the result is the same
+    // bits wherever an expert's matrices lie (stacked tensors, or any slot of ExpertSet::slots).
     void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const ExpertSet& experts,
                              const SharedExpert* shared, const Tensor& y);
     // y[t] = sum of weights[p] * ys[i] over the rows i whose pairs[i] = p names token t (p = t * k + j), in

@@ -276,6 +276,79 @@ void add_moe_cases(std::vector<Case>& cs) {
                               r.be().moe_experts(x, r.ints(RG_TYPE_I32, ntok, k, ids), w, experts, shared ? &sh : nullptr, y);
                               r.out(y);
                           }});
+    // The same experts as records in slots (ExpertSlots): each record at part offsets of its own, four of the
+    // eight in device slots (their host rows and the unused device slot hold random bytes, which must not be
+    // read) and the rest read from mapped host memory. The result must be the stacked tensors' bit for bit on
+    // the backend under test, and match the reference as any product does.
+    for (uint32_t type : {RG_TYPE_Q8_0, RG_TYPE_IQ2_XS, RG_TYPE_F16})
+        for (int64_t ntok : {6, 40}) {
+            Case c{"moe_experts", type_name(type) + " experts in slots (4 of 8 on the device), " + std::to_string(ntok) +
+                                      " tokens, top 3 of 8",
+                   type == RG_TYPE_F16 ? kFloatMatmul : kQuantMatmul, [=](Run& r) {
+                       const int64_t h = 256, ff = 256, ne = 8, k = 3, n_slots = 5;
+                       std::vector<int32_t> ids;
+                       std::vector<int32_t> all(static_cast<size_t>(ne));
+                       for (int64_t t = 0; t < ntok; ++t) {
+                           std::iota(all.begin(), all.end(), 0);
+                           std::shuffle(all.begin(), all.end(), r.rng());
+                           ids.insert(ids.end(), all.begin(), all.begin() + k);
+                       }
+                       const int64_t dims[3][2] = {{ff, h}, {ff, h}, {h, ff}};
+                       std::vector<uint8_t> stacked[3];
+                       ExpertSlots sl;
+                       for (int i = 0; i < 3; ++i) {
+                           stacked[i] = r.weight_bytes(type, ne * dims[i][0], dims[i][1]);
+                           const int64_t row = type_row_bytes(*type_traits(type), dims[i][1]);
+                           sl.parts[i] = ExpertPart{type, dims[i][0], dims[i][1], row};
+                       }
+                       // expert e's parts at 16-byte offsets of its own: 16 (e % 3), then 48 bytes apart
+                       std::vector<int32_t> offsets(size_t(3 * ne));
+                       int64_t slot_bytes = 0;
+                       for (int64_t e = 0; e < ne; ++e) {
+                           int64_t at = 16 * (e % 3);
+                           for (int i = 0; i < 3; ++i) {
+                               offsets[size_t(3 * e + i)] = int32_t(at);
+                               at += (sl.parts[i].rows * sl.parts[i].row_bytes + 15) / 16 * 16 + 48;
+                           }
+                           slot_bytes = std::max(slot_bytes, at);
+                       }
+                       const auto record = [&](int64_t e, std::vector<uint8_t>& dst, int64_t row) {
+                           for (int i = 0; i < 3; ++i) {
+                               const size_t bytes = size_t(sl.parts[i].rows * sl.parts[i].row_bytes);
+                               std::memcpy(&dst[size_t(row * slot_bytes + offsets[size_t(3 * e + i)])],
+                                           &stacked[i][size_t(e) * bytes], bytes);
+                           }
+                       };
+                       const auto noise = [&](size_t n) {
+                           std::vector<uint8_t> v(n);
+                           for (uint8_t& b : v) b = uint8_t(r.rng()() & 0xff);
+                           return v;
+                       };
+                       const int32_t where[8] = {-1, 3, -1, -1, 0, -1, 4, 2};  // slot 1 unused
+                       std::vector<uint8_t> host = noise(size_t(ne * slot_bytes)), dev = noise(size_t(n_slots * slot_bytes));
+                       for (int64_t e = 0; e < ne; ++e) record(e, where[e] >= 0 ? dev : host, where[e] >= 0 ? where[e] : e);
+                       sl.device = r.put(RG_TYPE_I8, n_slots, slot_bytes, dev.data());
+                       sl.host = r.mapped(ne, slot_bytes, host);
+                       sl.where = r.put(RG_TYPE_I32, 1, ne, where);
+                       sl.offsets = r.ints(RG_TYPE_I32, ne, 3, offsets);
+                       const ExpertSet experts{r.put(type, ne * ff, h, stacked[0].data()),
+                                               r.put(type, ne * ff, h, stacked[1].data()),
+                                               r.put(type, ne * h, ff, stacked[2].data()), ne};
+                       ExpertSet in_slots{Tensor{}, Tensor{}, Tensor{}, ne, &sl};
+                       const Tensor x = r.f32(ntok, h), w = r.f32(ntok, k, 0.0f, 1.0f), id = r.ints(RG_TYPE_I32, ntok, k, ids);
+                       const Tensor y = r.zeros(RG_TYPE_F32, ntok, h), ys = r.zeros(RG_TYPE_F32, ntok, h);
+                       r.be().moe_experts(x, id, w, experts, nullptr, y);
+                       r.be().moe_experts(x, id, w, in_slots, nullptr, ys);
+                       std::vector<float> a(size_t(ntok * h)), b(a.size());
+                       r.be().read(y, a.data());
+                       r.be().read(ys, b.data());
+                       if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
+                           throw Error("moe_experts: the experts in slots differ from the stacked ones");
+                       r.out(ys);
+                   }};
+            c.expert_slots = true;
+            cs.push_back(std::move(c));
+        }
     for (bool shared : {false, true})
         cs.push_back({"moe_combine", shared ? "with the shared expert" : "routed only", kElementwise, [=](Run& r) {
                           const int64_t ntok = 5, k = 3, rows = ntok * k;
@@ -377,10 +450,11 @@ std::vector<OpCheck> check_backend(Backend& be, Backend& ref, const std::string&
         ++index;
         if (c.op.find(filter) == std::string::npos) continue;
         OpCheck r{c.op, c.shape, 0.0, c.tolerance, false, "", ""};
-        if (!be.supports_cache(c.cache)) {
+        if (!be.supports_cache(c.cache) || (c.expert_slots && !be.supports_expert_slots())) {
             r.passed = true;
-            r.skipped = std::string("the backend has no kernels for ") + cache_type_name(c.cache) +
-                        " attention caches";
+            r.skipped = c.expert_slots ? std::string("the backend takes no expert slots")
+                                       : std::string("the backend has no kernels for ") + cache_type_name(c.cache) +
+                                             " attention caches";
             out.push_back(std::move(r));
             continue;
         }

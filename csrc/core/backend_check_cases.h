@@ -100,6 +100,10 @@ public:
     // finite, moderate scales (2^-8 .. 1, either sign); blocks that still decode to non-finite or huge values
     // are zeroed.
     Tensor weights(uint32_t type, int64_t rows, int64_t cols) {
+        return put(type, rows, cols, weight_bytes(type, rows, cols).data());
+    }
+    // weights()' bytes, in host memory.
+    std::vector<uint8_t> weight_bytes(uint32_t type, int64_t rows, int64_t cols) {
         const TypeTraits* t = type_traits(type);
         if (cols % t->block_elems != 0)
             throw Error(type_name(type) + " rows of " + std::to_string(cols) + " elements are not whole blocks");
@@ -112,7 +116,7 @@ public:
                 const uint16_t h = type == RG_TYPE_F16 ? fp32_to_fp16(v[size_t(i)]) : uint16_t(f32_bits(v[size_t(i)]) >> 16);
                 if (type != RG_TYPE_F32) std::memcpy(&bytes[size_t(2 * i)], &h, 2);
             }
-            return put(type, rows, cols, bytes.data());
+            return bytes;
         }
         for (uint8_t& b : bytes) b = uint8_t(rng_() & 0xff);
         std::uniform_real_distribution<float> mag(-8.0f, 0.0f);
@@ -133,7 +137,16 @@ public:
             if (std::any_of(decoded.begin(), decoded.end(), [](float v) { return !std::isfinite(v) || std::fabs(v) > 1e4f; }))
                 std::memset(blk, 0, size_t(t->block_bytes));
         }
-        return put(type, rows, cols, bytes.data());
+        return bytes;
+    }
+    // rows x cols of I8 bytes in MemoryUse::Mapped memory (host RAM the backend reads in place), kept for the
+    // case's lifetime.
+    Tensor mapped(int64_t rows, int64_t cols, const std::vector<uint8_t>& bytes) {
+        mapped_.emplace_back(be_, uint64_t(rows * cols), MemoryUse::Mapped);
+        auto* host = static_cast<uint8_t*>(be_.host_address(mapped_.back().get()));
+        if (!host) throw Error(std::string(be_.name()) + ": mapped memory without a host address");
+        std::memcpy(host, bytes.data(), bytes.size());
+        return mapped_.back().tensor(RG_TYPE_I8, rows, cols);
     }
 
     // Records t as an output of the case (read back once the case has run).
@@ -196,6 +209,7 @@ private:
     Workspace ws_;
     std::mt19937_64 rng_;
     std::vector<Tensor> outs_;
+    std::vector<Buffer> mapped_;
 };
 
 struct Case {
@@ -203,6 +217,7 @@ struct Case {
     double tolerance;
     std::function<void(Run&)> run;
     uint32_t cache = RG_TYPE_F32;  // the attention cache type the case stores or reads
+    bool expert_slots = false;     // it needs Backend::supports_expert_slots()
 };
 
 // Each op family's cases, appended to cs (backend_check.cpp; the attention caches, QSA and dense attention in

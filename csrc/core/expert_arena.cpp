@@ -47,7 +47,24 @@ ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt, Backe
         throw std::system_error(e.code(), "expert arena: cannot allocate " + std::to_string(bytes) + " bytes");
     }
     host_ = static_cast<uint8_t*>(be_.host_address(memory_.get()));
-    if (!host_ && opt.host_slots > 0) {
+    const bool can_route = !host_ && opt.host_slots >= n_keys && be_.supports_expert_slots();
+    if (opt.routing == ArenaOptions::Routing::On && !can_route)
+        throw Error(std::string("expert arena: device routing needs a backend with memory of its own that takes "
+                                "expert slots (") + be_.name() + " does " + (be_.supports_expert_slots() ? "" : "not") +
+                    ") and a host tier of every record (" + std::to_string(opt.host_slots) + " of " +
+                    std::to_string(n_keys) + ")");
+    routed_ = can_route && opt.routing != ArenaOptions::Routing::Off;
+    if (routed_) {
+        n_host_ = n_keys;
+        promote_limit_ = std::max<int64_t>(1, opt.policy.lru_reserve);
+        const uint64_t host_bytes = uint64_t(n_keys) * slot_bytes_;
+        try {
+            mapped_ = Buffer(be_, host_bytes, MemoryUse::Mapped);
+        } catch (const std::system_error& e) {
+            throw std::system_error(e.code(), "expert arena: cannot allocate a host tier of " +
+                                                  std::to_string(host_bytes) + " bytes");
+        }
+    } else if (!host_ && opt.host_slots > 0) {
         // at least one host slot per device slot: every read in flight has somewhere to land
         n_host_ = std::max(opt.host_slots, n_slots_);
         const uint64_t host_bytes = uint64_t(n_host_) * slot_bytes_;
@@ -71,6 +88,7 @@ ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt, Backe
     stats_.layer_hits.assign(size_t(layout_.n_layer), 0);
     stats_.layer_misses.assign(size_t(layout_.n_layer), 0);
     streamer_ = std::make_unique<ExpertStreamer>(layout_.paths, opt.io_threads, opt.direct);
+    if (routed_) fill_routed();
 }
 
 ExpertArena::~ExpertArena() {
@@ -144,27 +162,8 @@ int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
         slot.host = h;
     }
 
-    // The record's extents: one when its parts are adjacent, else one per part, each aligned for O_DIRECT.
-    const int64_t layer = key / layout_.n_expert;
-    const auto& parts = layout_.layers[size_t(layer)];
-    const uint64_t* off = &layout_.offsets[size_t(key) * 3];
-    const auto& file = layout_.files[size_t(layer)];
-    ReadJob job;
+    ReadJob job = record_job(key, slot.host >= 0 ? host_slot_memory(slot.host) : slot_memory(s), slot.part_offset);
     job.slot = s;
-    job.dst = slot.host >= 0 ? host_slot_memory(slot.host) : slot_memory(s);
-    if (layout_.contiguous) {
-        const uint64_t start = align_down(off[0]), end = off[0] + layout_.record_bytes(layer);
-        job.extents.push_back({file[0], start, align_up(end) - start, 0, end - start});
-        for (int i = 0; i < 3; ++i) slot.part_offset[i] = off[i] - start;
-    } else {
-        uint64_t at = 0;
-        for (int i = 0; i < 3; ++i) {
-            const uint64_t start = align_down(off[i]), end = off[i] + parts[size_t(i)].bytes;
-            job.extents.push_back({file[size_t(i)], start, align_up(end) - start, at, end - start});
-            slot.part_offset[i] = at + (off[i] - start);
-            at += align_up(end) - start;
-        }
-    }
     if (slot.host >= 0) std::copy(slot.part_offset, slot.part_offset + 3, host_slots_[size_t(slot.host)].part_offset);
     if (job.dst == slot_memory(s) && !staging_ && slot.reuse_after > 0) {
         // The read lands in the backend's own memory, which ops submitted before the slot's last release may
@@ -180,6 +179,30 @@ int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
     };
     streamer_->submit(std::move(job), priority);
     return s;
+}
+
+ReadJob ExpertArena::record_job(int64_t key, uint8_t* dst, uint64_t (&part_offset)[3]) const {
+    // The record's extents: one when its parts are adjacent, else one per part, each aligned for O_DIRECT.
+    const int64_t layer = key / layout_.n_expert;
+    const auto& parts = layout_.layers[size_t(layer)];
+    const uint64_t* off = &layout_.offsets[size_t(key) * 3];
+    const auto& file = layout_.files[size_t(layer)];
+    ReadJob job;
+    job.dst = dst;
+    if (layout_.contiguous) {
+        const uint64_t start = align_down(off[0]), end = off[0] + layout_.record_bytes(layer);
+        job.extents.push_back({file[0], start, align_up(end) - start, 0, end - start});
+        for (int i = 0; i < 3; ++i) part_offset[i] = off[i] - start;
+    } else {
+        uint64_t at = 0;
+        for (int i = 0; i < 3; ++i) {
+            const uint64_t start = align_down(off[i]), end = off[i] + parts[size_t(i)].bytes;
+            job.extents.push_back({file[size_t(i)], start, align_up(end) - start, at, end - start});
+            part_offset[i] = at + (off[i] - start);
+            at += align_up(end) - start;
+        }
+    }
+    return job;
 }
 
 void ExpertArena::on_read(int64_t s, uint64_t bytes, std::exception_ptr error) {

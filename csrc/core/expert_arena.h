@@ -15,6 +15,15 @@
 // released, so the slot is not rewritten under them: a copy is ordered after them (Backend::upload), and a
 // read straight into the backend's memory first waits until they have run (Backend::wait_submitted: a GPU
 // with unified memory may still be running them).
+//
+// Device-routed mode (expert_arena_routed.cpp): where the backend takes expert slots
+// (Backend::supports_expert_slots, a discrete GPU) and the host tier would hold every record, the host tier
+// is mapped memory the device reads in place, filled with every record at load. A layer's experts then run on
+// the device with no host round trip (SparseMoe through expert_slots()): records in device slots are read
+// from there, the others over the bus from the host tier. Between steps, after_step() takes the step's
+// routing, counts hits and misses, and copies the policy's choice of missed records into device slots: a
+// slot's `where` entry is cleared before its upload starts and set once it has completed, so a step never
+// reads a slot being written.
 #pragma once
 
 #include <array>
@@ -66,6 +75,9 @@ struct ArenaOptions {
     bool direct = true;  // O_DIRECT (Linux) / F_NOCACHE (macOS) reads
     bool lock = true;    // mlock the slots
     int64_t host_slots = 0;  // records the host tier holds, where the slots are not host memory (0: none)
+    // Device-routed mode (see above): Auto takes it where the backend can and the host tier holds every record;
+    // On requires it (Error where it cannot be had); Off never.
+    enum class Routing { Auto, Off, On } routing = Routing::Auto;
     CachePolicyOptions policy;
 };
 
@@ -96,6 +108,7 @@ class ExpertArena {
     const std::string& lock_error() const { return lock_error_; }
     bool direct() const { return streamer_->direct(); }
     int64_t host_slots() const { return n_host_; }
+    bool device_routed() const { return routed_; }
     const ExpertFileLayout& layout() const { return layout_; }
 
     // Computations take turns: hold this for the whole of a layer's expert work (acquire ... release).
@@ -116,6 +129,16 @@ class ExpertArena {
     void warm();
     // mask[e] = 1 when expert e of `layer` is resident or being read.
     void resident_mask(int64_t layer, uint8_t* mask) const;
+
+    // Device-routed mode: layer `layer`'s records as moe_experts takes them, and the I8 [1][n_expert] mask of
+    // those in device slots (MoCE's resident experts).
+    ExpertSlots expert_slots(int64_t layer) const;
+    Tensor routed_mask(int64_t layer) const;
+    // After a step of `rows` routing pairs per layer: ids [layers][rows] (the first `layers` layers' expert
+    // ids, each layer's pairs in token order). Counts the hits (records in device slots) and misses, points
+    // the tables at the slots whose uploads have completed, and starts the uploads of the misses the policy
+    // admits (at most one step's worth of layers x k records, so a prefill does not flood the bus).
+    void after_step(const int32_t* ids, int64_t layers, int64_t rows);
 
     ArenaStats stats() const;
     // stats().stall_s without copying the per-layer counters (read once per speculative round).
@@ -154,6 +177,10 @@ class ExpertArena {
     // Claims a slot for `key` (locked) and queues its read; -1 when no slot may be evicted.
     int64_t load_locked(int64_t key, IoPriority priority, bool pin);
     void on_read(int64_t slot, uint64_t bytes, std::exception_ptr error);
+    // The read of record `key` into dst (slot memory), its parts' offsets in the slot into part_offset.
+    ReadJob record_job(int64_t key, uint8_t* dst, uint64_t (&part_offset)[3]) const;
+    // Device-routed mode: reads every record into the mapped host tier (at load), then the tables.
+    void fill_routed();
 
     ExpertFileLayout layout_;
     int64_t n_slots_ = 0;
@@ -181,6 +208,21 @@ class ExpertArena {
     std::unordered_map<int64_t, int64_t> where_;  // key -> slot
     int64_t prefetch_loading_ = 0;
     ArenaStats stats_;
+    // Device-routed mode: the host tier as mapped backend memory [n_keys][slot_bytes], record `key` in row
+    // key; per key its device slot or -1 (where), its parts' offsets in a slot, and whether it has a device
+    // slot (mask), each on the backend ([n_keys] I32, [n_keys][3] I32, [n_keys] I8) and mirrored here; the
+    // uploads in flight (their slots are Loading until the next after_step sees them done).
+    bool routed_ = false;
+    int64_t promote_limit_ = 1;  // uploads a step may start: one token's records (the policy's lru_reserve)
+    Buffer mapped_, tables_;
+    Tensor where_t_, offsets_t_, mask_t_;
+    std::vector<int32_t> where_h_;
+    std::vector<int8_t> mask_h_;
+    struct Promotion {
+        int64_t slot, key;
+        uint64_t ticket;
+    };
+    std::vector<Promotion> promoting_;
     std::unique_ptr<ExpertStreamer> streamer_;  // last: its threads stop before the rest is destroyed
 };
 

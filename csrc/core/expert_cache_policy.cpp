@@ -29,6 +29,10 @@ void ExpertCachePolicy::touch(int64_t key) {
     if (clock_ % uint64_t(opt_.refresh) == 0) refresh_hot_set();
 }
 
+double ExpertCachePolicy::score(int64_t key) const {
+    return score_[size_t(key)] * std::pow(opt_.decay, double(clock_ - last_[size_t(key)]));
+}
+
 std::vector<int64_t> ExpertCachePolicy::top(int64_t n) const {
     // Scores decayed to the current clock, so experts last used long ago rank by what is left of theirs.
     std::vector<double> now(score_.size());

@@ -4,6 +4,7 @@
 
 #include <sys/mman.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -76,6 +77,30 @@ Rows resolve(const Tensor& t) {
     return {b->data + t.offset, t.type, t.rows, t.cols, t.row_bytes};
 }
 
+namespace {
+
+// ExpertSlots' expert matrices: expert e's record in its device slot or host row, each part at its offset
+// (checked to lie inside the slot).
+cpu::ExpertMatrix slot_experts(const ExpertSlots& sl) {
+    const Rows device = resolve(sl.device), host = resolve(sl.host), where = resolve(sl.where),
+               offsets = resolve(sl.offsets);
+    return [=, parts = std::array<ExpertPart, 3>{sl.parts[0], sl.parts[1], sl.parts[2]}](int64_t e, int part) {
+        const int32_t s = where.row<int32_t>(0)[e];
+        if (s < -1 || s >= device.rows)
+            throw Error("moe_experts: expert " + std::to_string(e) + " is in slot " + std::to_string(s) + " of " +
+                        std::to_string(device.rows));
+        const ExpertPart& p = parts[size_t(part)];
+        const int64_t off = offsets.row<int32_t>(e)[part];
+        if (off < 0 || off + (p.rows - 1) * p.row_bytes + type_row_bytes(*type_traits(p.type), p.cols) > host.cols)
+            throw Error("moe_experts: expert " + std::to_string(e) + "'s part " + std::to_string(part) +
+                        " does not fit its slot");
+        const uint8_t* rec = s >= 0 ? device.row<uint8_t>(s) : host.row<uint8_t>(e);
+        return cpu::WeightView{p.type, rec + off, p.rows, p.cols, p.row_bytes};
+    };
+}
+
+}  // namespace
+
 CpuBackend::CpuBackend(bool opaque) : opaque_(opaque) {
     if (opaque_) {
         memory_ = std::make_unique<OpaqueMemory>(PROT_NONE);
@@ -90,10 +115,10 @@ CpuBackend::~CpuBackend() = default;
 BackendBuffer* CpuBackend::alloc(uint64_t bytes, MemoryUse use) {
     auto buf = std::make_unique<CpuBuffer>();
     buf->bytes = bytes;
-    if (opaque_) {
+    if (opaque_ && use != MemoryUse::Mapped) {
         buf->data = memory_->alloc(bytes);
         buf->kind = CpuBuffer::Kind::Opaque;
-    } else if (use == MemoryUse::Arena) {
+    } else if (use != MemoryUse::Device) {  // the arena, and mapped memory (host-addressable in opaque mode too)
         void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED)
             throw std::system_error(errno, std::generic_category(), "cannot allocate " + std::to_string(bytes) + " bytes");
@@ -158,7 +183,9 @@ void CpuBackend::free(BackendBuffer* buffer) {
 }
 
 void* CpuBackend::host_address(BackendBuffer* buffer) {
-    return opaque_ || !buffer ? nullptr : static_cast<CpuBuffer*>(buffer)->data;
+    if (!buffer) return nullptr;
+    auto* b = static_cast<CpuBuffer*>(buffer);
+    return opaque_ && b->kind != CpuBuffer::Kind::Mapped ? nullptr : b->data;
 }
 
 bool CpuBackend::lock(BackendBuffer* buffer, std::string* error) {
@@ -414,7 +441,14 @@ void CpuBackend::do_moe_experts(const Tensor& x, const Tensor& ids, const Tensor
         sh = *shared;
         resolve(sh->gate), resolve(sh->up), resolve(sh->down), resolve(sh->gate_logit);
     }
-    resolve(x), resolve(ids), resolve(weights), resolve(experts.gate), resolve(experts.up), resolve(experts.down), resolve(y);
+    std::optional<ExpertSlots> slots;  // copied: the op may run after the caller's ExpertSlots is gone
+    if (experts.slots) {
+        slots = *experts.slots;
+        resolve(slots->device), resolve(slots->host), resolve(slots->where), resolve(slots->offsets);
+    } else {
+        resolve(experts.gate), resolve(experts.up), resolve(experts.down);
+    }
+    resolve(x), resolve(ids), resolve(weights), resolve(y);
     exec([=] {
         const Rows ids_rows = resolve(ids);
         for (int64_t i = 0; i < ids_rows.rows * ids_rows.cols; ++i) {
@@ -423,8 +457,10 @@ void CpuBackend::do_moe_experts(const Tensor& x, const Tensor& ids, const Tensor
         }
         SharedExpertRows sr;
         if (sh) sr = {resolve(sh->gate), resolve(sh->up), resolve(sh->down), resolve(sh->gate_logit)};
-        cpu::moe_experts(resolve(x), ids_rows, resolve(weights), resolve(experts.gate), resolve(experts.up),
-                         resolve(experts.down), ne, sh ? &sr : nullptr, resolve(y));
+        const cpu::ExpertMatrix expert = slots ? slot_experts(*slots)
+                                               : cpu::stacked_experts(resolve(experts.gate), resolve(experts.up),
+                                                                      resolve(experts.down), ne);
+        cpu::moe_experts(resolve(x), ids_rows, resolve(weights), expert, ne, sh ? &sr : nullptr, resolve(y));
     });
 }
 

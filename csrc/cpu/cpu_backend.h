@@ -1,7 +1,8 @@
 // The CPU backend: host memory, ops run by the kernels of cpu/kernels.h on the calling thread and the
 // default pool. In opaque mode ("cpu-opaque") its memory is an OpaqueMemory range the host cannot touch
-// outside backend calls, host_address() is always null, and ops are queued and run at submit / read /
-// write, so the core must work as it has to on a GPU.
+// outside backend calls, host_address() is null (except for MemoryUse::Mapped buffers, host RAM by
+// definition), and ops are queued and run at submit / read / write, so the core must work as it has to on a
+// GPU.
 #pragma once
 
 #include <exception>
@@ -61,6 +62,7 @@ public:
                      const GdnDims& d) override;
     void do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs, int64_t n_seqs,
                   const GdnDims& d, int64_t chunk, const Tensor& out) override;
+    bool supports_expert_slots() const override { return true; }
     bool supports_cache(uint32_t type) const override {
         return type == RG_TYPE_F32 || type == RG_TYPE_F16 || type == RG_TYPE_Q8_0 || type == RG_TYPE_I8;
     }

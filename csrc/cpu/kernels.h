@@ -113,8 +113,12 @@ void moe_route(const Rows& logits, const Rows& resident, const MoeRouting& r, co
 struct SharedExpertRows {
     Rows gate, up, down, gate_logit;
 };
-void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const Rows& gate, const Rows& up,
-                 const Rows& down, int64_t n_expert, const SharedExpertRows* shared, const Rows& y);
+// Expert e's matrix `part` (0 gate [ff][hidden], 1 up, 2 down [hidden][ff]).
+using ExpertMatrix = std::function<WeightView(int64_t e, int part)>;
+// The stacked tensors' expert matrices (llama.cpp's *_exps: expert e's rows of each).
+ExpertMatrix stacked_experts(const Rows& gate, const Rows& up, const Rows& down, int64_t n_expert);
+void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const ExpertMatrix& expert, int64_t n_expert,
+                 const SharedExpertRows* shared, const Rows& y);
 void moe_combine(const Rows& ys, const Rows& pairs, const Rows& weights, const Rows& shared, const Rows& shared_gate,
                  const Rows& y);
 

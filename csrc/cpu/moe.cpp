@@ -42,20 +42,20 @@ void moe_route(const Rows& logits, const Rows& resident, const MoeRouting& rt, c
     }
 }
 
-namespace {
-
-WeightView view(const Rows& r, int64_t row0, int64_t n) {
-    return {r.type, r.base + row0 * r.stride, n, r.cols, r.stride};
+ExpertMatrix stacked_experts(const Rows& gate, const Rows& up, const Rows& down, int64_t n_expert) {
+    return [gate, up, down, n_expert](int64_t e, int part) {
+        const Rows& r = part == 0 ? gate : part == 1 ? up : down;
+        const int64_t n = r.rows / n_expert;
+        return WeightView{r.type, r.base + e * n * r.stride, n, r.cols, r.stride};
+    };
 }
-
-}  // namespace
 
 // The resident experts of a layer, as model/moe.cpp ran them before they moved here: the tokens grouped by
 // expert (ascending ids), every expert's gate and up in one batch, every down product (the shared one's
 // too) in the next, then the sum in expert-id order.
-void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const Rows& gate, const Rows& up,
-                 const Rows& down, int64_t n_expert, const SharedExpertRows* shared, const Rows& y) {
-    const int64_t ntok = x.rows, h = x.cols, k = ids.cols, ff = gate.rows / n_expert;
+void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const ExpertMatrix& expert, int64_t n_expert,
+                 const SharedExpertRows* shared, const Rows& y) {
+    const int64_t ntok = x.rows, h = x.cols, k = ids.cols, ff = expert(0, 0).rows;
     std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(n_expert));
     for (int64_t t = 0; t < ntok; ++t)
         for (int64_t j = 0; j < k; ++j) by_expert[size_t(ids.row<int32_t>(t)[j])].push_back(int32_t(t * k + j));
@@ -76,8 +76,8 @@ void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const Rows
     std::vector<MatmulJob> jobs;
     for (size_t a = 0; a < active.size(); ++a) {
         const int64_t e = active[a], n = count[a], o = offset[a];
-        jobs.push_back({view(gate, e * ff, ff), &xs[size_t(o * h)], n, &g[size_t(o * ff)]});
-        jobs.push_back({view(up, e * ff, ff), &xs[size_t(o * h)], n, &u[size_t(o * ff)]});
+        jobs.push_back({expert(e, 0), &xs[size_t(o * h)], n, &g[size_t(o * ff)]});
+        jobs.push_back({expert(e, 1), &xs[size_t(o * h)], n, &u[size_t(o * ff)]});
     }
     matmul_batch(jobs.data(), int64_t(jobs.size()));
     for (size_t i = 0; i < g.size(); ++i) g[i] = nn::silu(g[i]) * u[i];
@@ -92,11 +92,12 @@ void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const Rows
     jobs.clear();
     for (size_t a = 0; a < active.size(); ++a) {
         const int64_t e = active[a], n = count[a], o = offset[a];
-        jobs.push_back({view(down, e * h, h), &g[size_t(o * ff)], n, &ys[size_t(o * h)]});
+        jobs.push_back({expert(e, 2), &g[size_t(o * ff)], n, &ys[size_t(o * h)]});
     }
     if (shared) {
         sh.resize(size_t(ntok * h));
-        jobs.push_back({view(shared->down, 0, shared->down.rows), shared->gate.row(0), ntok, sh.data()});
+        const Rows& d = shared->down;
+        jobs.push_back({WeightView{d.type, d.base, d.rows, d.cols, d.stride}, shared->gate.row(0), ntok, sh.data()});
     }
     matmul_batch(jobs.data(), int64_t(jobs.size()));
     const Rows ys_rows{reinterpret_cast<uint8_t*>(ys.data()), RG_TYPE_F32, rows, h, h * 4};

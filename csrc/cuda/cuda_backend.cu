@@ -47,7 +47,8 @@ void check(cudaError_t e, const char* what) {
 }
 
 struct CudaBuffer final : BackendBuffer {
-    uint8_t* ptr = nullptr;
+    uint8_t* ptr = nullptr;   // the device's address
+    uint8_t* host = nullptr;  // MemoryUse::Mapped: page-locked host memory the device reads through ptr
     uint64_t bytes = 0;
 };
 
@@ -283,13 +284,27 @@ public:
         return type == RG_TYPE_F32 || type == RG_TYPE_F16 || type == RG_TYPE_Q8_0 || type == RG_TYPE_I8;
     }
 
-    BackendBuffer* alloc(uint64_t bytes, MemoryUse) override {
+    BackendBuffer* alloc(uint64_t bytes, MemoryUse use) override {
         end_capture();
         auto b = std::make_unique<CudaBuffer>();
         b->bytes = bytes;
         // whole 256-byte units: the products read a row's blocks in aligned 16-byte pieces (cuda/qmma.cuh),
         // the last of which may extend past the tensor's last byte
-        const cudaError_t e = cudaMalloc(&b->ptr, std::max<uint64_t>((bytes + 255) / 256 * 256, 256));
+        const size_t size = std::max<uint64_t>((bytes + 255) / 256 * 256, 256);
+        if (use == MemoryUse::Mapped) {
+            void* h = nullptr;
+            cudaError_t e = cudaHostAlloc(&h, size, cudaHostAllocMapped | cudaHostAllocPortable);
+            if (e == cudaSuccess) {
+                b->host = static_cast<uint8_t*>(h);
+                e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&b->ptr), h, 0);
+                if (e != cudaSuccess) cudaFreeHost(h);
+            }
+            if (e != cudaSuccess)
+                throw Error("CUDA: cannot allocate " + std::to_string(bytes) + " bytes of mapped host memory: " +
+                            cudaGetErrorString(e));
+            return b.release();
+        }
+        const cudaError_t e = cudaMalloc(&b->ptr, size);
         if (e != cudaSuccess)
             throw Error("CUDA: cannot allocate " + std::to_string(bytes) + " bytes of device memory: " +
                         cudaGetErrorString(e));
@@ -310,10 +325,16 @@ public:
             cudaStreamSynchronize(copy_);
             cudaStreamSynchronize(stream_);  // ops recorded before may still read it
         });
-        cudaFree(b->ptr);
+        if (b->host)
+            cudaFreeHost(b->host);
+        else
+            cudaFree(b->ptr);
         delete b;
     }
-    void* host_address(BackendBuffer*) override { return nullptr; }
+    void* host_address(BackendBuffer* buffer) override {
+        return buffer ? static_cast<CudaBuffer*>(buffer)->host : nullptr;
+    }
+    bool supports_expert_slots() const override { return true; }
     bool lock(BackendBuffer*, std::string*) override { return true; }  // device memory is never paged out
     bool pin_host(void* p, uint64_t bytes) override {
         bool ok = false;
@@ -549,9 +570,21 @@ protected:
         SharedExpertView sh;
         if (shared)
             sh = {use(shared->gate), use(shared->up), use(shared->down), use(shared->gate_logit)};
-        cuda::moe_experts(op_stream(), use(x), use(ids), use(weights), use(e.gate),
-                          use(e.up), use(e.down), e.n_expert, shared ? &sh : nullptr, use(y),
-                          op_scratch_, matmul_scratch_);
+        View gate, up, down;
+        ExpertSlotsView sl;
+        if (const ExpertSlots* p = e.slots) {
+            // the parts' shapes, no memory: an expert's rows are where its slot puts them
+            const auto part = [&](const ExpertPart& q) {
+                return View{nullptr, e.n_expert * q.rows, q.cols, q.row_bytes, q.type};
+            };
+            gate = part(p->parts[0]), up = part(p->parts[1]), down = part(p->parts[2]);
+            // no wait for uploads into the device slots: where names a slot only once its upload has completed
+            sl = {cuda::view(p->device), use(p->host), use(p->where), use(p->offsets)};
+        } else {
+            gate = use(e.gate), up = use(e.up), down = use(e.down);
+        }
+        cuda::moe_experts(op_stream(), use(x), use(ids), use(weights), gate, up, down, e.n_expert, sl,
+                          shared ? &sh : nullptr, use(y), op_scratch_, matmul_scratch_);
     }
     void do_moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,
                         const Tensor& shared_gate, const Tensor& y) override {

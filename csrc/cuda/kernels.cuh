@@ -100,9 +100,15 @@ void moe_route(cudaStream_t s, const View& logits, const View& resident, const M
 struct SharedExpertView {
     View gate, up, down, gate_logit;
 };
+// The routed experts' records in slots (ExpertSlots), or none (where empty): the stacked gate / up / down.
+struct ExpertSlotsView {
+    View device, host, where, offsets;
+};
+// With slots, gate / up / down give each part's type, rows (n_expert times an expert's), cols and row stride,
+// and no memory.
 void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& weights, const View& gate, const View& up,
-                 const View& down, int64_t n_expert, const SharedExpertView* shared, const View& y, Scratch& scratch,
-                 Scratch& matmul_scratch);
+                 const View& down, int64_t n_expert, const ExpertSlotsView& slots, const SharedExpertView* shared,
+                 const View& y, Scratch& scratch, Scratch& matmul_scratch);
 void moe_combine(cudaStream_t s, const View& ys, const View& pairs, const View& weights, const View& shared,
                  const View& shared_gate, const View& y, Scratch& scratch);
 

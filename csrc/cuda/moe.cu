@@ -21,6 +21,7 @@ namespace regolith::cuda {
 namespace {
 
 constexpr int kMaxK = 32;  // experts per token
+constexpr size_t kMaxExactRowBytes = 48u << 10;  // pair_mmv_exact's row in shared memory (the default limit)
 
 __device__ bool better(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
 
@@ -133,8 +134,35 @@ __global__ void group_k(View ids, int64_t n_expert, int32_t* offset, int32_t* or
     for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) order[atomicAdd(&count[id(p)], 1)] = int32_t(p);
 }
 
+// Where expert e's rows of one matrix lie: rows e * n .. of a stacked tensor (where null), or part `part` of
+// the expert's record (ExpertSlots): in device slot where[e] when where[e] >= 0, else in host row e (mapped
+// host memory, read over the bus), offsets[e][part] bytes into the slot. Rows are `stride` bytes apart.
+struct ExpertLoc {
+    const uint8_t* stacked;
+    int64_t stride, n;
+    const int32_t* where;
+    const uint8_t* offsets;
+    int64_t offsets_stride;
+    const uint8_t *device, *host;
+    int64_t device_stride, host_stride;
+    int part;
+    __device__ const uint8_t* at(int64_t e) const {
+        if (!where) return stacked + e * n * stride;
+        const int32_t s = where[e];
+        const int32_t off = reinterpret_cast<const int32_t*>(offsets + e * offsets_stride)[part];
+        return (s >= 0 ? device + s * device_stride : host + e * host_stride) + off;
+    }
+};
+
+ExpertLoc expert_loc(const View& w, int64_t n, const ExpertSlotsView& sl, int part) {
+    if (!sl.where) return ExpertLoc{w.base, w.stride, n, nullptr, nullptr, 0, nullptr, nullptr, 0, 0, part};
+    return ExpertLoc{nullptr,         w.stride,         n,          sl.where.row<const int32_t>(0), sl.offsets.base,
+                     sl.offsets.stride, sl.device.base, sl.host.base, sl.device.stride,              sl.host.stride,
+                     part};
+}
+
 // The quantized products of the blockIdx.z-th expert e with pairs (active[1 + z]; blocks past active[0]
-// return): rows [64 bx, +64) of e (rows e * n .. of the stacked w, a warp per 16) times its pairs
+// return): rows [64 bx, +64) of e (its n rows where w puts them, a warp per 16) times its pairs
 // [8 NT tile, +8 NT), each pair p's activations the row p / per_x of `a`; y[p] takes the result.
 // blockIdx.y = tile * per_tile + b with per_tile = ceil(n_seg / spb): with one segment (no split) the block
 // sums every segment of K and writes y; with n_seg = segments(K) it writes the sums of segments
@@ -142,7 +170,7 @@ __global__ void group_k(View ids, int64_t n_expert, int32_t* offset, int32_t* or
 // The steps of matmul's kernels (cuda/qmma.cuh): the same bits.
 template <class Dec, int NT>
 __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>))
-    qmm_grouped(Rows w, int64_t n, int64_t nb, const int32_t* offset, const int32_t* order, const int32_t* active,
+    qmm_grouped(ExpertLoc w, int64_t n, int64_t nb, const int32_t* offset, const int32_t* order, const int32_t* active,
                 HalfActs a, int64_t per_x, View y, int64_t n_seg, int64_t spb, int64_t pairs, float* part,
                 unsigned* counters) {
     pdl_begin();
@@ -158,7 +186,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>))
         extern __shared__ __align__(16) uint8_t smem[];
         uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
         __half* tile_sm = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
-        const Rows we{w.base + e * n * w.stride, n, w.stride};
+        const Rows we{w.at(e), n, w.stride};
         int64_t tok[NT];
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
@@ -200,11 +228,34 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>))
 }
 
 // Float weights: y[p][r] = W_e[r] . x[p / per_x], a block per (pair p = blockIdx.x, row r = blockIdx.y).
-__global__ void pair_mmv_float(View w, int64_t n, View ids, View x, int64_t per_x, View y) {
+__global__ void pair_mmv_float(ExpertLoc w, uint32_t type, int64_t cols, View ids, View x, int64_t per_x, View y) {
     pdl_begin();
     const int64_t p = blockIdx.x, r = blockIdx.y;
     const int32_t e = ids.row<const int32_t>(p / ids.cols)[p % ids.cols];
-    const float v = float_row_dot(w.row<const uint8_t>(int64_t(e) * n + r), w.type, w.cols, 1,
+    const float v = float_row_dot(w.at(e) + r * w.stride, type, cols, 1, [&](int) { return x.row(p / per_x); });
+    if (threadIdx.x == 0) y.row(p)[r] = v;
+}
+
+// Exact products of quantized experts in slots (exact_activations()): pair_mmv_float on the row dequantized
+// into shared memory (cols f32) as matmul's exact mode dequantizes a whole matrix (the CPU's two roundings).
+template <class Dec>
+__global__ void pair_mmv_exact(ExpertLoc w, int64_t cols, View ids, View x, int64_t per_x, View y) {
+    pdl_begin();
+    extern __shared__ float wrow[];
+    const int64_t p = blockIdx.x, r = blockIdx.y;
+    const int32_t e = ids.row<const int32_t>(p / ids.cols)[p % ids.cols];
+    const auto* blocks = reinterpret_cast<const typename Dec::Block*>(w.at(e) + r * w.stride);
+    for (int64_t b = threadIdx.x; b < cols / Dec::QK; b += blockDim.x) {
+        int8_t q[Dec::QK];
+        float scale[Dec::NG], bias[Dec::NG];
+        Dec::decode(blocks[b], q, scale, Dec::HAS_BIAS ? bias : nullptr);
+        for (int j = 0; j < Dec::QK; ++j) {
+            const float v = __fmul_rn(scale[j / Dec::G], float(q[j]));
+            wrow[b * Dec::QK + j] = Dec::HAS_BIAS ? __fadd_rn(v, bias[j / Dec::G]) : v;
+        }
+    }
+    __syncthreads();
+    const float v = float_row_dot(reinterpret_cast<const uint8_t*>(wrow), RG_TYPE_F32, cols, 1,
                                   [&](int) { return x.row(p / per_x); });
     if (threadIdx.x == 0) y.row(p)[r] = v;
 }
@@ -214,10 +265,11 @@ struct Groups {
     const int32_t *offset, *order, *active;
 };
 
-// y[p] = W_e x[p / per_x] for every pair p: x f32 for float weights (and, dequantized in exact_scratch, for
-// quantized ones in exact mode), its f16 form `a` for quantized ones.
-void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, const View& x, const HalfActs& a,
-                   const Groups& gr, int64_t n_expert, int64_t per_x, const View& y, float* part,
+// y[p] = W_e x[p / per_x] for every pair p, W_e where `loc` puts it (w: the matrices' type, cols and row
+// stride; with stacked weights their memory): x f32 for float weights (and, dequantized, for quantized ones in
+// exact mode), its f16 form `a` for quantized ones.
+void pair_products(cudaStream_t s, const View& w, const ExpertLoc& loc, int64_t n, const View& ids, const View& x,
+                   const HalfActs& a, const Groups& gr, int64_t n_expert, int64_t per_x, const View& y, float* part,
                    Scratch& exact_scratch) {
     const int64_t pairs = ids.rows * ids.cols;
     // decode: too few experts' rows to fill the GPU, so the segments of K go to blocks of their own
@@ -229,22 +281,31 @@ void pair_products(cudaStream_t s, const View& w, int64_t n, const View& ids, co
     if (n_seg == 1) part = nullptr;
     const int64_t spb = n_seg > 1 ? std::min(n_seg, segments_per_block(tiles * n_seg)) : 1;
     const int64_t per_tile = (n_seg + spb - 1) / spb;
-    if (as_float) {
+    const dim3 per_row{unsigned(pairs), unsigned(n)};
+    if (as_float && (float_type(w.type) || !loc.where)) {
         const View wf = float_type(w.type) ? w : dequantized(s, w, exact_scratch, size_t(4) << 30);
-        launch(pair_mmv_float, dim3(unsigned(pairs), unsigned(n)), 128, 0, s, wf, n, ids, x, per_x, y);
+        const ExpertLoc lf = float_type(w.type) ? loc : ExpertLoc{wf.base, wf.stride, n, nullptr, nullptr, 0,
+                                                                  nullptr, nullptr, 0, 0, 0};
+        launch(pair_mmv_float, per_row, 128, 0, s, lf, wf.type, wf.cols, ids, x, per_x, y);
+    } else if (as_float) {  // exact mode, experts in slots: each row dequantized where it lies
+        const size_t smem = size_t(w.cols) * sizeof(float);
+        if (smem > kMaxExactRowBytes) throw Error("exact activations on cuda: expert rows of at most 12,288 columns");
+        dispatch_quant_type(w.type, [&](auto dec) {
+            using D = decltype(dec);
+            launch(pair_mmv_exact<D>, per_row, 128, smem, s, loc, w.cols, ids, x, per_x, y);
+        });
     } else {
         dispatch_quant_type(w.type, [&](auto dec) {
             using D = decltype(dec);
             constexpr size_t smem = 4 * warp_smem_bytes<D>();
-            const Rows rows{w.base, w.rows, w.stride};
             const int64_t nb = w.cols / D::QK;
             if (ids.rows <= 8) {
                 launch(qmm_grouped<D, 1>, dim3(grid(n, 64), unsigned(grid(ids.rows, 8) * per_tile), slots),
-                       kDecodeThreads, smem, s, rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg,
+                       kDecodeThreads, smem, s, loc, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg,
                        spb, pairs, part, segment_counters());
             } else {
                 launch(qmm_grouped<D, 2>, dim3(grid(n, 64), unsigned(grid(ids.rows, 16) * per_tile), slots),
-                       kDecodeThreads, smem, s, rows, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg,
+                       kDecodeThreads, smem, s, loc, n, nb, gr.offset, gr.order, gr.active, a, per_x, y, n_seg,
                        spb, pairs, part, segment_counters());
             }
         });
@@ -335,8 +396,8 @@ void moe_route(cudaStream_t s, const View& logits, const View& resident, const M
 }
 
 void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& weights, const View& gate, const View& up,
-                 const View& down, int64_t n_expert, const SharedExpertView* shared, const View& y, Scratch& scratch,
-                 Scratch& matmul_scratch) {
+                 const View& down, int64_t n_expert, const ExpertSlotsView& slots, const SharedExpertView* shared,
+                 const View& y, Scratch& scratch, Scratch& matmul_scratch) {
     const int64_t ntok = x.rows, k = ids.cols, pairs = ntok * k, h = x.cols, ff = gate.rows / n_expert;
     if (k > kMaxK) throw Error("CUDA moe_experts: at most 32 experts per token");
     const int64_t fs = shared ? shared->gate.cols : 0;
@@ -364,13 +425,13 @@ void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& wei
     RG_LAUNCHED("moe_experts (grouping)");
     const Groups gr{offset, order, active};
     if (!float_type(gate.type) || !float_type(up.type)) acts_f16(s, x, xa);
-    pair_products(s, gate, ff, ids, x, xa, gr, n_expert, k, g, part, matmul_scratch);
-    pair_products(s, up, ff, ids, x, xa, gr, n_expert, k, u, part, matmul_scratch);
+    pair_products(s, gate, expert_loc(gate, ff, slots, 0), ff, ids, x, xa, gr, n_expert, k, g, part, matmul_scratch);
+    pair_products(s, up, expert_loc(up, ff, slots, 1), ff, ids, x, xa, gr, n_expert, k, u, part, matmul_scratch);
     launch(swiglu_k, grid(pairs * ff, 256), 256, 0, s, reinterpret_cast<float*>(g.base), reinterpret_cast<const float*>(u.base),
                                                   pairs * ff);
     RG_LAUNCHED("moe_experts (swiglu)");
     if (!float_type(down.type)) acts_f16(s, g, ga);
-    pair_products(s, down, h, ids, g, ga, gr, n_expert, 1, ys, part, matmul_scratch);
+    pair_products(s, down, expert_loc(down, h, slots, 2), h, ids, g, ga, gr, n_expert, 1, ys, part, matmul_scratch);
     if (shared) {
         launch(swiglu_view_k, grid(ntok * fs, 256), 256, 0, s, shared->gate, shared->up);
         RG_LAUNCHED("moe_experts (shared swiglu)");

@@ -6,6 +6,10 @@
 namespace regolith {
 namespace {
 
+// Device-routed experts of steps of more tokens than this are staged in device memory a layer at a time (the
+// products' decode and speculative-verify range reads them in place).
+constexpr int64_t kStageTokens = 16;
+
 // The token rows routed to the active experts, packed by expert: expert a's rows start at offset[a].
 struct ExpertBatch {
     std::vector<int64_t> active, offset, count;  // ascending expert ids
@@ -131,7 +135,7 @@ std::vector<int32_t> SparseMoe::route(Workspace& ws, const Tensor& logits, bool 
 }
 
 void SparseMoe::prefetch(Workspace& ws, const Tensor& x) const {
-    if (!arena_) return;
+    if (!arena_ || arena_->device_routed()) return;
     Workspace::Scope scope(ws);
     const Tensor logits = ws.f32(x.rows, shape_.n_expert), weights = ws.f32(x.rows, shape_.n_used);
     ws.backend().matmul(router_, x, logits);
@@ -139,7 +143,7 @@ void SparseMoe::prefetch(Workspace& ws, const Tensor& x) const {
     arena_->prefetch(layer_, ids.data(), int64_t(ids.size()));
 }
 
-void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y) const {
+void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y, const Tensor& ids_out) const {
     Backend& be = ws.backend();
     Workspace::Scope scope(ws);
     const int64_t ntok = x.rows, h = shape_.hidden, k = shape_.n_used, ff = shape_.ff_expert, fs = shape_.ff_shared;
@@ -149,7 +153,7 @@ void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y) const {
     Tensor shg, shu, sg;
     if (fs > 0) shg = ws.f32(ntok, fs), shu = ws.f32(ntok, fs), sg = ws.f32(ntok, 1);
 
-    if (!arena_) {
+    if (!arena_ || arena_->device_routed()) {
         // the router and the shared expert's gate, up and router in one batch; then the experts (and the
         // shared expert's down product) on the backend, without a host round trip
         std::vector<MatmulJob> jobs{{router_, x, logits}};
@@ -159,10 +163,27 @@ void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y) const {
             jobs.push_back({sh_router_, x, sg});
         }
         be.matmul(jobs.data(), int64_t(jobs.size()));
-        const Tensor ids = ws.i32(ntok, k);
-        be.moe_route(logits, Tensor{}, {k, shape_.norm_topk_prob, 0.0f, 0}, ids, weights);
+        const Tensor ids = ids_out ? ids_out : ws.i32(ntok, k);
+        MoeRouting r{k, shape_.norm_topk_prob, 0.0f, 0};
+        Tensor resident;
+        ExpertSet experts = experts_;
+        ExpertSlots slots;
+        if (arena_) {
+            slots = arena_->expert_slots(layer_);
+            experts.n_expert = shape_.n_expert;
+            experts.slots = &slots;
+            if (ntok > kStageTokens) {
+                // A prefill chunk routes to nearly every expert: the layer's records copied to device memory in
+                // one piece cross the bus at its speed, where products reading them in place would not.
+                const Tensor staged = ws.alloc(RG_TYPE_I8, slots.host.rows, slots.host.cols);
+                be.copy(slots.host, staged);
+                slots.host = staged;
+            }
+            if (moce_.enabled) resident = arena_->routed_mask(layer_), r.bonus = moce_.bonus, r.protect = moce_.protect;
+        }
+        be.moe_route(logits, resident, r, ids, weights);
         const SharedExpert shared{shg, shu, sh_down_, sg};
-        be.moe_experts(x, ids, weights, experts_, fs > 0 ? &shared : nullptr, y);
+        be.moe_experts(x, ids, weights, experts, fs > 0 ? &shared : nullptr, y);
         return;
     }
 

@@ -4,8 +4,9 @@
 //
 // The routed experts are either views into the mapped model file (resident) or streamed through an
 // ExpertArena: the layer pins the experts its tokens need, runs those already resident and the shared
-// expert while the others load, and runs each of the rest as soon as its record lands. The sum over experts
-// is always taken in expert-id order, so the output is bit-identical whatever the arena holds.
+// expert while the others load, and runs each of the rest as soon as its record lands; or, in the arena's
+// device-routed mode, they run as resident ones do, from whichever slot holds each record. The sum over
+// experts is always taken in expert-id order, so the output is bit-identical whatever the arena holds.
 #pragma once
 
 #include <cstdint>
@@ -46,9 +47,11 @@ public:
     void stream_from(ExpertArena* arena, int64_t layer) { arena_ = arena, layer_ = layer; }
     void set_moce(const MoceOptions& moce) { moce_ = moce; }
     // x: [ntok][hidden] -> y: [ntok][hidden]. Resident experts run on the backend from the routing to the
-    // sum (Backend::moe_experts); streamed ones bring the routing ids to the host once per layer, where the
-    // arena pins and loads the experts and the batch by expert is formed.
-    void forward(Workspace& ws, const Tensor& x, const Tensor& y) const;
+    // sum (Backend::moe_experts), as do those of a device-routed arena; streamed ones bring the routing ids to
+    // the host once per layer, where the arena pins and loads the experts and the batch by expert is formed.
+    // `ids`, where given, is where a backend-side routing writes its expert ids ([ntok][k] I32: a step's
+    // routing for ExpertArena::after_step).
+    void forward(Workspace& ws, const Tensor& x, const Tensor& y, const Tensor& ids = Tensor{}) const;
     // Lookahead: route x (a prediction of this layer's input) and queue prefetch reads of the experts chosen.
     void prefetch(Workspace& ws, const Tensor& x) const;
 

@@ -386,6 +386,10 @@ void Qwen4ExpWindow::forward(std::vector<Part>& parts) {
     }
     const Tensor mixed = ws.f32(n, h), out = ws.f32(n, h), inject = ws.f32(n, c.hc);
     ExpertArena* arena = model.arena_.get();
+    // a device-routed arena learns the step's routing afterwards: every layer's ids [n_layer][n * k]
+    const bool routed = arena && arena->device_routed();
+    const int64_t k = c.moe.n_used;
+    const Tensor routing = routed ? ws.i32(c.n_layer, n * k) : Tensor{};
     std::vector<PleSeq> ple;
     std::vector<GdnRows> gdn;
     std::vector<QsaRows> qsa;
@@ -393,7 +397,7 @@ void Qwen4ExpWindow::forward(std::vector<Part>& parts) {
         const auto& l = model.layers_[size_t(il)];
         const size_t li = size_t(il);
         Workspace::Scope scope(ws);
-        if (arena && model.lookahead_ && longest <= 8) {
+        if (arena && !routed && model.lookahead_ && longest <= 8) {
             // Lookahead: this layer's router applied to the previous layer's output (its MoE input as it
             // would be without this layer's PLE and mixer), so the predicted experts load while those run.
             l.ffn_hc.read(ws, streams, mixed, inject);
@@ -438,7 +442,7 @@ void Qwen4ExpWindow::forward(std::vector<Part>& parts) {
         }
         l.attn_hc.write(be, out, inject, streams);
         l.ffn_hc.read(ws, streams, mixed, inject);
-        l.moe.forward(ws, mixed, out);
+        l.moe.forward(ws, mixed, out, routed ? routing.row_range(il, 1).reshaped(n, k) : Tensor{});
         l.ffn_hc.write(be, out, inject, streams);
     }
     // The LM head runs on the rows whose logits are wanted: every token, or the last (prefill for generation).
@@ -464,7 +468,13 @@ void Qwen4ExpWindow::forward(std::vector<Part>& parts) {
         if (keep[i]) parts[i].w->cp_.base = parts[i].w->n_past_;
         parts[i].w->n_past_ += parts[i].step.n;
     }
-    if (arena) arena->warm();
+    if (routed) {
+        std::vector<int32_t> ids(size_t(c.n_layer * n * k));
+        be.read(routing, ids.data());
+        arena->after_step(ids.data(), c.n_layer, n * k);
+    } else if (arena) {
+        arena->warm();
+    }
 }
 
 void Qwen4ExpWindow::prepare_slots(int64_t n) {

@@ -40,6 +40,7 @@ def memory_options(args: argparse.Namespace) -> dict[str, Any]:
         "arena_gb": args.arena_gb,
         "ple_cache_gb": args.ple_cache_gb,
         "host_cache_gb": args.host_cache_gb,
+        "device_routing": args.device_routing,
         "moce": args.moce,
         "backend": args.backend,
         "kv_type": args.kv_type,
@@ -241,6 +242,13 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
         "--host-cache-gb",
         type=positive(float),
         help="with --arena-gb on a GPU backend: keep this many GiB of experts in RAM behind the device arena",
+    )
+    p.add_argument(
+        "--no-device-routing",
+        dest="device_routing",
+        action="store_const",
+        const=False,
+        help="a host cache of every expert fills the arena on demand instead of being read by the GPU in place",
     )
     p.add_argument(
         "--moce",

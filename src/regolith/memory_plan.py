@@ -364,6 +364,19 @@ class MemoryPlan:
         return self.host_slots * self.sizes.slot_bytes
 
     @property
+    def device_routed(self) -> bool:
+        """Whether the arena routes on the device (``Model.load``'s ``device_routing``, by default where a device
+        arena has a host tier of every expert)."""
+        return self.device is not None and self.streaming and self.host_slots >= self.sizes.n_experts_total
+
+    @property
+    def scratch_bytes(self) -> int:
+        """A step's scratch: one prefill chunk's activations and, routing on the device, a layer's records
+        copied to device memory in one piece for a prefill chunk (SparseMoe::forward)."""
+        staged = self.sizes.n_expert * self.sizes.slot_bytes if self.device_routed else 0
+        return self.sizes.scratch_bytes() + staged
+
+    @property
     def resident_expert_bytes(self) -> int:
         return self.arena_bytes if self.streaming else self.sizes.expert_bytes
 
@@ -395,7 +408,7 @@ class MemoryPlan:
             + self.sizes.mtp_bytes
             + self.resident_expert_bytes
             + self.state_bytes
-            + self.sizes.scratch_bytes()
+            + self.scratch_bytes
             + self.host_tier_bytes
             + self.ple_cache_bytes
             + self.sizes.ple_index_bytes
@@ -432,7 +445,8 @@ class MemoryPlan:
                 rows.append(("experts (resident)", s.expert_bytes, f"all {s.n_experts_total}"))
         windows = "one window" if self.windows == 1 else f"{self.windows} windows (--parallel)"
         rows.append((f"KV / state at {self.n_ctx} tokens", self.state_bytes, windows))
-        rows.append(("scratch", s.scratch_bytes(), f"prefill chunk of {PREFILL_CHUNK} tokens"))
+        staged = ", a layer's experts staged" if self.device_routed else ""
+        rows.append(("scratch", self.scratch_bytes, f"prefill chunk of {PREFILL_CHUNK} tokens{staged}"))
         if s.ple_rows:
             rows.append(
                 (
