@@ -6,11 +6,10 @@ full 248,320-token vocabulary: 24.25 GiB) unless ``--model`` names a GGUF. Rows 
 - ``resident``: every weight in VRAM; 512-token prefill and greedy decode, regolith and llama.cpp
   (``llama-bench -ngl 99``).
 - ``host``: regolith with a VRAM arena of ``--arena-fraction`` of the routed experts and a host-RAM tier
-  holding every expert, routed on the device (the default there: every expert read into mapped RAM at load,
-  each layer's experts computed with no host round trip, from the arena where it holds them and over the bus
-  otherwise, the arena refilled between tokens); ``host (on demand)``: the same memory with
-  ``device_routing=False`` (each layer's routing brought to the host, misses copied from RAM into the arena
-  before they run); llama.cpp with every expert in RAM and computed by the CPU (``-ncmoe`` all layers), its
+  holding every expert, routed on the device (``device_routing=True``: every expert read into mapped RAM at
+  load, each layer's experts computed with no host round trip, from the arena where it holds them and over
+  the bus otherwise, the arena refilled between tokens); ``host (on demand)``: the same memory without it
+  (each layer's routing brought to the host, misses copied from RAM into the arena before they run); llama.cpp with every expert in RAM and computed by the CPU (``-ncmoe`` all layers), its
   way of running a model larger than VRAM.
 - ``disk``: the same VRAM arena with no host tier: every miss is an O_DIRECT read from disk.
 

@@ -2,7 +2,7 @@
 llama.cpp.
 
     python benchmarks/bench_stream.py [--model PATH | --layers 4 --experts Q4_K --data-dir /work/bench_data]
-        [--arena 0.125,0.25,0.5] [--prompt 16] [--decode 32] [--trace FILE] [--json OUT]
+        [--arena 0.125,0.25,0.5] [--prompt 16] [--decode 32] [--trace FILE [--replay-only]] [--json OUT]
 
 The model is a qwen4exp GGUF: ``--model``, or the synthetic one of benchmarks/synthetic_qwen4exp.py at the
 real Flash-Next shapes (written once to ``--data-dir`` and reused). All in one run:
@@ -404,8 +404,11 @@ POLICIES = {"lru": 0.0, "lru+hot": 0.75}  # the arena's policy with no hot set, 
 
 def replay(experts: np.ndarray, n_experts: int, fractions: Sequence[float]) -> list[dict]:
     """Hit rates of the arena's cache policy (``_core.replay_trace``, the arena's own eviction code) on a
-    trace, per arena fraction of all (layer, expert) records, for plain LRU and LRU + the learned hot set."""
+    trace, per arena fraction of all (layer, expert) records, for plain LRU and LRU + the learned hot set; and
+    of the device-routed arena's (``_core.replay_routed_trace``: hits against the arena as each token began,
+    the misses admitted between tokens by usage score) with the records it copies per token."""
     records = experts.shape[1] * n_experts
+    tokens = max(experts.shape[0], 1)
     rows = []
     for frac in fractions:
         slots = max(1, round(frac * records))
@@ -413,6 +416,9 @@ def replay(experts: np.ndarray, n_experts: int, fractions: Sequence[float]) -> l
         for name, hot in POLICIES.items():
             r = _core.replay_trace(experts, n_experts, slots, hot_fraction=hot)
             row[name] = r["hits"] / max(r["hits"] + r["misses"], 1)
+        r = _core.replay_routed_trace(experts, n_experts, slots)
+        row["routed"] = r["hits"] / max(r["hits"] + r["misses"], 1)
+        row["routed_copies"] = r["copies"] / tokens
         rows.append(row)
     return rows
 
@@ -442,6 +448,23 @@ def _show(console: Console, markdown: bool, title: str, head: list[str], rows: l
 PASSES = ("cold", "warm")
 
 
+def show_replay(console: Console, args: argparse.Namespace, fractions: Sequence[float]) -> list[dict]:
+    """The --trace table: the trace replayed through the arena's policies at each arena fraction."""
+    experts, n_experts = load_trace(args.trace)
+    replayed = replay(experts, n_experts, fractions)
+    _show(
+        console,
+        args.markdown,
+        f"{args.trace}: {experts.shape[0]} tokens x {experts.shape[1]} MoE layers, "
+        f"top-{experts.shape[2]} of {n_experts}: hit rates of the arena policy",
+        ["arena", "slots", "LRU", "LRU + hot set", "routed on the device", "its copies a token",
+         "uniform routing"],
+        [[f"{r['fraction']:.1%}", str(r["slots"]), f"{r['lru']:.1%}", f"{r['lru+hot']:.1%}",
+          f"{r['routed']:.1%}", f"{r['routed_copies']:.1f}", f"{r['fraction']:.1%}"] for r in replayed],
+    )  # fmt: skip
+    return replayed
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a qwen4exp GGUF (default: the synthetic one, written if missing)")
@@ -457,6 +480,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--disk-seconds", type=float, default=3.0, help="seconds per disk probe")
     ap.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp")
     ap.add_argument("--trace", help="a routing trace (.npz) to replay through the arena policy")
+    ap.add_argument("--replay-only", action="store_true", help="only replay --trace (no model runs)")
     ap.add_argument("--pack", help="also stream from this packed directory of the model (regolith pack)")
     ap.add_argument("--moce", action="store_true", help="measure cache-aware routing against exact routing")
     ap.add_argument("--moce-bonus", type=float, default=2.0, help="MoCE logit bonus (default 2)")
@@ -466,6 +490,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     fractions = [float(f) for f in args.arena.split(",")]
     console = Console(width=160)
+    if args.replay_only:
+        if not args.trace:
+            ap.error("--replay-only needs --trace")
+        show_replay(console, args, fractions)
+        return
 
     if args.model:
         path = args.model
@@ -607,18 +636,7 @@ def main(argv: list[str] | None = None) -> None:
         results["moce"] = moce_rows
 
     if args.trace:
-        experts, n_experts = load_trace(args.trace)
-        replayed = replay(experts, n_experts, fractions)
-        _show(
-            console,
-            args.markdown,
-            f"{args.trace}: {experts.shape[0]} tokens x {experts.shape[1]} MoE layers, "
-            f"top-{experts.shape[2]} of {n_experts}: hit rates of the arena policy",
-            ["arena", "slots", "LRU", "LRU + hot set", "uniform routing"],
-            [[f"{r['fraction']:.1%}", str(r["slots"]), f"{r['lru']:.1%}", f"{r['lru+hot']:.1%}",
-              f"{r['fraction']:.1%}"] for r in replayed],
-        )  # fmt: skip
-        results["trace"] = {"path": args.trace, "rows": replayed}
+        results["trace"] = {"path": args.trace, "rows": show_replay(console, args, fractions)}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 

@@ -135,7 +135,7 @@ def test_host_tier_is_bit_identical_and_spares_disk_reads(tiny, packed, referenc
     path = tiny if source == "gguf" else packed
     ids = _ids(304)
     backend, reference = _device_backend(tiny, reference, ids)
-    opts = {"arena_gb": _arena_gb(path, 3), "backend": backend, "lock_memory": False, "device_routing": False}
+    opts = {"arena_gb": _arena_gb(path, 3), "backend": backend, "lock_memory": False}
     model = regolith.Model.load(path, host_cache_gb=_arena_gb(path, host_slots), **opts)
     assert model._core.arena_info()["host_slots"] == host_slots == model.plan.host_slots
     assert not model._core.arena_info()["device_routed"]
@@ -168,6 +168,7 @@ def test_device_routing_is_bit_identical_at_any_arena_size(tiny, packed, referen
         path,
         arena_gb=_arena_gb(path, slots),
         host_cache_gb=_arena_gb(path, 64),
+        device_routing=True,
         backend=backend,
         lock_memory=False,
     )
@@ -190,12 +191,35 @@ def test_device_routing_is_bit_identical_at_any_arena_size(tiny, packed, referen
     np.testing.assert_array_equal(model.window(64).eval(ids), whole)
 
 
+def test_device_routing_honours_exact_activations(tiny, reference):
+    """Exact products (quantized weights dequantized to f32) of experts in slots: the same bits as resident."""
+    ids = _ids(304)
+    backend, reference = _device_backend(tiny, reference, ids)
+    before = _core.exact_activations()
+    _core.set_exact_activations(True)
+    try:
+        resident = _run(regolith.Model.load(tiny, backend=backend), ids)
+        routed = regolith.Model.load(
+            tiny,
+            arena_gb=_arena_gb(tiny, 5),
+            host_cache_gb=_arena_gb(tiny, 64),
+            device_routing=True,
+            backend=backend,
+            lock_memory=False,
+        )
+        np.testing.assert_array_equal(_run(routed, ids), resident)
+    finally:
+        _core.set_exact_activations(before)
+    assert not np.array_equal(resident, reference)  # the mode was on: other products than the default's
+
+
 def test_device_routing_takes_moce_resident_experts_from_the_arena(tiny, reference):
     ids = _ids(304)
     backend, reference = _device_backend(tiny, reference, ids)
     opts = {
         "arena_gb": _arena_gb(tiny, 24),
         "host_cache_gb": _arena_gb(tiny, 64),
+        "device_routing": True,
         "backend": backend,
         "lock_memory": False,
     }
@@ -220,10 +244,13 @@ def test_device_routing_is_refused_where_it_cannot_be_had(tiny):
         )
     with pytest.raises(MemoryPlanError, match="host tier of every expert"):
         regolith.Model.load(tiny, arena_gb=gb, device_routing=True)
-    off = regolith.Model.load(
-        tiny, arena_gb=gb, host_cache_gb=_arena_gb(tiny, 64), device_routing=False, backend="cpu-opaque"
-    )
-    assert not off._core.arena_info()["device_routed"]
+    off = regolith.Model.load(tiny, arena_gb=gb, host_cache_gb=_arena_gb(tiny, 64), backend="cpu-opaque")
+    assert not off._core.arena_info()["device_routed"]  # off unless asked for
+    if "metal-emu" in regolith.backends.available():  # unified memory: the arena is host memory already
+        with pytest.raises(regolith.RegolithError, match="device routing needs a backend"):
+            regolith.Model.load(
+                tiny, arena_gb=gb, host_cache_gb=_arena_gb(tiny, 64), device_routing=True, backend="metal-emu"
+            )
 
 
 def test_host_tier_options_are_checked(tiny):
@@ -459,6 +486,21 @@ def test_plan_counts_every_window_of_a_parallel_server(tiny):
         mp.plan_memory(sizes, n_ctx=64, windows=0)
 
 
+def test_plan_for_device_routing_counts_a_layers_experts_in_the_scratch(tiny):
+    sizes = regolith.Model.load(tiny).plan.sizes
+    slot = sizes.slot_bytes / 2**30
+    opts = {"n_ctx": 64, "overhead_bytes": 1 << 20, "device": ("cuda", 1 << 40), "arena_gb": 3 * slot}
+    on_demand = mp.plan_memory(sizes, host_cache_gb=64 * slot, **opts)
+    routed = mp.plan_memory(sizes, host_cache_gb=64 * slot, device_routing=True, **opts)
+    assert routed.host_slots == on_demand.host_slots == sizes.n_experts_total == 64
+    # a prefill chunk copies one layer's records (n_expert slots) to the device
+    assert routed.scratch_bytes - on_demand.scratch_bytes == sizes.n_expert * sizes.slot_bytes > 0
+    assert routed.device_bytes - on_demand.device_bytes == sizes.n_expert * sizes.slot_bytes
+    assert "a layer's experts staged" in routed.render()
+    with pytest.raises(MemoryPlanError, match="holds 32 of 64"):
+        mp.plan_memory(sizes, host_cache_gb=32 * slot, device_routing=True, **opts)
+
+
 def test_plan_for_a_gpu_sizes_the_arena_by_its_free_memory(tiny):
     """A backend with memory of its own (a GPU) holds the dense weights, the experts or their arena, the
     state and scratch; the plan sizes them against 90% of its free memory and the rest against RAM."""
@@ -614,6 +656,66 @@ def test_replay_with_no_hot_set_is_lru(seed):
     for slots in (2, 5, 11, 36):
         got = _core.replay_trace(trace, n_expert, slots, hot_fraction=0.0)
         assert (got["hits"], got["misses"]) == _lru_reference(trace, n_expert, slots)
+
+
+def _routed_reference(trace: np.ndarray, n_expert: int, n_slots: int, limit: int) -> tuple[int, int, int]:
+    """The device-routed arena's policy written independently, with no hot set: each token a step whose
+    experts hit where the arena held them when it began; then the step's distinct misses (its last `limit`)
+    each offered to the first empty slot, else the least recently used (the lowest such slot on a tie),
+    admitted where that slot is empty or its record's usage score (halved every 16 arenas' worth of uses) is
+    lower than the miss's. Admitted records count as used at the step's last use."""
+    decay = 0.5 ** (1 / (16 * n_slots))
+    score: dict[int, float] = {}
+    last: dict[int, int] = {}
+    clock = 0
+
+    def now(key: int) -> float:
+        return score.get(key, 0.0) * decay ** (clock - last.get(key, 0))
+
+    slot_key = [-1] * n_slots
+    slot_used = [0] * n_slots
+    hits = misses = copies = 0
+    for step in trace:
+        missed: list[int] = []
+        for layer, ids in enumerate(step):
+            for e in ids:
+                key = layer * n_expert + int(e)
+                clock += 1
+                score[key], last[key] = now(key) + 1.0, clock
+                if key in slot_key:
+                    hits += 1
+                    slot_used[slot_key.index(key)] = clock
+                else:
+                    misses += 1
+                    if key not in missed:
+                        missed.append(key)
+        for key in missed[-limit:] if limit else []:
+            if key in slot_key:
+                continue
+            empty = [s for s in range(n_slots) if slot_key[s] < 0]
+            victim = empty[0] if empty else min(range(n_slots), key=lambda s: (slot_used[s], s))
+            if slot_key[victim] >= 0 and now(key) <= now(slot_key[victim]):
+                continue
+            slot_key[victim], slot_used[victim] = key, clock
+            copies += 1
+    return hits, misses, copies
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_routed_replay_admits_by_usage_score(seed):
+    rng = np.random.default_rng(seed)
+    n_expert, k, layers = 16, 3, 3
+    p = rng.dirichlet(np.full(n_expert, 0.3))
+    trace = np.stack(
+        [[rng.choice(n_expert, k, replace=False, p=p) for _ in range(layers)] for _ in range(300)]
+    )
+    trace = trace.astype(np.int32)
+    for slots, limit in ((4, 9), (12, 9), (12, 2), (40, 9)):
+        got = _core.replay_routed_trace(trace, n_expert, slots, hot_fraction=0.0, limit=limit)
+        assert (got["hits"], got["misses"], got["copies"]) == _routed_reference(trace, n_expert, slots, limit)
+    # admission copies far fewer records than admitting every miss (LRU) would, at a hit rate as good
+    got = _core.replay_routed_trace(trace, n_expert, 12, hot_fraction=0.0)
+    assert got["copies"] < 0.25 * got["misses"]
 
 
 def test_hot_set_survives_a_scan():

@@ -47,16 +47,18 @@ ExpertArena::ExpertArena(ExpertFileLayout layout, const ArenaOptions& opt, Backe
         throw std::system_error(e.code(), "expert arena: cannot allocate " + std::to_string(bytes) + " bytes");
     }
     host_ = static_cast<uint8_t*>(be_.host_address(memory_.get()));
-    const bool can_route = !host_ && opt.host_slots >= n_keys && be_.supports_expert_slots();
-    if (opt.routing == ArenaOptions::Routing::On && !can_route)
+    routed_ = opt.device_routed;
+    if (routed_ && (host_ || opt.host_slots < n_keys || !be_.supports_expert_slots()))
         throw Error(std::string("expert arena: device routing needs a backend with memory of its own that takes "
-                                "expert slots (") + be_.name() + " does " + (be_.supports_expert_slots() ? "" : "not") +
+                                "expert slots (") + be_.name() + (be_.supports_expert_slots() && !host_ ? " does" : " does not") +
                     ") and a host tier of every record (" + std::to_string(opt.host_slots) + " of " +
                     std::to_string(n_keys) + ")");
-    routed_ = can_route && opt.routing != ArenaOptions::Routing::Off;
     if (routed_) {
         n_host_ = n_keys;
         promote_limit_ = std::max<int64_t>(1, opt.policy.lru_reserve);
+        CachePolicyOptions routed_policy = opt.policy;  // scores that outlive a record's stay: routed_decay
+        routed_policy.decay = routed_decay(n_slots_);
+        policy_ = ExpertCachePolicy(n_keys, n_slots_, routed_policy);
         const uint64_t host_bytes = uint64_t(n_keys) * slot_bytes_;
         try {
             mapped_ = Buffer(be_, host_bytes, MemoryUse::Mapped);

@@ -16,8 +16,8 @@
 // read straight into the backend's memory first waits until they have run (Backend::wait_submitted: a GPU
 // with unified memory may still be running them).
 //
-// Device-routed mode (expert_arena_routed.cpp): where the backend takes expert slots
-// (Backend::supports_expert_slots, a discrete GPU) and the host tier would hold every record, the host tier
+// Device-routed mode (expert_arena_routed.cpp; ArenaOptions::device_routed): where the backend takes expert
+// slots (Backend::supports_expert_slots, a discrete GPU) and the host tier holds every record, the host tier
 // is mapped memory the device reads in place, filled with every record at load. A layer's experts then run on
 // the device with no host round trip (SparseMoe through expert_slots()): records in device slots are read
 // from there, the others over the bus from the host tier. Between steps, after_step() takes the step's
@@ -75,9 +75,9 @@ struct ArenaOptions {
     bool direct = true;  // O_DIRECT (Linux) / F_NOCACHE (macOS) reads
     bool lock = true;    // mlock the slots
     int64_t host_slots = 0;  // records the host tier holds, where the slots are not host memory (0: none)
-    // Device-routed mode (see above): Auto takes it where the backend can and the host tier holds every record;
-    // On requires it (Error where it cannot be had); Off never.
-    enum class Routing { Auto, Off, On } routing = Routing::Auto;
+    // Device-routed mode (see above): an Error where the backend cannot route on the device or the host tier
+    // does not hold every record.
+    bool device_routed = false;
     CachePolicyOptions policy;
 };
 
@@ -134,6 +134,10 @@ class ExpertArena {
     // those in device slots (MoCE's resident experts).
     ExpertSlots expert_slots(int64_t layer) const;
     Tensor routed_mask(int64_t layer) const;
+    // Copies layer `layer`'s records from the host tier to dst (device memory, [n_expert][slot_bytes] I8) in
+    // one upload ordered before the ops recorded after it that read dst (a prefill chunk's products then read
+    // device memory: the copy crosses the bus at the copy engine's speed, products reading in place do not).
+    void stage(int64_t layer, const Tensor& dst);
     // After a step of `rows` routing pairs per layer: ids [layers][rows] (the first `layers` layers' expert
     // ids, each layer's pairs in token order). Counts the hits (records in device slots) and misses, points
     // the tables at the slots whose uploads have completed, and starts the uploads of the misses the policy

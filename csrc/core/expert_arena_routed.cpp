@@ -91,6 +91,13 @@ Tensor ExpertArena::routed_mask(int64_t layer) const {
     return mask_t_.col_range(layer * layout_.n_expert, layout_.n_expert);
 }
 
+void ExpertArena::stage(int64_t layer, const Tensor& dst) {
+    if (!routed_) throw Error("expert arena: stage needs the device-routed mode");
+    const auto* mapped = static_cast<const uint8_t*>(be_.host_address(mapped_.get()));
+    be_.submit();  // the upload is ordered after the ops that last used dst's memory
+    be_.upload(dst, mapped + uint64_t(layer * layout_.n_expert) * slot_bytes_);  // the tier never changes
+}
+
 void ExpertArena::after_step(const int32_t* ids, int64_t layers, int64_t rows) {
     if (!routed_) throw Error("expert arena: after_step needs the device-routed mode");
     if (layers < 0 || layers > layout_.n_layer || rows < 0)
@@ -133,23 +140,17 @@ void ExpertArena::after_step(const int32_t* ids, int64_t layers, int64_t rows) {
     }
     promoting_.clear();
 
-    // The misses the policy admits (ExpertCachePolicy::admits), at most promote_limit_ of the step's latest,
-    // each into the policy's victim; the evicted records' entries are cleared before any upload starts.
-    const int64_t cap = std::min(n_slots_, promote_limit_);
-    for (size_t i = missed.size() > size_t(cap) ? missed.size() - size_t(cap) : 0; i < missed.size(); ++i) {
-        const int64_t key = missed[i];
-        if (where_h_[size_t(key)] >= 0) continue;
-        const int64_t s = policy_.victim(slot_key_, slot_last_use_,
-                                         [&](int64_t j) { return slots_[size_t(j)].state != State::Loading; });
-        if (s < 0) break;
-        Slot& slot = slots_[size_t(s)];
-        if (slot.key >= 0 && !policy_.admits(key, slot.key)) continue;
-        if (slot.key >= 0) set(slot.key, -1);
-        slot.key = key;
-        slot.state = State::Loading;
-        slot_key_[size_t(s)] = key;
-        slot_last_use_[size_t(s)] = policy_.clock();
-        promoting_.push_back({s, key, 0});
+    // The misses the policy admits (admit_misses), at most promote_limit_ of the step's latest; the evicted
+    // records' entries are cleared before any upload starts.
+    const auto admitted = admit_misses(
+        policy_, missed, std::min(n_slots_, promote_limit_), slot_key_, slot_last_use_,
+        [&](int64_t key) { return where_h_[size_t(key)] >= 0; },
+        [&](int64_t j) { return slots_[size_t(j)].state != State::Loading; });
+    for (const Admission& a : admitted) {
+        if (a.evicted >= 0) set(a.evicted, -1);
+        slots_[size_t(a.slot)].key = a.key;
+        slots_[size_t(a.slot)].state = State::Loading;
+        promoting_.push_back({a.slot, a.key, 0});
     }
     for (int64_t l = 0; l < layout_.n_layer; ++l)
         if (dirty[size_t(l)]) {

@@ -53,6 +53,46 @@ void ExpertCachePolicy::refresh_hot_set() {
     for (int64_t key : top(n_hot_)) hot_[size_t(key)] = 1;
 }
 
+double routed_decay(int64_t n_slots) { return std::pow(0.5, 1.0 / (16.0 * double(std::max<int64_t>(1, n_slots)))); }
+
+RoutedReplay replay_routed_trace(const int32_t* trace, int64_t n_steps, int64_t n_layer, int64_t k, int64_t n_expert,
+                                 int64_t n_slots, int64_t limit, const CachePolicyOptions& opt) {
+    if (n_slots <= 0) throw Error("replay_routed_trace: n_slots must be positive");
+    CachePolicyOptions o = opt;
+    o.decay = routed_decay(n_slots);
+    ExpertCachePolicy policy(n_layer * n_expert, n_slots, o);
+    std::vector<int64_t> slot_key(size_t(n_slots), -1);
+    std::vector<uint64_t> last_use(size_t(n_slots), 0);
+    std::unordered_map<int64_t, int64_t> where;  // key -> slot
+    RoutedReplay r;
+    for (int64_t t = 0; t < n_steps; ++t) {
+        std::vector<int64_t> missed;
+        for (int64_t i = 0; i < n_layer * k; ++i) {
+            const int32_t e = trace[t * n_layer * k + i];
+            if (e < 0) continue;
+            if (e >= n_expert) throw Error("replay_routed_trace: expert id out of range");
+            const int64_t key = i / k * n_expert + e;
+            policy.touch(key);
+            const auto it = where.find(key);
+            if (it != where.end()) {
+                ++r.hits;
+                last_use[size_t(it->second)] = policy.clock();
+            } else {
+                ++r.misses;
+                if (std::find(missed.begin(), missed.end(), key) == missed.end()) missed.push_back(key);
+            }
+        }
+        for (const Admission& a : admit_misses(policy, missed, limit, slot_key, last_use,
+                                               [&](int64_t key) { return where.count(key) > 0; },
+                                               [](int64_t) { return true; })) {
+            if (a.evicted >= 0) where.erase(a.evicted);
+            where[a.key] = a.slot;
+            ++r.copies;
+        }
+    }
+    return r;
+}
+
 TraceReplay replay_trace(const int32_t* trace, int64_t n_steps, int64_t n_layer, int64_t k, int64_t n_expert,
                          int64_t n_slots, const CachePolicyOptions& opt) {
     if (n_slots <= 0) throw Error("replay_trace: n_slots must be positive");

@@ -68,6 +68,51 @@ class ExpertCachePolicy {
     std::vector<uint8_t> hot_;      // [n_keys]
 };
 
+// The device-routed arena's scoring (ExpertArena, routed mode): a half-life of 16 arenas' worth of uses,
+// whatever the arena's size, so a score outlives a record's stay in the arena and admission means something
+// (at 0.999 a use, a record evicted from Flash-Next's quarter arena, 6,144 slots at 480 uses a token, keeps
+// ~0.3% of its score and every miss is admitted, as LRU admits them).
+double routed_decay(int64_t n_slots);
+
+// One record admitted between steps by admit_misses: it goes into `slot`, whose record `evicted` (-1: none)
+// leaves.
+struct Admission {
+    int64_t slot, key, evicted;
+};
+
+// The device-routed arena's choice between steps (ExpertArena::after_step): of a step's missed keys
+// (distinct, in order) the last `limit` not resident(key) are offered, each to the policy's victim among the
+// slots may_evict(s) allows; one is admitted where the victim is empty or the policy admits it over the
+// victim's record. slot_key and slot_last_use are updated; returns the admissions in order.
+template <class Resident, class MayEvict>
+std::vector<Admission> admit_misses(const ExpertCachePolicy& policy, const std::vector<int64_t>& missed, int64_t limit,
+                                    std::vector<int64_t>& slot_key, std::vector<uint64_t>& slot_last_use,
+                                    Resident resident, MayEvict may_evict) {
+    std::vector<Admission> out;
+    const size_t first = missed.size() > size_t(limit) ? missed.size() - size_t(limit) : 0;
+    for (size_t i = first; i < missed.size(); ++i) {
+        const int64_t key = missed[i];
+        if (resident(key)) continue;
+        const int64_t s = policy.victim(slot_key, slot_last_use, may_evict);
+        if (s < 0) break;
+        const int64_t old = slot_key[size_t(s)];
+        if (old >= 0 && !policy.admits(key, old)) continue;
+        slot_key[size_t(s)] = key;
+        slot_last_use[size_t(s)] = policy.clock();
+        out.push_back({s, key, old});
+    }
+    return out;
+}
+
+// Replays a routing trace through the device-routed arena's policy with n_slots slots (no I/O): each token a
+// step whose experts hit where the arena held them when it began, then admit_misses (at most `limit` a step,
+// routed_decay's scores). {hits, misses, copies}: copies counts the records admitted.
+struct RoutedReplay {
+    uint64_t hits = 0, misses = 0, copies = 0;
+};
+RoutedReplay replay_routed_trace(const int32_t* trace, int64_t n_steps, int64_t n_layer, int64_t k, int64_t n_expert,
+                                 int64_t n_slots, int64_t limit, const CachePolicyOptions& opt);
+
 // Replays a routing trace through an arena of n_slots slots under the policy (no I/O): returns
 // {hits, misses}. trace: [n_steps][n_layer][k] expert ids (-1 = none); steps are tokens, each layer's experts
 // used in order.

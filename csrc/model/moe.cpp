@@ -174,9 +174,10 @@ void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y, const T
             experts.slots = &slots;
             if (ntok > kStageTokens) {
                 // A prefill chunk routes to nearly every expert: the layer's records copied to device memory in
-                // one piece cross the bus at its speed, where products reading them in place would not.
+                // one upload cross the bus at the copy engine's speed, where products reading them in place (or
+                // a kernel copying them) do not.
                 const Tensor staged = ws.alloc(RG_TYPE_I8, slots.host.rows, slots.host.cols);
-                be.copy(slots.host, staged);
+                arena_->stage(layer_, staged);
                 slots.host = staged;
             }
             if (moce_.enabled) resident = arena_->routed_mask(layer_), r.bonus = moce_.bonus, r.protect = moce_.protect;

@@ -40,6 +40,29 @@ void init_arena(nb::module_& m) {
         "Replay a routing trace int32 [tokens, layers, k] (-1: none) through the arena's cache policy with n_slots "
         "slots; lru_reserve -1 reserves layers x k slots for LRU, as the arena does. Returns {'hits', 'misses'}.");
     m.def(
+        "replay_routed_trace",
+        [](Trace trace, int64_t n_expert, int64_t n_slots, double hot_fraction, int64_t limit) {
+            const int64_t per_step = int64_t(trace.shape(1) * trace.shape(2));
+            regolith::CachePolicyOptions opt{hot_fraction, 0.999, 256, per_step};
+            regolith::RoutedReplay r;
+            {
+                nb::gil_scoped_release release;
+                r = regolith::replay_routed_trace(trace.data(), int64_t(trace.shape(0)), int64_t(trace.shape(1)),
+                                                  int64_t(trace.shape(2)), n_expert, n_slots,
+                                                  limit < 0 ? per_step : limit, opt);
+            }
+            nb::dict d;
+            d["hits"] = r.hits;
+            d["misses"] = r.misses;
+            d["copies"] = r.copies;
+            return d;
+        },
+        nb::arg("trace"), nb::arg("n_expert"), nb::arg("n_slots"), nb::arg("hot_fraction") = 0.75,
+        nb::arg("limit") = -1,
+        "Replay a routing trace int32 [tokens, layers, k] (-1: none) through the device-routed arena's policy "
+        "(each token a step: hits against the arena as the step began, then the misses it admits, at most "
+        "`limit` a step, -1: layers x k). Returns {'hits', 'misses', 'copies'}.");
+    m.def(
         "crc32c_blocks",
         [](Bytes data, int64_t block) {
             if (block <= 0 || data.shape(0) % size_t(block) != 0)

@@ -1,5 +1,4 @@
 #include <nanobind/ndarray.h>
-#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
@@ -294,7 +293,7 @@ void init_model(nb::module_& m) {
                const std::string& experts_path, int64_t arena_slots, int io_threads, bool direct, bool lock,
                double hot_fraction, bool lookahead, bool moce, float moce_bonus, int64_t moce_protect,
                const std::string& ple_path, int64_t ple_cache_bytes, const std::string& backend,
-               int64_t host_slots, std::optional<bool> device_routing) {
+               int64_t host_slots, bool device_routing) {
                 regolith::Qwen4ExpLoadOptions o;
                 o.experts_path = experts_path;
                 o.arena.slots = arena_slots;
@@ -302,8 +301,7 @@ void init_model(nb::module_& m) {
                 o.arena.direct = direct;
                 o.arena.lock = lock;
                 o.arena.host_slots = host_slots;
-                using Routing = regolith::ArenaOptions::Routing;
-                o.arena.routing = !device_routing ? Routing::Auto : *device_routing ? Routing::On : Routing::Off;
+                o.arena.device_routed = device_routing;
                 o.arena.policy.hot_fraction = hot_fraction;
                 o.lookahead = lookahead;
                 o.moce = {moce, moce_bonus, moce_protect};
@@ -320,13 +318,13 @@ void init_model(nb::module_& m) {
             nb::arg("hot_fraction") = 0.75, nb::arg("lookahead") = true, nb::arg("moce") = false,
             nb::arg("moce_bonus") = 2.0f, nb::arg("moce_protect") = 2, nb::arg("ple_path") = "",
             nb::arg("ple_cache_bytes") = 0, nb::arg("backend") = "", nb::arg("host_slots") = 0,
-            nb::arg("device_routing") = nb::none(),
+            nb::arg("device_routing") = false,
             "A qwen4exp model (files: groups of paths, as GGUFSet takes them) on `backend` ('' = "
             "$REGOLITH_BACKEND or 'cpu'). arena_slots > 0 streams the routed experts (from experts_path, a "
             "packed experts.bin, or the GGUF in place) through an arena of that many slots; host_slots > 0 "
             "adds a host-RAM tier of that many records where the arena is device memory; device_routing "
-            "(None: where the backend can and the tier holds every record) reads every record into that tier "
-            "at load and routes on the device; ple_path reads the PLE table from a packed ple.bin.")
+            "(that tier holding every record) reads them all into it at load and routes on the device; "
+            "ple_path reads the PLE table from a packed ple.bin.")
         .def("config", &config_dict)
         .def_prop_ro("backend", [](const Qwen4ExpModel& m) { return std::string(m.backend().name()); })
         .def("arena_info", &arena_info, "None when the experts are resident, else the arena's geometry.")

@@ -244,11 +244,10 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
         help="with --arena-gb on a GPU backend: keep this many GiB of experts in RAM behind the device arena",
     )
     p.add_argument(
-        "--no-device-routing",
-        dest="device_routing",
-        action="store_const",
-        const=False,
-        help="a host cache of every expert fills the arena on demand instead of being read by the GPU in place",
+        "--device-routing",
+        action="store_true",
+        help="with a --host-cache-gb of every expert: the GPU reads the experts it lacks in place, no layer "
+        "waits on the host",
     )
     p.add_argument(
         "--moce",

@@ -63,6 +63,7 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
                 arena_gb=args.arena_gb,
                 ple_cache_gb=args.ple_cache_gb,
                 host_cache_gb=args.host_cache_gb,
+                device_routing=args.device_routing,
                 overhead_bytes=memory_plan.process_rss(),
                 device=(backends.resolve(args.backend), dev[0]) if dev else None,
             )

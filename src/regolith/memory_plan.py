@@ -339,6 +339,7 @@ class MemoryPlan:
     host_slots: int = 0  # records of the host-RAM tier behind a device arena (0: none)
     device: tuple[str, int] | None = None  # (backend, free bytes) where the backend has memory of its own
     windows: int = 1  # windows of n_ctx tokens each (a server's --parallel sequences)
+    routes_on_device: bool = False  # Model.load's device_routing: the host tier holds every expert
 
     # The parts a backend with its own memory (a GPU) holds there; the rest is host RAM.
     DEVICE_PARTS = (
@@ -364,16 +365,10 @@ class MemoryPlan:
         return self.host_slots * self.sizes.slot_bytes
 
     @property
-    def device_routed(self) -> bool:
-        """Whether the arena routes on the device (``Model.load``'s ``device_routing``, by default where a device
-        arena has a host tier of every expert)."""
-        return self.device is not None and self.streaming and self.host_slots >= self.sizes.n_experts_total
-
-    @property
     def scratch_bytes(self) -> int:
         """A step's scratch: one prefill chunk's activations and, routing on the device, a layer's records
         copied to device memory in one piece for a prefill chunk (SparseMoe::forward)."""
-        staged = self.sizes.n_expert * self.sizes.slot_bytes if self.device_routed else 0
+        staged = self.sizes.n_expert * self.sizes.slot_bytes if self.routes_on_device else 0
         return self.sizes.scratch_bytes() + staged
 
     @property
@@ -445,7 +440,7 @@ class MemoryPlan:
                 rows.append(("experts (resident)", s.expert_bytes, f"all {s.n_experts_total}"))
         windows = "one window" if self.windows == 1 else f"{self.windows} windows (--parallel)"
         rows.append((f"KV / state at {self.n_ctx} tokens", self.state_bytes, windows))
-        staged = ", a layer's experts staged" if self.device_routed else ""
+        staged = ", a layer's experts staged" if self.routes_on_device else ""
         rows.append(("scratch", self.scratch_bytes, f"prefill chunk of {PREFILL_CHUNK} tokens{staged}"))
         if s.ple_rows:
             rows.append(
@@ -548,14 +543,17 @@ def plan_memory(
     physical_bytes: int | None = None,
     device: tuple[str, int] | None = None,
     windows: int = 1,
+    device_routing: bool = False,
 ) -> MemoryPlan:
     """Decide the arena (with the state of ``windows`` windows of ``n_ctx`` tokens counted in): ``arena_gb`` when given; else, for a GGUF whose experts fit the budget (``memory_gb``,
     default three quarters of physical memory), every expert resident; else the budget left after everything
     else. ``host_cache_gb`` (with ``arena_gb``) adds a host-RAM tier of that many GiB of records behind a
     device arena. ``device`` = (backend, free bytes) for a backend with memory of its own (a GPU): the dense
     weights, the experts or their arena, the state and scratch go there and are sized against 90% of its
-    free memory; the rest against the host budget. Raises MemoryPlanError when even one arena slot does not
-    fit, or when ``arena_gb`` exceeds the budget (or the device)."""
+    free memory; the rest against the host budget. ``device_routing`` (a device arena whose host tier holds
+    every expert, ``Model.load``'s) counts a layer's experts in the scratch. Raises MemoryPlanError when even
+    one arena slot does not fit, when ``arena_gb`` exceeds the budget (or the device), or when
+    ``device_routing`` lacks its arena or host tier."""
     if windows < 1:
         raise MemoryPlanError(f"a plan holds at least one window, not {windows}")
     if host_cache_gb is not None and host_cache_gb <= 0:
@@ -575,8 +573,29 @@ def plan_memory(
         else (min(256 << 20, sizes.ple_rows * sizes.ple_head_dim * 4) if sizes.ple_rows else 0)
     )
 
+    if device_routing and (arena_gb is None or host_cache_gb is None):
+        raise MemoryPlanError(
+            "device_routing needs an arena (arena_gb) and a host tier of every expert (host_cache_gb)"
+        )
+
     def plan(slots: int, host_slots: int = 0) -> MemoryPlan:
-        return MemoryPlan(sizes, n_ctx, slots, ple_cache, overhead_bytes, budget, host_slots, device, windows)
+        if device_routing and host_slots < sizes.n_experts_total:
+            raise MemoryPlanError(
+                f"device_routing needs a host tier of every expert: host_cache_gb={host_cache_gb} holds "
+                f"{host_slots} of {sizes.n_experts_total} (all take {sizes.n_experts_total * sizes.slot_bytes / GIB:.3f})"
+            )
+        return MemoryPlan(
+            sizes,
+            n_ctx,
+            slots,
+            ple_cache,
+            overhead_bytes,
+            budget,
+            host_slots,
+            device,
+            windows,
+            device_routing,
+        )
 
     if device is not None:
         return _plan_with_device(sizes, plan, device, arena_gb, host_cache_gb, budget, memory_gb)

@@ -186,7 +186,7 @@ class Model:
         arena_gb: float | None = None,
         ple_cache_gb: float | None = None,
         host_cache_gb: float | None = None,
-        device_routing: bool | None = None,
+        device_routing: bool = False,
         moce: bool | Mapping[str, float] = False,
         lookahead: bool = True,
         io_threads: int = 4,
@@ -220,12 +220,11 @@ class Model:
         the arena takes what the budget leaves. A packed directory always streams. Where the arena is device
         memory (``backend="cuda"``, ``"cpu-opaque"``), ``host_cache_gb`` (with ``arena_gb``) keeps that many
         GiB of expert records in host RAM behind it, so a miss it holds is a copy, not a disk read; on the CPU
-        the arena is host RAM already and the option is refused. Where that tier holds every routed expert
-        on a GPU (``backend="cuda"``; ``"cpu-opaque"`` imitates one), ``device_routing`` (default: on there)
-        reads them all into it at load as memory the GPU reads in place: each layer's experts then run with no
-        host round trip, from the arena where it holds them and over the bus otherwise, and the arena is
-        refilled with the experts used most between tokens (``False``: the tier fills the arena on demand
-        instead; ``True``: refused with a ``MemoryPlanError`` where it cannot be had). ``ple_cache_gb`` sizes the
+        the arena is host RAM already and the option is refused. ``device_routing`` (with a tier holding every
+        routed expert, on a GPU: ``backend="cuda"``; ``"cpu-opaque"`` imitates one) reads them all into it at
+        load as memory the GPU reads in place: each layer's experts then run with no host round trip, from the
+        arena where it holds them and over the bus otherwise, and the arena takes the experts used most
+        between tokens (a ``MemoryPlanError`` where the plan has no such tier). ``ple_cache_gb`` sizes the
         PLE row cache; ``moce`` turns on cache-aware routing (True, or ``{"bonus": 2.0, "protect": 2}``;
         changes the output, off by default); ``lookahead`` prefetches each layer's predicted experts;
         ``io_threads`` read experts; ``lock_memory`` mlocks the arena (a warning once where the OS refuses).
@@ -282,13 +281,9 @@ class Model:
             overhead_bytes=overhead,
             device=(backend, dev[0]) if (dev := _backends.device_memory(backend)) else None,
             windows=windows,
+            device_routing=device_routing,
         )
         _log.info("memory plan for %s:\n%s", resolved, plan.render())
-        if device_routing and not (plan.arena_slots and plan.host_slots >= sizes.n_experts_total):
-            raise MemoryPlanError(
-                f"device_routing needs an arena (arena_gb) and a host tier of every expert (host_cache_gb): "
-                f"the plan has {plan.host_slots} of {sizes.n_experts_total} in RAM"
-            )
         if arch != "qwen4exp":
             core = _ARCHITECTURES[arch](groups, backend=backend)
             _check_kv_type(core, kv_type)
