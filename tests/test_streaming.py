@@ -408,6 +408,24 @@ def test_corrupt_data_is_an_error_never_garbage(packed, tmp_path, name):
     assert w.n_past == 0  # the window was reset, not left mid-way
 
 
+def test_device_routing_refuses_a_corrupt_record_at_load(packed, tmp_path):
+    """Routed on the device, every record is read (and checked) at load: a corrupt one is a ModelFormatError
+    there, before anything runs, rather than a wrong expert later."""
+    p = _copy_pack(packed, tmp_path / "x")
+    data = struct.unpack_from("<Q", (p / "experts.bin").read_bytes(), 32)[0]
+    _flip(p / "experts.bin", data + (p / "experts.bin").stat().st_size // 2 - data // 2)
+    gb = _arena_gb(p, 3)
+    with pytest.raises(ModelFormatError, match="fails its checksum"):
+        regolith.Model.load(
+            p,
+            arena_gb=gb,
+            host_cache_gb=_arena_gb(p, 64),
+            device_routing=True,
+            backend="cpu-opaque",
+            lock_memory=False,
+        )
+
+
 def test_read_error_during_decode_raises_not_hangs(packed, tmp_path):
     p = _copy_pack(packed, tmp_path / "r")
     model = regolith.Model.load(p, arena_gb=_arena_gb(p, 2))

@@ -183,6 +183,16 @@ int64_t ExpertArena::load_locked(int64_t key, IoPriority priority, bool pin) {
     return s;
 }
 
+std::exception_ptr ExpertArena::check_record(int64_t key, const uint8_t* record) const {
+    if (layout_.crcs.empty()) return nullptr;
+    const int64_t layer = key / layout_.n_expert;
+    if (crc32c(0, record, layout_.record_bytes(layer)) == layout_.crcs[size_t(key)]) return nullptr;
+    return std::make_exception_ptr(ModelFormatError(layout_.paths.front() + ": the record of layer " +
+                                                    std::to_string(layer) + " expert " +
+                                                    std::to_string(key % layout_.n_expert) +
+                                                    " fails its checksum (the file is corrupt)"));
+}
+
 ReadJob ExpertArena::record_job(int64_t key, uint8_t* dst, uint64_t (&part_offset)[3]) const {
     // The record's extents: one when its parts are adjacent, else one per part, each aligned for O_DIRECT.
     const int64_t layer = key / layout_.n_expert;
@@ -212,14 +222,7 @@ void ExpertArena::on_read(int64_t s, uint64_t bytes, std::exception_ptr error) {
     // keys until this returns.
     const int64_t key = slots_[size_t(s)].key, h = slots_[size_t(s)].host;
     const uint8_t* mem = h >= 0 ? host_slot_memory(h) : slot_memory(s);
-    if (!error && !layout_.crcs.empty()) {
-        const uint8_t* rec = mem + slots_[size_t(s)].part_offset[0];
-        const int64_t layer = key / layout_.n_expert;
-        if (crc32c(0, rec, layout_.record_bytes(layer)) != layout_.crcs[size_t(key)])
-            error = std::make_exception_ptr(ModelFormatError(
-                layout_.paths.front() + ": the record of layer " + std::to_string(layer) + " expert " +
-                std::to_string(key % layout_.n_expert) + " fails its checksum (the file is corrupt)"));
-    }
+    if (!error) error = check_record(key, mem + slots_[size_t(s)].part_offset[0]);
     if (!error && (staging_ || h >= 0)) {
         try {  // the record to the backend's slot, in stream order before any op that reads it
             (h >= 0 ? host_slots_[size_t(h)].upload : slots_[size_t(s)].staged_upload) = upload(s, mem);

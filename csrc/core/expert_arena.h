@@ -181,6 +181,8 @@ class ExpertArena {
     // Claims a slot for `key` (locked) and queues its read; -1 when no slot may be evicted.
     int64_t load_locked(int64_t key, IoPriority priority, bool pin);
     void on_read(int64_t slot, uint64_t bytes, std::exception_ptr error);
+    // Null where record `key` (its bytes at `record`) passes its checksum or the file has none; else the error.
+    std::exception_ptr check_record(int64_t key, const uint8_t* record) const;
     // The read of record `key` into dst (slot memory), its parts' offsets in the slot into part_offset.
     ReadJob record_job(int64_t key, uint8_t* dst, uint64_t (&part_offset)[3]) const;
     // Device-routed mode: reads every record into the mapped host tier (at load), then the tables.

@@ -5,19 +5,10 @@
 #include <mutex>
 #include <unordered_set>
 
-#include "core/crc32c.h"
 #include "core/errors.h"
 #include "core/expert_arena.h"
 
 namespace regolith {
-
-namespace {
-
-constexpr uint64_t kTableAlign = 256;
-
-uint64_t table_bytes(uint64_t bytes) { return (bytes + kTableAlign - 1) / kTableAlign * kTableAlign; }
-
-}  // namespace
 
 void ExpertArena::fill_routed() {
     const int64_t n_keys = layout_.n_layer * layout_.n_expert;
@@ -34,14 +25,7 @@ void ExpertArena::fill_routed() {
         for (int i = 0; i < 3; ++i) offsets[size_t(key) * 3 + size_t(i)] = int32_t(part_offset[i]);
         job.slot = key;
         job.done = [&, mapped](int64_t k, uint64_t bytes, std::exception_ptr error) {
-            if (!error && !layout_.crcs.empty()) {
-                const int64_t layer = k / layout_.n_expert;
-                const uint8_t* rec = mapped + uint64_t(k) * slot_bytes_ + uint64_t(offsets[size_t(k) * 3]);
-                if (crc32c(0, rec, layout_.record_bytes(layer)) != layout_.crcs[size_t(k)])
-                    error = std::make_exception_ptr(ModelFormatError(
-                        layout_.paths.front() + ": the record of layer " + std::to_string(layer) + " expert " +
-                        std::to_string(k % layout_.n_expert) + " fails its checksum (the file is corrupt)"));
-            }
+            if (!error) error = check_record(k, mapped + uint64_t(k) * slot_bytes_ + uint64_t(offsets[size_t(k) * 3]));
             std::lock_guard<std::mutex> lock(mu);
             stats_.reads += 1;
             stats_.bytes_read += bytes;
@@ -57,8 +41,8 @@ void ExpertArena::fill_routed() {
     if (first_error) std::rethrow_exception(first_error);
 
     // where [n_keys] I32, offsets [n_keys][3] I32, mask [n_keys] I8, one buffer
-    const uint64_t where_bytes = table_bytes(uint64_t(n_keys) * 4), offsets_bytes = table_bytes(uint64_t(n_keys) * 12);
-    tables_ = Buffer(be_, where_bytes + offsets_bytes + table_bytes(uint64_t(n_keys)));
+    const uint64_t where_bytes = align_up(uint64_t(n_keys) * 4), offsets_bytes = align_up(uint64_t(n_keys) * 12);
+    tables_ = Buffer(be_, where_bytes + offsets_bytes + align_up(uint64_t(n_keys)));
     where_t_ = tables_.tensor(RG_TYPE_I32, 1, n_keys);
     offsets_t_ = tables_.tensor(RG_TYPE_I32, n_keys, 3, where_bytes);
     mask_t_ = tables_.tensor(RG_TYPE_I8, 1, n_keys, where_bytes + offsets_bytes);
