@@ -245,6 +245,21 @@ void add_gdn_cases(std::vector<Case>& cs) {
     cs.push_back({"gdn_scan", "2 sequences of 9 tokens", kComposite, [=](Run& r) { scan(r, 9, false, 2); }});
 }
 
+namespace {
+
+// ntok tokens' routing: k distinct experts of ne each, drawn at random ([ntok][k] row-major).
+std::vector<int32_t> routing_ids(Run& r, int64_t ntok, int64_t ne, int64_t k) {
+    std::vector<int32_t> ids, all(static_cast<size_t>(ne));
+    for (int64_t t = 0; t < ntok; ++t) {
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), r.rng());
+        ids.insert(ids.end(), all.begin(), all.begin() + k);
+    }
+    return ids;
+}
+
+}  // namespace
+
 void add_moe_cases(std::vector<Case>& cs) {
     for (int mode = 0; mode < 3; ++mode)
         cs.push_back({"moe_route", mode == 0 ? "top 4 of 16, renormalised" : mode == 1 ? "not renormalised" : "MoCE bonus 2, protect 2",
@@ -262,13 +277,7 @@ void add_moe_cases(std::vector<Case>& cs) {
             cs.push_back({"moe_experts", type_name(type) + " experts, top 3 of 8" + (shared ? ", shared expert" : ""),
                           kQuantMatmul, [=](Run& r) {
                               const int64_t ntok = 6, h = 256, ff = 256, ne = 8, k = 3, fs = 256;
-                              std::vector<int32_t> ids;
-                              std::vector<int32_t> all(static_cast<size_t>(ne));
-                              for (int64_t t = 0; t < ntok; ++t) {
-                                  std::iota(all.begin(), all.end(), 0);
-                                  std::shuffle(all.begin(), all.end(), r.rng());
-                                  ids.insert(ids.end(), all.begin(), all.begin() + k);
-                              }
+                              const std::vector<int32_t> ids = routing_ids(r, ntok, ne, k);
                               const ExpertSet experts{r.weights(type, ne * ff, h), r.weights(type, ne * ff, h),
                                                       r.weights(type, ne * h, ff), ne};
                               const Tensor x = r.f32(ntok, h), w = r.f32(ntok, k, 0.0f, 1.0f), y = r.zeros(RG_TYPE_F32, ntok, h);
@@ -286,13 +295,7 @@ void add_moe_cases(std::vector<Case>& cs) {
                                       " tokens, top 3 of 8",
                    type == RG_TYPE_F16 ? kFloatMatmul : kQuantMatmul, [=](Run& r) {
                        const int64_t h = 256, ff = 256, ne = 8, k = 3, n_slots = 5;
-                       std::vector<int32_t> ids;
-                       std::vector<int32_t> all(static_cast<size_t>(ne));
-                       for (int64_t t = 0; t < ntok; ++t) {
-                           std::iota(all.begin(), all.end(), 0);
-                           std::shuffle(all.begin(), all.end(), r.rng());
-                           ids.insert(ids.end(), all.begin(), all.begin() + k);
-                       }
+                       const std::vector<int32_t> ids = routing_ids(r, ntok, ne, k);
                        const int64_t dims[3][2] = {{ff, h}, {ff, h}, {h, ff}};
                        std::vector<uint8_t> stacked[3];
                        ExpertSlots sl;
