@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..chat import ChatTemplateError
 from ..errors import ImageError
 from ..model import SAMPLING_DEFAULTS
+from ..prompt_cache import chat_boundaries
 from ..sampling import SamplingParams
 from ..vision import ImageSpan, render_with_images, split_images
 from .api_error import APIError
@@ -50,6 +51,7 @@ class ChatPrompt:
     reply_prefix: str  # the forced start of a tool call, already in the prompt
     reply_grammar: str | None = None  # with reply_prefix: the rest of the call (tool_call_grammar)
     images: list[ImageSpan] = field(default_factory=list)  # the prompt's images (Model.start's images=)
+    boundaries: list[int] = field(default_factory=list)  # prompt cache snapshots (Model.start's boundaries=)
 
 
 @dataclass
@@ -240,6 +242,11 @@ def chat_prompt(
             raise APIError(400, str(e), param="messages") from None
     else:
         ids = model.tokenize_chat(text)
+    # Where a prompt cache keeps states: the end of the system prompt and of the turns before the last, so
+    # requests that share a system prompt, or the next turn of a conversation, evaluate only the rest.
+    boundaries = (
+        [] if model.prompt_cache is None or sources else chat_boundaries(model, messages, ids, tools=tools)
+    )
     return ChatPrompt(
         ids=ids,
         tool_names=names,
@@ -248,6 +255,7 @@ def chat_prompt(
         reply_prefix=reply_prefix,
         reply_grammar=reply_grammar,
         images=images,
+        boundaries=boundaries,
     )
 
 
@@ -308,6 +316,7 @@ def plan_chat(
             "stop": list(stop),
             "antislop": antislop,
             **({"images": prompt.images} if prompt.images else {}),
+            **({"boundaries": prompt.boundaries} if prompt.boundaries else {}),
             **sampling,
         },
         guide=guide,
