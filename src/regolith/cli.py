@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -18,6 +19,7 @@ from .cli_options import (
     add_generation_arguments,
     add_memory_arguments,
     add_model_argument,
+    add_ray_arguments,
     add_spec_arguments,
     add_template_argument,
     contexts,
@@ -42,8 +44,9 @@ from .terminal import (
 
 if TYPE_CHECKING:
     from .model import Model
+    from .server import ServerConfig
 
-__all__ = ["main"]
+__all__ = ["main", "ray_application"]
 
 DEFAULT_PARALLEL = 4  # `regolith serve`'s --parallel where the memory plan fits that many windows
 
@@ -247,10 +250,10 @@ def _bench(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace, console: Console) -> int:
-    from .server import DEFAULT_MAX_TOKENS, ServerConfig, serve
+def _server(args: argparse.Namespace, err: Console) -> tuple[Model, ServerConfig]:
+    """The model ``regolith serve`` loads and its server configuration (the prompt cache not attached)."""
+    from .server import DEFAULT_MAX_TOKENS, ServerConfig
 
-    err = Console(stderr=True)
     try:  # the windows are planned before an arena sized to the budget takes the rest
         model = _load(args, err, windows=args.parallel or DEFAULT_PARALLEL)
     except MemoryPlanError:
@@ -267,10 +270,6 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         name = args.model or DEFAULT_MODEL
     else:
         name = os.path.basename(model.path).removesuffix(".gguf")
-    if args.cache_dir:
-        from .prompt_cache import PromptCache
-
-        model.prompt_cache = PromptCache(args.cache_dir, int(args.cache_size_gb * 2**30))
     config = ServerConfig(
         model_name=name,
         aliases=tuple(args.alias),
@@ -282,10 +281,66 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
         antislop=args.antislop,
         parallel=parallel,
     )
-    if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+    return model, config
+
+
+def _replica_server(args: argparse.Namespace) -> tuple[Model, ServerConfig]:
+    return _server(args, Console(stderr=True))
+
+
+def ray_application(argv: Sequence[str]) -> Any:
+    """The Ray Serve application of ``regolith serve ARGV`` (:func:`regolith.server.ray.application`)."""
+    args = _parser().parse_args(["serve", *argv])
+    return _ray_application(args)
+
+
+def _ray_application(args: argparse.Namespace) -> Any:
+    from .server import ray as ray_server
+
+    return ray_server.application(
+        functools.partial(_replica_server, args),
+        replicas=args.replicas,
+        autoscale=args.autoscale,
+        replica_cpus=args.replica_cpus,
+        replica_gpus=args.replica_gpus,
+        affinity=not args.no_affinity,
+        cache_dir=args.cache_dir,
+        cache_gb=args.cache_size_gb,
+        max_body=args.max_body,
+    )
+
+
+def _warn_open(args: argparse.Namespace, err: Console) -> None:
+    if not (args.api_key or os.environ.get("REGOLITH_API_KEY")) and args.host not in (
+        "127.0.0.1",
+        "localhost",
+        "::1",
+    ):
         err.print(f"[yellow]warning: serving on {escape(args.host)} without an API key (--api-key)[/yellow]")
+
+
+def _serve(args: argparse.Namespace, console: Console) -> int:
+    err = Console(stderr=True)
+    _warn_open(args, err)
+    if args.ray is not None:
+        from .server import ray as ray_server
+
+        address = None if args.ray == "local" else args.ray
+        where = (
+            "a Ray cluster on this machine" if address is None else f"the Ray cluster at {escape(address)}"
+        )
+        err.print(f"[dim]serving on {where}: http://{escape(args.host)}:{args.port}[/dim]", highlight=False)
+        ray_server.run(_ray_application(args), address=address, host=args.host, port=args.port)
+        return 0
+    from .server import serve
+
+    model, config = _server(args, err)
+    if args.cache_dir:
+        from .prompt_cache import PromptCache
+
+        model.prompt_cache = PromptCache(args.cache_dir, int(args.cache_size_gb * 2**30))
     err.print(
-        f"[dim]serving {escape(name)} (context {model.n_ctx}, {parallel} at once) on "
+        f"[dim]serving {escape(config.model_name)} (context {model.n_ctx}, {config.parallel} at once) on "
         f"http://{escape(args.host)}:{args.port}[/dim]",
         highlight=False,
     )
@@ -571,6 +626,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level (default info)",
     )
+    add_ray_arguments(sv)
     sv.set_defaults(func=_serve)
     return parser
 

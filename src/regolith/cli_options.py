@@ -13,6 +13,7 @@ __all__ = [
     "add_generation_arguments",
     "add_memory_arguments",
     "add_model_argument",
+    "add_ray_arguments",
     "add_spec_arguments",
     "add_template_argument",
     "contexts",
@@ -261,4 +262,51 @@ def add_template_argument(p: argparse.ArgumentParser) -> None:
         "--chat-template-file",
         metavar="FILE",
         help="a jinja2 chat template to use instead of the model's own",
+    )
+
+
+def _bounds(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    try:
+        pair = (int(low), int(high)) if sep else None
+    except ValueError:
+        pair = None
+    if pair is None or not 0 <= pair[0] <= pair[1] or pair[1] < 1:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX with 0 <= MIN <= MAX and MAX >= 1, got {text!r}")
+    return pair
+
+
+def add_ray_arguments(p: argparse.ArgumentParser) -> None:
+    """``regolith serve``'s Ray Serve options (docs/scaling.md)."""
+    g = p.add_argument_group("Ray Serve (pip install 'regolith[ray]'; docs/scaling.md)")
+    g.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="serve replicas on Ray Serve: on the Ray cluster at ADDRESS ('auto': the one this machine "
+        "joined), or without ADDRESS on a cluster started on this machine",
+    )
+    g.add_argument(
+        "--replicas", type=positive(int), default=1, help="replicas, each its own model (default 1)"
+    )
+    g.add_argument(
+        "--autoscale",
+        type=_bounds,
+        metavar="MIN:MAX",
+        help="scale the replicas between MIN and MAX by load instead of --replicas",
+    )
+    g.add_argument(
+        "--replica-cpus",
+        type=positive(float),
+        default=1.0,
+        help="Ray CPUs per replica, and its threads (default 1)",
+    )
+    g.add_argument(
+        "--replica-gpus", type=number(float, 0), default=0.0, help="Ray GPUs per replica (default 0)"
+    )
+    g.add_argument(
+        "--no-affinity",
+        action="store_true",
+        help="route requests by load alone, not to the replica that served their prompt's prefix",
     )

@@ -249,6 +249,11 @@ class Engine:
         self.scheduler.stop()
 
     @property
+    def alive(self) -> bool:
+        """Whether the workers are running (started, not stopped, none ended by an error)."""
+        return bool(self._threads) and all(t.is_alive() for t in self._threads)
+
+    @property
     def queue_depth(self) -> int:
         """Jobs waiting for the model (the running ones not included)."""
         return self._waiting
