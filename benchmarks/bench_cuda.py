@@ -132,6 +132,43 @@ def llamacpp_run(binary: str, path: str, n_prompt: int, n_decode: int, *extra: s
     return rate
 
 
+def profile_decode(path: str, n_tokens: int, console: Console) -> None:
+    """Print each CUDA kernel's launches and GPU time per token over ``n_tokens`` resident decode steps (torch's
+    profiler, which sees every kernel of the process, the graph-launched ones included), beside the wall time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = regolith.Model.load(path, backend="cuda")
+    window = model.window(64 + n_tokens)
+    tok = int(np.argmax(window.eval(list(range(3, 35)), all_logits=False)[0]))
+    for _ in range(4):  # warm-up: graphs instantiated
+        tok = int(np.argmax(window.eval([tok], all_logits=False)[0]))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for _ in range(n_tokens):
+            tok = int(np.argmax(window.eval([tok], all_logits=False)[0]))
+        wall = (time.perf_counter() - t) / n_tokens
+    torch.cuda.synchronize()
+    per: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            e = per.setdefault(ev.name, [0, 0.0])
+            e[0] += 1
+            e[1] += ev.device_time
+    table = Table(title=f"resident decode, {n_tokens} tokens: {wall * 1e3:.2f} ms a token (wall)")
+    for col in ("kernel", "launches/token", "us/token", "mean us"):
+        table.add_column(col, justify="left" if col == "kernel" else "right")
+    total = 0.0
+    for name, (n, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+        total += us / n_tokens
+        table.add_row(name[:110], f"{n / n_tokens:.1f}", f"{us / n_tokens:.1f}", f"{us / n:.2f}")
+    console.print(table)
+    launches = sum(n for n, _ in per.values()) / n_tokens
+    console.print(
+        f"kernels: {launches:.0f} a token, {total / 1e3:.2f} ms of GPU time against {wall * 1e3:.2f} ms wall"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a qwen4exp GGUF (default: write the synthetic Flash-Next model)")
@@ -145,6 +182,13 @@ def main(argv: list[str] | None = None) -> None:
         "--skip", nargs="*", default=[], choices=["resident", "host", "disk"], help="rows to leave out"
     )
     ap.add_argument("--record", help="a JSON file keeping the rows measured (a rerun measures the rest)")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="only profile TOKENS resident decode steps (torch's profiler): the kernels' time per token",
+    )
     args = ap.parse_args(argv)
     if "cuda" not in regolith.backends.available():
         raise SystemExit(
@@ -161,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
         console.print(
             f"wrote {path} ({os.path.getsize(path) / GiB:.2f} GiB) in {time.perf_counter() - t:.0f} s"
         )
+    if args.profile:
+        profile_decode(path, args.profile, console)
+        return
     size = os.path.getsize(path)
     per_token, expert_per_token = decode_bytes(path)
     lay = expert_layout(path)

@@ -10,6 +10,9 @@
 #                              (docs/benchmarks.md), the call ending within SECONDS (570); run it again on the same machine to
 #                              measure the rows the first call had no time for (--record)
 #   tools/cuda_h200.sh suite   the whole CUDA model suite (tests/test_cuda_backend.py)
+#   tools/cuda_h200.sh profile [TOKENS]
+#                              regolith and the synthetic model as for bench, then the kernels' GPU time per
+#                              resident decode token (bench_cuda.py --profile)
 #
 # Needs, carried in .whl/ (ignored by git): the wheels the machine lacks (gguf, transformers 5.24) and
 # llamacpp-src.tar.gz from ../shared/tools/llamacpp-slim-source. Logs go to $OUT.
@@ -35,7 +38,13 @@ start_llama() {  # llama.cpp's llama-bench, built in the background (about 5 min
         -DLLAMA_BUILD_EXAMPLES=OFF && cmake --build build --target llama-bench -j 10' >/tmp/ll/build.log 2>&1 &)
 }
 
-case "${1:?check, bench or suite}" in
+synthetic_model() {  # the 48-layer synthetic Flash-Next model at /tmp/fn.gguf (about 35 s)
+    [ -f /tmp/fn.gguf ] && return
+    time python3 benchmarks/synthetic_qwen4exp.py /tmp/fn.part.gguf --layers 48 --experts IQ2_XS --dense Q8_0 \
+        --vocab 248320 && mv /tmp/fn.part.gguf /tmp/fn.gguf
+}
+
+case "${1:?check, bench, suite or profile}" in
 check)
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
     ls src/regolith/_core*.so >/dev/null 2>&1 || time build_regolith 16
@@ -46,10 +55,7 @@ check)
 bench)  # resumable: a second call on the same machine measures the rows the first had no time for
     start_llama
     ls src/regolith/_core*.so >/dev/null 2>&1 || time build_regolith 6
-    if [ ! -f /tmp/fn.gguf ]; then
-        time python3 benchmarks/synthetic_qwen4exp.py /tmp/fn.part.gguf --layers 48 --experts IQ2_XS --dense Q8_0 \
-            --vocab 248320 && mv /tmp/fn.part.gguf /tmp/fn.gguf
-    fi
+    synthetic_model
     timeout $(("${2:-570}" - SECONDS)) python3 benchmarks/bench_cuda.py --model /tmp/fn.gguf --llama-bench /tmp/ll/build/bin/llama-bench \
         --decode 64 --record /tmp/bench_cuda.json 2>&1 | tee -a "$OUT/bench_cuda.log"
     cp /tmp/bench_cuda.json "$OUT/" 2>/dev/null
@@ -59,5 +65,10 @@ suite)
     ls src/regolith/_core*.so >/dev/null 2>&1 || build_regolith 16
     timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py tests/test_backend_conformance.py \
         2>&1 | tee "$OUT/suite.log" | tail -30
+    ;;
+profile)
+    ls src/regolith/_core*.so >/dev/null 2>&1 || time build_regolith 16
+    synthetic_model
+    python3 benchmarks/bench_cuda.py --model /tmp/fn.gguf --profile "${2:-16}" 2>&1 | tee "$OUT/profile.log"
     ;;
 esac
