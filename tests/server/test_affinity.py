@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from regolith.server.affinity import BLOCK_CHARS, PrefixIndex, affinity_text
+from regolith.server.affinity import BLOCK_CHARS, PrefixAffinityRouter, PrefixIndex, affinity_text
 
 
 def _brute_force(sent: dict[str, list[str]], text: str, candidates: list[str]) -> tuple[int, list[str]]:
@@ -83,3 +83,51 @@ def test_the_affinity_text_of_each_api():
         ("/v1/completions", b'{"prompt": ""}'),
     ]:
         assert affinity_text(path, body) is None, (path, body)
+
+
+class _Replica:
+    def __init__(self, name: str):
+        self.name = name
+        self.replica_id = self
+
+    def to_full_id_str(self) -> str:
+        return self.name
+
+
+def _router(**kw) -> PrefixAffinityRouter:
+    router = PrefixAffinityRouter.__new__(PrefixAffinityRouter)  # Serve builds it with its own arguments
+    router.initialize_state(**kw)
+    return router
+
+
+def test_the_router_follows_the_prefix_until_the_load_is_too_uneven():
+    router = _router(imbalance=2)
+    a, b = _Replica("a"), _Replica("b")
+    system = "s" * (6 * BLOCK_CHARS)
+    first = router.choose(system + "first question", [a, b])
+    router.record("r1", first.name)
+    other = b if first is a else a
+    assert router.choose(system + "second question", [a, b]) is first, "the prefix's replica"
+    router.record("r2", first.name)
+    router.record("r3", first.name)
+    assert router.choose(system + "third", [a, b]) is other, "3 in hand against 0: past the imbalance"
+    assert router.index.match(system, ["a", "b"])[1] == ["a", "b"], "both hold the system prompt now"
+    assert router.choose(system + "fourth", [a, b]) is other, "of the replicas holding it, the less busy"
+    router.on_request_completed(first, "r2")
+    alone = "t" * (6 * BLOCK_CHARS)
+    router.index.insert(alone, first.name)
+    assert router.choose(alone + "fifth", [a, b]) is first, "2 in hand against 0 is within the imbalance"
+    assert router.choose("no shared prefix" * 20, [a, b]) is other, "no match: the less busy of two"
+    assert router.choose(None, [a, b]) is other
+
+
+def test_the_router_counts_each_request_once():
+    router = _router()
+    a, b = _Replica("a"), _Replica("b")
+    router.record("r", "a")
+    router.record("r", "b")  # routed again (a was unavailable): b holds it now
+    assert dict(router.in_hand) == {"b": 1}
+    router.on_request_completed(a, "r")  # the earlier attempt's completion changes nothing
+    assert dict(router.in_hand) == {"b": 1}
+    router.on_request_completed(b, "r")
+    assert dict(router.in_hand) == {} and router.sent == {}

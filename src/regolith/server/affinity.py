@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -117,8 +117,9 @@ class PrefixAffinityRouter(RequestRouter):
     that replica has ``imbalance`` more requests in hand than the least busy one; otherwise to the less busy
     of two random replicas (power of two choices), which is also where requests without a prompt go.
 
-    The router records a prompt as sent when it chooses the replica (Serve tells a router where a request
-    went only when it enforces ``max_ongoing_requests`` strictly), so it picks one replica itself."""
+    The router picks one replica itself and counts the requests each has in hand from where it sent them and
+    :meth:`on_request_completed`: Serve reports neither where a request went nor the replicas' queues to a
+    router unless it enforces ``max_ongoing_requests`` strictly."""
 
     def initialize_state(
         self,
@@ -129,13 +130,15 @@ class PrefixAffinityRouter(RequestRouter):
         self.match_threshold = match_threshold
         self.imbalance = imbalance
         self.index = PrefixIndex(max_blocks)
+        self.in_hand: Counter[str] = Counter()  # replica -> requests sent and not completed
+        self.sent: dict[str, str] = {}  # request -> the replica it was last sent to
 
     def _load(self, replica: RunningReplica) -> int:
-        n = self.replica_queue_len_cache.get(replica.replica_id)
-        return 0 if n is None else n
+        return self.in_hand[replica.replica_id.to_full_id_str()]
 
     def choose(self, text: str | None, replicas: Sequence[RunningReplica]) -> RunningReplica:
-        """The replica for a request with prompt ``text`` among ``replicas`` (recorded as sent there)."""
+        """The replica for a request with prompt ``text`` (None: none) among ``replicas``; the prompt is
+        recorded as sent there."""
         by_id = {r.replica_id.to_full_id_str(): r for r in replicas}
         chosen = None
         if text:
@@ -150,16 +153,40 @@ class PrefixAffinityRouter(RequestRouter):
             self.index.insert(text, chosen.replica_id.to_full_id_str())
         return chosen
 
+    def record(self, request: str, replica: str) -> None:
+        """Count ``request`` as in ``replica``'s hands (and no longer in those of one it was sent to before)."""
+        before = self.sent.get(request)
+        if before is not None:
+            self._release(before)
+        self.sent[request] = replica
+        self.in_hand[replica] += 1
+
+    def _release(self, replica: str) -> None:
+        self.in_hand[replica] -= 1
+        if self.in_hand[replica] <= 0:
+            del self.in_hand[replica]
+
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
         replicas = self.select_available_replicas(candidate_replicas) or candidate_replicas
-        first = pending_request.args[0] if pending_request is not None and pending_request.args else None
+        if pending_request is None:
+            return [random.sample(replicas, min(2, len(replicas)))]
+        first = pending_request.args[0] if pending_request.args else None
         text = getattr(first, "prompt", None)
-        if not isinstance(text, str) or not text:
-            return [random.sample(replicas, min(2, len(replicas)))]  # Serve takes the less busy
-        return [[self.choose(text, replicas)]]
+        chosen = self.choose(text if isinstance(text, str) else None, replicas)
+        self.record(pending_request.metadata.internal_request_id, chosen.replica_id.to_full_id_str())
+        return [[chosen]]
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        replica = replica_id.to_full_id_str()
+        if self.sent.get(internal_request_id) == replica:  # not an earlier attempt's completion
+            del self.sent[internal_request_id]
+            self._release(replica)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        self.index.drop(replica_id.to_full_id_str())
+        replica = replica_id.to_full_id_str()
+        self.index.drop(replica)
+        self.in_hand.pop(replica, None)
+        self.sent = {r: to for r, to in self.sent.items() if to != replica}

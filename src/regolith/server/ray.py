@@ -172,9 +172,15 @@ class Replica:
                     headers.append((REPLICA_HEADER.encode(), self.name.encode()))
                     yield message["status"], headers
                 elif message["type"] == "http.response.body":
-                    if message.get("body"):
-                        yield message["body"]
-                    if not message.get("more_body", False):
+                    # every piece written meanwhile goes in one item: a stream's item is a round trip
+                    body, more = [message.get("body", b"")], message.get("more_body", False)
+                    while more and not out.empty():
+                        nxt = out.get_nowait()
+                        more = nxt is not None and nxt.get("more_body", False)
+                        body.append(b"" if nxt is None else nxt.get("body", b""))
+                    if any(body):
+                        yield b"".join(body)
+                    if not more:
                         break
         finally:
             gone.set()
