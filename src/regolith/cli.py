@@ -303,6 +303,7 @@ def _ray_application(args: argparse.Namespace) -> Any:
         autoscale=args.autoscale,
         replica_cpus=args.replica_cpus,
         replica_gpus=args.replica_gpus,
+        replica_memory_gb=args.memory_gb,
         affinity=not args.no_affinity,
         cache_dir=args.cache_dir,
         cache_gb=args.cache_size_gb,
@@ -330,6 +331,11 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
             "a Ray cluster on this machine" if address is None else f"the Ray cluster at {escape(address)}"
         )
         err.print(f"[dim]serving on {where}: http://{escape(args.host)}:{args.port}[/dim]", highlight=False)
+        if args.memory_gb is None and (args.replicas > 1 or args.autoscale):
+            err.print(
+                "[yellow]warning: each replica plans for 3/4 of its machine's RAM; give each its share with "
+                "--memory-gb (Ray then places no more replicas on a machine than fit)[/yellow]"
+            )
         ray_server.run(_ray_application(args), address=address, host=args.host, port=args.port)
         return 0
     from .server import serve

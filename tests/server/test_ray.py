@@ -204,3 +204,46 @@ def test_a_replica_killed_mid_stream(url, client):
             break
         assert time.monotonic() < deadline, f"Serve did not bring the replica back: {json.dumps(states)}"
         time.sleep(1)
+
+
+def test_the_command_line_maps_onto_the_application(monkeypatch):
+    import regolith.server.ray as ray_server
+
+    seen = {}
+    monkeypatch.setattr(ray_server, "application", lambda load, **kw: seen.update(kw, load=load) or "app")
+    argv = ["--autoscale", "1:3", "--replica-cpus", "2", "--replica-gpus", "0.5", "--memory-gb", "3"]
+    assert build_app({"serve": [*argv, "--no-affinity", "--cache-dir", "/c", "--cache-size-gb", "2"]}) == "app"
+    assert seen["autoscale"] == (1, 3) and seen["replica_cpus"] == 2 and seen["replica_gpus"] == 0.5
+    assert seen["replica_memory_gb"] == 3 and seen["affinity"] is False
+    assert seen["cache_dir"] == "/c" and seen["cache_gb"] == 2
+    assert seen["load"].args[0].memory_gb == 3, "each replica loads with the same arguments"
+    for bad in ["3:1", "0:0", "2", "a:b"]:
+        with pytest.raises(SystemExit):
+            build_app({"serve": ["--autoscale", bad]})
+
+
+def test_regolith_serve_ray_runs_until_sigterm(tmp_path):
+    """`regolith serve --ray` starts a cluster of its own, serves, and on SIGTERM deletes the application,
+    stops the cluster and exits 0. (Run while the module's cluster is up: a second cluster beside it.)"""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "regolith.cli", "serve", *ARGS, "--ray", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60)
+        assert c.completions.create(model=MODEL, prompt="def f(", max_tokens=4).usage.completion_tokens > 0
+        proc.terminate()
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/health")

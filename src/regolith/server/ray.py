@@ -282,6 +282,7 @@ def application(
     autoscale: tuple[int, int] | None = None,
     replica_cpus: float = 1.0,
     replica_gpus: float = 0.0,
+    replica_memory_gb: float | None = None,
     affinity: bool = True,
     cache_dir: str | None = None,
     cache_gb: float = 4.0,
@@ -290,9 +291,11 @@ def application(
 ) -> Application:
     """The Serve application: ``replicas`` replicas (or between ``autoscale``'s bounds, by load), each
     calling ``load()`` for its model and server configuration, with ``replica_cpus`` / ``replica_gpus`` of
-    Ray's resources each (``REGOLITH_THREADS`` is set to the CPUs), behind the frontend; requests routed by
-    prefix unless ``affinity`` is False (then by load alone). ``cache_dir``: a prompt cache of ``cache_gb``
-    GiB per replica. ``max_ongoing``: requests one replica may hold (its queue and its batch)."""
+    Ray's resources each (``REGOLITH_THREADS`` is set to the CPUs; ``replica_memory_gb``, the replica's memory
+    budget, is reserved as Ray's ``memory``, so a node gets no more replicas than fit), behind the frontend;
+    requests routed by prefix unless ``affinity`` is False (then by load alone). ``cache_dir``: a prompt
+    cache of ``cache_gb`` GiB per replica. ``max_ongoing``: requests one replica may hold (its queue and its
+    batch)."""
     env = {"REGOLITH_THREADS": str(max(1, int(replica_cpus)))}
     options: dict[str, Any] = {
         "ray_actor_options": {
@@ -303,6 +306,8 @@ def application(
         "max_ongoing_requests": max_ongoing,
         "health_check_period_s": 5,
     }
+    if replica_memory_gb is not None:
+        options["ray_actor_options"]["memory"] = int(replica_memory_gb * 2**30)
     if autoscale is not None:
         low, high = autoscale
         options["autoscaling_config"] = {
@@ -344,7 +349,8 @@ def run(
     port: int = 8080,
     name: str = "regolith",
 ) -> None:
-    """Run ``app`` on the Ray cluster at ``address`` (None: start one on this machine), its HTTP endpoint on
+    """Run ``app`` on the Ray cluster at ``address`` (None: a new one on this machine, even where another
+    runs; "auto": the one this machine joined with ``ray start``), its HTTP endpoint on
     ``host``:``port``, until interrupted (Ctrl-C or SIGTERM): then the application is deleted, and a cluster
     this call started is stopped."""
     import ray
@@ -352,8 +358,8 @@ def run(
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    ray.init(address=address, include_dashboard=False, ignore_reinit_error=True)
+    ray.init(address=address or "local", include_dashboard=False)
+    previous = signal.signal(signal.SIGTERM, interrupt)  # after ray.init, whose own handler dies loudly
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(app, name=name, route_prefix="/")
