@@ -212,7 +212,9 @@ def test_the_command_line_maps_onto_the_application(monkeypatch):
     seen = {}
     monkeypatch.setattr(ray_server, "application", lambda load, **kw: seen.update(kw, load=load) or "app")
     argv = ["--autoscale", "1:3", "--replica-cpus", "2", "--replica-gpus", "0.5", "--memory-gb", "3"]
-    assert build_app({"serve": [*argv, "--no-affinity", "--cache-dir", "/c", "--cache-size-gb", "2"]}) == "app"
+    assert (
+        build_app({"serve": [*argv, "--no-affinity", "--cache-dir", "/c", "--cache-size-gb", "2"]}) == "app"
+    )
     assert seen["autoscale"] == (1, 3) and seen["replica_cpus"] == 2 and seen["replica_gpus"] == 0.5
     assert seen["replica_memory_gb"] == 3 and seen["affinity"] is False
     assert seen["cache_dir"] == "/c" and seen["cache_gb"] == 2
@@ -247,3 +249,25 @@ def test_regolith_serve_ray_runs_until_sigterm(tmp_path):
     assert proc.returncode == 0, out[-3000:]
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/health")
+
+
+def test_the_config_file_in_the_docs_is_one_serve_accepts(monkeypatch):
+    """docs/scaling.md's Serve config file validates against Serve's schema, and its application builds."""
+    import pathlib
+    import re
+
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    import regolith.server.ray as ray_server
+
+    doc = (pathlib.Path(__file__).parents[2] / "docs" / "scaling.md").read_text()
+    config = yaml.safe_load(re.search(r"```yaml\n(.*?)```", doc, re.DOTALL).group(1))
+    schema = ServeDeploySchema.model_validate(config)
+    (app,) = schema.applications
+    module, _, name = app.import_path.partition(":")
+    assert module == "regolith.server.ray" and name == "build_app"
+    seen = {}
+    monkeypatch.setattr(ray_server, "application", lambda load, **kw: seen.update(kw) or "app")
+    assert getattr(ray_server, name)(app.args) == "app"
+    assert seen["replicas"] == 2 and seen["replica_cpus"] == 4 and seen["replica_memory_gb"] == 8
