@@ -271,3 +271,18 @@ def test_the_config_file_in_the_docs_is_one_serve_accepts(monkeypatch):
     monkeypatch.setattr(ray_server, "application", lambda load, **kw: seen.update(kw) or "app")
     assert getattr(ray_server, name)(app.args) == "app"
     assert seen["replicas"] == 2 and seen["replica_cpus"] == 4 and seen["replica_memory_gb"] == 8
+
+
+def test_each_replica_takes_a_prompt_cache_directory_of_its_own(tmp_path):
+    """The first replica-K whose lock is free; a dead replica's lock goes with its process (here: its
+    descriptor), and the next replica takes its directory up."""
+    from regolith.server.ray import replica_cache_dir
+
+    first, fd = replica_cache_dir(str(tmp_path))
+    second, fd2 = replica_cache_dir(str(tmp_path))
+    assert (os.path.basename(first), os.path.basename(second)) == ("replica-0", "replica-1")
+    os.close(fd)
+    again, fd3 = replica_cache_dir(str(tmp_path))
+    assert again == first
+    os.close(fd2)
+    os.close(fd3)

@@ -8,7 +8,7 @@ The application has two deployments (docs/scaling.md):
 - ``Frontend``: the HTTP ingress. It reads a request's body, takes the text whose prefix a replica's caches
   hold (:func:`affinity_text`), and forwards the request to the replica chosen by
   :class:`PrefixAffinityRouter`: the one that served the longest prefix of that text before, unless it is
-  busier than the least busy replica by more than a threshold (then Serve's power of two choices, by load).
+  busier than the least busy replica by more than a threshold (then the less busy of two random replicas).
   The reply streams back as the replica writes it. A replica that dies before its reply started is retried
   once on another; one that dies mid-stream ends the stream with an error event in the API's own schema.
 
