@@ -200,20 +200,25 @@ def create_app(model: Model, config: ServerConfig) -> FastAPI:
         err = APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server")
         return error_response(err, request.url.path)
 
+    # The endpoints read the state from the request, not from this function's scope: FastAPI keeps what it
+    # learns of an endpoint function for the process's life, and a closure would keep the model with it.
     @app.get("/health", openapi_extra=documented(None, anthropic=False, stream=False))
-    async def health() -> dict[str, Any]:
+    async def health(request: Request) -> dict[str, Any]:
+        server: ServerState = request.app.state.server
         return {
             "status": "ok",
-            "model": config.model_name,
-            "busy": engine.busy,
-            "queue_depth": engine.queue_depth,
+            "model": server.config.model_name,
+            "busy": server.engine.busy,
+            "queue_depth": server.engine.queue_depth,
         }
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus(request: Request) -> Response:
-        state.authorize(request)
+        server: ServerState = request.app.state.server
+        server.authorize(request)
+        engine, model = server.engine, server.model
         return PlainTextResponse(
-            metrics.render(
+            server.metrics.render(
                 queue_depth=engine.queue_depth,
                 busy=engine.busy,
                 running=engine.running,
