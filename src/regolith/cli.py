@@ -308,6 +308,8 @@ def _ray_application(args: argparse.Namespace) -> Any:
         cache_dir=args.cache_dir,
         cache_gb=args.cache_size_gb,
         max_body=args.max_body,
+        # what a replica's own queue and batch take: past them it answers 503 itself, as one server does
+        max_ongoing=args.max_queue + (args.parallel or DEFAULT_PARALLEL),
     )
 
 

@@ -218,6 +218,7 @@ def test_the_command_line_maps_onto_the_application(monkeypatch):
     assert seen["autoscale"] == (1, 3) and seen["replica_cpus"] == 2 and seen["replica_gpus"] == 0.5
     assert seen["replica_memory_gb"] == 3 and seen["affinity"] is False
     assert seen["cache_dir"] == "/c" and seen["cache_gb"] == 2
+    assert seen["max_ongoing"] == 64 + 4, "the replica's queue and its batch"
     assert seen["load"].args[0].memory_gb == 3, "each replica loads with the same arguments"
     for bad in ["3:1", "0:0", "2", "a:b"]:
         with pytest.raises(SystemExit):

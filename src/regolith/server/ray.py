@@ -294,8 +294,8 @@ def application(
     Ray's resources each (``REGOLITH_THREADS`` is set to the CPUs; ``replica_memory_gb``, the replica's memory
     budget, is reserved as Ray's ``memory``, so a node gets no more replicas than fit), behind the frontend;
     requests routed by prefix unless ``affinity`` is False (then by load alone). ``cache_dir``: a prompt
-    cache of ``cache_gb`` GiB per replica. ``max_ongoing``: requests one replica may hold (its queue and its
-    batch)."""
+    cache of ``cache_gb`` GiB per replica. ``max_ongoing``: requests Serve sends one replica at most (give its
+    queue and its batch: the replica's own 503 then answers an overload, as one server's does)."""
     env = {"REGOLITH_THREADS": str(max(1, int(replica_cpus)))}
     options: dict[str, Any] = {
         "ray_actor_options": {
