@@ -21,8 +21,8 @@ __all__ = ["BLOCK_CHARS", "PrefixAffinityRouter", "PrefixIndex", "affinity_text"
 
 # Characters per block of the prefix index: a prompt's prefix is matched block by block.
 BLOCK_CHARS = 128
-# Blocks the index keeps (least recently used dropped first): 64 MiB or so of keys.
-MAX_BLOCKS = 1 << 19
+# Blocks the index keeps, least recently used dropped first: 16M characters of prompts, about 50 MiB.
+MAX_BLOCKS = 1 << 17
 # A replica must have served at least this share of a prompt for the prompt to follow it.
 MATCH_THRESHOLD = 0.1
 # Requests the affine replica may have beyond the least busy one before load decides instead.
