@@ -189,3 +189,13 @@ def test_kv_type_reaches_the_model(capsys):
     assert ref and ref in capsys.readouterr().out
     args = cli._parser().parse_args(["serve", "--kv-type", "q8_0"])
     assert cli_options.memory_options(args)["kv_type"] == "q8_0"
+
+
+def test_serve_ray_without_ray_installed_says_what_to_install(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails, as where it is not installed
+    monkeypatch.delitem(sys.modules, "regolith.server.ray", raising=False)
+    assert cli.main(["serve", "--ray"]) == 2
+    err = capsys.readouterr().err
+    assert "--ray needs Ray Serve" in err and "pip install 'regolith[ray]'" in err

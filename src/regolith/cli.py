@@ -326,7 +326,15 @@ def _serve(args: argparse.Namespace, console: Console) -> int:
     err = Console(stderr=True)
     _warn_open(args, err)
     if args.ray is not None:
-        from .server import ray as ray_server
+        try:
+            from .server import ray as ray_server
+        except ImportError as e:
+            err.print(
+                escape(f"error: --ray needs Ray Serve ({e}): pip install 'regolith[ray]'"),
+                highlight=False,
+                soft_wrap=True,
+            )
+            return 2
 
         address = None if args.ray == "local" else args.ray
         where = (

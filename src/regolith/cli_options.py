@@ -288,7 +288,11 @@ def add_ray_arguments(p: argparse.ArgumentParser) -> None:
         "joined), or without ADDRESS on a cluster started on this machine",
     )
     g.add_argument(
-        "--replicas", type=positive(int), default=1, help="replicas, each its own model (default 1)"
+        "--replicas",
+        type=positive(int),
+        default=1,
+        metavar="N",
+        help="replicas, each its own model (default 1)",
     )
     g.add_argument(
         "--autoscale",
@@ -300,10 +304,15 @@ def add_ray_arguments(p: argparse.ArgumentParser) -> None:
         "--replica-cpus",
         type=positive(float),
         default=1.0,
+        metavar="C",
         help="Ray CPUs per replica, and its threads (default 1)",
     )
     g.add_argument(
-        "--replica-gpus", type=number(float, 0), default=0.0, help="Ray GPUs per replica (default 0)"
+        "--replica-gpus",
+        type=number(float, 0),
+        default=0.0,
+        metavar="G",
+        help="Ray GPUs per replica (default 0)",
     )
     g.add_argument(
         "--no-affinity",
