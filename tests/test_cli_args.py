@@ -194,8 +194,11 @@ def test_kv_type_reaches_the_model(capsys):
 def test_serve_ray_without_ray_installed_says_what_to_install(capsys, monkeypatch):
     import sys
 
+    import regolith.server
+
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails, as where it is not installed
     monkeypatch.delitem(sys.modules, "regolith.server.ray", raising=False)
+    monkeypatch.delattr(regolith.server, "ray", raising=False)  # where an earlier test imported it
     assert cli.main(["serve", "--ray"]) == 2
     err = capsys.readouterr().err
     assert "--ray needs Ray Serve" in err and "pip install 'regolith[ray]'" in err

@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_core", "errors.py", "_atomic.py", "antislop.py", "model_files.py"),
     (
         "quant.py",
+        "scr.py",
         "sampling.py",
         "logprobs.py",
         "chat.py",
@@ -40,6 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("convert/__init__.py",),
     (
         "server/api_error.py",
+        "server/affinity.py",
         "server/reply.py",
         "server/metrics.py",
         "server/structured.py",
@@ -52,7 +54,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("server/endpoint.py",),
     ("server/openai_api.py", "server/anthropic_api.py", "server/tokenize_api.py"),
     ("server/app.py",),
-    ("server/__init__.py", "inspection.py", "cli_options.py"),
+    ("server/__init__.py", "server/ray.py", "inspection.py", "cli_options.py"),
     ("cli.py",),
 ]
 

@@ -6,6 +6,7 @@ import argparse
 import functools
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from .model import Model
     from .server import ServerConfig
 
-__all__ = ["main", "ray_application"]
+__all__ = ["main", "ray_app"]
 
 DEFAULT_PARALLEL = 4  # `regolith serve`'s --parallel where the memory plan fits that many windows
 
@@ -288,10 +289,16 @@ def _replica_server(args: argparse.Namespace) -> tuple[Model, ServerConfig]:
     return _server(args, Console(stderr=True))
 
 
-def ray_application(argv: Sequence[str]) -> Any:
-    """The Ray Serve application of ``regolith serve ARGV`` (:func:`regolith.server.ray.application`)."""
-    args = _parser().parse_args(["serve", *argv])
-    return _ray_application(args)
+def ray_app(args: dict[str, Any]) -> Any:
+    """``regolith serve`` as a Ray Serve application (:func:`regolith.server.ray.application`), and a Serve
+    config file's application builder (``import_path: regolith.cli:ray_app``): ``args["serve"]`` is the
+    command line without ``serve`` (a string or a list), e.g. ``"regolith-demo --arena-gb 0.004 --replicas
+    2"``; its Ray options shape the deployments, which the file's ``deployments:`` section may override as
+    Serve allows. A bad command line raises SystemExit (argparse's usage error)."""
+    argv = args.get("serve", "")
+    return _ray_application(
+        _parser().parse_args(["serve", *(shlex.split(argv) if isinstance(argv, str) else argv)])
+    )
 
 
 def _ray_application(args: argparse.Namespace) -> Any:

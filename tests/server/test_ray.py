@@ -26,7 +26,8 @@ import ray
 from ray import serve
 
 import regolith
-from regolith.server.ray import REPLICA_HEADER, build_app
+from regolith.cli import ray_app
+from regolith.server.ray import REPLICA_HEADER
 
 MODEL = "regolith-demo"
 ARGS = ["--arena-gb", "0.004", "--ctx", "2048", "--parallel", "2", "--spec", "off", "--max-body", "65536"]
@@ -49,9 +50,9 @@ def url(tmp_path_factory):
     try:
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        # as a Serve config file would build it (import_path: regolith.server.ray:build_app)
+        # as a Serve config file would build it (import_path: regolith.cli:ray_app)
         argv = [*ARGS, "--replicas", "2", "--replica-cpus", "1", "--cache-dir", str(cache)]
-        app = build_app({"serve": shlex.join(argv)})
+        app = ray_app({"serve": shlex.join(argv)})
         serve.run(app, name="regolith", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -212,9 +213,7 @@ def test_the_command_line_maps_onto_the_application(monkeypatch):
     seen = {}
     monkeypatch.setattr(ray_server, "application", lambda load, **kw: seen.update(kw, load=load) or "app")
     argv = ["--autoscale", "1:3", "--replica-cpus", "2", "--replica-gpus", "0.5", "--memory-gb", "3"]
-    assert (
-        build_app({"serve": [*argv, "--no-affinity", "--cache-dir", "/c", "--cache-size-gb", "2"]}) == "app"
-    )
+    assert ray_app({"serve": [*argv, "--no-affinity", "--cache-dir", "/c", "--cache-size-gb", "2"]}) == "app"
     assert seen["autoscale"] == (1, 3) and seen["replica_cpus"] == 2 and seen["replica_gpus"] == 0.5
     assert seen["replica_memory_gb"] == 3 and seen["affinity"] is False
     assert seen["cache_dir"] == "/c" and seen["cache_gb"] == 2
@@ -222,7 +221,7 @@ def test_the_command_line_maps_onto_the_application(monkeypatch):
     assert seen["load"].args[0].memory_gb == 3, "each replica loads with the same arguments"
     for bad in ["3:1", "0:0", "2", "a:b"]:
         with pytest.raises(SystemExit):
-            build_app({"serve": ["--autoscale", bad]})
+            ray_app({"serve": ["--autoscale", bad]})
 
 
 def test_regolith_serve_ray_runs_until_sigterm(tmp_path):
@@ -260,6 +259,7 @@ def test_the_config_file_in_the_docs_is_one_serve_accepts(monkeypatch):
     import yaml
     from ray.serve.schema import ServeDeploySchema
 
+    import regolith.cli
     import regolith.server.ray as ray_server
 
     doc = (pathlib.Path(__file__).parents[2] / "docs" / "scaling.md").read_text()
@@ -267,10 +267,10 @@ def test_the_config_file_in_the_docs_is_one_serve_accepts(monkeypatch):
     schema = ServeDeploySchema.model_validate(config)
     (app,) = schema.applications
     module, _, name = app.import_path.partition(":")
-    assert module == "regolith.server.ray" and name == "build_app"
+    assert module == "regolith.cli" and name == "ray_app"
     seen = {}
     monkeypatch.setattr(ray_server, "application", lambda load, **kw: seen.update(kw) or "app")
-    assert getattr(ray_server, name)(app.args) == "app"
+    assert getattr(regolith.cli, name)(app.args) == "app"
     assert seen["replicas"] == 2 and seen["replica_cpus"] == 4 and seen["replica_memory_gb"] == 8
 
 

@@ -16,7 +16,7 @@ A replica's prompt cache (``cache_dir``) is a directory of its own under the one
 ``replica-K`` whose lock it can take, so a replica that Serve restarts takes up the dead one's entries.
 
 Needs ``pip install "regolith[ray]"``. ``regolith serve --ray`` builds and runs the application from the
-command line; a Serve config file names :func:`build_app` (``import_path: regolith.server.ray:build_app``).
+command line; a Serve config file names the command line's builder (``import_path: regolith.cli:ray_app``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import shlex
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
 __all__ = [
     "Forwarded",
     "application",
-    "build_app",
     "replica_cache_dir",
     "run",
 ]
@@ -327,18 +325,6 @@ def application(
         max_ongoing_requests=max(1000, max_ongoing),
     )
     return frontend.bind(replica.bind(load, cache_dir, cache_gb), max_body)
-
-
-def build_app(args: dict[str, Any]) -> Application:
-    """A Serve config file's application builder (``import_path: regolith.server.ray:build_app``):
-    ``args.serve`` is the ``regolith serve`` command line without ``serve`` (a string or a list), e.g.
-    ``"regolith-demo --arena-gb 0.004 --replicas 2"``; its Ray options (``--replicas``, ``--autoscale``,
-    ``--replica-cpus``, ``--replica-gpus``, ``--no-affinity``) shape the deployments, which the file's
-    ``deployments:`` section may override as Serve allows."""
-    from ..cli import ray_application
-
-    argv = args.get("serve", "")
-    return ray_application(shlex.split(argv) if isinstance(argv, str) else list(argv))
 
 
 def run(
