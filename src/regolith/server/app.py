@@ -21,14 +21,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from . import anthropic_api, openai_api, tokenize_api
 from .api_error import APIError, anthropic_body, openai_body
-from .endpoint import ServerConfig, ServerState, body_models, documented
+from .endpoint import ServerConfig, ServerState, body_models, documented, sse
 from .engine import Engine
 from .metrics import Metrics
 
 if TYPE_CHECKING:
     from ..model import Model
 
-__all__ = ["ServerConfig", "create_app", "error_response"]
+__all__ = ["ServerConfig", "create_app", "error_event", "error_response"]
 
 log = logging.getLogger("regolith.server")
 
@@ -57,6 +57,14 @@ def error_response(e: APIError, path: str) -> JSONResponse:
         status = 529 if e.kind == "overloaded" else e.status
         return JSONResponse(anthropic_body(e), status_code=status)
     return JSONResponse(openai_body(e), status_code=e.status)
+
+
+def error_event(e: APIError, path: str) -> str:
+    """``e`` as the server-sent event that ends a stream of the API ``path`` belongs to (OpenAI: a data line
+    with the error body; Anthropic: an ``error`` event)."""
+    if _anthropic_path(path):
+        return sse(anthropic_body(e), "error")
+    return sse(openai_body(e))
 
 
 class _CountRequests:

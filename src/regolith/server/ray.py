@@ -39,9 +39,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from .affinity import PrefixAffinityRouter, affinity_text
-from .api_error import APIError, anthropic_body, openai_body
-from .app import create_app, error_response
-from .endpoint import ServerConfig, sse
+from .api_error import APIError
+from .app import create_app, error_event, error_response
+from .endpoint import ServerConfig
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -188,10 +188,8 @@ class Replica:
                 task.cancel()
 
 
-def _api_error_event(path: str, e: APIError) -> bytes:
-    if path.startswith("/v1/messages"):
-        return sse(anthropic_body(e), "error").encode()
-    return sse(openai_body(e)).encode()
+def _died(e: BaseException, what: str, kind: str) -> APIError:
+    return APIError(503, f"the replica serving this {what} died: {type(e).__name__}", kind=kind)
 
 
 class Frontend:
@@ -239,19 +237,13 @@ class Frontend:
         try:
             stream, status, headers = await self._forward(request)
         except _DIED as e:
-            err = APIError(
-                503, f"the replica serving this request died: {type(e).__name__}", kind="overloaded"
-            )
-            return error_response(err, path)
+            return error_response(_died(e, "request", "overloaded"), path)
         media = {k.lower(): v for k, v in headers}.get(b"content-type", b"").decode("latin-1")
         if not media.startswith("text/event-stream"):
             try:
                 content = b"".join([piece async for piece in stream])
             except _DIED as e:
-                err = APIError(
-                    503, f"the replica serving this request died: {type(e).__name__}", kind="server"
-                )
-                return error_response(err, path)
+                return error_response(_died(e, "request", "server"), path)
             reply = Response(content, status_code=status)
             reply.raw_headers = [*headers, (b"content-length", str(len(content)).encode())]
             return reply
@@ -261,10 +253,7 @@ class Frontend:
                 async for piece in stream:
                     yield piece
             except _DIED as e:
-                err = APIError(
-                    503, f"the replica serving this stream died: {type(e).__name__}", kind="server"
-                )
-                yield _api_error_event(path, err)
+                yield error_event(_died(e, "stream", "server"), path).encode()
             finally:
                 stream.cancel()
 
