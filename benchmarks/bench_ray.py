@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from benchmarks.bench_serve import PROMPTS, _free_port, _percentile, _started
+from benchmarks.bench_serve import PROMPTS, _free_port, _percentile, _started, run_clients
 
 CPUS = os.cpu_count() or 1
 
@@ -87,21 +87,15 @@ def throughput(url: str, clients: int, requests: int, max_tokens: int) -> dict[s
             with lock:
                 ttft.append(first or 0.0)
 
-    t = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    wall = time.perf_counter() - t
+    wall = run_clients(client, clients)
     return {"tok_s": sum(tokens) / wall, "ttft50": _percentile(ttft, 50), "ttft95": _percentile(ttft, 95)}
 
 
 def conversations(url: str, n: int, turns: int, max_tokens: int) -> dict[str, float]:
-    """``n`` concurrent multi-turn chats: the share of prompt tokens reused and the mean time to first token."""
+    """``n`` concurrent multi-turn chats: the share of prompt tokens reused and the mean reply latency."""
     prompt_tokens = [0] * n
     cached = [0] * n
-    ttft: list[float] = []
+    latency: list[float] = []
     lock = threading.Lock()
 
     def chat(i: int) -> None:
@@ -115,17 +109,13 @@ def conversations(url: str, n: int, turns: int, max_tokens: int) -> dict[str, fl
                 model="m", messages=messages, max_tokens=max_tokens, temperature=0
             )
             with lock:
-                ttft.append(time.perf_counter() - t0)
+                latency.append(time.perf_counter() - t0)
             prompt_tokens[i] += reply.usage.prompt_tokens
             cached[i] += reply.usage.prompt_tokens_details.cached_tokens
             messages.append({"role": "assistant", "content": reply.choices[0].message.content})
 
-    threads = [threading.Thread(target=chat, args=(i,)) for i in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    return {"reused": sum(cached) / sum(prompt_tokens), "latency": statistics.mean(ttft)}
+    run_clients(chat, n)
+    return {"reused": sum(cached) / sum(prompt_tokens), "latency": statistics.mean(latency)}
 
 
 def main() -> None:

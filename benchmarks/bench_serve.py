@@ -93,6 +93,18 @@ def _llama_serve(binary: str, model: str | None, n: int) -> tuple[subprocess.Pop
     return _started(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port)
 
 
+def run_clients(client, n: int) -> float:
+    """Runs ``client(i)`` for i < n, each in a thread of its own, all at once; the wall seconds until the last
+    ends."""
+    t = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - t
+
+
 def run_round(
     model: str | None,
     arena_gb: float,
@@ -143,13 +155,7 @@ def run_round(
 
     try:
         read0 = _metric(url, "expert_bytes_read_total")
-        t = time.perf_counter()
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        wall = time.perf_counter() - t
+        wall = run_clients(client, n)
         read = _metric(url, "expert_bytes_read_total") - read0
     finally:
         proc.terminate()
