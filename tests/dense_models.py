@@ -1,7 +1,11 @@
-"""Tiny random qwen2 / gemma3 checkpoints (transformers, fp32) and their GGUF files in llama.cpp's layout.
+"""Tiny random qwen2 / gemma3 / qwen3 / qwen3moe checkpoints (transformers, fp32) and their GGUF files in
+llama.cpp's layout.
 
-``tiny_model(arch, seed, **overrides)`` builds a seeded ``Qwen2ForCausalLM`` or ``Gemma3ForCausalLM``;
-``write_gguf(model, path)`` writes it with gguf-py's writer as llama.cpp's converter
+``tiny_model(arch, seed, **overrides)`` builds a seeded ``Qwen2ForCausalLM``, ``Gemma3ForCausalLM``,
+``Qwen3ForCausalLM`` or ``Qwen3MoeForCausalLM``; ``save_tiny_checkpoint`` saves one with the tiny tokenizer
+(what ``regolith convert`` and llama.cpp's converter take: the qwen3 families' GGUFs come from regolith's
+converter, whose layout tests/test_convert_qwen3moe.py checks against llama.cpp's).
+``write_gguf(model, path)`` writes a qwen2 / gemma3 model with gguf-py's writer as llama.cpp's converter
 (``conversion/qwen.py`` ``Qwen2Model``, ``conversion/gemma.py`` ``Gemma3Model``) would: llama.cpp tensor
 names, no q/k permutation (both use NEOX RoPE), Gemma's RMSNorm gammas stored as ``1 + weight``, the
 sliding window only (llama.cpp hard-codes Gemma 3's every-6th-layer-global pattern), the global RoPE
@@ -18,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["tiny_config", "tiny_model", "write_gguf"]
+__all__ = ["save_tiny_checkpoint", "tiny_config", "tiny_model", "write_gguf"]
 
 _BASE = {
     "vocab_size": 320,
@@ -33,7 +37,7 @@ _BASE = {
 
 
 def tiny_config(arch: str, **overrides: Any):
-    """A tiny fp32 transformers config for ``arch`` ("qwen2" or "gemma3")."""
+    """A tiny fp32 transformers config for ``arch`` ("qwen2", "gemma3", "qwen3" or "qwen3moe")."""
     if arch == "qwen2":
         from transformers import Qwen2Config
 
@@ -52,21 +56,48 @@ def tiny_config(arch: str, **overrides: Any):
             "full_attention": {"rope_type": "default", "rope_theta": 100000.0},
         }
         return Gemma3TextConfig(**{**kw, **overrides})
+    if arch in ("qwen3", "qwen3moe"):
+        from transformers import Qwen3Config, Qwen3MoeConfig
+
+        kw = {**_BASE, "num_hidden_layers": 3, "tie_word_embeddings": False}
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+        if arch == "qwen3":
+            return Qwen3Config(**{**kw, **overrides})
+        # 8 experts of width 32, top 3, renormalised (as every released Qwen3 MoE checkpoint)
+        kw.update(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, norm_topk_prob=True)
+        return Qwen3MoeConfig(**{**kw, **overrides})
     raise ValueError(f"unknown architecture {arch!r}")
 
 
 def tiny_model(arch: str, seed: int, **overrides: Any):
     """A seeded fp32 model of :func:`tiny_config` in eval mode."""
     import torch
-    from transformers import Gemma3ForCausalLM, Qwen2ForCausalLM
+    from transformers import Gemma3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
-    cls = Qwen2ForCausalLM if arch == "qwen2" else Gemma3ForCausalLM
+    classes = {
+        "qwen2": Qwen2ForCausalLM,
+        "gemma3": Gemma3ForCausalLM,
+        "qwen3": Qwen3ForCausalLM,
+        "qwen3moe": Qwen3MoeForCausalLM,
+    }
+    cls = classes[arch]
     torch.manual_seed(seed)
     model = cls(tiny_config(arch, **overrides)).float().eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.3)
     return model
+
+
+def save_tiny_checkpoint(arch: str, path: str | Path, seed: int = 0, **overrides: Any) -> Path:
+    """Save ``tiny_model(arch, seed, **overrides)`` with ``save_pretrained`` and the tiny byte-level BPE
+    tokenizer (tests/qwen4exp_models.py: 295 ids, within every tiny vocab) into ``path``."""
+    from tests.qwen4exp_models import save_tiny_tokenizer
+
+    path = Path(path)
+    tiny_model(arch, seed, **overrides).save_pretrained(path)
+    save_tiny_tokenizer(path)
+    return path
 
 
 _LAYER_NAMES = {

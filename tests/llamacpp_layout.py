@@ -45,6 +45,27 @@ QWEN4EXP_VARIANTS: dict[str, tuple[int, dict[str, Any]]] = {
 }
 
 
+# The qwen3 family's tiny checkpoints (tests/dense_models.py): name -> (architecture, seed, overrides).
+# make_qwen3_layout.py records llama.cpp's converter output for them.
+QWEN3_VARIANTS: dict[str, tuple[str, int, dict[str, Any]]] = {
+    # 8 experts of width 32, top 3, untied output
+    "qwen3moe-tiny": ("qwen3moe", 0, {}),
+    # 6 experts top 2, tied embeddings, GQA 4:1, head_dim 32
+    "qwen3moe-tiny-b": (
+        "qwen3moe",
+        1,
+        {
+            "num_experts": 6,
+            "num_experts_per_tok": 2,
+            "tie_word_embeddings": True,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+        },
+    ),
+    "qwen3-tiny": ("qwen3", 2, {}),
+}
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()

@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "core/errors.h"
+#include "model/expert_file.h"
 #include "model/lm_head.h"
 #include "model/metadata.h"
 
@@ -20,9 +21,10 @@ constexpr int64_t kChunk = 512;
 DenseConfig DenseConfig::from_gguf(const GgufSet& f) {
     DenseConfig c;
     c.arch = meta::get_string(f, "general.architecture").value_or("<missing>");
-    if (c.arch != "gemma3" && c.arch != "qwen2")
-        throw ModelFormatError("architecture '" + c.arch + "' is not supported by the dense loader (gemma3, qwen2)");
-    const bool gemma = c.arch == "gemma3";
+    if (c.arch != "gemma3" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe")
+        throw ModelFormatError("architecture '" + c.arch +
+                               "' is not supported by the dense loader (gemma3, qwen2, qwen3, qwen3moe)");
+    const bool gemma = c.arch == "gemma3", moe = c.arch == "qwen3moe";
     const auto key = [&](const char* suffix) { return c.arch + "." + suffix; };
     c.n_layer = meta::require_positive_int(f, key("block_count"));
     // Every layer has tensors, so a count beyond the file's tensors is a lie (and must not size anything).
@@ -33,7 +35,7 @@ DenseConfig DenseConfig::from_gguf(const GgufSet& f) {
     c.n_head = meta::require_positive_int(f, key("attention.head_count"));
     c.n_head_kv = meta::get_int(f, key("attention.head_count_kv")).value_or(c.n_head);
     c.head_dim = meta::get_int(f, key("attention.key_length")).value_or(c.hidden / c.n_head);
-    c.n_ff = meta::require_positive_int(f, key("feed_forward_length"));
+    c.n_ff = moe ? 0 : meta::require_positive_int(f, key("feed_forward_length"));
     c.context_length = meta::get_int(f, key("context_length")).value_or(0);
     c.n_rot = meta::get_int(f, key("rope.dimension_count")).value_or(c.head_dim);
     c.eps = meta::require_float(f, key("attention.layer_norm_rms_epsilon"));
@@ -55,6 +57,23 @@ DenseConfig DenseConfig::from_gguf(const GgufSet& f) {
 
     c.swa.assign(size_t(c.n_layer), false);
     c.attn_scale = 1.0f / std::sqrt(float(c.head_dim));
+    c.qk_norm = c.arch == "qwen3" || moe;
+    if (moe) {
+        // llama.cpp's qwen3moe graph: softmax over every expert, the top expert_used_count renormalised (its
+        // graph always renormalises; regolith's converter writes expert_weights_norm = false for checkpoints
+        // with norm_topk_prob false, which llama.cpp ignores), no shared expert
+        MoeShape& m = c.moe;
+        m.hidden = c.hidden;
+        m.n_expert = meta::require_positive_int(f, key("expert_count"));
+        m.n_used = meta::require_positive_int(f, key("expert_used_count"));
+        if (m.n_used > m.n_expert)
+            throw ModelFormatError(key("expert_used_count") + " exceeds " + key("expert_count"));
+        m.ff_expert = meta::require_positive_int(f, key("expert_feed_forward_length"));
+        m.norm_topk_prob = meta::get_bool(f, key("expert_weights_norm")).value_or(true);
+        const float scale = meta::get_float(f, key("expert_weights_scale")).value_or(0.0f);
+        if (scale != 0.0f && scale != 1.0f)
+            throw ModelFormatError(key("expert_weights_scale") + " is not supported (qwen3moe weights are unscaled)");
+    }
     if (gemma) {
         c.embed_scale = std::sqrt(float(c.hidden));
         c.qk_norm = c.post_norms = true;
@@ -88,10 +107,17 @@ DenseConfig DenseConfig::from_gguf(const GgufSet& f) {
     return c;
 }
 
-DenseModel::DenseModel(const std::vector<std::vector<std::string>>& files, Backend& backend)
+DenseModel::DenseModel(const std::vector<std::vector<std::string>>& files, const ExpertLoadOptions& experts,
+                       Backend& backend)
     : file_(files), backend_(backend), store_(file_, backend), weights_(store_), config_(DenseConfig::from_gguf(file_)) {
     with_context(config_.arch + ": ", [&] {
         const DenseConfig& c = config_;
+        if (c.moe.n_expert > 0) {
+            arena_ = open_expert_arena(file_, c.n_layer, c.n_layer, c.moe, experts, backend_);
+            lookahead_ = arena_ && experts.lookahead;
+        } else if (!experts.experts_path.empty() || experts.arena.slots > 0) {
+            throw Error("a " + c.arch + " model has no routed experts to stream");
+        }
         const int64_t h = c.hidden, qd = c.n_head * c.head_dim, kvd = c.n_head_kv * c.head_dim;
         const auto vec = [&](const std::string& name, int64_t n) { return weights_.f32_converted(name, {n}); };
         const auto opt_vec = [&](const std::string& name, int64_t n) {
@@ -129,15 +155,28 @@ DenseModel::DenseModel(const std::vector<std::vector<std::string>>& files, Backe
                 L.k_norm = vec(p + "attn_k_norm.weight", c.head_dim);
             }
             L.ffn_norm = vec(p + "ffn_norm.weight", h);
-            L.gate = weights_.matrix(p + "ffn_gate.weight", c.n_ff, h);
-            L.up = weights_.matrix(p + "ffn_up.weight", c.n_ff, h);
-            L.down = weights_.matrix(p + "ffn_down.weight", h, c.n_ff);
+            if (c.moe.n_expert > 0) {
+                L.moe = SparseMoe::load(weights_, int(il), c.moe, !arena_);
+                if (arena_) L.moe->stream_from(arena_.get(), il);
+                L.moe->set_moce(experts.moce);
+            } else {
+                L.gate = weights_.matrix(p + "ffn_gate.weight", c.n_ff, h);
+                L.up = weights_.matrix(p + "ffn_up.weight", c.n_ff, h);
+                L.down = weights_.matrix(p + "ffn_down.weight", h, c.n_ff);
+            }
             if (c.post_norms) {
                 L.post_attn_norm = vec(p + "post_attention_norm.weight", h);
                 L.post_ffn_norm = vec(p + "post_ffw_norm.weight", h);
             }
         }
     });
+}
+
+DenseModel::~DenseModel() = default;
+
+void DenseModel::set_moce(const MoceOptions& moce) {
+    for (Layer& L : layers_)
+        if (L.moe) L.moe->set_moce(moce);
 }
 
 std::unique_ptr<ModelWindow> DenseModel::new_window(int64_t max_ctx, KvType kv_type) const {
@@ -308,7 +347,7 @@ void DenseWindow::forward(const std::vector<WindowStep>& parts) {
     const Tensor xn = ws.f32(n, h), o = ws.f32(n, h);          // [n][hidden]
     const Tensor q = ws.f32(n, H * D), att = ws.f32(n, H * D);  // [n][H][D]
     const Tensor k = ws.f32(n, KV * D), v = ws.f32(n, KV * D);  // [n][KV][D]
-    const Tensor gate = ws.f32(n, ff), up = ws.f32(n, ff);      // [n][n_ff]
+    const Tensor gate = ff > 0 ? ws.f32(n, ff) : Tensor{}, up = ff > 0 ? ws.f32(n, ff) : Tensor{};  // [n][n_ff]
     const auto residual = [&](const Tensor& post_norm) {
         if (post_norm) be.rms_norm(o, post_norm, c.eps, o);
         be.add(x, o, x);
@@ -317,11 +356,25 @@ void DenseWindow::forward(const std::vector<WindowStep>& parts) {
         if (b) be.add(y, b, y);
     };
 
+    ExpertArena* arena = model.arena_.get();
+    // a device-routed arena learns the step's routing afterwards: every layer's ids [n_layer][n * k]
+    const bool routed = arena && arena->device_routed();
+    const int64_t n_used = c.moe.n_used;
+    int64_t longest = 0;  // decode steps (and short verifications) prefetch
+    for (const WindowStep& p : parts) longest = std::max(longest, p.n);
+    const Tensor routing = routed ? ws.i32(c.n_layer, n * n_used) : Tensor{};
+
     std::vector<KvSeq> seqs(parts.size());
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const DenseModel::Layer& L = model.layers_[size_t(il)];
         const bool swa = c.swa[size_t(il)];
         const Tensor& rope = swa ? rope_swa : rope_global;
+        if (arena && !routed && model.lookahead_ && longest <= 8) {
+            // Lookahead: this layer's router applied to its input (its MoE input as it would be without this
+            // layer's attention), so the predicted experts load while the attention runs.
+            be.rms_norm(x, L.ffn_norm, c.eps, xn);
+            L.moe->prefetch(ws, xn);
+        }
 
         // attention
         be.rms_norm(x, L.attn_norm, c.eps, xn);
@@ -347,13 +400,24 @@ void DenseWindow::forward(const std::vector<WindowStep>& parts) {
         be.matmul(L.o, att, o);
         residual(L.post_attn_norm);
 
-        // feed-forward: down(act(gate(x)) * up(x))
+        // feed-forward: down(act(gate(x)) * up(x)), or the mixture of experts
         be.rms_norm(x, L.ffn_norm, c.eps, xn);
-        be.matmul(L.gate, xn, gate);
-        be.matmul(L.up, xn, up);
-        be.glu(gate, up, c.act == FfnActivation::GeluTanh ? Glu::GeluTanh : Glu::Silu, gate);
-        be.matmul(L.down, gate, o);
+        if (L.moe) {
+            L.moe->forward(ws, xn, o, routed ? routing.row_range(il, 1).reshaped(n, n_used) : Tensor{});
+        } else {
+            be.matmul(L.gate, xn, gate);
+            be.matmul(L.up, xn, up);
+            be.glu(gate, up, c.act == FfnActivation::GeluTanh ? Glu::GeluTanh : Glu::Silu, gate);
+            be.matmul(L.down, gate, o);
+        }
         residual(L.post_ffn_norm);
+    }
+    if (routed) {
+        std::vector<int32_t> ids(size_t(c.n_layer * n * n_used));
+        be.read(routing, ids.data());
+        arena->after_step(ids.data(), c.n_layer, n * n_used);
+    } else if (arena) {
+        arena->warm();
     }
     for (size_t i = 0; i < parts.size(); ++i) win(i)->n_past_ += parts[i].n;
     const WantedRows wanted = wanted_rows(parts, t0);

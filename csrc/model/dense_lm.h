@@ -1,20 +1,25 @@
-// Dense decoder-only transformers (llama.cpp's gemma3 and qwen2 graphs) on the Backend op interface:
-// token embedding, per layer RMSNorm -> GQA attention with RoPE -> residual -> RMSNorm -> gated FFN ->
-// residual, final RMSNorm and the LM head. What differs between architectures is data in DenseConfig, so
-// llama-like architectures are a new from_gguf case. Weights are views into the GGUF mapping; the KV caches
-// live in a DenseWindow.
+// Decoder-only transformers with dense attention on every layer (llama.cpp's gemma3, qwen2, qwen3 and
+// qwen3moe graphs) on the Backend op interface: token embedding, per layer RMSNorm -> GQA attention with RoPE
+// -> residual -> RMSNorm -> FFN -> residual, final RMSNorm and the LM head. The FFN is a gated MLP, or a
+// sparse mixture of experts (qwen3moe: SparseMoe, its routed experts resident or streamed through an
+// ExpertArena as qwen4exp's are). What differs between architectures is data in DenseConfig, so llama-like
+// architectures are a new from_gguf case. Weights are views into the GGUF mapping; the KV caches live in a
+// DenseWindow.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/buffers.h"
+#include "core/expert_arena.h"
 #include "core/gguf_set.h"
 #include "model/causal_attention.h"
 #include "model/language_model.h"
+#include "model/moe.h"
 #include "model/weights.h"
 
 namespace regolith {
@@ -28,7 +33,7 @@ struct DenseConfig {
     int64_t n_head = 0;
     int64_t n_head_kv = 0;
     int64_t head_dim = 0;  // attention.key_length == attention.value_length
-    int64_t n_ff = 0;
+    int64_t n_ff = 0;  // the dense MLP's width (0 in MoE models, whose feed_forward_length is not used)
     int64_t vocab = 0;
     int64_t context_length = 0;
     int64_t n_rot = 0;           // rope.dimension_count: leading dims rotated, NEOX pairs (i, i + n_rot/2)
@@ -45,6 +50,7 @@ struct DenseConfig {
     bool post_norms = false;   // RMSNorm of the attention and FFN outputs before their residual adds
     FfnActivation act = FfnActivation::Silu;
     float final_softcap = 0.0f;  // logits = c * tanh(logits / c) when > 0
+    MoeShape moe;                // every layer's FFN is sparse MoE when moe.n_expert > 0 (qwen3moe)
 
     static DenseConfig from_gguf(const GgufSet& file);
 };
@@ -53,12 +59,19 @@ class DenseWindow;
 
 class DenseModel {
 public:
-    // Maps and validates a gemma3 or qwen2 GGUF (files: as GgufSet takes them). Throws GGUFError /
-    // ModelFormatError naming the key or tensor.
-    explicit DenseModel(const std::vector<std::vector<std::string>>& files, Backend& backend = cpu_backend());
+    // Maps and validates a gemma3, qwen2, qwen3 or qwen3moe GGUF (files: as GgufSet takes them); `experts`
+    // says how a MoE model's routed experts are reached. Throws GGUFError / ModelFormatError naming the key or
+    // tensor.
+    explicit DenseModel(const std::vector<std::vector<std::string>>& files, const ExpertLoadOptions& experts = {},
+                        Backend& backend = cpu_backend());
+    ~DenseModel();
 
     Backend& backend() const { return backend_; }
     const DenseConfig& config() const { return config_; }
+    // The expert arena of a MoE model streaming its experts, else null.
+    ExpertArena* arena() const { return arena_.get(); }
+    // Changes cache-aware routing for every MoE layer (MoCE needs an arena to have an effect).
+    void set_moce(const MoceOptions& moce);
     std::unique_ptr<ModelWindow> new_window(int64_t max_ctx, KvType kv_type = KvType::F16) const;
 
 private:
@@ -73,6 +86,7 @@ private:
         Tensor post_attn_norm;            // [hidden]
         Tensor ffn_norm;                  // [hidden]
         Tensor gate, up, down;            // [n_ff][hidden] twice, [hidden][n_ff]
+        std::optional<SparseMoe> moe;     // instead of gate, up, down in MoE models
         Tensor post_ffn_norm;             // [hidden]
     };
 
@@ -81,6 +95,8 @@ private:
     WeightStore store_;
     ModelWeights weights_;
     DenseConfig config_;
+    std::unique_ptr<ExpertArena> arena_;
+    bool lookahead_ = false;
     Tensor tok_embd_;     // [vocab][hidden]
     Tensor output_;       // [vocab][hidden] (token_embd when absent)
     Tensor output_bias_;  // [vocab]

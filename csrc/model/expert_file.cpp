@@ -136,4 +136,18 @@ ExpertFileLayout expert_layout_from_pack(const std::string& path, int64_t n_laye
     return L;
 }
 
+std::unique_ptr<ExpertArena> open_expert_arena(const GgufSet& file, int64_t n_block, int64_t n_layer,
+                                               const MoeShape& shape, const ExpertLoadOptions& options,
+                                               Backend& backend) {
+    const bool packed = !options.experts_path.empty();
+    if (packed && options.arena.slots <= 0)
+        throw Error("a packed model streams its experts: the arena needs at least one slot");
+    if (options.arena.slots <= 0) return nullptr;
+    ExpertFileLayout layout = packed ? expert_layout_from_pack(options.experts_path, n_block, shape)
+                                     : expert_layout_from_gguf(file, n_block, shape);
+    ArenaOptions arena = options.arena;
+    arena.policy.lru_reserve = n_layer * shape.n_used;  // one token's experts always pass through LRU
+    return std::make_unique<ExpertArena>(std::move(layout), arena, backend);
+}
+
 }  // namespace regolith

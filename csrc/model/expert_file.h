@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/expert_arena.h"
@@ -23,5 +24,12 @@ ExpertFileLayout expert_layout_from_gguf(const GgufSet& file, int64_t n_layer, c
 // every matrix's type and shape, every record inside the file and aligned. Throws ModelFormatError saying
 // what is wrong (IoError when the file cannot be read).
 ExpertFileLayout expert_layout_from_pack(const std::string& path, int64_t n_layer, const MoeShape& shape);
+
+// The arena a model of `n_layer` layers streams `n_block` blocks' experts through (n_block > n_layer where
+// draft-head blocks follow the main layers), from the pack or the GGUF as `options` say; null when
+// options.arena.slots is 0 (resident experts). Throws Error for a packed model without slots.
+std::unique_ptr<ExpertArena> open_expert_arena(const GgufSet& file, int64_t n_block, int64_t n_layer,
+                                               const MoeShape& shape, const ExpertLoadOptions& options,
+                                               Backend& backend);
 
 }  // namespace regolith

@@ -37,6 +37,16 @@ struct MoceOptions {
     int64_t protect = 2;   // top-r experts never displaced
 };
 
+// How a mixture-of-experts model's routed experts are reached (every MoE architecture's load options): views
+// into the mapped GGUF (arena.slots 0), or streamed through an ExpertArena of arena.slots slots, from
+// `experts_path` (a packed experts.bin) or the GGUF's own *_exps tensors.
+struct ExpertLoadOptions {
+    std::string experts_path;
+    ArenaOptions arena;
+    bool lookahead = true;  // prefetch a layer's predicted experts while the layer's mixer runs
+    MoceOptions moce;
+};
+
 class SparseMoe {
 public:
     // With `routed` false the *_exps tensors are not read (they are streamed: see stream_from).

@@ -73,21 +73,11 @@ Qwen4ExpModel::Qwen4ExpModel(const std::vector<std::vector<std::string>>& files,
       weights_(store_),
       config_(Qwen4ExpConfig::from_gguf(file_)) {
     const Qwen4ExpConfig& c = config_;
-    const bool packed = !options.experts_path.empty();
-    if (packed && options.arena.slots <= 0)
-        throw Error("a packed model streams its experts: the arena needs at least one slot");
-    if (options.arena.slots > 0) {
-        // Every block's experts, the MTP head's (block n_layer) included where the head is there (a model whose
-        // head is in a side file it was loaded without has none): `regolith pack` stores them all.
-        const bool head = c.n_nextn > 0 && MtpHead::present(file_, c.n_layer);
-        const int64_t n_block = c.n_layer + (head ? c.n_nextn : 0);
-        ExpertFileLayout layout = packed ? expert_layout_from_pack(options.experts_path, n_block, c.moe)
-                                         : expert_layout_from_gguf(file_, n_block, c.moe);
-        ArenaOptions arena = options.arena;
-        arena.policy.lru_reserve = c.n_layer * c.moe.n_used;  // one token's experts always pass through LRU
-        arena_ = std::make_unique<ExpertArena>(std::move(layout), arena, backend_);
-        lookahead_ = options.lookahead;
-    }
+    // Every block's experts, the MTP head's (block n_layer) included where the head is there (a model whose
+    // head is in a side file it was loaded without has none): `regolith pack` stores them all.
+    const bool head = c.n_nextn > 0 && MtpHead::present(file_, c.n_layer);
+    arena_ = open_expert_arena(file_, c.n_layer + (head ? c.n_nextn : 0), c.n_layer, c.moe, options, backend_);
+    lookahead_ = arena_ && options.lookahead;
     std::optional<PleTableSource> ple_source;
     if (!options.ple_path.empty()) ple_source = ple_table_from_pack(options.ple_path);
     tok_embd_ = weights_.matrix("token_embd.weight", c.vocab, c.hidden);

@@ -44,14 +44,8 @@ struct Qwen4ExpConfig {
     static Qwen4ExpConfig from_gguf(const GgufSet& file);
 };
 
-// How a model's routed experts and PLE table are reached.
-struct Qwen4ExpLoadOptions {
-    // Routed experts: views into the mapped GGUF (arena.slots 0), or streamed through an ExpertArena of
-    // arena.slots slots, from `experts_path` (a packed experts.bin) or the GGUF's own *_exps tensors.
-    std::string experts_path;
-    ArenaOptions arena;
-    bool lookahead = true;  // prefetch layer l+1's predicted experts while layer l+1's mixer runs
-    MoceOptions moce;
+// How a model's routed experts (ExpertLoadOptions) and PLE table are reached.
+struct Qwen4ExpLoadOptions : ExpertLoadOptions {
     // The PLE table: the packed ple.bin at `ple_path`, else the GGUF's per_layer_token_embd.weight.
     std::string ple_path;
     PleReadOptions ple;

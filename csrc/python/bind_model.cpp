@@ -69,6 +69,12 @@ nb::dict dense_config_dict(const DenseModel& m) {
     d["attention_scale"] = c.attn_scale;
     d["hidden_activation"] = c.act == regolith::FfnActivation::GeluTanh ? "gelu_pytorch_tanh" : "silu";
     d["final_logit_softcapping"] = c.final_softcap;
+    if (c.moe.n_expert > 0) {
+        d["num_experts"] = c.moe.n_expert;
+        d["num_experts_per_tok"] = c.moe.n_used;
+        d["moe_intermediate_size"] = c.moe.ff_expert;
+        d["norm_topk_prob"] = c.moe.norm_topk_prob;
+    }
     return d;
 }
 
@@ -131,8 +137,7 @@ struct MoeHandle {
     regolith::SparseMoe moe;
 };
 
-nb::object arena_info(const Qwen4ExpModel& m) {
-    const regolith::ExpertArena* a = m.arena();
+nb::object arena_info(const regolith::ExpertArena* a) {
     if (!a) return nb::none();
     nb::dict d;
     d["slots"] = a->slots();
@@ -151,9 +156,9 @@ nb::object arena_info(const Qwen4ExpModel& m) {
     return d;
 }
 
-nb::dict model_stats(const Qwen4ExpModel& m) {
+nb::dict arena_stats(const regolith::ExpertArena* a) {
     nb::dict d;
-    if (const regolith::ExpertArena* a = m.arena()) {
+    if (a) {
         const regolith::ArenaStats s = a->stats();
         d["hits"] = s.hits;
         d["misses"] = s.misses;
@@ -172,6 +177,11 @@ nb::dict model_stats(const Qwen4ExpModel& m) {
         d["layer_hits"] = hits;
         d["layer_misses"] = misses;
     }
+    return d;
+}
+
+nb::dict model_stats(const Qwen4ExpModel& m) {
+    nb::dict d = arena_stats(m.arena());
     regolith::PleTableStats p;
     for (regolith::PleTable* t : m.ple_tables()) {
         const regolith::PleTableStats s = t->stats();
@@ -327,7 +337,9 @@ void init_model(nb::module_& m) {
             "ple_path reads the PLE table from a packed ple.bin.")
         .def("config", &config_dict)
         .def_prop_ro("backend", [](const Qwen4ExpModel& m) { return std::string(m.backend().name()); })
-        .def("arena_info", &arena_info, "None when the experts are resident, else the arena's geometry.")
+        .def(
+            "arena_info", [](const Qwen4ExpModel& m) { return arena_info(m.arena()); },
+            "None when the experts are resident, else the arena's geometry.")
         .def("stats", &model_stats, "Expert arena and PLE counters since load or reset_stats().")
         .def("reset_stats", &reset_model_stats)
         .def(
@@ -355,16 +367,57 @@ void init_model(nb::module_& m) {
             [](const Qwen4ExpModel& m, const std::string& kv) { m.check_cache_type(cache_type(kv)); },
             nb::arg("kv_type"),
             "Raises where this model's windows cannot have caches of kv_type on its backend.");
-    nb::class_<DenseModel>(m, "DenseModel", "A gemma3 or qwen2 model (dense decoder-only transformer).")
+    nb::class_<DenseModel>(m, "DenseModel",
+                           "A gemma3, qwen2, qwen3 or qwen3moe model (dense attention on every layer; qwen3moe's FFN "
+                           "is a mixture of experts).")
         .def(
             "__init__",
-            [](DenseModel* self, const std::vector<std::vector<std::string>>& files,
-               const std::string& backend) {
+            [](DenseModel* self, const std::vector<std::vector<std::string>>& files, const std::string& experts_path,
+               int64_t arena_slots, int io_threads, bool direct, bool lock, double hot_fraction, bool lookahead,
+               bool moce, float moce_bonus, int64_t moce_protect, const std::string& backend, int64_t host_slots,
+               bool device_routing) {
+                regolith::ExpertLoadOptions o;
+                o.experts_path = experts_path;
+                o.arena.slots = arena_slots;
+                o.arena.io_threads = io_threads;
+                o.arena.direct = direct;
+                o.arena.lock = lock;
+                o.arena.host_slots = host_slots;
+                o.arena.device_routed = device_routing;
+                o.arena.policy.hot_fraction = hot_fraction;
+                o.lookahead = lookahead;
+                o.moce = {moce, moce_bonus, moce_protect};
                 regolith::Backend& be = regolith::backend_by_name(backend);
                 nb::gil_scoped_release release;
-                new (self) DenseModel(files, be);
+                new (self) DenseModel(files, o, be);
             },
-            nb::arg("files"), nb::arg("backend") = "")
+            nb::arg("files"), nb::arg("experts_path") = "", nb::arg("arena_slots") = 0, nb::arg("io_threads") = 4,
+            nb::arg("direct") = true, nb::arg("lock") = true, nb::arg("hot_fraction") = 0.75,
+            nb::arg("lookahead") = true, nb::arg("moce") = false, nb::arg("moce_bonus") = 2.0f,
+            nb::arg("moce_protect") = 2, nb::arg("backend") = "", nb::arg("host_slots") = 0,
+            nb::arg("device_routing") = false,
+            "A model of files (groups of paths, as GGUFSet takes them) on `backend` ('' = $REGOLITH_BACKEND or "
+            "'cpu'); a qwen3moe model streams its routed experts as Qwen4ExpModel does (arena_slots, "
+            "experts_path, host_slots, device_routing).")
+        .def(
+            "arena_info", [](const DenseModel& m) { return arena_info(m.arena()); },
+            "None when the model has no streamed experts, else the arena's geometry.")
+        .def(
+            "stats", [](const DenseModel& m) { return arena_stats(m.arena()); },
+            "Expert arena counters since load or reset_stats() (empty without an arena).")
+        .def("reset_stats",
+             [](DenseModel& m) {
+                 if (regolith::ExpertArena* a = m.arena()) a->reset_stats();
+             })
+        .def(
+            "expert_stall_seconds",
+            [](const DenseModel& m) { return m.arena() ? m.arena()->stall_seconds() : 0.0; },
+            "Seconds computations have waited for expert reads since load or reset_stats() (0 when resident).")
+        .def(
+            "set_moce",
+            [](DenseModel& m, bool enabled, float bonus, int64_t protect) { m.set_moce({enabled, bonus, protect}); },
+            nb::arg("enabled"), nb::arg("bonus") = 2.0f, nb::arg("protect") = 2,
+            "Cache-aware routing (MoCE) of a qwen3moe model's experts.")
         .def("config", &dense_config_dict)
         .def_prop_ro("backend", [](const DenseModel& m) { return std::string(m.backend().name()); })
         .def(

@@ -1,0 +1,80 @@
+"""Record llama.cpp's qwen3 / qwen3moe GGUF layout for the tiny test checkpoints.
+
+Usage (from the repository root, in the test virtual environment)::
+
+    python tools/llamacpp_fixtures/make_qwen3_layout.py [--llama-cpp DIR]
+
+For every checkpoint in ``tests.llamacpp_layout.QWEN3_VARIANTS`` this saves the tiny model
+(``tests/dense_models.py``), runs llama.cpp's own ``convert_hf_to_gguf.py --outtype f32`` on it in a
+subprocess and writes ``tests/fixtures/llamacpp/<name>.json`` (``tests/llamacpp_layout.py``), as
+make_qwen4exp_layout.py does, with its two patches for a tiny checkpoint: hparams from config.json as
+written, and the BPE pre-tokenizer answered as ``qwen35`` (the tiny tokenizer's regex).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tools.llamacpp_fixtures.make_qwen4exp_layout import _RUNNER, DEFAULT_LLAMA_CPP, dump_layout  # noqa: E402
+
+
+def make_fixture(name: str, arch: str, seed: int, overrides: dict, llama_cpp: Path, work: Path) -> dict:
+    from tests.dense_models import save_tiny_checkpoint
+    from tests.llamacpp_layout import gguf_layout
+
+    model_dir = save_tiny_checkpoint(arch, work / name, seed, **overrides)
+    out = work / f"{name}.gguf"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUNNER, str(llama_cpp), str(model_dir), str(out)],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise SystemExit(f"llama.cpp's converter failed on {name}")
+    layout = gguf_layout(out)
+    layout["source"] = {
+        "checkpoint": name,
+        "architecture": arch,
+        "seed": seed,
+        "overrides": overrides,
+        "converter": f"{llama_cpp}/convert_hf_to_gguf.py --outtype f32",
+    }
+    return layout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--llama-cpp", type=Path, default=DEFAULT_LLAMA_CPP, help="llama.cpp source tree")
+    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "llamacpp")
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    from tests.llamacpp_layout import QWEN3_VARIANTS
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (arch, seed, overrides) in QWEN3_VARIANTS.items():
+            layout = make_fixture(name, arch, seed, overrides, args.llama_cpp, Path(tmp))
+            path = args.out / f"{name}.json"
+            path.write_text(dump_layout(layout))
+            print(f"{path}: {len(layout['tensors'])} tensors, {len(layout['metadata'])} keys")
+
+
+if __name__ == "__main__":
+    main()
