@@ -36,7 +36,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("model.py",),
     ("session.py", "terminal.py"),
     ("__init__.py",),
-    ("convert/checkpoint.py", "convert/mmproj.py", "convert/qwen4exp.py", "convert/tokenizer.py"),
+    (
+        "convert/checkpoint.py",
+        "convert/mmproj.py",
+        "convert/qwen3.py",
+        "convert/qwen4exp.py",
+        "convert/tokenizer.py",
+    ),
     ("convert/writer.py",),
     ("convert/__init__.py",),
     (

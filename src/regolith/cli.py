@@ -464,9 +464,9 @@ def _parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser(
         "pack",
-        help="lay out a qwen4exp GGUF for streaming its experts from disk",
+        help="lay out a GGUF with routed experts (qwen4exp, qwen3moe) for streaming them from disk",
         description="Write a packed model directory: dense.gguf (resident weights, 16 KiB-aligned), "
-        "experts.bin (one aligned, checksummed record per expert: one direct read each), ple.bin (the "
+        "experts.bin (one aligned, checksummed record per expert: one direct read each), ple.bin (qwen4exp's "
         "n-gram table in checksummed 4 KiB blocks) and manifest.json. The directory appears only when "
         "complete. Load it like a GGUF: regolith run DIR. See docs/formats.md.",
     )
@@ -480,10 +480,11 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser(
         "convert",
-        help="convert a Hugging Face qwen4_exp checkpoint to GGUF (llama.cpp's qwen4exp layout)",
-        description="Convert a Hugging Face qwen4_exp checkpoint directory (config.json, *.safetensors, "
-        "tokenizer.json) to one GGUF file in llama.cpp's qwen4exp layout. The output appears only when "
-        "complete (written to a temporary file beside it, then renamed). MTP tensors are not converted.",
+        help="convert a Hugging Face qwen4_exp, qwen3 or qwen3_moe checkpoint to GGUF (llama.cpp's layout)",
+        description="Convert a Hugging Face qwen4_exp, qwen3 or qwen3_moe checkpoint directory (config.json, "
+        "*.safetensors, tokenizer.json) to one GGUF file in llama.cpp's layout for it (qwen4exp, qwen3, "
+        "qwen3moe). The output appears only when complete (written to a temporary file beside it, then "
+        "renamed). qwen4_exp's MTP tensors are converted when config.json sets mtp_num_hidden_layers.",
     )
     c.add_argument(
         "source", help="the Hugging Face model directory, or a GGUF (any shard of a split one) to re-split"

@@ -228,7 +228,7 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
         "--kv-type",
         choices=["f32", "f16", "q8_0", "i8"],
         help="attention cache type (llama.cpp's -ctk/-ctv names; i8: int8 rows with one f32 scale each); "
-        "default i8 for qwen4exp, f16 for gemma3 / qwen2",
+        "default i8 for qwen4exp, f16 for the others",
     )
     p.add_argument(
         "--memory-gb",

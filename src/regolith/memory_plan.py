@@ -80,7 +80,8 @@ class ModelSizes:
     ff_expert: int = 0
     mtp_bytes: int = 0  # the MTP head's tensors but its routed experts (which count as a layer's experts)
     mtp_experts: int = 0  # the MTP head's routed experts (0: no head)
-    dense_scratch: int = 0  # gemma3 / qwen2: scratch_bytes
+    dense_scratch: int = 0  # gemma3 / qwen2 / qwen3(moe): scratch_bytes
+    streamed_scratch: int = 0  # qwen3moe: what batching streamed experts on the host adds to it
     vision_bytes: int = 0  # the projector's weights (mmproj): the vision encoder, loaded for images
 
     @property
@@ -105,11 +106,12 @@ class ModelSizes:
     def state_bytes(self, n_ctx: int) -> int:
         return self.state_fixed + self.state_per_token * n_ctx
 
-    def scratch_bytes(self) -> int:
+    def scratch_bytes(self, streamed: bool = False) -> int:
         """Activations of one prefill chunk (estimate: streams, mixer and MoE buffers, one logits row; the
-        dense models': what their workspace can hold for it, ``_dense_scratch``)."""
+        dense models': what their workspace can hold for it, ``_dense_scratch``, ``streamed``: with the experts
+        batched on the host as streaming them does)."""
         if self.architecture != "qwen4exp":
-            return self.dense_scratch
+            return self.dense_scratch + (self.streamed_scratch if streamed else 0)
         t = PREFILL_CHUNK
         streams = 6 * t * self.hc * self.hidden
         moe = t * max(self.n_used, 1) * (2 * self.hidden + 2 * self.ff_expert)
@@ -146,21 +148,36 @@ def _dense_head_dim(metadata: dict[str, Any], arch: str) -> int:
     return int(metadata[p + "embedding_length"]) // int(metadata[p + "attention.head_count"])
 
 
-def _dense_scratch(metadata: dict[str, Any], arch: str, kv_heads: int, vocab: int) -> int:
-    """What a gemma3 / qwen2 window's workspace can hold while it evaluates a prefill chunk (DenseWindow's
-    forward, csrc/model/dense_lm.cpp): per token the residual stream, its norm and the attention output
-    [hidden] x 3, queries and attention [heads * head_dim] x 2, keys and values [kv_heads * head_dim] x 2,
-    the MLP's gate and up [ff] x 2 and two rope tables, all f32, and the last token's logits row. The
+def _dense_scratch(
+    metadata: dict[str, Any], arch: str, kv_heads: int, vocab: int, streamed: bool = False
+) -> int:
+    """What a gemma3 / qwen2 / qwen3(moe) window's workspace can hold while it evaluates a prefill chunk
+    (DenseWindow's forward, csrc/model/dense_lm.cpp): per token the residual stream, its norm and the attention
+    output [hidden] x 3, queries and attention [heads * head_dim] x 2, keys and values [kv_heads * head_dim] x 2,
+    the MLP's gate and up [ff] x 2 (or the mixture of experts' buffers) and two rope tables, all f32, and the
+    last token's logits row. The
     workspace grows by chunks of twice the last one (the first at least SCRATCH_MIN_CHUNK), each left when the
     next tensor does not fit, so it can hold about twice the tensors, the largest one's room left unused (the
-    MLP's) and its first chunk's minimum (tests/model/test_kv_cache_types.py checks the bound)."""
+    MLP's) and its first chunk's minimum (tests/model/test_kv_cache_types.py and test_qwen3moe.py check the
+    bound). Resident experts run on the backend from the routing on (Backend::moe_experts), their rows
+    batched by the backend, not in the workspace; ``streamed``: batched in the workspace by the host."""
     p = f"{arch}."
     hidden, d = int(metadata[p + "embedding_length"]), _dense_head_dim(metadata, arch)
-    n_head, ff = int(metadata[p + "attention.head_count"]), int(metadata[p + "feed_forward_length"])
+    n_head = int(metadata[p + "attention.head_count"])
     n_rot = int(metadata.get(p + "rope.dimension_count", d))
-    per_token = 4 * (3 * hidden + 2 * n_head * d + 2 * kv_heads * d + 2 * ff + 2 * n_rot) + 3 * 8 + 4
     t = PREFILL_CHUNK
-    return 2 * (t * per_token + 4 * t * ff + 4 * vocab) + SCRATCH_MIN_CHUNK
+    if p + "expert_count" in metadata:
+        # qwen3moe's layers instead of the MLP (SparseMoe::forward): router logits [n_expert], weights and ids
+        # [k]; streamed, per routed row (k per token) its token and pair ids, its input, gate, up and output
+        ne, k = int(metadata[p + "expert_count"]), int(metadata[p + "expert_used_count"])
+        fe = int(metadata[p + "expert_feed_forward_length"])
+        ffn = 4 * (ne + 2 * k) + (k * (8 + 4 * (2 * hidden + 2 * fe)) if streamed else 0)
+        largest = 4 * (k * max(hidden, fe) if streamed else max(hidden, n_head * d, ne))
+    else:
+        ff = int(metadata[p + "feed_forward_length"])
+        ffn, largest = 4 * 2 * ff, 4 * ff
+    per_token = 4 * (3 * hidden + 2 * n_head * d + 2 * kv_heads * d + 2 * n_rot) + ffn + 3 * 8 + 4
+    return 2 * (t * per_token + t * largest + 4 * vocab) + SCRATCH_MIN_CHUNK
 
 
 def vision_bytes(tensors: dict[str, Any], metadata: dict[str, Any], where: str) -> int:
@@ -219,22 +236,53 @@ def sizes_from_gguf(
         raise ModelFormatError(f"inconsistent model metadata: {e}") from None
 
 
+def _expert_records(
+    tensors: dict[str, Any], manifest: dict[str, Any] | None, n_layer: int, n_expert: int
+) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """Per layer: one expert's record bytes, and (GGUF in place) its gate, up and down parts' bytes."""
+    if manifest is not None:
+        return [int(r) for r in manifest["experts"]["record_bytes"]], []
+    parts = [
+        tuple(tensors[f"blk.{layer}.ffn_{k}_exps.weight"].nbytes // n_expert for k in ("gate", "up", "down"))
+        for layer in range(n_layer)
+    ]
+    return [sum(x) for x in parts], parts  # type: ignore[misc]
+
+
 def _sizes(
     tensors: dict[str, Any], metadata: dict[str, Any], manifest: dict[str, Any] | None, kv_type: str
 ) -> ModelSizes:
     arch = metadata.get("general.architecture", "")
     dense = sum(t.nbytes for n, t in tensors.items() if not _EXPERT.match(n) and n != _PLE_TABLE)
-    if arch != "qwen4exp":  # gemma3, qwen2: every layer keeps keys and values of every position
+    if arch != "qwen4exp":  # gemma3, qwen2, qwen3(moe): every layer keeps keys and values of every position
         p = f"{arch}."
         kvh = metadata[p + "attention.head_count_kv"]
         n_layer = int(metadata[p + "block_count"])
         heads = [int(h) for h in kvh] if isinstance(kvh, list) else [int(kvh)] * n_layer
         row = cache_row_bytes(kv_type, _dense_head_dim(metadata, arch))
-        return ModelSizes(
+        vocab = tensors["token_embd.weight"].shape[0]
+        sizes = ModelSizes(
             arch,
             dense,
             state_per_token=sum(2 * h * row for h in heads),
-            dense_scratch=_dense_scratch(metadata, arch, max(heads), tensors["token_embd.weight"].shape[0]),
+            dense_scratch=_dense_scratch(metadata, arch, max(heads), vocab),
+        )
+        if p + "expert_count" not in metadata:
+            return sizes
+        streamed = _dense_scratch(metadata, arch, max(heads), vocab, streamed=True)
+        n_expert = int(metadata[p + "expert_count"])
+        records, parts = _expert_records(tensors, manifest, n_layer, n_expert)
+        return replace(
+            sizes,
+            expert_record_bytes=records,
+            n_expert=n_expert,
+            n_used=int(metadata[p + "expert_used_count"]),
+            packed=manifest is not None,
+            hidden=int(metadata[p + "embedding_length"]),
+            vocab=vocab,
+            ff_expert=int(metadata[p + "expert_feed_forward_length"]),
+            streamed_scratch=streamed - sizes.dense_scratch,
+            _parts=parts,
         )
     p = "qwen4exp."
     n_layer = int(metadata[p + "block_count"])
@@ -253,23 +301,14 @@ def _sizes(
             n_layer -= nextn  # the MTP head is in a side file the model was opened without: no head
     hidden = int(metadata[p + "embedding_length"])
     n_expert = int(metadata[p + "expert_count"])
-    parts: list[tuple[int, int, int]] = []
+    records, parts = _expert_records(tensors, manifest, n_layer, n_expert)
     if manifest is not None:
-        records = [int(r) for r in manifest["experts"]["record_bytes"]]
         ple = manifest.get("ple")
         ple_rows, ple_row_bytes, ple_hd = (
             (int(ple["rows"]), int(ple["row_bytes"]), int(ple["head_dim"])) if ple else (0, 0, 0)
         )
         ple_index = 4 * int(ple["blocks"]) if ple else 0
     else:
-        for layer in range(n_layer):
-            parts.append(
-                tuple(
-                    tensors[f"blk.{layer}.ffn_{k}_exps.weight"].nbytes // n_expert
-                    for k in ("gate", "up", "down")
-                )
-            )
-        records = [sum(x) for x in parts]
         t = tensors.get(_PLE_TABLE)
         ple_rows, ple_row_bytes, ple_hd = (t.shape[0], t.row_bytes, t.shape[1]) if t else (0, 0, 0)
         ple_index = 0
@@ -369,7 +408,7 @@ class MemoryPlan:
         """A step's scratch: one prefill chunk's activations and, routing on the device, a layer's records
         copied to device memory in one piece for a prefill chunk (SparseMoe::forward)."""
         staged = self.sizes.n_expert * self.sizes.slot_bytes if self.routes_on_device else 0
-        return self.sizes.scratch_bytes() + staged
+        return self.sizes.scratch_bytes(self.streaming and not self.routes_on_device) + staged
 
     @property
     def resident_expert_bytes(self) -> int:
@@ -616,7 +655,7 @@ def plan_memory(
         return p
     if not sizes.packed and plan(0).total_bytes <= cap:
         return plan(0)
-    fixed = plan(0).total_bytes - sizes.expert_bytes
+    fixed = plan(1).total_bytes - slot  # everything but the arena, streaming (its scratch may be larger)
     slots = min(sizes.n_experts_total, max(0, (cap - fixed) // slot))
     if slots < 1:
         need = fixed + slot

@@ -120,6 +120,8 @@ def _check_kv_type(core: Any, kv_type: str) -> None:
 _ARCHITECTURES = {
     "gemma3": _core.DenseModel,
     "qwen2": _core.DenseModel,
+    "qwen3": _core.DenseModel,
+    "qwen3moe": _core.DenseModel,
     "qwen4exp": _core.Qwen4ExpModel,
 }
 
@@ -214,7 +216,7 @@ class Model:
         :meth:`chat` take images; its weights load on the first image and unload after
         ``vision_idle_unload`` seconds without one (None: kept).
 
-        Mixture-of-experts models (qwen4exp) get a memory plan (:attr:`plan`, logged at load): with ``arena_gb``
+        Mixture-of-experts models (qwen4exp, qwen3moe) get a memory plan (:attr:`plan`, logged at load): with ``arena_gb``
         the routed experts stream from disk through an arena of that size; without it, a GGUF whose experts
         fit ``memory_gb`` (default: three quarters of physical memory) keeps them all resident and otherwise
         the arena takes what the budget leaves. A packed directory always streams. Where the arena is device
@@ -284,27 +286,31 @@ class Model:
             device_routing=device_routing,
         )
         _log.info("memory plan for %s:\n%s", resolved, plan.render())
-        if arch != "qwen4exp":
+        if not sizes.n_expert:
             core = _ARCHITECTURES[arch](groups, backend=backend)
             _check_kv_type(core, kv_type)
         else:
             moce_opts = dict(moce) if isinstance(moce, Mapping) else {}
-            core = _core.Qwen4ExpModel(
-                groups,
-                experts_path=str(packed.experts) if packed else "",
-                arena_slots=plan.arena_slots,
-                io_threads=io_threads,
-                lock=lock_memory,
-                lookahead=lookahead,
-                moce=bool(moce),
-                moce_bonus=float(moce_opts.get("bonus", 2.0)),
-                moce_protect=int(moce_opts.get("protect", 2)),
-                ple_path=str(packed.ple) if packed and packed.ple else "",
-                ple_cache_bytes=plan.ple_cache_bytes,
-                backend=backend,
-                host_slots=plan.host_slots,
-                device_routing=device_routing,
-            )
+            experts = {
+                "experts_path": str(packed.experts) if packed else "",
+                "arena_slots": plan.arena_slots,
+                "io_threads": io_threads,
+                "lock": lock_memory,
+                "lookahead": lookahead,
+                "moce": bool(moce),
+                "moce_bonus": float(moce_opts.get("bonus", 2.0)),
+                "moce_protect": int(moce_opts.get("protect", 2)),
+                "backend": backend,
+                "host_slots": plan.host_slots,
+                "device_routing": device_routing,
+            }
+            if arch == "qwen4exp":
+                ple = str(packed.ple) if packed and packed.ple else ""
+                core = _core.Qwen4ExpModel(
+                    groups, ple_path=ple, ple_cache_bytes=plan.ple_cache_bytes, **experts
+                )
+            else:
+                core = _ARCHITECTURES[arch](groups, **experts)
             _check_kv_type(core, kv_type)
             info = core.arena_info()
             if info is not None and lock_memory and not info["locked"]:
@@ -352,7 +358,7 @@ class Model:
                 for h, m in zip(raw.pop("layer_hits"), raw.pop("layer_misses"), strict=True)
             ]
             del out["layer_hits"], out["layer_misses"]
-        if self._tokens_evaluated:
+        if self._tokens_evaluated and "ple_rows_read" in raw:
             out["ple_rows_read_per_token"] = raw["ple_rows_read"] / self._tokens_evaluated
         return out
 

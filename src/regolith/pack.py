@@ -1,4 +1,5 @@
-"""``regolith pack``: a qwen4exp GGUF laid out for streaming (docs/formats.md, "Packed model directory").
+"""``regolith pack``: a GGUF with routed experts (qwen4exp, qwen3moe) laid out for streaming (docs/formats.md,
+"Packed model directory").
 
 The directory holds ``dense.gguf`` (every tensor but the routed experts and the PLE table, data aligned to
 16 KiB), ``experts.bin`` (one 16 KiB-aligned, CRC32C-checked ``[gate | up | down]`` record per (layer,
@@ -30,7 +31,7 @@ from . import gguf as _gguf
 from .errors import ModelFormatError
 from .state import model_fingerprint
 
-__all__ = ["FORMAT_VERSION", "PackedModel", "is_packed", "open_packed", "pack"]
+__all__ = ["FORMAT_VERSION", "STREAMED_ARCHITECTURES", "PackedModel", "is_packed", "open_packed", "pack"]
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -39,6 +40,8 @@ EXPERTS = "experts.bin"
 PLE = "ple.bin"
 RECORD_ALIGN = 16384  # experts.bin records and dense.gguf tensor data
 PLE_BLOCK = 4096
+# The architectures whose routed experts stream through the arena (and so pack)
+STREAMED_ARCHITECTURES = ("qwen4exp", "qwen3moe")
 
 _EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 _PLE_TABLE = "per_layer_token_embd.weight"
@@ -327,8 +330,9 @@ def pack(
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> Path:
-    """Pack the qwen4exp GGUF ``model`` (a file, or any shard of a split model) and its ``side_files`` (the PLE
-    table and the MTP head kept apart, as :meth:`regolith.Model.load` takes them) into the directory ``out_dir``
+    """Pack the GGUF ``model`` of an architecture with routed experts (qwen4exp, qwen3moe; a file, or any shard
+    of a split model) and its ``side_files`` (qwen4exp's PLE table and MTP head kept apart, as
+    :meth:`regolith.Model.load` takes them) into the directory ``out_dir``
     (see the module docstring). The manifest's source fingerprint is theirs together.
 
     ``progress(file, done, total)`` is called as each file advances. The directory appears only when
@@ -341,17 +345,18 @@ def pack(
         raise FileExistsError(f"{out} exists (pass overwrite=True / --force to replace it)")
     with _gguf.open(src_path, side_files=side_files) as src:
         arch = src.architecture
-        if arch != "qwen4exp":
-            raise ModelFormatError(
-                f"pack needs a model with routed experts (qwen4exp); {src_path} is {arch!r}"
-            )
         md = src.metadata
-        n_layer = int(md["qwen4exp.block_count"])
-        nextn = int(md.get("qwen4exp.nextn_predict_layers", 0))
+        experts = {n for n in src.tensors if _EXPERT_TENSOR.match(n)}
+        if arch not in STREAMED_ARCHITECTURES or not experts:
+            raise ModelFormatError(
+                f"pack needs a model with routed experts ({', '.join(STREAMED_ARCHITECTURES)}); "
+                f"{src_path} is {arch!r}"
+            )
+        n_layer = int(md[f"{arch}.block_count"])
+        nextn = int(md.get(f"{arch}.nextn_predict_layers", 0))
         if nextn and f"blk.{n_layer - nextn}.nextn.eh_proj.weight" not in src.tensors:
             n_layer -= nextn  # the MTP head is in a side file not given: packed without it
-        n_expert = int(md["qwen4exp.expert_count"])
-        experts = {n for n in src.tensors if _EXPERT_TENSOR.match(n)}
+        n_expert = int(md[f"{arch}.expert_count"])
         has_ple = _PLE_TABLE in src.tensors
         skip = experts | ({_PLE_TABLE} if has_ple else set())
 

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tools.llamacpp_fixtures.make_qwen4exp_layout import _RUNNER, DEFAULT_LLAMA_CPP, dump_layout  # noqa: E402
+from tools.llamacpp_fixtures.make_qwen4exp_layout import _RUNNER, DEFAULT_LLAMA_CPP, dump_layout
 
 
 def make_fixture(name: str, arch: str, seed: int, overrides: dict, llama_cpp: Path, work: Path) -> dict:

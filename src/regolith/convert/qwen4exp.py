@@ -96,8 +96,8 @@ def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     model_type = config.get("model_type")
     if not (set(archs) & set(HF_ARCHITECTURES)) and model_type not in _MODEL_TYPES:
         raise ModelFormatError(
-            f"unsupported architecture {archs or model_type!r}: regolith converts only qwen4_exp "
-            f"({', '.join(HF_ARCHITECTURES)})"
+            f"unsupported architecture {archs or model_type!r}: regolith converts qwen4_exp "
+            f"({', '.join(HF_ARCHITECTURES)}), qwen3 and qwen3_moe"
         )
     cfg = dict(config)
     if isinstance(config.get("text_config"), Mapping):

@@ -19,7 +19,7 @@ from .._atomic import atomic_path
 from ..errors import ModelFormatError, RegolithError
 from ..gguf_split import write_merged, write_split
 from . import mmproj as _mmproj
-from . import qwen4exp
+from . import qwen3, qwen4exp
 from .checkpoint import Checkpoint
 from .tokenizer import gpt2_tokenizer_metadata
 
@@ -139,13 +139,14 @@ def convert(
     split_max_size: int | None = None,
     split_max_tensors: int | None = None,
 ) -> Path:
-    """Convert a qwen4_exp Hugging Face directory to a GGUF file in llama.cpp's qwen4exp layout (``outtype``,
-    default f16); returns its path (split: the first shard's).
+    """Convert a Hugging Face directory (qwen4_exp, qwen3 or qwen3_moe) to a GGUF file in llama.cpp's layout
+    for it (``qwen4exp``, ``qwen3``, ``qwen3moe``; ``outtype``, default f16); returns its path (split: the
+    first shard's).
 
     Everything is validated (config, tensor names and shapes, tokenizer) before the output is created; the
     file is written to a temporary file beside ``out_path``, fsynced and renamed, so an error or an
     interrupt leaves no partial output. ``progress(name, index, count)`` is called after each tensor.
-    ``mmproj``: also write the vision tower to this path (:func:`convert_mmproj`).
+    ``mmproj``: also write the vision tower of a qwen4_exp checkpoint to this path (:func:`convert_mmproj`).
     ``split_max_size`` (bytes) or ``split_max_tensors``: write shards in llama.cpp's gguf-split layout
     (:func:`regolith.gguf_split.write_split`) instead of one file. ``hf_dir`` may also be a GGUF file (any
     shard of a split model): it is re-split, or merged into one file, with its tensors as they are.
@@ -182,18 +183,33 @@ def convert(
             with _gguf.open(whole) as src:
                 return write_split(src, out_path, max_size=split_max_size, max_tensors=split_max_tensors)[0]
     ckpt = Checkpoint(hf_dir)
-    if mmproj is not None:
-        convert_mmproj(hf_dir, mmproj, outtype)
-    cfg = qwen4exp.text_config(ckpt.config)
-    sources = qwen4exp.collect_sources(ckpt.tensors())
-    plan = qwen4exp.tensor_plan(ckpt.config, sources)
     file_type = OUTTYPES[outtype][1]
-    arch_md = qwen4exp.gguf_metadata(
-        ckpt.config, file_type=int(file_type), ple_constants=qwen4exp.ple_constants_from(sources)
-    )
+    if qwen3.handles(ckpt.config):
+        if mmproj is not None:
+            raise RegolithError("--mmproj: a qwen3 checkpoint has no vision tower")
+        cfg = qwen3.text_config(ckpt.config)
+        sources: dict[str, Any] = {}
+        for name, src in ckpt.tensors():
+            if name in sources:
+                raise ModelFormatError(f"checkpoint: tensor {name} appears twice")
+            sources[name] = src
+        plan = qwen3.tensor_plan(ckpt.config, sources)
+        arch, arch_md = cfg["arch"], qwen3.gguf_metadata(ckpt.config, file_type=int(file_type))
+    else:
+        if mmproj is not None:
+            convert_mmproj(hf_dir, mmproj, outtype)
+        cfg = qwen4exp.text_config(ckpt.config)
+        sources = qwen4exp.collect_sources(ckpt.tensors())
+        plan = qwen4exp.tensor_plan(ckpt.config, sources)
+        arch, arch_md = (
+            qwen4exp.ARCH,
+            qwen4exp.gguf_metadata(
+                ckpt.config, file_type=int(file_type), ple_constants=qwen4exp.ple_constants_from(sources)
+            ),
+        )
     tok_md = gpt2_tokenizer_metadata(ckpt.path, cfg["vocab_size"], pre=tokenizer_pre)
 
-    writer = gguf.GGUFWriter(path=None, arch=qwen4exp.ARCH)
+    writer = gguf.GGUFWriter(path=None, arch=arch)
     types = [tensor_type(name, shape, outtype) for name, shape, _ in plan]
     _add_tensor_infos(writer, plan, types)
     writer.add_type(gguf.GGUFType.MODEL)
