@@ -1,11 +1,14 @@
 """Expert streaming: decode speed across expert-arena sizes, against the disk's O_DIRECT bandwidth and against
 llama.cpp.
 
-    python benchmarks/bench_stream.py [--model PATH | --layers 4 --experts Q4_K --data-dir /work/bench_data]
-        [--arena 0.125,0.25,0.5] [--prompt 16] [--decode 32] [--trace FILE [--replay-only]] [--json OUT]
+    python benchmarks/bench_stream.py [--model PATH | --synthetic flash-next --layers 4 --experts Q4_K
+        --data-dir /work/bench_data] [--arena 0.125,0.25,0.5] [--prompt 16] [--decode 32]
+        [--trace FILE [--replay-only]] [--json OUT]
 
-The model is a qwen4exp GGUF: ``--model``, or the synthetic one of benchmarks/synthetic_qwen4exp.py at the
-real Flash-Next shapes (written once to ``--data-dir`` and reused). All in one run:
+The model is a GGUF with routed experts (qwen4exp, qwen3moe): ``--model``, or a synthetic one at a real
+model's per-layer shapes with ``--layers`` layers (written once to ``--data-dir`` and reused):
+``--synthetic flash-next`` (benchmarks/synthetic_qwen4exp.py), ``qwen3-30b-a3b`` or ``qwen3-235b-a22b``
+(benchmarks/synthetic_qwen3moe.py). All in one run:
 
 1. The disk: O_DIRECT reads of one expert record (a routed expert's gate, up and down bytes, rounded up to
    4 KiB) from the file's expert region: sequential at queue depth 1, random at queue depth 1, random from
@@ -59,7 +62,7 @@ from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import regolith
-from benchmarks import synthetic_qwen4exp
+from benchmarks import synthetic_qwen3moe, synthetic_qwen4exp
 from regolith import _core
 from regolith import gguf as rgguf
 
@@ -72,11 +75,11 @@ MIN_SPARE_RAM = 2 * GiB  # "fits in memory": file size + this <= MemAvailable
 
 
 def expert_layout(path: str | os.PathLike[str]) -> dict[str, int]:
-    """The routed experts in a qwen4exp GGUF: ``record`` (bytes of one expert's gate + up + down),
+    """The routed experts in a GGUF (qwen4exp, qwen3moe): ``record`` (bytes of one expert's gate + up + down),
     ``n_experts``, ``n_layers``, ``total`` bytes, and the file span ``start`` .. ``end`` holding them."""
     with rgguf.open(path) as f:
         exps = [t for t in f.tensors.values() if t.name.endswith("_exps.weight")]
-        n_experts = int(f.metadata["qwen4exp.expert_count"])
+        n_experts = int(f.metadata[f"{f.architecture}.expert_count"])
     if not exps:
         raise ValueError(f"{path}: no routed expert tensors (*_exps.weight)")
     layers = {t.name.split(".")[1] for t in exps}
@@ -467,7 +470,15 @@ def show_replay(console: Console, args: argparse.Namespace, fractions: Sequence[
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="a qwen4exp GGUF (default: the synthetic one, written if missing)")
+    ap.add_argument(
+        "--model", help="a GGUF with routed experts (default: the synthetic one, written if missing)"
+    )
+    ap.add_argument(
+        "--synthetic",
+        choices=["flash-next", *synthetic_qwen3moe.MODELS],
+        default="flash-next",
+        help="the shapes of the synthetic model",
+    )
     ap.add_argument("--layers", type=int, default=4, help="layers of the synthetic model")
     ap.add_argument("--experts", choices=list(synthetic_qwen4exp.EXPERT_TYPES), default="Q4_K")
     ap.add_argument("--ple", action="store_true", help="give the synthetic model a PLE layer")
@@ -498,12 +509,17 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.model:
         path = args.model
-    else:
+    elif args.synthetic == "flash-next":
         name = f"synthetic-qwen4exp-{args.layers}L-{args.experts}{'-ple' if args.ple else ''}.gguf"
         path = os.path.join(args.data_dir, name)
         if not os.path.exists(path):
             console.print(f"writing {path} ...")
             synthetic_qwen4exp.write(path, args.layers, expert_type=args.experts, ple=args.ple)
+    else:
+        path = os.path.join(args.data_dir, f"synthetic-{args.synthetic}-{args.layers}L-{args.experts}.gguf")
+        if not os.path.exists(path):
+            console.print(f"writing {path} ...")
+            synthetic_qwen3moe.write(path, args.layers, model=args.synthetic, expert_type=args.experts)
     size = os.path.getsize(path)
     exp = expert_layout(path)
     fits = size + MIN_SPARE_RAM <= mem_available()

@@ -59,12 +59,16 @@ __all__ = [
     "DENSE_TYPES",
     "EXPERT_TYPES",
     "TensorSpec",
+    "add_tensor_infos",
     "check",
     "config",
     "expert_bytes",
     "layout",
+    "tokenizer_metadata",
     "write",
     "write_bundle",
+    "write_headers",
+    "write_tensors",
 ]
 
 # expert type -> general.file_type
@@ -264,7 +268,7 @@ def _std(spec: TensorSpec) -> float:
     return 1.0 / np.sqrt(spec.shape[-1])
 
 
-def _tokenizer_metadata(vocab: int) -> list[tuple[str, Any, gguf.GGUFValueType]]:
+def tokenizer_metadata(vocab: int) -> list[tuple[str, Any, gguf.GGUFValueType]]:
     from tests.qwen4exp_models import save_tiny_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -303,9 +307,27 @@ def write(
     """Write the synthetic GGUF to ``path`` (via a temporary file beside it, renamed when complete) and
     return its tensors. Raises OSError before writing anything when less than 10 GiB of disk would remain.
     ``progress(spec, bytes_done, bytes_total)`` is called after each tensor."""
-    path = Path(path)
     cfg = config(n_layers, vocab=vocab, ple=ple)
     specs = layout(cfg, expert_type, dense_type)
+    writer = gguf.GGUFWriter(path=None, arch=qwen4exp.ARCH)
+    add_tensor_infos(writer, specs)
+    _add_model_metadata(writer, cfg, expert_type, vocab)
+    write_tensors(path, writer, specs, seed=seed, progress=progress)
+    return specs
+
+
+def write_tensors(
+    path: str | os.PathLike[str],
+    writer: gguf.GGUFWriter,
+    specs: list[TensorSpec],
+    *,
+    seed: int = 0,
+    progress: Callable[[TensorSpec, int, int], None] | None = None,
+) -> None:
+    """Write ``writer`` (its metadata and the tensor infos of ``specs`` added) to ``path`` atomically, with
+    random weights: F32 / F16 tensors by :func:`_float_values`, quantized ones cut from random block pools.
+    Raises OSError before writing anything when less than 10 GiB of disk would remain."""
+    path = Path(path)
     total = sum(s.nbytes for s in specs)
     free = shutil.disk_usage(path.parent).free
     if free - total < MIN_FREE_BYTES:
@@ -313,10 +335,6 @@ def write(
             f"{path}: {total / 2**30:.1f} GiB would leave {(free - total) / 2**30:.1f} GiB free on the disk "
             f"(at least {MIN_FREE_BYTES / 2**30:.0f} GiB must remain); use fewer layers or a smaller type"
         )
-    writer = gguf.GGUFWriter(path=None, arch=qwen4exp.ARCH)
-    _add_tensor_infos(writer, specs)
-    _add_model_metadata(writer, cfg, expert_type, vocab)
-
     rng = np.random.default_rng(seed)
     pools: dict[tuple[str, float], _BlockPool] = {}
     done = 0
@@ -339,10 +357,10 @@ def write(
                     progress(s, done, total)
         finally:
             writer.close()
-    return specs
 
 
-def _add_tensor_infos(writer: gguf.GGUFWriter, specs: list[TensorSpec]) -> None:
+def add_tensor_infos(writer: gguf.GGUFWriter, specs: list[TensorSpec]) -> None:
+    """Declare ``specs`` in ``writer`` (type ids as regolith numbers them)."""
     for s in specs:
         # the type id as an int: gguf-py 0.19's enum has no Q2_0
         raw = quant.TYPE_IDS[s.qtype]
@@ -353,7 +371,7 @@ def _add_model_metadata(writer: gguf.GGUFWriter, cfg: dict[str, Any], expert_typ
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(f"synthetic qwen4exp {cfg['num_hidden_layers']}L {expert_type}")
     for key, value, vtype in qwen4exp.gguf_metadata(cfg, file_type=int(EXPERT_TYPES[expert_type])) + (
-        _tokenizer_metadata(vocab)
+        tokenizer_metadata(vocab)
     ):
         if isinstance(value, list):
             writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=vtype)
@@ -362,10 +380,10 @@ def _add_model_metadata(writer: gguf.GGUFWriter, cfg: dict[str, Any], expert_typ
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _write_headers(path: Path, writer: gguf.GGUFWriter, specs: list[TensorSpec]) -> None:
+def write_headers(path: Path, writer: gguf.GGUFWriter, specs: list[TensorSpec]) -> None:
     """``writer``'s header, metadata and tensor infos to ``path`` (atomically), the file extended to its full
     length with the tensor data left a hole."""
-    _add_tensor_infos(writer, specs)
+    add_tensor_infos(writer, specs)
     with atomic_path(path) as tmp:
         try:
             writer.write_header_to_file(path=tmp)
@@ -418,18 +436,18 @@ def write_bundle(
         writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, len(plan))
         writer.add_int32(gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, len(main))
         path = gguf_split.shard_path(out / f"flash-next-{expert_type}.gguf", i, len(plan))
-        _write_headers(path, writer, [main[j] for j in shard])
+        write_headers(path, writer, [main[j] for j in shard])
         written.append(path)
     for name, group in side.items():
         if group:
-            _write_headers(out / name, gguf.GGUFWriter(path=None, arch=qwen4exp.ARCH), group)
+            write_headers(out / name, gguf.GGUFWriter(path=None, arch=qwen4exp.ARCH), group)
             written.append(out / name)
     if vision:
         writer = gguf.GGUFWriter(path=None, arch="clip")
         writer.add_type(gguf.GGUFType.MMPROJ)
         md, specs = projector(int(cfg["hidden_size"]))
         _add_kv(writer, md)
-        _write_headers(out / "mmproj-f16.gguf", writer, specs)
+        write_headers(out / "mmproj-f16.gguf", writer, specs)
         written.append(out / "mmproj-f16.gguf")
     return written
 

@@ -1,7 +1,8 @@
 """`regolith inspect --plan` on full-size synthetic Qwen3-30B-A3B and Qwen3-235B-A22B GGUFs (qwen3moe, as
-Q4_K_M files hold them: Q4_K experts with Q6_K down projections, Q6_K output, F32 norms and routers). The files
-are sparse (headers only: 18 and 142 GB apparent, a few MB on disk). The plan's sizes are checked against the
-tensor infos as the gguf package reads them, and the table against a 24 GB machine's cap."""
+Q4_K_M files hold them: Q4_K experts with Q6_K down projections, Q6_K output, F32 norms and routers;
+benchmarks/synthetic_qwen3moe.py). The files are sparse (headers only: 18 and 142 GB apparent, a few MB on
+disk). The plan's sizes are checked against the tensor infos as the gguf package reads them, and the table
+against a 24 GB machine's cap."""
 
 from __future__ import annotations
 
@@ -17,83 +18,20 @@ gguf = pytest.importorskip("gguf")
 
 import regolith
 from regolith import memory_plan
-from regolith.convert import qwen3
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import synthetic_qwen4exp as synthetic
+import synthetic_qwen3moe as synthetic
 
 CAP_GB = 18.8  # the seed's plan cap on a 24 GB machine
-
-# config.json of the released checkpoints (the fields the layout reads)
-MODELS = {
-    "qwen3-30b-a3b": {
-        "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-        "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "intermediate_size": 6144,
-    },
-    "qwen3-235b-a22b": {
-        "hidden_size": 4096, "num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
-        "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1536, "intermediate_size": 12288,
-    },
-}  # fmt: skip
-
-
-def _specs(cfg: dict) -> list[synthetic.TensorSpec]:
-    H, V, hd, E, F = (
-        cfg[k] for k in ("hidden_size", "vocab_size", "head_dim", "num_experts", "moe_intermediate_size")
-    )
-    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    S = synthetic.TensorSpec
-    specs = [
-        S("token_embd.weight", (V, H), "Q4_K"),
-        S("output_norm.weight", (H,), "F32"),
-        S("output.weight", (V, H), "Q6_K"),
-    ]
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"blk.{i}."
-        specs += [
-            S(p + "attn_norm.weight", (H,), "F32"),
-            S(p + "attn_q.weight", (nh * hd, H), "Q4_K"),
-            S(p + "attn_k.weight", (nkv * hd, H), "Q4_K"),
-            S(p + "attn_v.weight", (nkv * hd, H), "Q6_K"),
-            S(p + "attn_output.weight", (H, nh * hd), "Q4_K"),
-            S(p + "attn_q_norm.weight", (hd,), "F32"),
-            S(p + "attn_k_norm.weight", (hd,), "F32"),
-            S(p + "ffn_norm.weight", (H,), "F32"),
-            S(p + "ffn_gate_inp.weight", (E, H), "F32"),
-            S(p + "ffn_gate_exps.weight", (E, F, H), "Q4_K"),
-            S(p + "ffn_up_exps.weight", (E, F, H), "Q4_K"),
-            S(p + "ffn_down_exps.weight", (E, H, F), "Q6_K"),
-        ]
-    return specs
-
-
-def write_model(path: Path, name: str) -> list[synthetic.TensorSpec]:
-    """A sparse qwen3moe GGUF of ``MODELS[name]`` (metadata from regolith's converter) at ``path``."""
-    cfg = {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "vocab_size": 151936,
-        "max_position_embeddings": 40960,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "norm_topk_prob": True,
-        **MODELS[name],
-    }
-    writer = gguf.GGUFWriter(path=None, arch="qwen3moe")
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(f"synthetic {name}")
-    for key, value, vtype in qwen3.gguf_metadata(cfg, file_type=int(gguf.LlamaFileType.MOSTLY_Q4_K_M)):
-        writer.add_key_value(key, value, vtype)
-    specs = _specs(cfg)
-    synthetic._write_headers(path, writer, specs)
-    return specs
+MODELS = synthetic.MODELS
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, tuple[Path, list]]:
     d = tmp_path_factory.mktemp("qwen3moe-full")
     return {
-        name: (d / f"{name}-Q4_K_M.gguf", write_model(d / f"{name}-Q4_K_M.gguf", name)) for name in MODELS
+        name: (d / f"{name}-Q4_K_M.gguf", synthetic.write_headers(d / f"{name}-Q4_K_M.gguf", name))
+        for name in MODELS
     }
 
 
