@@ -59,9 +59,9 @@ DenseConfig DenseConfig::from_gguf(const GgufSet& f) {
     c.attn_scale = 1.0f / std::sqrt(float(c.head_dim));
     c.qk_norm = c.arch == "qwen3" || moe;
     if (moe) {
-        // llama.cpp's qwen3moe graph: softmax over every expert, the top expert_used_count renormalised (its
-        // graph always renormalises; regolith's converter writes expert_weights_norm = false for checkpoints
-        // with norm_topk_prob false, which llama.cpp ignores), no shared expert
+        // llama.cpp's qwen3moe graph: softmax over every expert, the top expert_used_count renormalised, no
+        // shared expert. Its graph always renormalises; regolith's converter records transformers'
+        // norm_topk_prob in expert_weights_norm (which llama.cpp ignores), files without the key renormalise.
         MoeShape& m = c.moe;
         m.hidden = c.hidden;
         m.n_expert = meta::require_positive_int(f, key("expert_count"));

@@ -30,6 +30,8 @@ torch.set_num_threads(1)
 
 VARIANTS = {**QWEN3_VARIANTS, "qwen3moe-unnormalised": ("qwen3moe", 3, {"norm_topk_prob": False})}
 TOL = 1e-4
+# llama.cpp's logits on the same f32 files (tools/llamacpp_fixtures/make_qwen3_logits.py, llama-cpp-python 0.3.36)
+LLAMACPP_LOGITS = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp" / "qwen3-logits.npz"
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,22 @@ def test_logits_match_transformers_whole_chunked_and_token_by_token(files, name)
     w = model.window(64)
     single = np.concatenate([w.eval(ids[i : i + 1]) for i in range(len(ids))])
     np.testing.assert_allclose(single, want, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_llamacpp_agrees_where_its_graph_computes_what_transformers_does(files, name):
+    """llama.cpp is a second opinion: on the same files it agrees with regolith and transformers (measured
+    5e-7 relative or less), except where its qwen3moe graph renormalises the top-k weights a checkpoint does not."""
+    with np.load(LLAMACPP_LOGITS) as f:
+        ids, lc = f[f"{name}/ids"], f[f"{name}/logits"]
+    np.testing.assert_array_equal(ids, _ids())
+    ours = regolith.Model.load(files[name], kv_type="f32").window(64).eval(ids)
+    want = _transformers(name, ids)
+    rel = float(np.abs(lc - want).max() / np.abs(want).max())
+    if VARIANTS[name][2].get("norm_topk_prob", True):
+        assert rel <= 1e-4 and float(np.abs(lc - ours).max() / np.abs(ours).max()) <= 1e-4
+    else:
+        assert rel > 0.01  # llama.cpp ignores qwen3moe.expert_weights_norm
 
 
 def test_qwen3moe_config_and_plan(files):
