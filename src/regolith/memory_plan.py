@@ -115,7 +115,10 @@ class ModelSizes:
         t = PREFILL_CHUNK
         streams = 6 * t * self.hc * self.hidden
         moe = t * max(self.n_used, 1) * (2 * self.hidden + 2 * self.ff_expert)
-        return max(4 * (streams + moe + 2 * self.vocab), SCRATCH_MIN_CHUNK)
+        estimate = max(4 * (streams + moe + 2 * self.vocab), SCRATCH_MIN_CHUNK)
+        # streamed: the routed rows batched in the workspace (their input, gate, up and output, f32), which the
+        # workspace's doubling chunks may hold twice over, and a first chunk (docs/streaming.md: Flash-Next)
+        return estimate + (2 * 4 * moe + SCRATCH_MIN_CHUNK if streamed else 0)
 
 
 def default_kv_type(architecture: str) -> str:

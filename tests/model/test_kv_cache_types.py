@@ -382,17 +382,19 @@ def test_the_plan_counts_the_caches_a_full_window_allocates(selecting, dense, kv
     assert model.plan.sizes.state_per_token * 128 == w._w.attention_cache_bytes
 
 
-def _check_scratch_plan(path) -> None:
+def _check_scratch_plan(path, arena_gb: float | None = None) -> None:
     """The plan's scratch against the most a window's workspace held while evaluating one prefill chunk (resident
-    experts): never more than planned, and the plan not more than twice it (docs/streaming.md: at Flash-Next's
-    shapes 113 MiB held, 198 planned)."""
+    experts, or streamed through an arena of ``arena_gb``): never more than planned, and the plan not more than
+    twice it (docs/streaming.md: at Flash-Next's shapes 113 MiB held, 198 planned; streamed 241 and 399)."""
     from regolith.memory_plan import PREFILL_CHUNK
 
     ids = np.random.default_rng(3).integers(0, 300, PREFILL_CHUNK)
-    model = regolith.Model.load(path, n_ctx=PREFILL_CHUNK + 1)
+    arena = {"arena_gb": arena_gb, "lock_memory": False} if arena_gb else {}
+    model = regolith.Model.load(path, n_ctx=PREFILL_CHUNK + 1, **arena)
+    assert model.plan.streaming == bool(arena_gb)
     w = model.window()
     w.eval(ids, all_logits=False)
-    held, planned = w._w.scratch_peak_bytes, model.plan.sizes.scratch_bytes()
+    held, planned = w._w.scratch_peak_bytes, model.plan.scratch_bytes
     assert held <= planned <= 2 * held, (path, held, planned)
 
 
@@ -401,6 +403,8 @@ def test_the_plan_counts_the_scratch_a_prefill_chunk_holds(selecting, dense):
 
     for path in (selecting, dense[1], resolve_model("regolith-demo")):
         _check_scratch_plan(path)
+    for path in (selecting, resolve_model("regolith-demo")):  # streamed: the routed rows batched on the host
+        _check_scratch_plan(path, arena_gb=0.002)
 
 
 @pytest.mark.real_weights
