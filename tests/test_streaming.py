@@ -471,11 +471,15 @@ def test_plan_errors_before_allocating(tiny, packed):
         regolith.Model.load(packed, memory_gb=0.001)
     with pytest.raises(MemoryPlanError, match="positive"):
         regolith.Model.load(tiny, memory_gb=-1)
-    # a budget that leaves room for 5.5 slots after everything else gives 5 slots, within the budget
     sizes = regolith.Model.load(tiny).plan.sizes
     full = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20)
     assert not full.streaming and full.resident_expert_bytes == sizes.expert_bytes
-    fixed = full.total_bytes - sizes.expert_bytes
+    # a packed model streams: a budget that leaves room for 5.5 slots after everything else (the streamed
+    # path's scratch included) gives 5 slots, within the budget
+    sizes = regolith.Model.load(packed).plan.sizes
+    one = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20, arena_gb=sizes.slot_bytes / 2**30)
+    fixed = one.total_bytes - one.arena_bytes
+    assert fixed > full.total_bytes - full.resident_expert_bytes  # the batched rows
     budget = (fixed + 5.5 * sizes.slot_bytes) / 2**30
     small = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20, memory_gb=budget)
     assert small.arena_slots == 5 and small.total_bytes <= small.budget_bytes
@@ -485,13 +489,13 @@ def test_plan_errors_before_allocating(tiny, packed):
         )
 
 
-def test_plan_counts_every_window_of_a_parallel_server(tiny):
+def test_plan_counts_every_window_of_a_parallel_server(packed):
     """A plan for N windows holds N windows' state, and an arena sized to the budget leaves their room; the
     windows that fit beside a plan fill what its budget leaves."""
-    sizes = regolith.Model.load(tiny).plan.sizes
-    one = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20)
+    sizes = regolith.Model.load(packed).plan.sizes  # packed: streamed whatever the budget
+    one = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20, arena_gb=sizes.slot_bytes / 2**30)
     state = sizes.state_bytes(64)
-    fixed = one.total_bytes - sizes.expert_bytes
+    fixed = one.total_bytes - one.arena_bytes  # streaming: its scratch holds the batched rows too
     budget = (fixed + 3 * state + 6.5 * sizes.slot_bytes) / 2**30
     four = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20, memory_gb=budget, windows=4)
     alone = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20, memory_gb=budget)
@@ -511,15 +515,18 @@ def test_plan_for_device_routing_counts_a_layers_experts_in_the_scratch(tiny):
     on_demand = mp.plan_memory(sizes, host_cache_gb=64 * slot, **opts)
     routed = mp.plan_memory(sizes, host_cache_gb=64 * slot, device_routing=True, **opts)
     assert routed.host_slots == on_demand.host_slots == sizes.n_experts_total == 64
-    # a prefill chunk copies one layer's records (n_expert slots) to the device
-    assert routed.scratch_bytes - on_demand.scratch_bytes == sizes.n_expert * sizes.slot_bytes > 0
-    assert routed.device_bytes - on_demand.device_bytes == sizes.n_expert * sizes.slot_bytes
+    # a prefill chunk copies one layer's records (n_expert slots) to the device, where the on-demand arena's
+    # path batches the routed rows in the scratch instead
+    staged = sizes.n_expert * sizes.slot_bytes
+    assert routed.scratch_bytes == sizes.scratch_bytes() + staged and staged > 0
+    assert on_demand.scratch_bytes == sizes.scratch_bytes(streamed=True) > sizes.scratch_bytes()
+    assert routed.device_bytes - on_demand.device_bytes == routed.scratch_bytes - on_demand.scratch_bytes
     assert "a layer's experts staged" in routed.render()
     with pytest.raises(MemoryPlanError, match="holds 32 of 64"):
         mp.plan_memory(sizes, host_cache_gb=32 * slot, device_routing=True, **opts)
 
 
-def test_plan_for_a_gpu_sizes_the_arena_by_its_free_memory(tiny):
+def test_plan_for_a_gpu_sizes_the_arena_by_its_free_memory(tiny, packed):
     """A backend with memory of its own (a GPU) holds the dense weights, the experts or their arena, the
     state and scratch; the plan sizes them against 90% of its free memory and the rest against RAM."""
     sizes = regolith.Model.load(tiny).plan.sizes
@@ -531,8 +538,13 @@ def test_plan_for_a_gpu_sizes_the_arena_by_its_free_memory(tiny):
     )
     assert roomy.host_bytes == roomy.total_bytes - roomy.device_bytes > 0
     assert "VRAM" in roomy.render() and "free on cuda" in roomy.render()
-    # free memory whose 90% leaves room for 5.5 slots after the fixed parts: an arena of 5
-    fixed = roomy.device_bytes - sizes.expert_bytes
+    # a packed model streams: free memory whose 90% leaves room for 5.5 slots after the fixed parts (the
+    # streamed path's scratch included) gives an arena of 5
+    sizes = regolith.Model.load(packed).plan.sizes
+    one = mp.plan_memory(
+        sizes, n_ctx=64, overhead_bytes=1 << 20, device=("cuda", 1 << 40), arena_gb=sizes.slot_bytes / 2**30
+    )
+    fixed = one.device_bytes - one.arena_bytes
     free = int((fixed + 5.5 * sizes.slot_bytes) / 0.9) + 1
     small = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20, device=("cuda", free))
     assert small.arena_slots == 5 and small.device_bytes <= free * 0.9
@@ -578,7 +590,7 @@ RSS_SCRIPT = textwrap.dedent(
         w.eval([int(t)])
     p = model.plan
     print(json.dumps({"before": before, "after": mp.process_rss(), "dense": p.sizes.dense_bytes,
-                      "arena": p.arena_bytes, "state": p.state_bytes, "scratch": p.sizes.scratch_bytes(),
+                      "arena": p.arena_bytes, "state": p.state_bytes, "scratch": p.scratch_bytes,
                       "ple": p.ple_cache_bytes, "experts": p.sizes.expert_bytes,
                       "reads": model.stats()["bytes_read"]}))
     """

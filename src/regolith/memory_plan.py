@@ -718,7 +718,7 @@ def _plan_with_device(
         return checked(plan(slots, host_slots))
     if not sizes.packed and plan(0).device_bytes <= cap:
         return checked(plan(0))
-    fixed = plan(0).device_bytes - sizes.expert_bytes
+    fixed = plan(1).device_bytes - slot  # everything but the arena, streaming (its scratch may be larger)
     slots = min(sizes.n_experts_total, max(0, (cap - fixed) // slot))
     if slots < 1:
         raise MemoryPlanError(
