@@ -106,19 +106,31 @@ class ModelSizes:
     def state_bytes(self, n_ctx: int) -> int:
         return self.state_fixed + self.state_per_token * n_ctx
 
+    @property
+    def expert_batch_bytes(self) -> int:
+        """What the backend's products of resident experts (``Backend::moe_experts``) hold beside the workspace
+        for a prefill chunk: the routed rows' input, gate, up and output and the shared expert's output, f32
+        (the CPU backend's thread-local buffers, csrc/cpu/moe.cpp). Streamed experts batch them in the
+        workspace instead (``scratch_bytes(streamed=True)``)."""
+        if not self.n_expert:
+            return 0
+        return 4 * PREFILL_CHUNK * (self.n_used * (2 * self.hidden + 2 * self.ff_expert) + self.hidden)
+
     def scratch_bytes(self, streamed: bool = False) -> int:
         """Activations of one prefill chunk (estimate: streams, mixer and MoE buffers, one logits row; the
-        dense models': what their workspace can hold for it, ``_dense_scratch``, ``streamed``: with the experts
-        batched on the host as streaming them does)."""
+        dense models': what their workspace can hold for it, ``_dense_scratch``) and, for a mixture of
+        experts, the routed rows: the backend's batch of resident experts (:attr:`expert_batch_bytes`), or
+        with ``streamed`` experts (batched on the host in the workspace) what they add to it."""
         if self.architecture != "qwen4exp":
-            return self.dense_scratch + (self.streamed_scratch if streamed else 0)
+            routed = self.streamed_scratch if streamed else self.expert_batch_bytes
+            return self.dense_scratch + routed
         t = PREFILL_CHUNK
         streams = 6 * t * self.hc * self.hidden
         moe = t * max(self.n_used, 1) * (2 * self.hidden + 2 * self.ff_expert)
         estimate = max(4 * (streams + moe + 2 * self.vocab), SCRATCH_MIN_CHUNK)
         # streamed: the routed rows batched in the workspace (their input, gate, up and output, f32), which the
         # workspace's doubling chunks may hold twice over, and a first chunk (docs/streaming.md: Flash-Next)
-        return estimate + (2 * 4 * moe + SCRATCH_MIN_CHUNK if streamed else 0)
+        return estimate + (2 * 4 * moe + SCRATCH_MIN_CHUNK if streamed else self.expert_batch_bytes)
 
 
 def default_kv_type(architecture: str) -> str:
