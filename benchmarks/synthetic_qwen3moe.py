@@ -26,6 +26,7 @@ import gguf
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import synthetic_qwen4exp as base
 from regolith.convert import qwen3
+from regolith.convert.writer import _add_kv
 
 __all__ = ["MODELS", "config", "layout", "write", "write_headers"]
 
@@ -109,11 +110,7 @@ def _writer(
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name)
     md = qwen3.gguf_metadata(cfg, file_type=int(file_type))
-    for key, value, vtype in md + (base.tokenizer_metadata(cfg["vocab_size"]) if tokenizer else []):
-        if isinstance(value, list):
-            writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=vtype)
-        else:
-            writer.add_key_value(key, value, vtype)
+    _add_kv(writer, md + (base.tokenizer_metadata(cfg["vocab_size"]) if tokenizer else []))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     return writer
 

@@ -143,6 +143,9 @@ class ExpertArena {
     // the tables at the slots whose uploads have completed, and starts the uploads of the misses the policy
     // admits (at most one step's worth of layers x k records, so a prefill does not flood the bus).
     void after_step(const int32_t* ids, int64_t layers, int64_t rows);
+    // The end of a model's step: a device-routed arena reads the step's routing (`routing`: [layers][rows] I32
+    // on the backend, the ids each layer's SparseMoe wrote) and runs after_step; any other arena warms.
+    void end_step(const Tensor& routing);
 
     ArenaStats stats() const;
     // stats().stall_s without copying the per-layer counters (read once per speculative round).

@@ -82,6 +82,16 @@ void ExpertArena::stage(int64_t layer, const Tensor& dst) {
     be_.upload(dst, mapped + uint64_t(layer * layout_.n_expert) * slot_bytes_);  // the tier never changes
 }
 
+void ExpertArena::end_step(const Tensor& routing) {
+    if (!device_routed()) {
+        warm();
+        return;
+    }
+    std::vector<int32_t> ids(size_t(routing.rows * routing.cols));
+    be_.read(routing, ids.data());
+    after_step(ids.data(), routing.rows, routing.cols);
+}
+
 void ExpertArena::after_step(const int32_t* ids, int64_t layers, int64_t rows) {
     if (!routed_) throw Error("expert arena: after_step needs the device-routed mode");
     if (layers < 0 || layers > layout_.n_layer || rows < 0)

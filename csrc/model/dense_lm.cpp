@@ -412,13 +412,7 @@ void DenseWindow::forward(const std::vector<WindowStep>& parts) {
         }
         residual(L.post_ffn_norm);
     }
-    if (routed) {
-        std::vector<int32_t> ids(size_t(c.n_layer * n * n_used));
-        be.read(routing, ids.data());
-        arena->after_step(ids.data(), c.n_layer, n * n_used);
-    } else if (arena) {
-        arena->warm();
-    }
+    if (arena) arena->end_step(routing);
     for (size_t i = 0; i < parts.size(); ++i) win(i)->n_past_ += parts[i].n;
     const WantedRows wanted = wanted_rows(parts, t0);
     if (wanted.rows.empty()) {

@@ -458,13 +458,7 @@ void Qwen4ExpWindow::forward(std::vector<Part>& parts) {
         if (keep[i]) parts[i].w->cp_.base = parts[i].w->n_past_;
         parts[i].w->n_past_ += parts[i].step.n;
     }
-    if (routed) {
-        std::vector<int32_t> ids(size_t(c.n_layer * n * k));
-        be.read(routing, ids.data());
-        arena->after_step(ids.data(), c.n_layer, n * k);
-    } else if (arena) {
-        arena->warm();
-    }
+    if (arena) arena->end_step(routing);
 }
 
 void Qwen4ExpWindow::prepare_slots(int64_t n) {

@@ -137,6 +137,22 @@ struct MoeHandle {
     regolith::SparseMoe moe;
 };
 
+// The ExpertLoadOptions part of a MoE model's constructor arguments (Qwen4ExpModel's and DenseModel's).
+void set_expert_options(regolith::ExpertLoadOptions& o, const std::string& experts_path, int64_t arena_slots,
+                        int io_threads, bool direct, bool lock, double hot_fraction, bool lookahead, bool moce,
+                        float moce_bonus, int64_t moce_protect, int64_t host_slots, bool device_routing) {
+    o.experts_path = experts_path;
+    o.arena.slots = arena_slots;
+    o.arena.io_threads = io_threads;
+    o.arena.direct = direct;
+    o.arena.lock = lock;
+    o.arena.host_slots = host_slots;
+    o.arena.device_routed = device_routing;
+    o.arena.policy.hot_fraction = hot_fraction;
+    o.lookahead = lookahead;
+    o.moce = {moce, moce_bonus, moce_protect};
+}
+
 nb::object arena_info(const regolith::ExpertArena* a) {
     if (!a) return nb::none();
     nb::dict d;
@@ -305,16 +321,8 @@ void init_model(nb::module_& m) {
                const std::string& ple_path, int64_t ple_cache_bytes, const std::string& backend,
                int64_t host_slots, bool device_routing) {
                 regolith::Qwen4ExpLoadOptions o;
-                o.experts_path = experts_path;
-                o.arena.slots = arena_slots;
-                o.arena.io_threads = io_threads;
-                o.arena.direct = direct;
-                o.arena.lock = lock;
-                o.arena.host_slots = host_slots;
-                o.arena.device_routed = device_routing;
-                o.arena.policy.hot_fraction = hot_fraction;
-                o.lookahead = lookahead;
-                o.moce = {moce, moce_bonus, moce_protect};
+                set_expert_options(o, experts_path, arena_slots, io_threads, direct, lock, hot_fraction, lookahead, moce,
+                                   moce_bonus, moce_protect, host_slots, device_routing);
                 o.ple_path = ple_path;
                 o.ple.direct = direct;
                 o.ple.cache_bytes = ple_cache_bytes;
@@ -377,16 +385,8 @@ void init_model(nb::module_& m) {
                bool moce, float moce_bonus, int64_t moce_protect, const std::string& backend, int64_t host_slots,
                bool device_routing) {
                 regolith::ExpertLoadOptions o;
-                o.experts_path = experts_path;
-                o.arena.slots = arena_slots;
-                o.arena.io_threads = io_threads;
-                o.arena.direct = direct;
-                o.arena.lock = lock;
-                o.arena.host_slots = host_slots;
-                o.arena.device_routed = device_routing;
-                o.arena.policy.hot_fraction = hot_fraction;
-                o.lookahead = lookahead;
-                o.moce = {moce, moce_bonus, moce_protect};
+                set_expert_options(o, experts_path, arena_slots, io_threads, direct, lock, hot_fraction, lookahead, moce,
+                                   moce_bonus, moce_protect, host_slots, device_routing);
                 regolith::Backend& be = regolith::backend_by_name(backend);
                 nb::gil_scoped_release release;
                 new (self) DenseModel(files, o, be);

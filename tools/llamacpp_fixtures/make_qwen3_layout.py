@@ -14,8 +14,6 @@ written, and the BPE pre-tokenizer answered as ``qwen35`` (the tiny tokenizer's 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,27 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tools.llamacpp_fixtures.make_qwen4exp_layout import _RUNNER, DEFAULT_LLAMA_CPP, dump_layout
+from tools.llamacpp_fixtures.make_qwen4exp_layout import DEFAULT_LLAMA_CPP, convert_layout, dump_layout
 
 
 def make_fixture(name: str, arch: str, seed: int, overrides: dict, llama_cpp: Path, work: Path) -> dict:
     from tests.dense_models import save_tiny_checkpoint
-    from tests.llamacpp_layout import gguf_layout
 
     model_dir = save_tiny_checkpoint(arch, work / name, seed, **overrides)
-    out = work / f"{name}.gguf"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUNNER, str(llama_cpp), str(model_dir), str(out)],
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout + proc.stderr)
-        raise SystemExit(f"llama.cpp's converter failed on {name}")
-    layout = gguf_layout(out)
+    layout = convert_layout(llama_cpp, model_dir, work / f"{name}.gguf", name)
     layout["source"] = {
         "checkpoint": name,
         "architecture": arch,

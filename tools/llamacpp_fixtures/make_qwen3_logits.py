@@ -26,24 +26,18 @@ sys.path.insert(0, str(ROOT))
 from regolith.convert import convert
 from tests.dense_models import save_tiny_checkpoint
 from tests.model.test_qwen3moe import LLAMACPP_LOGITS, VARIANTS, _ids
+from tools.llamacpp_fixtures.make_qwen4exp_logits import llamacpp_logits
 
 
 def main() -> None:
-    import llama_cpp
-
     out: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (arch, seed, overrides) in VARIANTS.items():
             hf = save_tiny_checkpoint(arch, Path(tmp) / name, seed, **overrides)
             path = convert(hf, Path(tmp) / f"{name}.gguf", "f32")
             ids = _ids()
-            llm = llama_cpp.Llama(
-                model_path=str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=2,
-                type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
-            )  # fmt: skip
-            llm.eval(ids.tolist())
             out[f"{name}/ids"] = ids
-            out[f"{name}/logits"] = np.array(llm.scores[: len(ids)], dtype=np.float32)
+            out[f"{name}/logits"] = llamacpp_logits(path, ids)
             print(name, out[f"{name}/logits"].shape)
     np.savez_compressed(LLAMACPP_LOGITS, **out)
     print("wrote", LLAMACPP_LOGITS)

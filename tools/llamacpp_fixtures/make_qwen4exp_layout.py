@@ -66,18 +66,14 @@ def _patch_config(model_dir: Path) -> None:
     path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def make_fixture(name: str, seed: int, overrides: dict, llama_cpp: Path, work: Path) -> dict:
+def convert_layout(llama_cpp: Path, model_dir: Path, out: Path, name: str) -> dict:
+    """Run llama.cpp's converter (``_RUNNER``) on ``model_dir`` into ``out`` in a subprocess and return the
+    file's layout (tests/llamacpp_layout.py); exits with its output when it fails."""
     from tests.llamacpp_layout import gguf_layout
-    from tests.qwen4exp_models import save_tiny_model
 
-    model_dir = save_tiny_model(work / name, seed, **overrides)
-    patched = work / "patched" / name
-    shutil.copytree(model_dir, patched)
-    _patch_config(patched)
-    out = work / f"{name}.gguf"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     proc = subprocess.run(
-        [sys.executable, "-c", _RUNNER, str(llama_cpp), str(patched), str(out)],
+        [sys.executable, "-c", _RUNNER, str(llama_cpp), str(model_dir), str(out)],
         env=env,
         check=False,
         capture_output=True,
@@ -86,7 +82,17 @@ def make_fixture(name: str, seed: int, overrides: dict, llama_cpp: Path, work: P
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout + proc.stderr)
         raise SystemExit(f"llama.cpp's converter failed on {name}")
-    layout = gguf_layout(out)
+    return gguf_layout(out)
+
+
+def make_fixture(name: str, seed: int, overrides: dict, llama_cpp: Path, work: Path) -> dict:
+    from tests.qwen4exp_models import save_tiny_model
+
+    model_dir = save_tiny_model(work / name, seed, **overrides)
+    patched = work / "patched" / name
+    shutil.copytree(model_dir, patched)
+    _patch_config(patched)
+    layout = convert_layout(llama_cpp, patched, work / f"{name}.gguf", name)
     layout["source"] = {
         "checkpoint": name,
         "seed": seed,

@@ -28,22 +28,27 @@ from tests.model.test_llamacpp_parity import CASES, FIXTURE, SEED, case_prompt
 from tests.qwen4exp_models import save_tiny_model
 
 
-def main() -> None:
+def llamacpp_logits(path: Path, ids: np.ndarray) -> np.ndarray:
+    """llama.cpp's logits of every position of ``ids`` on the GGUF ``path`` (an f32 KV cache, 64 tokens)."""
     import llama_cpp
 
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=2,
+        type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
+    )  # fmt: skip
+    llm.eval(ids.tolist())
+    return np.array(llm.scores[: len(ids)], dtype=np.float32)
+
+
+def main() -> None:
     out: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, overrides in CASES.items():
             hf = save_tiny_model(Path(tmp) / name, SEED, **overrides)
             path = convert(hf, Path(tmp) / f"{name}.gguf", "f32")
             ids = case_prompt()
-            llm = llama_cpp.Llama(
-                model_path=str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=2,
-                type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
-            )  # fmt: skip
-            llm.eval(ids.tolist())
             out[f"{name}/ids"] = ids
-            out[f"{name}/logits"] = np.array(llm.scores[: len(ids)], dtype=np.float32)
+            out[f"{name}/logits"] = llamacpp_logits(path, ids)
             print(name, out[f"{name}/logits"].shape)
     np.savez_compressed(FIXTURE, **out)
     print("wrote", FIXTURE)
