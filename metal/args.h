@@ -91,9 +91,11 @@ struct RgGdnScanArgs {
     int64_t n_k, n_v, k_dim, v_dim;
     uint32_t col_blocks;  // threadgroups per value head (32 value columns each)
     uint32_t n_seqs;
+    uint32_t grouped;  // 1: v head h reads k head h / (n_v / n_k); 0: h % n_k
+    uint32_t pad_;
     RgSeqSlot seqs[RG_MAX_SEQS];
 };
-static_assert(sizeof(RgGdnScanArgs) == 4 * 32 + 4 * 8 + 8 + RG_MAX_SEQS * 72, "RgGdnScanArgs layout");
+static_assert(sizeof(RgGdnScanArgs) == 4 * 32 + 4 * 8 + 16 + RG_MAX_SEQS * 72, "RgGdnScanArgs layout");
 
 // ple_gate: key, query, gated, normed [ntok][hc * hidden], value [ntok][hidden], norms [1][hc * hidden].
 struct RgPleGateArgs {

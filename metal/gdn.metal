@@ -114,7 +114,8 @@ kernel void rg_gdn_scan(constant RgGdnScanArgs& a [[buffer(0)]], device const ch
                         device char* b7 [[buffer(12)]], RG_THREAD_IDS) {
     constant RgSeqSlot& q = a.seqs[tgpig.y];
     const int64_t dk = a.k_dim, dv = a.v_dim, kd = a.n_k * dk;
-    const int64_t h = tgpig.x / a.col_blocks, kh = h % a.n_k;  // v head h reads k head h % n_k
+    const int64_t h = tgpig.x / a.col_blocks;
+    const int64_t kh = a.grouped ? h / (a.n_v / a.n_k) : h % a.n_k;  // tiled: v head h reads k head h % n_k
     const int64_t j = int64_t(tgpig.x % a.col_blocks) * 32 + tiisg;
     const uint nsg = RG_GDN_SCAN_GROUPS;  // ntg / 32
     const bool col = j < dv;

@@ -1,8 +1,8 @@
-"""Tiny random qwen2 / gemma3 / qwen3 / qwen3moe checkpoints (transformers, fp32) and their GGUF files in
-llama.cpp's layout.
+"""Tiny random qwen2 / gemma3 / qwen3 / qwen3moe / qwen35moe checkpoints (transformers, fp32) and the qwen2 /
+gemma3 ones' GGUF files in llama.cpp's layout.
 
 ``tiny_model(arch, seed, **overrides)`` builds a seeded ``Qwen2ForCausalLM``, ``Gemma3ForCausalLM``,
-``Qwen3ForCausalLM`` or ``Qwen3MoeForCausalLM``; ``save_tiny_checkpoint`` saves one with the tiny tokenizer
+``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM`` or ``Qwen3_5MoeForCausalLM``; ``save_tiny_checkpoint`` saves one with the tiny tokenizer
 (what ``regolith convert`` and llama.cpp's converter take: the qwen3 families' GGUFs come from regolith's
 converter, whose layout tests/test_convert_qwen3moe.py checks against llama.cpp's).
 ``write_gguf(model, path)`` writes a qwen2 / gemma3 model with gguf-py's writer as llama.cpp's converter
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["save_tiny_checkpoint", "tiny_config", "tiny_model", "write_gguf"]
+__all__ = ["qwen35moe_mtp_weights", "save_tiny_checkpoint", "tiny_config", "tiny_model", "write_gguf"]
 
 _BASE = {
     "vocab_size": 320,
@@ -37,7 +37,7 @@ _BASE = {
 
 
 def tiny_config(arch: str, **overrides: Any):
-    """A tiny fp32 transformers config for ``arch`` ("qwen2", "gemma3", "qwen3" or "qwen3moe")."""
+    """A tiny fp32 transformers config for ``arch`` ("qwen2", "gemma3", "qwen3", "qwen3moe" or "qwen35moe")."""
     if arch == "qwen2":
         from transformers import Qwen2Config
 
@@ -66,38 +66,109 @@ def tiny_config(arch: str, **overrides: Any):
         # 8 experts of width 32, top 3, renormalised (as every released Qwen3 MoE checkpoint)
         kw.update(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, norm_topk_prob=True)
         return Qwen3MoeConfig(**{**kw, **overrides})
+    if arch == "qwen35moe":
+        from transformers import Qwen3_5MoeTextConfig
+
+        # Qwen3.5 MoE's hybrid stack at toy size: three Gated DeltaNet layers (2 key heads, 4 value heads, so
+        # the converter's value-head reordering matters) then one gated full-attention layer (a quarter of
+        # head_dim 32 rotated, M-RoPE sections of its 4 pairs); 8 experts of width 32, top 3, and a shared
+        # expert of width 48 behind its sigmoid gate.
+        kw = {**_BASE, "num_hidden_layers": 4, "head_dim": 32, "tie_word_embeddings": False}
+        del kw["intermediate_size"]
+        kw.update(
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        )
+        return Qwen3_5MoeTextConfig(**{**kw, **overrides})
     raise ValueError(f"unknown architecture {arch!r}")
+
+
+# Qwen3.5's Gated DeltaNet recurrence amplifies float32 rounding: with N(0, 0.3) weights transformers' own fp32
+# logits are 7.5e-5 from its float64 ones (and regolith's 7.2e-5 the other way), so its weights are smaller.
+_INIT_STD = {"qwen35moe": 0.2}
 
 
 def tiny_model(arch: str, seed: int, **overrides: Any):
     """A seeded fp32 model of :func:`tiny_config` in eval mode."""
     import torch
-    from transformers import Gemma3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
+    from transformers import (
+        Gemma3ForCausalLM,
+        Qwen2ForCausalLM,
+        Qwen3_5MoeForCausalLM,
+        Qwen3ForCausalLM,
+        Qwen3MoeForCausalLM,
+    )
 
     classes = {
         "qwen2": Qwen2ForCausalLM,
         "gemma3": Gemma3ForCausalLM,
         "qwen3": Qwen3ForCausalLM,
         "qwen3moe": Qwen3MoeForCausalLM,
+        "qwen35moe": Qwen3_5MoeForCausalLM,
     }
     cls = classes[arch]
     torch.manual_seed(seed)
     model = cls(tiny_config(arch, **overrides)).float().eval()
     with torch.no_grad():
         for p in model.parameters():
-            p.normal_(0.0, 0.3)
+            p.normal_(0.0, _INIT_STD.get(arch, 0.3))
     return model
 
 
 def save_tiny_checkpoint(arch: str, path: str | Path, seed: int = 0, **overrides: Any) -> Path:
     """Save ``tiny_model(arch, seed, **overrides)`` with ``save_pretrained`` and the tiny byte-level BPE
-    tokenizer (tests/qwen4exp_models.py: 295 ids, within every tiny vocab) into ``path``."""
-    from tests.qwen4exp_models import save_tiny_tokenizer
+    tokenizer (tests/qwen4exp_models.py: 295 ids, within every tiny vocab) into ``path``. A qwen35moe
+    checkpoint with ``mtp_num_hidden_layers=1`` also gets its MTP head (:func:`qwen35moe_mtp_weights`, in
+    ``model-mtp.safetensors``), which transformers' model does not hold."""
+    from tests.qwen4exp_models import save_tiny_mtp, save_tiny_tokenizer
 
     path = Path(path)
-    tiny_model(arch, seed, **overrides).save_pretrained(path)
+    model = tiny_model(arch, seed, **overrides)
+    model.save_pretrained(path)
+    if arch == "qwen35moe" and overrides.get("mtp_num_hidden_layers"):
+        save_tiny_mtp(path, qwen35moe_mtp_weights(model.config, seed))
     save_tiny_tokenizer(path)
     return path
+
+
+def qwen35moe_mtp_weights(config, seed: int = 0) -> dict:
+    """Seeded ``mtp.*`` tensors for a qwen35moe ``config``, as Qwen3.5 checkpoints hold them: ``mtp.fc``
+    [H, 2H], the norms ``mtp.pre_fc_norm_embedding`` / ``pre_fc_norm_hidden`` / ``norm`` [H] and
+    ``mtp.layers.0.*``, the state of a ``Qwen3_5MoeDecoderLayer`` for a full-attention layer after the
+    model's (routed experts fused, as transformers holds them). Every tensor is N(0, 0.3)."""
+    import torch
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer
+
+    n, H = config.num_hidden_layers, config.hidden_size
+    ext = type(config)(
+        **{
+            **config.to_dict(),
+            "num_hidden_layers": n + 1,
+            "layer_types": [*config.layer_types, "full_attention"],
+        }
+    )
+    shapes = {
+        f"mtp.layers.0.{k}": tuple(v.shape) for k, v in Qwen3_5MoeDecoderLayer(ext, n).state_dict().items()
+    }
+    shapes["mtp.fc.weight"] = (H, 2 * H)
+    for k in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        shapes[f"mtp.{k}.weight"] = (H,)
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (0.3 * torch.randn(shape, generator=gen)).contiguous() for k, shape in sorted(shapes.items())}
 
 
 _LAYER_NAMES = {

@@ -65,6 +65,44 @@ QWEN3_VARIANTS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "qwen3-tiny": ("qwen3", 2, {}),
 }
 
+# Qwen3.5 MoE's tiny checkpoints (tests/dense_models.py), as QWEN3_VARIANTS; make_qwen35moe_layout.py records
+# llama.cpp's converter output for them.
+QWEN35MOE_VARIANTS: dict[str, tuple[str, int, dict[str, Any]]] = {
+    # layers L,L,L,F; GDN 2 key heads / 4 value heads (reordered); GQA 2; 8 experts top 3; untied output
+    "qwen35moe-tiny": ("qwen35moe", 0, {}),
+    # tied embeddings, GDN 2 / 2 heads (no reordering), GQA 4:1 with head_dim 16, layers L,F,L,L,F,
+    # 10 experts (expert 10 sorts before expert 2) top 2, half of head_dim rotated, other M-RoPE sections
+    "qwen35moe-tiny-b": (
+        "qwen35moe",
+        1,
+        {
+            "tie_word_embeddings": True,
+            "linear_num_value_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "num_hidden_layers": 5,
+            "layer_types": [
+                "linear_attention",
+                "full_attention",
+                "linear_attention",
+                "linear_attention",
+                "full_attention",
+            ],
+            "num_experts": 10,
+            "num_experts_per_tok": 2,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1000000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [1, 2, 1],
+                "mrope_interleaved": True,
+            },
+        },
+    ),
+    # the MTP head: block 4 (one full-attention layer with its MoE, routed experts fused) and blk.4.nextn.*
+    "qwen35moe-tiny-mtp": ("qwen35moe", 2, {"mtp_num_hidden_layers": 1}),
+}
+
 
 def _plain(value: Any) -> Any:
     if isinstance(value, np.ndarray):

@@ -47,6 +47,7 @@ enum class Unary : uint8_t {
 enum class Glu : uint8_t {
     Silu,      // silu(g) * u
     GeluTanh,  // gelu_tanh(g) * u, as x sigmoid(2u) (the dense models' FFN)
+    Sigmoid,   // sigmoid(g) * u (the output gate of Qwen3.5 / Qwen3-Next's full attention)
 };
 
 // y[t][r] = sum_c W[r][c] x[t][c], x: [ntok][cols] F32, y: [ntok][rows] F32 (both packed), ntok = x.rows.
@@ -99,6 +100,9 @@ struct KvSeq {
 
 struct GdnDims {
     int64_t n_k_heads = 0, n_v_heads = 0, k_dim = 0, v_dim = 0;
+    // Value heads grouped by key head (Qwen3-Next's order: v head h reads k head h / (n_v / n_k)); else tiled
+    // (llama.cpp's reordered Qwen3.5 / qwen4exp files: v head h reads k head h % n_k).
+    bool grouped = false;
     constexpr int64_t key_dim() const { return n_k_heads * k_dim; }
     constexpr int64_t value_dim() const { return n_v_heads * v_dim; }
     constexpr int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
@@ -288,7 +292,8 @@ public:
     // (q also by k_dim^-1/2); g [ntok][n_v] <- a * softplus(g + dt_bias); beta <- sigmoid(beta).
     void gdn_prepare(const Tensor& qkv, const Tensor& g, const Tensor& beta, const Tensor& a,
                              const Tensor& dt_bias, const GdnDims& d);
-    // The delta rule per value head (v head h reads k head h % n_k_heads): one token at a time for single
+    // The delta rule per value head (v head h reads k head h % n_k_heads, or h / (n_v / n_k) when d.grouped):
+    // one token at a time for single
     // tokens and with per-token states, else in chunks of `chunk` tokens. out [ntok][value_dim].
     void gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor& beta, const GdnSeq* seqs,
                           int64_t n_seqs, const GdnDims& d, int64_t chunk, const Tensor& out);

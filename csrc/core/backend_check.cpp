@@ -177,8 +177,8 @@ void add_elementwise_cases(std::vector<Case>& cs) {
                           r.be().unary(x, op, 3.0f, y);
                           r.out(y);
                       }});
-    for (Glu act : {Glu::Silu, Glu::GeluTanh})
-        cs.push_back({"glu", act == Glu::Silu ? "silu" : "gelu_tanh", kElementwise, [=](Run& r) {
+    for (const auto& [act, name] : {std::pair{Glu::Silu, "silu"}, {Glu::GeluTanh, "gelu_tanh"}, {Glu::Sigmoid, "sigmoid"}})
+        cs.push_back({"glu", name, kElementwise, [act = act](Run& r) {
                           const Tensor g = r.f32(6, 50, -8.0f, 8.0f), u = r.f32(6, 50), y = r.zeros(RG_TYPE_F32, 6, 50);
                           r.be().glu(g, u, act, y);
                           r.out(y);
@@ -224,7 +224,7 @@ void add_gdn_cases(std::vector<Case>& cs) {
                       r.be().gdn_prepare(qkv, g, beta, a, dt, kGdn);
                       r.out(qkv), r.out(g), r.out(beta);
                   }});
-    const auto scan = [](Run& r, int64_t ntok, bool after, int64_t n_seqs) {
+    const auto scan = [](Run& r, int64_t ntok, bool after, int64_t n_seqs, bool grouped = false) {
         const int64_t S = kGdn.n_v_heads * kGdn.k_dim * kGdn.v_dim, rows = ntok * n_seqs;
         const Tensor qkv = r.f32(rows, kGdn.conv_dim(), -0.3f, 0.3f), g = r.f32(rows, 4, -0.5f, 0.0f);
         const Tensor beta = r.f32(rows, 4, 0.0f, 1.0f), out = r.zeros(RG_TYPE_F32, rows, kGdn.value_dim());
@@ -236,13 +236,17 @@ void add_gdn_cases(std::vector<Case>& cs) {
             r.out(st);
             if (after) r.out(aft);
         }
-        r.be().gdn_scan(qkv, g, beta, seqs.data(), n_seqs, kGdn, 64, out);
+        GdnDims d = kGdn;
+        d.grouped = grouped;
+        r.be().gdn_scan(qkv, g, beta, seqs.data(), n_seqs, d, 64, out);
         r.out(out);
     };
     cs.push_back({"gdn_scan", "1 token (recurrent step)", kReduction, [=](Run& r) { scan(r, 1, false, 1); }});
     cs.push_back({"gdn_scan", "70 tokens (chunks of 64)", kComposite, [=](Run& r) { scan(r, 70, false, 1); }});
     cs.push_back({"gdn_scan", "5 tokens with per-token states", kReduction, [=](Run& r) { scan(r, 5, true, 1); }});
     cs.push_back({"gdn_scan", "2 sequences of 9 tokens", kComposite, [=](Run& r) { scan(r, 9, false, 2); }});
+    cs.push_back({"gdn_scan", "1 token, value heads grouped", kReduction, [=](Run& r) { scan(r, 1, false, 1, true); }});
+    cs.push_back({"gdn_scan", "70 tokens, value heads grouped", kComposite, [=](Run& r) { scan(r, 70, false, 1, true); }});
 }
 
 namespace {

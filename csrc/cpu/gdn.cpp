@@ -128,12 +128,12 @@ void gdn_scan(const Rows& qkv, const Rows& g, const Rows& beta, const std::vecto
         const float* gt = g.row(s.t0);
         const float* bt = beta.row(s.t0);
         float* core = out.row(s.t0);
-        // v head h reads k head h % n_k (tiled order); heads spread over the pool.
+        // v head h reads k head h % n_k (tiled order) or h / (n_v / n_k) (grouped); heads spread over the pool.
         const GdnHeadScan scan = head_scan_kernel();
         default_pool()->parallel_for(nv, 1, [&](int64_t h0, int64_t h1) {
             const FlushSubnormals flush;
             for (int64_t h = h0; h < h1; ++h) {
-                const int64_t kh = h % nk;
+                const int64_t kh = d.grouped ? h / (nv / nk) : h % nk;
                 const GdnHead in{conv + kh * dk, conv + kd + kh * dk, conv + 2 * kd + h * dv, cs, gt + h, bt + h, gs};
                 float* after = s.after ? s.after.row(0) + h * hs : nullptr;
                 const int64_t as = s.after ? s.after.stride / int64_t(sizeof(float)) : 0;

@@ -67,7 +67,8 @@ __global__ void gates_k(View g, View beta, View a, View dt) {
 template <int DK>
 __global__ void scan_k(View qkv, View g, View beta, GdnSeqView s, GdnDims d, View out) {
     pdl_begin();
-    const int64_t h = blockIdx.x, j = threadIdx.x, dv = d.v_dim, kh = h % d.n_k_heads, kd = d.key_dim();
+    const int64_t h = blockIdx.x, j = threadIdx.x, dv = d.v_dim, kd = d.key_dim(),
+                  kh = d.grouped ? h / (d.n_v_heads / d.n_k_heads) : h % d.n_k_heads;
     __shared__ float q[DK], k[DK];
     float S[DK];
     float* state = s.state.row(0) + h * DK * dv;

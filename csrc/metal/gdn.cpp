@@ -45,6 +45,7 @@ void MetalBackend::do_gdn_scan(const Tensor& qkv, const Tensor& g, const Tensor&
     RgGdnScanArgs a{};
     a.qkv = vq.shape, a.g = vg.shape, a.beta = vb.shape, a.out = vo.shape;
     a.n_k = d.n_k_heads, a.n_v = d.n_v_heads, a.k_dim = d.k_dim, a.v_dim = d.v_dim;
+    a.grouped = d.grouped ? 1 : 0;
     a.col_blocks = uint32_t((d.v_dim + 31) / 32);
     const uint32_t shmem =
         uint32_t(2 * 3 * kGroups * 32 * sizeof(float));  // 2 x [3][kGroups][32] partial sums

@@ -42,6 +42,12 @@ uint32_t kv_tensor_type(KvType type) {
     return RG_TYPE_F32;
 }
 
+KvType kv_type_of(uint32_t tensor_type) {
+    for (KvType t : {KvType::F32, KvType::F16, KvType::Q8_0, KvType::I8})
+        if (kv_tensor_type(t) == tensor_type) return t;
+    throw Error("type id " + std::to_string(tensor_type) + " is not an attention cache type");
+}
+
 uint64_t KvCache::bytes() const {
     uint64_t n = 0;
     for (const OwnedTensor* t : {&k_, &vt_, &v_, &k_scale_, &v_scale_})

@@ -20,6 +20,8 @@ enum class KvType { F16, F32, Q8_0, I8 };
 
 // The tensor type of a cache type (RG_TYPE_F16, ...).
 uint32_t kv_tensor_type(KvType type);
+// The cache type of a tensor type (RG_TYPE_F32, F16, Q8_0, I8); throws Error for another.
+KvType kv_type_of(uint32_t tensor_type);
 
 class KvCache {
 public:

@@ -224,10 +224,7 @@ bool DenseWindow::truncate(int64_t n) {
 
 std::vector<TensorPart> DenseWindow::state_parts(int64_t from, int64_t to) {
     std::vector<TensorPart> parts;
-    const StateDtype dtype = kv_type_ == KvType::F16    ? StateDtype::F16
-                             : kv_type_ == KvType::Q8_0 ? StateDtype::Q8_0
-                             : kv_type_ == KvType::I8   ? StateDtype::I8
-                                                        : StateDtype::F32;
+    const StateDtype dtype = kv_state_dtype(kv_tensor_type(kv_type_));
     for (size_t il = 0; il < kv_.size(); ++il) {
         std::vector<Tensor> ts;
         kv_[il].state_tensors(from, to, ts);

@@ -37,6 +37,7 @@ GatedDeltaNet::GatedDeltaNet(const ModelWeights& wt, int64_t layer, GdnGateAct g
         const int64_t inner = meta::require_positive_int(f, a + "ssm.inner_size");
         s.eps = meta::require_float(f, a + "attention.layer_norm_rms_epsilon");
         s.gate_act = gate_act;
+        s.grouped = meta::require_string(f, "general.architecture") == "qwen3next";
         if (s.n_v_heads % s.n_k_heads != 0)
             throw ModelFormatError(a + "ssm.time_step_rank (value heads, " + std::to_string(s.n_v_heads) +
                                    ") must be a multiple of ssm.group_count (key heads, " +
@@ -52,8 +53,16 @@ GatedDeltaNet::GatedDeltaNet(const ModelWeights& wt, int64_t layer, GdnGateAct g
         GdnWeights& w = w_;
         w.qkv = wt.matrix(p + "attn_qkv.weight", cd, s.hidden);
         w.gate = wt.matrix(p + "attn_gate.weight", s.value_dim(), s.hidden);
-        w.alpha = wt.matrix(p + "ssm_alpha.weight", s.n_v_heads, s.hidden);
-        w.beta = wt.matrix(p + "ssm_beta.weight", s.n_v_heads, s.hidden);
+        if (wt.has(p + "ssm_in.weight"))
+            throw ModelFormatError(p + "ssm_in.weight: this file has the fused q/k/v/z projection of llama.cpp's "
+                                   "first qwen3next converter; regolith reads the split attn_qkv and attn_gate "
+                                   "that its converter writes now (convert the checkpoint again)");
+        if (s.grouped) {
+            w.ba = wt.matrix(p + "ssm_ba.weight", 2 * s.n_v_heads, s.hidden);
+        } else {
+            w.alpha = wt.matrix(p + "ssm_alpha.weight", s.n_v_heads, s.hidden);
+            w.beta = wt.matrix(p + "ssm_beta.weight", s.n_v_heads, s.hidden);
+        }
         w.out = wt.matrix(p + "ssm_out.weight", s.hidden, s.value_dim());
         // [kernel][conv_dim], so that the conv runs along contiguous channels.
         wt.tensor(p + "ssm_conv1d.weight", {K, cd});
@@ -92,8 +101,19 @@ void GatedDeltaNet::forward(Workspace& ws, const Tensor& x, const std::vector<Gd
     const Tensor z = ws.f32(ntok, vd);     // [ntok][value_dim]
     const Tensor g = ws.f32(ntok, nv);     // [ntok][n_v]: alpha x, then log decay
     const Tensor beta = ws.f32(ntok, nv);  // [ntok][n_v]: beta x, then sigmoid
-    const MatmulJob in[] = {{w_.qkv, x, qkv}, {w_.gate, x, z}, {w_.alpha, x, g}, {w_.beta, x, beta}};
-    be.matmul(in, 4);
+    if (w_.ba) {
+        // per key head [beta of its r value heads, alpha of them]: split into grouped beta and alpha
+        const int64_t r = nv / s.n_k_heads, groups = ntok * s.n_k_heads;
+        const Tensor ba = ws.f32(ntok, 2 * nv);  // [ntok][n_k][2][r]
+        const MatmulJob in[] = {{w_.qkv, x, qkv}, {w_.gate, x, z}, {w_.ba, x, ba}};
+        be.matmul(in, 3);
+        const Tensor heads = ba.reshaped(groups, 2 * r);
+        be.copy(heads.col_range(0, r), beta.reshaped(groups, r));
+        be.copy(heads.col_range(r, r), g.reshaped(groups, r));
+    } else {
+        const MatmulJob in[] = {{w_.qkv, x, qkv}, {w_.gate, x, z}, {w_.alpha, x, g}, {w_.beta, x, beta}};
+        be.matmul(in, 4);
+    }
 
     // Causal depthwise conv + SiLU over each state's history and its sequence's qkv rows.
     const Tensor conv = ws.f32(ntok, cd);  // [ntok][conv_dim]: q | k | v

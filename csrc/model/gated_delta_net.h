@@ -6,10 +6,12 @@
 //   S_h ← S_h * exp(g);  S_h ← S_h + k (beta (v - S_h^T k))^T;  o = S_h^T q       (S_h: [k_dim][v_dim] fp32)
 //   y = W_out (rms_norm(o) * norm * act(W_gate x))   per v head; act = sigmoid (llama.cpp) or silu
 //
-// Head order is the GGUF's: llama.cpp's converter reorders value heads from HF's grouped order
-// (v head i*r + j serves k head i, r = n_v/n_k) to tiled order (GGUF head j*n_k + i), in every tensor
+// Head order is the GGUF's: llama.cpp's Qwen3.5 / qwen4exp converter reorders value heads from HF's grouped
+// order (v head i*r + j serves k head i, r = n_v/n_k) to tiled order (GGUF head j*n_k + i), in every tensor
 // with a value-head axis (V rows of qkv and conv1d, gate rows, alpha/beta rows, a, dt_bias, out columns).
-// Outputs are unchanged by that permutation; the recurrent state is stored in GGUF head order.
+// Its qwen3next converter keeps HF's grouped order (GdnShape::grouped) and writes alpha and beta as one
+// matrix, ssm_ba, whose rows are per key head [beta of its r value heads, alpha of them].
+// Outputs are unchanged by the order; the recurrent state is stored in GGUF head order.
 #pragma once
 
 #include <cstdint>
@@ -34,13 +36,14 @@ struct GdnShape {
     int64_t conv_kernel = 0;  // ssm.conv_kernel
     float eps = 1e-6f;        // gated RMSNorm epsilon (attention.layer_norm_rms_epsilon)
     GdnGateAct gate_act = GdnGateAct::Sigmoid;
+    bool grouped = false;     // value heads in HF's grouped order (qwen3next), else tiled
 
     int64_t key_dim() const { return n_k_heads * k_dim; }
     int64_t value_dim() const { return n_v_heads * v_dim; }
     int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels: q | k | v
     int64_t conv_state() const { return (conv_kernel - 1) * conv_dim(); }
     int64_t recurrent_state() const { return n_v_heads * k_dim * v_dim; }
-    GdnDims dims() const { return {n_k_heads, n_v_heads, k_dim, v_dim}; }
+    GdnDims dims() const { return {n_k_heads, n_v_heads, k_dim, v_dim, grouped}; }
 };
 
 // The tensors of one layer (ggml ne order in brackets; a matrix row is one ne[0] run).
@@ -49,6 +52,7 @@ struct GdnWeights {
     Tensor gate;     // attn_gate   [hidden, value_dim]  (z)
     Tensor alpha;    // ssm_alpha   [hidden, n_v_heads]
     Tensor beta;     // ssm_beta    [hidden, n_v_heads]
+    Tensor ba;       // ssm_ba      [hidden, 2 * n_v_heads] instead of alpha and beta (qwen3next)
     Tensor out;      // ssm_out     [value_dim, hidden]
     Tensor conv_t;   // ssm_conv1d  [kernel, conv_dim] transposed at load: [kernel][conv_dim], oldest tap first
     Tensor a;        // ssm_a       [n_v_heads] = -exp(A_log)

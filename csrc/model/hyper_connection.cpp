@@ -17,8 +17,21 @@ HyperConnection HyperConnection::load(const ModelWeights& w, const std::string& 
     return h;
 }
 
+HyperConnection HyperConnection::pre_norm(const ModelWeights& w, const std::string& name, int64_t hidden, float eps) {
+    HyperConnection h;
+    h.hidden = hidden;
+    h.hc = 1;
+    h.eps = eps;
+    h.norm = w.f32_vector(name, hidden);
+    return h;
+}
+
 void HyperConnection::read(Workspace& ws, const Tensor& streams, const Tensor& mixed, const Tensor& inject_w) const {
     Backend& be = ws.backend();
+    if (!down) {
+        be.rms_norm(streams, norm, eps, mixed);
+        return;
+    }
     Workspace::Scope scope(ws);
     const int64_t ntok = streams.rows, width = hc * hidden;
     const Tensor xn = ws.f32(ntok, width);  // [ntok][hc * hidden] normalised per stream
@@ -34,7 +47,10 @@ void HyperConnection::read(Workspace& ws, const Tensor& streams, const Tensor& m
 }
 
 void HyperConnection::write(Backend& be, const Tensor& block_out, const Tensor& inject_w, const Tensor& streams) const {
-    be.hc_write(block_out, inject_w, hc, streams);
+    if (!down)
+        be.add(streams, block_out, streams);
+    else
+        be.hc_write(block_out, inject_w, hc, streams);
 }
 
 }  // namespace regolith

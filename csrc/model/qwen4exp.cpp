@@ -10,28 +10,33 @@
 namespace regolith {
 
 Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufSet& f) {
-    const std::string prefix = meta::require_arch(f, "qwen4exp");
-    const auto key = [&](const char* suffix) { return prefix + suffix; };
     Qwen4ExpConfig c;
+    c.arch = meta::get_string(f, "general.architecture").value_or("<missing>");
+    if (c.arch != "qwen4exp" && c.arch != "qwen35moe" && c.arch != "qwen3next")
+        throw ModelFormatError("architecture '" + c.arch + "' is not supported by the qwen4exp loader");
+    c.hyper = c.arch == "qwen4exp";
+    const std::string prefix = c.arch + ".";
+    const auto key = [&](const char* suffix) { return prefix + suffix; };
     // llama.cpp's nextn convention: MTP blocks follow the main layers and count in block_count.
     const int64_t n_block = meta::require_int(f, key("block_count"));
     c.n_nextn = meta::get_int(f, key("nextn_predict_layers")).value_or(0);
     if (c.n_nextn < 0 || c.n_nextn > 1 || c.n_nextn >= n_block)
-        throw ModelFormatError("qwen4exp.nextn_predict_layers must be 0 or 1 (and below block_count), got " +
+        throw ModelFormatError(key("nextn_predict_layers") + " must be 0 or 1 (and below block_count), got " +
                                std::to_string(c.n_nextn));
     c.n_layer = n_block - c.n_nextn;
     c.hidden = meta::require_int(f, key("embedding_length"));
     c.context_length = meta::get_int(f, key("context_length")).value_or(0);
-    c.hc = meta::require_int(f, key("hyper_connection.count"));
-    c.hc_rank = meta::require_int(f, key("hyper_connection.low_rank"));
+    c.hc = c.hyper ? meta::require_int(f, key("hyper_connection.count")) : 1;
+    c.hc_rank = c.hyper ? meta::require_int(f, key("hyper_connection.low_rank")) : 0;
     c.eps = meta::require_float(f, key("attention.layer_norm_rms_epsilon"));
     // Every layer has tensors, so a count beyond the file's tensors is a lie (and must not size anything).
     if (c.n_layer > int64_t(f.tensors().size()))
-        throw ModelFormatError("qwen4exp.block_count " + std::to_string(c.n_layer) + " exceeds the file's " +
+        throw ModelFormatError(key("block_count") + " " + std::to_string(c.n_layer) + " exceeds the file's " +
                                std::to_string(f.tensors().size()) + " tensors");
-    if (c.n_layer <= 0 || c.hidden <= 0 || c.hc <= 1 || c.hc_rank <= 0)
-        throw ModelFormatError("qwen4exp: block_count, embedding_length, hyper_connection.* must be positive "
-                               "(and hyper_connection.count > 1)");
+    if (c.n_layer <= 0 || c.hidden <= 0)
+        throw ModelFormatError(c.arch + ": block_count and embedding_length must be positive");
+    if (c.hyper && (c.hc <= 1 || c.hc_rank <= 0))
+        throw ModelFormatError("qwen4exp: hyper_connection.low_rank must be positive and hyper_connection.count > 1");
     // Linear attention everywhere except every full_attention_interval-th layer, unless listed explicitly.
     // Per-layer arrays cover every block, MTP blocks included (llama.cpp's qwen35 converter marks those
     // non-recurrent); the main layers read their leading n_layer entries.
@@ -39,12 +44,13 @@ Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufSet& f) {
         for (int64_t i = 0; i < c.n_layer; ++i) c.recurrent.push_back((*rec)[size_t(i)] != 0);
     } else {
         const int64_t interval = meta::get_int(f, key("full_attention_interval")).value_or(4);
-        if (interval <= 0) throw ModelFormatError("qwen4exp.full_attention_interval must be positive");
+        if (interval <= 0) throw ModelFormatError(key("full_attention_interval") + " must be positive");
         for (int64_t i = 0; i < c.n_layer; ++i) c.recurrent.push_back((i + 1) % interval != 0);
     }
-    const std::string gate = meta::get_string(f, key("ssm.gate_activation")).value_or("sigmoid");
+    // llama.cpp's qwen4exp graph gates with a sigmoid, its qwen35moe and qwen3next graphs (as transformers) SiLU
+    const std::string gate = meta::get_string(f, key("ssm.gate_activation")).value_or(c.hyper ? "sigmoid" : "silu");
     if (gate != "sigmoid" && gate != "silu")
-        throw ModelFormatError("qwen4exp.ssm.gate_activation must be 'sigmoid' or 'silu', not '" + gate + "'");
+        throw ModelFormatError(key("ssm.gate_activation") + " must be 'sigmoid' or 'silu', not '" + gate + "'");
     c.gdn_gate = gate == "silu" ? GdnGateAct::Silu : GdnGateAct::Sigmoid;
     c.moe.hidden = c.hidden;
     c.moe.n_expert = meta::require_int(f, key("expert_count"));
@@ -53,13 +59,13 @@ Qwen4ExpConfig Qwen4ExpConfig::from_gguf(const GgufSet& f) {
     c.moe.ff_shared = meta::get_int(f, key("expert_shared_feed_forward_length")).value_or(0);
     c.moe.norm_topk_prob = meta::get_bool(f, key("expert_weights_norm")).value_or(true);
     if (c.moe.n_used <= 0 || c.moe.n_used > c.moe.n_expert)
-        throw ModelFormatError("qwen4exp.expert_used_count must be in 1..expert_count");
+        throw ModelFormatError(key("expert_used_count") + " must be in 1..expert_count");
     const GgufTensor* emb = f.find_tensor("token_embd.weight");
     if (!emb) throw ModelFormatError("missing tensor 'token_embd.weight'");
     c.vocab = int64_t(emb->ne[1]);
     if (auto ple = meta::get_int_array(f, key("ple.layers"))) {
         for (int64_t il : *ple)
-            if (il < 0 || il >= c.n_layer) throw ModelFormatError("qwen4exp.ple.layers names layer " + std::to_string(il));
+            if (il < 0 || il >= c.n_layer) throw ModelFormatError(key("ple.layers") + " names layer " + std::to_string(il));
         c.ple_layers = *ple;
     }
     return c;
@@ -74,21 +80,30 @@ Qwen4ExpModel::Qwen4ExpModel(const std::vector<std::vector<std::string>>& files,
       config_(Qwen4ExpConfig::from_gguf(file_)) {
     const Qwen4ExpConfig& c = config_;
     // Every block's experts, the MTP head's (block n_layer) included where the head is there (a model whose
-    // head is in a side file it was loaded without has none): `regolith pack` stores them all.
-    const bool head = c.n_nextn > 0 && MtpHead::present(file_, c.n_layer);
+    // head is in a side file it was loaded without has none): `regolith pack` stores them all. Only
+    // qwen4exp's head runs here (a qwen35moe file's nextn block is not loaded).
+    const bool head = c.hyper && c.n_nextn > 0 && MtpHead::present(file_, c.n_layer);
     arena_ = open_expert_arena(file_, c.n_layer + (head ? c.n_nextn : 0), c.n_layer, c.moe, options, backend_);
     lookahead_ = arena_ && options.lookahead;
     std::optional<PleTableSource> ple_source;
     if (!options.ple_path.empty()) ple_source = ple_table_from_pack(options.ple_path);
     tok_embd_ = weights_.matrix("token_embd.weight", c.vocab, c.hidden);
     output_ = weights_.has("output.weight") ? weights_.matrix("output.weight", c.vocab, c.hidden) : tok_embd_;
-    out_hc_ = HyperConnection::load(weights_, "output_hc", c.hidden, c.hc, c.hc_rank, c.eps, false);
+    out_hc_ = c.hyper ? HyperConnection::load(weights_, "output_hc", c.hidden, c.hc, c.hc_rank, c.eps, false)
+                      : HyperConnection::pre_norm(weights_, "output_norm.weight", c.hidden, c.eps);
     layers_.reserve(size_t(c.n_layer));
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
-        Layer L{HyperConnection::load(weights_, p + "hc_attn", c.hidden, c.hc, c.hc_rank, c.eps, true),
-                HyperConnection::load(weights_, p + "hc_ffn", c.hidden, c.hc, c.hc_rank, c.eps, true),
-                std::nullopt, std::nullopt, SparseMoe::load(weights_, int(il), c.moe, !arena_),
+        const auto hc = [&](const char* name, const char* norm) {
+            return c.hyper ? HyperConnection::load(weights_, p + name, c.hidden, c.hc, c.hc_rank, c.eps, true)
+                           : HyperConnection::pre_norm(weights_, p + norm, c.hidden, c.eps);
+        };
+        Layer L{hc("hc_attn", "attn_norm.weight"),
+                hc("hc_ffn", "post_attention_norm.weight"),
+                std::nullopt,
+                std::nullopt,
+                std::nullopt,
+                SparseMoe::load(weights_, int(il), c.moe, !arena_),
                 nullptr};
         layers_.push_back(std::move(L));
         Layer& l = layers_.back();
@@ -98,10 +113,12 @@ Qwen4ExpModel::Qwen4ExpModel(const std::vector<std::vector<std::string>>& files,
             l.ple = std::make_unique<PleLayer>(weights_, il, options.ple, ple_source ? &*ple_source : nullptr);
         if (c.recurrent[size_t(il)])
             l.gdn.emplace(weights_, il, c.gdn_gate);
-        else
+        else if (c.hyper)
             l.qsa.emplace(weights_, il);
+        else
+            l.attn.emplace(weights_, il);
     }
-    if (c.n_nextn > 0 && MtpHead::present(file_, c.n_layer))
+    if (head)
         mtp_ = std::make_unique<MtpHead>(weights_, c.n_layer, c.hc, c.hc_rank, c.eps, c.moe, tok_embd_, output_,
                                          arena_.get());
 }
@@ -133,12 +150,16 @@ uint64_t Qwen4ExpWindow::attention_cache_bytes() const {
     uint64_t n = 0;
     for (const auto& q : qsa_)
         if (q) n += q->bytes();
+    for (const auto& kv : kv_)
+        if (kv) n += kv->bytes();
     return n;
 }
 
 void Qwen4ExpModel::check_cache_type(uint32_t cache_type) const {
-    for (const auto& l : layers_)
+    for (const auto& l : layers_) {
         if (l.qsa) QsaState::check_cache_type(backend_, l.qsa->shape(), cache_type);
+        if (l.attn) l.attn->new_cache(backend_, 1, kv_type_of(cache_type));
+    }
     if (mtp_) QsaState::check_cache_type(backend_, mtp_->qsa_shape(), cache_type);
 }
 
@@ -161,6 +182,7 @@ bool Qwen4ExpWindow::truncate(int64_t n) {
         if (gdn_[il]) gdn_[il]->copy_row(be_, *cp_.gdn[il], int64_t(slot), 0);
         if (ple_[il]) ple_[il]->assign(be_, cp_.ple[il][slot]);
         if (qsa_[il]) qsa_[il]->truncate(n);
+        if (kv_[il]) kv_[il]->truncate(n);
     }
     if (mtp_) mtp_->truncate(n);
     n_past_ = n;
@@ -211,12 +233,15 @@ void Qwen4ExpWindow::reset_locked() {
     if (model_.mtp_) mtp_.emplace(be_, *model_.mtp_, max_ctx_ + kMaxCheckpointTokens, cache_type_);
     gdn_.clear();
     qsa_.clear();
+    kv_.clear();
     ple_.clear();
     for (const auto& l : model_.layers_) {
         ple_.push_back(l.ple ? std::optional<PleState>(l.ple->new_state(be_)) : std::nullopt);
         gdn_.emplace_back();
         if (l.gdn) gdn_.back().emplace(be_, l.gdn->shape(), 1), gdn_.back()->zero(be_);
         qsa_.push_back(l.qsa ? std::optional<QsaState>(l.qsa->new_state(be_, max_ctx_, cache_type_))
+                             : std::nullopt);
+        kv_.push_back(l.attn ? std::optional<KvCache>(l.attn->new_cache(be_, max_ctx_, kv_type_of(cache_type_)))
                              : std::nullopt);
     }
     be_.submit();
@@ -242,6 +267,12 @@ std::vector<TensorPart> Qwen4ExpWindow::state_parts(int64_t from, int64_t to, bo
                 parts.emplace_back(TensorPart{StateKind::Qsa, layer, qsa_state_dtype(cache_type_), {}});
             for (const Tensor& t : ts) p.items.push_back({t, {}});
         }
+        if (kv_[il]) {
+            std::vector<Tensor> ts;
+            kv_[il]->state_tensors(from, to, ts);
+            TensorPart& p = parts.emplace_back(TensorPart{StateKind::Kv, layer, kv_state_dtype(cache_type_), {}});
+            for (const Tensor& t : ts) p.items.push_back({t, {}});
+        }
     }
     return parts;
 }
@@ -262,6 +293,8 @@ void Qwen4ExpWindow::import_state(int64_t from, int64_t n, bool whole, const Sta
     try {
         for (auto& q : qsa_)
             if (q) q->grow(n);
+        for (auto& kv : kv_)
+            if (kv) kv->grow(n);
         HostStateParts host(be_, state_parts(from, n, whole));
         fn(host.parts());
         host.upload();
@@ -383,6 +416,7 @@ void Qwen4ExpWindow::forward(std::vector<Part>& parts) {
     std::vector<PleSeq> ple;
     std::vector<GdnRows> gdn;
     std::vector<QsaRows> qsa;
+    std::vector<AttentionRows> attn;
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const auto& l = model.layers_[size_t(il)];
         const size_t li = size_t(il);
@@ -425,6 +459,11 @@ void Qwen4ExpWindow::forward(std::vector<Part>& parts) {
                 gdn.push_back({&*p.w->gdn_[li], 0, p.t0, p.step.n, keep[i] ? &*p.w->cp_.gdn[li] : nullptr});
             }
             l.gdn->forward(ws, mixed, gdn, out);
+        } else if (l.attn) {
+            attn.clear();
+            for (const Part& p : parts)
+                attn.push_back({&*p.w->kv_[li], &pos3[size_t(3 * p.t0)], p.t0, p.step.n});
+            l.attn->forward(ws, mixed, attn, out);
         } else {
             qsa.clear();
             for (const Part& p : parts) qsa.push_back({&*p.w->qsa_[li], &pos3[size_t(3 * p.t0)], p.t0, p.step.n});

@@ -1,6 +1,11 @@
 // The qwen4_exp (Qwen3.8-Flash-Next) text model on the Backend op interface: embeddings, hc residual
 // streams, Gated DeltaNet / QSA mixers, PLE layers, sparse MoE, the final hyper-connection mixer and the LM
 // head. Weights are views into the GGUF mapping; all decoding state lives in a Qwen4ExpWindow.
+//
+// The same engine runs the family's models without qwen4_exp's additions: Qwen3.5 MoE and Qwen3-Next
+// (llama.cpp's `qwen35moe`, `qwen3next`): pre-norm residuals (HyperConnection::pre_norm), gated full
+// attention with a KV cache (GatedAttention) instead of QSA, no PLE, and the Gated DeltaNet's output gate
+// SiLU (qwen3next's value heads in grouped order, its alpha and beta one matrix: model/gated_delta_net.h).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +18,7 @@
 #include "core/buffers.h"
 #include "core/expert_arena.h"
 #include "core/gguf_set.h"
+#include "model/gated_attention.h"
 #include "model/gated_delta_net.h"
 #include "model/hyper_connection.h"
 #include "model/language_model.h"
@@ -25,6 +31,8 @@
 namespace regolith {
 
 struct Qwen4ExpConfig {
+    std::string arch;     // general.architecture: "qwen4exp", "qwen35moe" or "qwen3next"
+    bool hyper = true;    // hyper-connections (qwen4exp); else pre-norm residuals (hc = 1)
     int64_t n_layer = 0;  // main layers: block_count - nextn_predict_layers
     int64_t n_nextn = 0;  // nextn_predict_layers: MTP blocks after the main layers (0 or 1)
     int64_t hidden = 0;
@@ -33,12 +41,12 @@ struct Qwen4ExpConfig {
     int64_t hc = 0;
     int64_t hc_rank = 0;
     float eps = 1e-6f;
-    std::vector<bool> recurrent;  // per layer: Gated DeltaNet (true) or QSA attention (false)
+    std::vector<bool> recurrent;  // per layer: Gated DeltaNet (true) or attention (QSA; gated full attention)
     std::vector<int64_t> ple_layers;  // layers with a PLE n-gram addend (0-based)
     MoeShape moe;
     // The Gated DeltaNet output gate: llama.cpp's qwen4exp graph uses sigmoid; transformers uses the
     // checkpoint's output_gate_type (or hidden_act). regolith's converter records it in
-    // qwen4exp.ssm.gate_activation; files without the key get llama.cpp's sigmoid.
+    // qwen4exp.ssm.gate_activation; files without the key get llama.cpp's sigmoid. Qwen3.5's is SiLU.
     GdnGateAct gdn_gate = GdnGateAct::Sigmoid;
 
     static Qwen4ExpConfig from_gguf(const GgufSet& file);
@@ -64,7 +72,7 @@ struct MultimodalRows {
 
 class Qwen4ExpModel {
 public:
-    // Maps and validates a qwen4exp GGUF: `files` as GgufSet takes them (the model's shards, then side files
+    // Maps and validates a qwen4exp, qwen35moe or qwen3next GGUF: `files` as GgufSet takes them (the model's shards, then side files
     // such as the PLE table or the MTP head). Throws GGUFError / ModelFormatError.
     explicit Qwen4ExpModel(const std::vector<std::vector<std::string>>& files, const Qwen4ExpLoadOptions& options = {},
                            Backend& backend = cpu_backend());
@@ -81,8 +89,8 @@ public:
     std::vector<PleTable*> ple_tables() const;
     // Changes cache-aware routing for every layer (MoCE needs an arena to have an effect).
     void set_moce(const MoceOptions& moce);
-    // A window of up to max_ctx tokens whose attention caches (QSA layers and the MTP head) are of
-    // `cache_type` (QsaState); throws Error where the backend has no kernels for it.
+    // A window of up to max_ctx tokens whose attention caches (QSA layers and the MTP head: QsaState; full
+    // attention layers: KvCache) are of `cache_type`; throws Error where the backend has no kernels for it.
     std::unique_ptr<ModelWindow> new_window(int64_t max_ctx, uint32_t cache_type = RG_TYPE_F32) const;
     // Throws Error, as new_window would, where this model's windows cannot have caches of `cache_type`.
     void check_cache_type(uint32_t cache_type) const;
@@ -93,6 +101,7 @@ private:
         HyperConnection attn_hc, ffn_hc;
         std::optional<GatedDeltaNet> gdn;
         std::optional<QsaAttention> qsa;
+        std::optional<GatedAttention> attn;
         SparseMoe moe;
         std::unique_ptr<PleLayer> ple;  // on PLE layers: the n-gram addend to the streams
     };
@@ -136,7 +145,7 @@ public:
     std::vector<int32_t> draft(int32_t next, int64_t n) override;
     int64_t catch_up_draft_head() override;
     int64_t draft_head_lag() const override;
-    // Per layer in order: the PLE part (if any), then the Gated DeltaNet or QSA part.
+    // Per layer in order: the PLE part (if any), then the Gated DeltaNet, QSA or KV cache part.
     void export_state(int64_t from, const StateFn& fn) override;
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
 
@@ -165,6 +174,7 @@ private:
     int64_t n_past_ = 0;
     std::vector<std::optional<GdnStates>> gdn_;  // per layer, one row
     std::vector<std::optional<QsaState>> qsa_;
+    std::vector<std::optional<KvCache>> kv_;
     std::vector<std::optional<PleState>> ple_;
     std::optional<MtpContext> mtp_;
 

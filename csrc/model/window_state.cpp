@@ -18,6 +18,11 @@ StateDtype qsa_state_dtype(uint32_t cache_type) {
     }
 }
 
+StateDtype kv_state_dtype(uint32_t cache_type) {
+    const StateDtype d = qsa_state_dtype(cache_type);
+    return d == StateDtype::Mixed ? StateDtype::F32 : d;
+}
+
 std::string state_part_name(StateKind kind, uint32_t layer) {
     const std::string blk = "blk." + std::to_string(layer) + " ";
     switch (kind) {

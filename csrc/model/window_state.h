@@ -26,6 +26,8 @@ enum class StateDtype : uint32_t { F32 = 0, F16 = 1, Mixed = 2, Q8_0 = 3, I8 = 4
 
 // The dtype of a QSA part whose caches are of this type (F32, F16, Q8_0, I8).
 StateDtype qsa_state_dtype(uint32_t cache_type);
+// The dtype of a dense KV part whose cache is of this tensor type (F32, F16, Q8_0, I8).
+StateDtype kv_state_dtype(uint32_t cache_type);
 
 struct StateSpan {
     uint8_t* data;

@@ -24,7 +24,7 @@ using Logits = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 nb::dict config_dict(const Qwen4ExpModel& m) {
     const auto& c = m.config();
     nb::dict d;
-    d["architecture"] = "qwen4exp";
+    d["architecture"] = c.arch;
     d["n_layer"] = c.n_layer;
     d["hidden_size"] = c.hidden;
     d["vocab_size"] = c.vocab;

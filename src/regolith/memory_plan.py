@@ -121,7 +121,7 @@ class ModelSizes:
         dense models': what their workspace can hold for it, ``_dense_scratch``) and, for a mixture of
         experts, the routed rows: the backend's batch of resident experts (:attr:`expert_batch_bytes`), or
         with ``streamed`` experts (batched on the host in the workspace) what they add to it."""
-        if self.architecture != "qwen4exp":
+        if self.architecture not in HYBRID_ARCHITECTURES:
             routed = self.streamed_scratch if streamed else self.expert_batch_bytes
             return self.dense_scratch + routed
         t = PREFILL_CHUNK
@@ -133,10 +133,15 @@ class ModelSizes:
         return estimate + (2 * 4 * moe + SCRATCH_MIN_CHUNK if streamed else self.expert_batch_bytes)
 
 
+# The Qwen hybrid family (Gated DeltaNet and attention layers, routed experts with a shared one) that
+# csrc/model/qwen4exp.h runs: qwen4exp (with hyper-connections, QSA and PLE), Qwen3.5 MoE and Qwen3-Next.
+HYBRID_ARCHITECTURES = ("qwen4exp", "qwen35moe", "qwen3next")
+
+
 def default_kv_type(architecture: str) -> str:
     """The attention cache type ``Model.load`` gives a model of ``architecture`` without ``kv_type``: the seed's
     int8 rows for qwen4exp's QSA caches (a quarter of f32's bytes; its fidelity cost is measured in
-    docs/benchmarks.md), llama.cpp's f16 for the dense models."""
+    docs/benchmarks.md), llama.cpp's f16 for the others (the dense models, Qwen3.5 MoE's KV caches)."""
     return "i8" if architecture == "qwen4exp" else "f16"
 
 
@@ -218,14 +223,16 @@ def check_kv_type(metadata: dict[str, Any], kv_type: str) -> None:
     cache_row_bytes(kv_type, 32)  # a known type
     arch = metadata.get("general.architecture")
     if kv_type == "q8_0" and arch:
-        keys = ("attention.key_length", "attention.indexer.key_length") if arch == "qwen4exp" else ()
+        keys = (
+            ("attention.key_length", "attention.indexer.key_length") if arch in HYBRID_ARCHITECTURES else ()
+        )
         for key in keys:
-            n = metadata.get(f"qwen4exp.{key}")
+            n = metadata.get(f"{arch}.{key}")
             if n is not None and int(n) % 32:
                 raise ValueError(
                     f"kv_type 'q8_0': a q8_0 cache needs rows of whole blocks of 32; {key} is {n}"
                 )
-        if arch != "qwen4exp" and f"{arch}.embedding_length" in metadata:
+        if arch not in HYBRID_ARCHITECTURES and f"{arch}.embedding_length" in metadata:
             n = _dense_head_dim(metadata, arch)
             if n % 32:
                 raise ValueError(
@@ -269,7 +276,9 @@ def _sizes(
 ) -> ModelSizes:
     arch = metadata.get("general.architecture", "")
     dense = sum(t.nbytes for n, t in tensors.items() if not _EXPERT.match(n) and n != _PLE_TABLE)
-    if arch != "qwen4exp":  # gemma3, qwen2, qwen3(moe): every layer keeps keys and values of every position
+    if (
+        arch not in HYBRID_ARCHITECTURES
+    ):  # gemma3, qwen2, qwen3(moe): every layer keeps every position's keys and values
         p = f"{arch}."
         kvh = metadata[p + "attention.head_count_kv"]
         n_layer = int(metadata[p + "block_count"])
@@ -299,13 +308,19 @@ def _sizes(
             streamed_scratch=streamed - sizes.dense_scratch,
             _parts=parts,
         )
-    p = "qwen4exp."
+    p = f"{arch}."
+    hyper = arch == "qwen4exp"  # hyper-connections, QSA, PLE and the MTP head that runs
     n_layer = int(metadata[p + "block_count"])
     if not 0 < n_layer <= len(tensors):  # every layer has tensors: a larger count is a lie
-        raise ModelFormatError(f"qwen4exp.block_count {n_layer} exceeds the file's {len(tensors)} tensors")
+        raise ModelFormatError(f"{p}block_count {n_layer} exceeds the file's {len(tensors)} tensors")
     nextn = int(metadata.get(p + "nextn_predict_layers", 0))
     mtp_bytes = 0
-    if nextn:
+    if nextn and not hyper:
+        # a qwen35moe file's nextn block is not loaded (its tensors stay unread in the mapping)
+        head = f"blk.{n_layer - nextn}."
+        dense -= sum(t.nbytes for n, t in tensors.items() if n.startswith(head) and not _EXPERT.match(n))
+        n_layer -= nextn
+    elif nextn:
         head = f"blk.{n_layer - nextn}."
         if head + "nextn.eh_proj.weight" in tensors:
             mtp_bytes = sum(
@@ -328,19 +343,23 @@ def _sizes(
         ple_rows, ple_row_bytes, ple_hd = (t.shape[0], t.row_bytes, t.shape[1]) if t else (0, 0, 0)
         ple_index = 0
 
-    # Window state (csrc/model: QsaState, GdnState, PleState), in bytes.
+    # Window state (csrc/model: QsaState or KvCache, GdnState, PleState), in bytes.
     recurrent = metadata.get(p + "attention.recurrent_layers")
     if recurrent is None:
         interval = int(metadata.get(p + "full_attention_interval", 4))
         recurrent = [(i + 1) % interval != 0 for i in range(n_layer)]
+    if not hyper:
+        recurrent = recurrent[:n_layer]  # without the nextn block's entry
     per_token = fixed = 0
     n_qsa = sum(1 for r in recurrent if not r)
     if n_qsa:
         kvh, hd = int(metadata[p + "attention.head_count_kv"]), int(metadata[p + "attention.key_length"])
-        idx = int(metadata[p + "attention.indexer.key_length"])
+        idx = int(metadata[p + "attention.indexer.key_length"]) if hyper else 0
         ratios = [int(r) for r in metadata.get(p + "attention.compress_ratios", [])]
         for layer, rec in enumerate(recurrent):
-            if not rec:
+            if not rec and not hyper:  # keys and values
+                per_token += 2 * kvh * cache_row_bytes(kv_type, hd)
+            elif not rec:
                 ratio = ratios[layer] if layer < len(ratios) and ratios[layer] > 0 else 1
                 # keys, values, raw indexer keys, 3-D (M-RoPE) positions; pooled indexer keys per complete block
                 key, index_key = cache_row_bytes(kv_type, hd), cache_row_bytes(kv_type, idx)
@@ -352,13 +371,13 @@ def _sizes(
         nv, inner = int(metadata[p + "ssm.time_step_rank"]), int(metadata[p + "ssm.inner_size"])
         conv_dim = 2 * nk * dk + inner
         fixed += n_gdn * 4 * ((k - 1) * conv_dim + nv * dk * (inner // nv))
-    hc = int(metadata[p + "hyper_connection.count"])
+    hc = int(metadata[p + "hyper_connection.count"]) if hyper else 1
     for _ in metadata.get(p + "ple.layers", []):
         n = int(metadata[p + "ple.ngram_size"])
         fixed += 8 * (n - 1) + 4 * (int(metadata[p + "ple.conv_kernel"]) - 1) * n * hc * hidden
     vocab = tensors["token_embd.weight"].shape[0]
     return ModelSizes(
-        architecture="qwen4exp",
+        architecture=arch,
         dense_bytes=dense,
         expert_record_bytes=records,
         n_expert=n_expert,

@@ -123,6 +123,8 @@ _ARCHITECTURES = {
     "qwen3": _core.DenseModel,
     "qwen3moe": _core.DenseModel,
     "qwen4exp": _core.Qwen4ExpModel,
+    "qwen35moe": _core.Qwen4ExpModel,
+    "qwen3next": _core.Qwen4ExpModel,
 }
 
 

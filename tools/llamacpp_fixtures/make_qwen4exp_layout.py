@@ -34,15 +34,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LLAMA_CPP = Path("/work/ref/llama_cpp_python-0.3.36/vendor/llama.cpp")
 
-# Runs inside the subprocess: argv = [llama_cpp_dir, model_dir, out_file].
+# Runs inside the subprocess: argv = [llama_cpp_dir, model_dir, out_file, *more converter arguments].
 _RUNNER = r"""
 import sys
 llama_cpp, model_dir, out_file = sys.argv[1:4]
+more = sys.argv[4:]
 sys.path[:0] = [llama_cpp + "/gguf-py", llama_cpp]
 import json
 import conversion.base as base
@@ -52,7 +54,7 @@ base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen35"
 # indexed_attention, and llama.cpp's converter then writes compress_ratios of 0 (dense) for every layer
 base.ModelBase.load_hparams = staticmethod(
     lambda dir_model, is_mistral_format: json.loads((dir_model / "config.json").read_text()))
-sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outfile", out_file, "--outtype", "f32"]
+sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outfile", out_file, "--outtype", "f32", *more]
 import runpy
 runpy.run_path(llama_cpp + "/convert_hf_to_gguf.py", run_name="__main__")
 """
@@ -66,14 +68,17 @@ def _patch_config(model_dir: Path) -> None:
     path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def convert_layout(llama_cpp: Path, model_dir: Path, out: Path, name: str) -> dict:
-    """Run llama.cpp's converter (``_RUNNER``) on ``model_dir`` into ``out`` in a subprocess and return the
-    file's layout (tests/llamacpp_layout.py); exits with its output when it fails."""
+def convert_layout(
+    llama_cpp: Path, model_dir: Path, out: Path, name: str, extra_args: Sequence[str] = ()
+) -> dict:
+    """Run llama.cpp's converter (``_RUNNER``, with ``extra_args`` after ``--outtype f32``) on ``model_dir``
+    into ``out`` in a subprocess and return the file's layout (tests/llamacpp_layout.py); exits with its
+    output when it fails."""
     from tests.llamacpp_layout import gguf_layout
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     proc = subprocess.run(
-        [sys.executable, "-c", _RUNNER, str(llama_cpp), str(model_dir), str(out)],
+        [sys.executable, "-c", _RUNNER, str(llama_cpp), str(model_dir), str(out), *extra_args],
         env=env,
         check=False,
         capture_output=True,

@@ -131,3 +131,10 @@ class Checkpoint:
         for f in self.files:
             for t in _read_header(f):
                 yield t.name, t
+
+    def tensors_by_name(self) -> Iterator[tuple[str, SafetensorsTensor]]:
+        """(name, lazy tensor) file by file, by name within a file: the order llama.cpp's converter walks a
+        checkpoint in (its tensors keep that order in the GGUF)."""
+        for f in self.files:
+            for t in sorted(_read_header(f), key=lambda t: t.name):
+                yield t.name, t

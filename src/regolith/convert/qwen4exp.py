@@ -26,12 +26,29 @@ from ..errors import ModelFormatError
 
 __all__ = [
     "ARCH",
+    "ATTENTION_NAMES",
     "HF_ARCHITECTURES",
+    "LAYER_TENSOR",
+    "LINEAR_ATTENTION_NAMES",
+    "MOE_NAMES",
+    "MTP_HEAD_NAMES",
+    "MTP_LAYER_TENSOR",
     "LazyTensor",
+    "PlannedTensor",
     "PleTable",
+    "RoutedExperts",
+    "attention_shapes",
     "gguf_metadata",
     "gguf_tensors",
+    "head_dim",
+    "linear_attention_shapes",
+    "linear_attention_transform",
+    "load_float32",
+    "moe_shapes",
+    "normalize_name",
     "ple_hash_constants",
+    "reorder_v_heads",
+    "rope_parameters",
     "text_config",
 ]
 
@@ -54,7 +71,8 @@ TensorSource = np.ndarray | LazyTensor
 Metadata = list[tuple[str, Any, GGUFValueType]]
 
 
-def _load(src: TensorSource) -> np.ndarray:
+def load_float32(src: TensorSource) -> np.ndarray:
+    """A checkpoint tensor (an array or a :class:`LazyTensor`) as contiguous float32."""
     arr = src.load() if hasattr(src, "load") else np.asarray(src)
     return np.ascontiguousarray(arr, dtype=np.float32)
 
@@ -77,7 +95,7 @@ class PleTable:
     def chunks(self) -> Iterator[np.ndarray]:
         """float32 row blocks in table order (shard 0 first)."""
         for shard in self._shards:
-            yield _load(shard)
+            yield load_float32(shard)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = np.concatenate(list(self.chunks()), axis=0)
@@ -97,7 +115,7 @@ def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if not (set(archs) & set(HF_ARCHITECTURES)) and model_type not in _MODEL_TYPES:
         raise ModelFormatError(
             f"unsupported architecture {archs or model_type!r}: regolith converts qwen4_exp "
-            f"({', '.join(HF_ARCHITECTURES)}), qwen3 and qwen3_moe"
+            f"({', '.join(HF_ARCHITECTURES)}), qwen3, qwen3_moe and qwen3_5_moe"
         )
     cfg = dict(config)
     if isinstance(config.get("text_config"), Mapping):
@@ -180,11 +198,14 @@ def _with_mtp(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _head_dim(cfg: Mapping[str, Any]) -> int:
+def head_dim(cfg: Mapping[str, Any]) -> int:
+    """The attention head size: ``head_dim``, else hidden_size / num_attention_heads (``text_config``)."""
     return cfg["head_dim"] if cfg.get("head_dim") is not None else cfg["head_dim_implicit"]
 
 
-def _rope(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def rope_parameters(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``rope_parameters`` (or ``rope_scaling``) with llama.cpp's fallbacks to top-level ``rope_theta`` and
+    ``partial_rotary_factor``; ModelFormatError for any RoPE type but the default (unscaled)."""
     rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     for key in ("rope_theta", "partial_rotary_factor"):
         if key not in rope and cfg.get(key) is not None:
@@ -270,7 +291,7 @@ def gguf_metadata(
     )
     p = f"{ARCH}."
     n = cfg["num_hidden_layers"]
-    rope = _rope(cfg)
+    rope = rope_parameters(cfg)
     md: Metadata = [(p + "block_count", n, u32)]
     for key, names in (
         ("context_length", ("max_position_embeddings", "n_ctx", "n_positions", "max_length")),
@@ -312,7 +333,7 @@ def gguf_metadata(
         (p + "ssm.inner_size", cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"], u32),
         (p + "attention.recurrent_layers", [t == "linear_attention" for t in cfg["layer_types"]], boolean),
         (p + "full_attention_interval", int(cfg.get("full_attention_interval", 4)), u32),
-        (p + "rope.dimension_count", int(_head_dim(cfg) * rope.get("partial_rotary_factor", 0.25)), u32),
+        (p + "rope.dimension_count", int(head_dim(cfg) * rope.get("partial_rotary_factor", 0.25)), u32),
     ]
     if "mrope_section" not in rope:
         md.append((p + "rope.dimension_sections", [11, 11, 10, 0], i32))
@@ -373,7 +394,7 @@ def _ple_row_dim(cfg: Mapping[str, Any]) -> int:
 
 # --------------------------------------------------------------------------------------------- tensors
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 _SHARD = re.compile(r"^ple\.ple_embedding\.ngram_embedding\.shard_(\d+)\.weight$")
 _PLE_CONSTS = {
@@ -389,15 +410,9 @@ _GLOBAL = {
     "model.hyper_connection_mixer.input_mix_weight_down.weight": "output_hc_down.weight",
     "model.hyper_connection_mixer.input_mix_weight_up.weight": "output_hc_up.weight",
 }
-_BLOCK = {
-    "attn_hyper_connection.hc_norm.weight": "hc_attn_norm.weight",
-    "attn_hyper_connection.input_mix_weight_down.weight": "hc_attn_down.weight",
-    "attn_hyper_connection.input_mix_weight_up.weight": "hc_attn_up.weight",
-    "attn_hyper_connection.block_inject_weight.weight": "hc_attn_inject.weight",
-    "mlp_hyper_connection.hc_norm.weight": "hc_ffn_norm.weight",
-    "mlp_hyper_connection.input_mix_weight_down.weight": "hc_ffn_down.weight",
-    "mlp_hyper_connection.input_mix_weight_up.weight": "hc_ffn_up.weight",
-    "mlp_hyper_connection.block_inject_weight.weight": "hc_ffn_inject.weight",
+# Block tensor names (without the ``model.layers.N.`` prefix) -> llama.cpp's (without ``blk.N.``), by part;
+# Qwen3.5's qwen35moe layout (convert/qwen35moe.py) shares the Gated DeltaNet, attention, MoE and MTP ones.
+LINEAR_ATTENTION_NAMES = {
     "linear_attn.A_log": "ssm_a",
     "linear_attn.conv1d.weight": "ssm_conv1d.weight",
     "linear_attn.dt_bias": "ssm_dt.bias",
@@ -407,19 +422,36 @@ _BLOCK = {
     "linear_attn.in_proj_z.weight": "attn_gate.weight",
     "linear_attn.norm.weight": "ssm_norm.weight",
     "linear_attn.out_proj.weight": "ssm_out.weight",
+}
+ATTENTION_NAMES = {
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",
     "self_attn.o_proj.weight": "attn_output.weight",
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.indexer.q_layernorm.weight": "indexer.q_norm.weight",
-    "self_attn.indexer.k_layernorm.weight": "indexer.k_norm.weight",
+}
+MOE_NAMES = {
     "mlp.gate.weight": "ffn_gate_inp.weight",
     "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+_BLOCK = {
+    "attn_hyper_connection.hc_norm.weight": "hc_attn_norm.weight",
+    "attn_hyper_connection.input_mix_weight_down.weight": "hc_attn_down.weight",
+    "attn_hyper_connection.input_mix_weight_up.weight": "hc_attn_up.weight",
+    "attn_hyper_connection.block_inject_weight.weight": "hc_attn_inject.weight",
+    "mlp_hyper_connection.hc_norm.weight": "hc_ffn_norm.weight",
+    "mlp_hyper_connection.input_mix_weight_down.weight": "hc_ffn_down.weight",
+    "mlp_hyper_connection.input_mix_weight_up.weight": "hc_ffn_up.weight",
+    "mlp_hyper_connection.block_inject_weight.weight": "hc_ffn_inject.weight",
+    **LINEAR_ATTENTION_NAMES,
+    **ATTENTION_NAMES,
+    "self_attn.indexer.q_layernorm.weight": "indexer.q_norm.weight",
+    "self_attn.indexer.k_layernorm.weight": "indexer.k_norm.weight",
+    **MOE_NAMES,
     "ple.conv1d.weight": "ple_conv1d.weight",
     "ple.key_proj.weight": "ple_key.weight",
     "ple.value_proj.weight": "ple_value.weight",
@@ -427,18 +459,22 @@ _BLOCK = {
     "ple.norm_query.weight": "ple_norm_query.weight",
     "ple.norm_conv.weight": "ple_norm_conv.weight",
 }
-# The MTP head's own tensors (mtp.layers.0.* are named like a decoder layer's): HF name -> nextn name.
-_MTP = {
+# The MTP head's own tensors (mtp.layers.0.* are named like a decoder layer's): HF name -> nextn name
+# (``blk.L.nextn.<name>``, L = num_hidden_layers), Qwen3.5's four, then qwen4_exp's output mixer.
+MTP_HEAD_NAMES = {
     "mtp.fc.weight": "eh_proj.weight",
     "mtp.pre_fc_norm_embedding.weight": "enorm.weight",
     "mtp.pre_fc_norm_hidden.weight": "hnorm.weight",
     "mtp.norm.weight": "shared_head_norm.weight",
+}
+_MTP = {
+    **MTP_HEAD_NAMES,
     "mtp.hyper_connection_mixer.hc_norm.weight": "output_hc_norm.weight",
     "mtp.hyper_connection_mixer.input_mix_weight_down.weight": "output_hc_down.weight",
     "mtp.hyper_connection_mixer.input_mix_weight_up.weight": "output_hc_up.weight",
 }
 _MTP_NORMS = {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"}
-_MTP_LAYER = re.compile(r"^mtp\.layers\.0\.(.+)$")
+MTP_LAYER_TENSOR = re.compile(r"^mtp\.layers\.0\.(.+)$")
 # Zero-centred RMSNorm gammas (transformers computes x_hat * (1 + w)); llama.cpp stores 1 + w.
 _PLUS_ONE = {
     "attn_hyper_connection.hc_norm.weight",
@@ -453,7 +489,7 @@ _PLUS_ONE = {
 }
 
 
-def _normalize_name(name: str) -> str | None:
+def normalize_name(name: str) -> str | None:
     """llama.cpp's filter: strip ``language_model.``, drop vision tensors (None); ``model.mtp.`` -> ``mtp.``."""
     name = name.replace("language_model.", "")
     if name.startswith("model.mtp."):
@@ -463,16 +499,55 @@ def _normalize_name(name: str) -> str | None:
     return name
 
 
+def linear_attention_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """A Gated DeltaNet layer's tensors (names without the layer prefix) and their Hugging Face shapes."""
+    H = cfg["hidden_size"]
+    lk, lv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv, K = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]
+    conv = 2 * lk * dk + lv * dv
+    return {
+        "linear_attn.A_log": (lv,),
+        "linear_attn.conv1d.weight": (conv, 1, K),
+        "linear_attn.dt_bias": (lv,),
+        "linear_attn.in_proj_a.weight": (lv, H),
+        "linear_attn.in_proj_b.weight": (lv, H),
+        "linear_attn.in_proj_qkv.weight": (conv, H),
+        "linear_attn.in_proj_z.weight": (lv * dv, H),
+        "linear_attn.norm.weight": (dv,),
+        "linear_attn.out_proj.weight": (H, lv * dv),
+    }
+
+
+def attention_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """A gated full-attention layer's tensors (q_proj holds the query and its output gate, per head)."""
+    H, nh, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    return {
+        "self_attn.q_proj.weight": (2 * nh * hd, H),
+        "self_attn.k_proj.weight": (nkv * hd, H),
+        "self_attn.v_proj.weight": (nkv * hd, H),
+        "self_attn.o_proj.weight": (H, nh * hd),
+        "self_attn.q_norm.weight": (hd,),
+        "self_attn.k_norm.weight": (hd,),
+    }
+
+
+def moe_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """A MoE block's router and shared expert (the routed experts are :class:`RoutedExperts`' business)."""
+    H, E, S = cfg["hidden_size"], cfg["num_experts"], cfg["shared_expert_intermediate_size"]
+    return {
+        "mlp.gate.weight": (E, H),
+        "mlp.shared_expert.gate_proj.weight": (S, H),
+        "mlp.shared_expert.up_proj.weight": (S, H),
+        "mlp.shared_expert.down_proj.weight": (H, S),
+        "mlp.shared_expert_gate.weight": (1, H),
+    }
+
+
 def _expected_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every required HF tensor (normalised name) and its shape; experts and PLE shards excluded."""
     H, V, hc, r = cfg["hidden_size"], cfg["vocab_size"], cfg["hc_count"], cfg["hc_lowrank"]
     hcH = hc * H
-    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], _head_dim(cfg)
-    lk, lv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
-    dk, dv, K = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]
-    E, S = cfg["num_experts"], cfg["shared_expert_intermediate_size"]
     ih, idim = cfg["indexer_n_heads"], cfg["indexer_head_dim"]
-    conv = 2 * lk * dk + lv * dv
     out = {
         "model.embed_tokens.weight": (V, H),
         "model.hyper_connection_mixer.hc_norm.weight": (hcH,),
@@ -493,42 +568,17 @@ def _expected_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
             blk[f"{hcname}.input_mix_weight_up.weight"] = (hcH, r)
             blk[f"{hcname}.block_inject_weight.weight"] = (hc, hcH)
         if kind == "linear_attention":
-            blk.update(
-                {
-                    "linear_attn.A_log": (lv,),
-                    "linear_attn.conv1d.weight": (conv, 1, K),
-                    "linear_attn.dt_bias": (lv,),
-                    "linear_attn.in_proj_a.weight": (lv, H),
-                    "linear_attn.in_proj_b.weight": (lv, H),
-                    "linear_attn.in_proj_qkv.weight": (conv, H),
-                    "linear_attn.in_proj_z.weight": (lv * dv, H),
-                    "linear_attn.norm.weight": (dv,),
-                    "linear_attn.out_proj.weight": (H, lv * dv),
-                }
-            )
+            blk.update(linear_attention_shapes(cfg))
         else:
+            blk.update(attention_shapes(cfg))
             blk.update(
                 {
-                    "self_attn.q_proj.weight": (2 * nh * hd, H),
-                    "self_attn.k_proj.weight": (nkv * hd, H),
-                    "self_attn.v_proj.weight": (nkv * hd, H),
-                    "self_attn.o_proj.weight": (H, nh * hd),
-                    "self_attn.q_norm.weight": (hd,),
-                    "self_attn.k_norm.weight": (hd,),
                     "self_attn.indexer.index_qk_proj.weight": ((ih + 1) * idim, H),
                     "self_attn.indexer.q_layernorm.weight": (idim,),
                     "self_attn.indexer.k_layernorm.weight": (idim,),
                 }
             )
-        blk.update(
-            {
-                "mlp.gate.weight": (E, H),
-                "mlp.shared_expert.gate_proj.weight": (S, H),
-                "mlp.shared_expert.up_proj.weight": (S, H),
-                "mlp.shared_expert.down_proj.weight": (H, S),
-                "mlp.shared_expert_gate.weight": (1, H),
-            }
-        )
+        blk.update(moe_shapes(cfg))
         if i in ple:
             blk.update(
                 {
@@ -569,7 +619,7 @@ def _layer_prefix(cfg: Mapping[str, Any], bid: int) -> str:
     )
 
 
-def _reorder_v_heads(x: np.ndarray, axis: int, n_k: int, per_k: int, head_dim: int) -> np.ndarray:
+def reorder_v_heads(x: np.ndarray, axis: int, n_k: int, per_k: int, head_dim: int) -> np.ndarray:
     """V heads grouped by K head [G0v0, G0v1, G1v0, G1v1] -> tiled [G0v0, G1v0, G0v1, G1v1] (llama.cpp's
     order, so ggml can broadcast the K heads with a plain repeat)."""
     axis %= x.ndim
@@ -578,26 +628,39 @@ def _reorder_v_heads(x: np.ndarray, axis: int, n_k: int, per_k: int, head_dim: i
     return np.ascontiguousarray(np.swapaxes(y, axis, axis + 1)).reshape(shape)
 
 
-def _transform(cfg: Mapping[str, Any], key: str, x: np.ndarray) -> np.ndarray:
-    """The value transform of one per-layer tensor (key without the ``model.layers.N.`` prefix)."""
+def linear_attention_transform(cfg: Mapping[str, Any], key: str, x: np.ndarray) -> np.ndarray:
+    """llama.cpp's value transform of a Gated DeltaNet tensor (``key``: ``linear_attn.*``, without the layer
+    prefix): value heads reordered from grouped to tiled when there are more value heads than key heads,
+    ``A_log`` -> ``-exp(A_log)``, the conv kernel squeezed to [channels, kernel]. The norm keeps its gamma."""
     lk, lv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
-    if key.startswith("linear_attn.") and lk != lv:
+    if lk != lv:
         per_k, qk = lv // lk, 2 * lk * dk
         if key in ("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight"):
-            x = np.concatenate([x[:qk], _reorder_v_heads(x[qk:], 0, lk, per_k, dv)], axis=0)
+            x = np.concatenate([x[:qk], reorder_v_heads(x[qk:], 0, lk, per_k, dv)], axis=0)
         elif key == "linear_attn.in_proj_z.weight":
-            x = _reorder_v_heads(x, 0, lk, per_k, dv)
-        elif (
-            key in ("linear_attn.in_proj_a.weight", "linear_attn.in_proj_b.weight", "linear_attn.A_log")
-            or key == "linear_attn.dt_bias"
+            x = reorder_v_heads(x, 0, lk, per_k, dv)
+        elif key in (
+            "linear_attn.in_proj_a.weight",
+            "linear_attn.in_proj_b.weight",
+            "linear_attn.A_log",
+            "linear_attn.dt_bias",
         ):
-            x = _reorder_v_heads(x, 0, lk, per_k, 1)
+            x = reorder_v_heads(x, 0, lk, per_k, 1)
         elif key == "linear_attn.out_proj.weight":
-            x = _reorder_v_heads(x, 1, lk, per_k, dv)
+            x = reorder_v_heads(x, 1, lk, per_k, dv)
     if key == "linear_attn.A_log":
         return (-np.exp(x.astype(np.float64))).astype(np.float32)  # correctly rounded, as torch
-    if key in ("linear_attn.conv1d.weight", "ple.conv1d.weight"):
+    if key == "linear_attn.conv1d.weight":
+        return x.reshape(x.shape[0], x.shape[-1])
+    return x
+
+
+def _transform(cfg: Mapping[str, Any], key: str, x: np.ndarray) -> np.ndarray:
+    """The value transform of one per-layer tensor (key without the ``model.layers.N.`` prefix)."""
+    if key.startswith("linear_attn."):
+        return linear_attention_transform(cfg, key, x)
+    if key == "ple.conv1d.weight":
         return x.reshape(x.shape[0], x.shape[-1])
     if key in _PLUS_ONE:
         return x + np.float32(1.0)
@@ -605,25 +668,31 @@ def _transform(cfg: Mapping[str, Any], key: str, x: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class _Out:
+class PlannedTensor:
+    """One GGUF tensor of a conversion plan: its name, the checkpoint tensors it is made of (normalised
+    names), ``build(arrays)``, which makes it from their float32 arrays, and its shape (numpy order) where
+    the planner knows it."""
+
     name: str
     sources: tuple[str, ...]
     build: Callable[[list[np.ndarray]], np.ndarray] | None  # None: the PLE table
+    shape: tuple[int, ...] | None = None
 
 
-def _plan(cfg: Mapping[str, Any], names: Sequence[str], shapes: Mapping[str, tuple[int, ...]]) -> list[_Out]:
+def _plan(
+    cfg: Mapping[str, Any], names: Sequence[str], shapes: Mapping[str, tuple[int, ...]]
+) -> list[PlannedTensor]:
     main_layers = cfg["num_hidden_layers"]
     if not _mtp_layers(cfg):
         names = [n for n in names if not n.startswith("mtp.")]  # dropped, as llama.cpp does
     cfg = _with_mtp(cfg)
-    E = cfg["num_experts"]
     ih, idim = cfg["indexer_n_heads"], cfg["indexer_head_dim"]
     expected = _expected_shapes(cfg)
-    seen_experts: dict[int, set[str]] = {}
+    experts = RoutedExperts(cfg)
     shards: list[tuple[int, str]] = []
     ple = _ple_layers(cfg)
     n_shards = cfg.get("split_ngram_parts")
-    plan: list[_Out] = []
+    plan: list[PlannedTensor] = []
 
     def err(msg: str) -> ModelFormatError:
         return ModelFormatError(f"checkpoint: {msg}")
@@ -634,19 +703,19 @@ def _plan(cfg: Mapping[str, Any], names: Sequence[str], shapes: Mapping[str, tup
         if want is not None and shape != want:
             raise err(f"tensor {name} has shape {list(shape)}, expected {list(want)} from config.json")
         if name in _GLOBAL:
-            plan.append(_Out(_GLOBAL[name], (name,), lambda xs, k=name: _global_transform(k, xs[0])))
+            plan.append(PlannedTensor(_GLOBAL[name], (name,), lambda xs, k=name: _global_transform(k, xs[0])))
             continue
         if name in _MTP:
             plan.append(
-                _Out(
+                PlannedTensor(
                     f"blk.{main_layers}.nextn.{_MTP[name]}",
                     (name,),
                     lambda xs, k=name: _global_transform(k, xs[0]),
                 )
             )
             continue
-        m = _LAYER.match(name)
-        mtp = _MTP_LAYER.match(name)
+        m = LAYER_TENSOR.match(name)
+        mtp = MTP_LAYER_TENSOR.match(name)
         if m is None and mtp is None:
             raise err(f"unexpected tensor {name}")
         bid, key = (int(m.group(1)), m.group(2)) if m else (main_layers, mtp.group(1))  # type: ignore[union-attr]
@@ -656,35 +725,25 @@ def _plan(cfg: Mapping[str, Any], names: Sequence[str], shapes: Mapping[str, tup
             continue
         if key == "self_attn.indexer.index_qk_proj.weight":
             nq = ih * idim
-            plan.append(_Out(f"blk.{bid}.indexer.q_proj.weight", (name,), lambda xs, nq=nq: xs[0][:nq]))
-            plan.append(_Out(f"blk.{bid}.indexer.k_proj.weight", (name,), lambda xs, nq=nq: xs[0][nq:]))
+            plan.append(
+                PlannedTensor(f"blk.{bid}.indexer.q_proj.weight", (name,), lambda xs, nq=nq: xs[0][:nq])
+            )
+            plan.append(
+                PlannedTensor(f"blk.{bid}.indexer.k_proj.weight", (name,), lambda xs, nq=nq: xs[0][nq:])
+            )
             continue
         if key in _BLOCK:
             if want is None:
                 raise err(f"unexpected tensor {name} (layer {bid} is {cfg['layer_types'][bid]})")
             plan.append(
-                _Out(f"blk.{bid}.{_BLOCK[key]}", (name,), lambda xs, k=key: _transform(cfg, k, xs[0]))
+                PlannedTensor(
+                    f"blk.{bid}.{_BLOCK[key]}", (name,), lambda xs, k=key: _transform(cfg, k, xs[0])
+                )
             )
             continue
-        em = _EXPERT.match(key)
-        if em is not None:
-            e, w = int(em.group(1)), em.group(2)
-            F, H = cfg["moe_intermediate_size"], cfg["hidden_size"]
-            want = (H, F) if w == "down" else (F, H)
-            if e >= E or shape != want:
-                raise err(f"tensor {name} has shape {list(shape)} (expert count {E}), expected {list(want)}")
-            got = seen_experts.setdefault(bid, set())
-            got.add(key)
-            if len(got) == 3 * E:
-                plan += _expert_outs(bid, E, _layer_prefix(cfg, bid))
-            continue
-        if key in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
-            plan += _fused_expert_outs(cfg, bid, key, name, shape)
-            seen_experts.setdefault(bid, set()).update(
-                {f"mlp.experts.{e}.{w}_proj.weight" for e in range(E) for w in ("gate", "up")}
-                if key.endswith("gate_up_proj")
-                else {f"mlp.experts.{e}.down_proj.weight" for e in range(E)}
-            )
+        outs = experts.take(bid, key, name, shape)
+        if outs is not None:
+            plan += outs
             continue
         sm = _SHARD.match(key)
         if sm is not None or key == "ple.ple_embedding.ngram_embedding.weight":
@@ -696,7 +755,7 @@ def _plan(cfg: Mapping[str, Any], names: Sequence[str], shapes: Mapping[str, tup
                 )
             shards.append((int(sm.group(1)) if sm else 0, name))
             if sm is None or (n_shards is not None and len(shards) == n_shards):
-                plan.append(_Out(PLE_TABLE, tuple(n for _, n in sorted(shards)), None))
+                plan.append(PlannedTensor(PLE_TABLE, tuple(n for _, n in sorted(shards)), None))
             continue
         raise err(f"unexpected tensor {name}")
 
@@ -705,9 +764,7 @@ def _plan(cfg: Mapping[str, Any], names: Sequence[str], shapes: Mapping[str, tup
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise err(f"missing tensors {', '.join(missing[:5])}{more}")
-    for bid in range(cfg["num_hidden_layers"]):
-        if len(seen_experts.get(bid, ())) != 3 * E:
-            raise err(f"layer {bid} has {len(seen_experts.get(bid, ()))} of {3 * E} expert tensors")
+    experts.check_complete(cfg["num_hidden_layers"])
     if ple and not any(o.name == PLE_TABLE for o in plan):
         raise err(
             f"the PLE n-gram table has {len(shards)} of {n_shards} shards"
@@ -722,33 +779,86 @@ def _global_transform(key: str, x: np.ndarray) -> np.ndarray:
     return x + np.float32(1.0) if key.endswith("hc_norm.weight") or key in _MTP_NORMS else x
 
 
-def _expert_outs(bid: int, E: int, prefix: str) -> list[_Out]:
-    outs = []
-    for w in ("down", "gate", "up"):
-        srcs = tuple(f"{prefix}mlp.experts.{e}.{w}_proj.weight" for e in range(E))
-        outs.append(_Out(f"blk.{bid}.ffn_{w}_exps.weight", srcs, lambda xs: np.stack(xs, axis=0)))
-    return outs
+class RoutedExperts:
+    """A checkpoint's routed experts, stacked as llama.cpp's converter does (``Qwen2MoeModel``): per-expert
+    ``mlp.experts.<e>.{gate,up,down}_proj.weight`` become ``blk.N.ffn_{down,gate,up}_exps.weight`` [E, ...]
+    once the layer's last one has been seen; transformers' fused ``mlp.experts.gate_up_proj`` [E, 2F, H]
+    (gate rows first) and ``mlp.experts.down_proj`` [E, H, F] give the same tensors where they stand.
+    A layer takes one form or the other."""
 
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        self.n_experts, self.n_ff, self.n_embd = (
+            cfg["num_experts"],
+            cfg["moe_intermediate_size"],
+            cfg["hidden_size"],
+        )
+        self._per_expert: dict[int, dict[tuple[str, int], str]] = {}  # layer -> {(w, e): name}
+        self._fused: dict[int, set[str]] = {}  # layer -> {"gate_up", "down"}
 
-def _fused_expert_outs(cfg: Mapping[str, Any], bid: int, key: str, name: str, shape: tuple) -> list[_Out]:
-    E, F, H = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
-    if key.endswith("down_proj"):
-        if shape != (E, H, F):
-            raise ModelFormatError(f"checkpoint: tensor {name} has shape {list(shape)}, expected {[E, H, F]}")
-        return [_Out(f"blk.{bid}.ffn_down_exps.weight", (name,), lambda xs: xs[0])]
-    if shape != (E, 2 * F, H):
-        raise ModelFormatError(f"checkpoint: tensor {name} has shape {list(shape)}, expected {[E, 2 * F, H]}")
-    return [
-        _Out(f"blk.{bid}.ffn_gate_exps.weight", (name,), lambda xs: xs[0][:, :F]),
-        _Out(f"blk.{bid}.ffn_up_exps.weight", (name,), lambda xs: xs[0][:, F:]),
-    ]
+    def take(self, bid: int, key: str, name: str, shape: tuple[int, ...]) -> list[PlannedTensor] | None:
+        """The outputs that tensor ``name`` (``key`` within block ``bid``) completes: [] while its layer's
+        experts are incomplete, None when it is no routed expert tensor. ModelFormatError for a wrong
+        shape or expert index."""
+        E, F, H = self.n_experts, self.n_ff, self.n_embd
+        m = _EXPERT.match(key)
+        if m is not None:
+            e, w = int(m.group(1)), m.group(2)
+            want = (H, F) if w == "down" else (F, H)
+            if e >= E or shape != want:
+                raise ModelFormatError(
+                    f"checkpoint: tensor {name} has shape {list(shape)} (expert count {E}), "
+                    f"expected {list(want)}"
+                )
+            got = self._per_expert.setdefault(bid, {})
+            got[(w, e)] = name
+            if len(got) < 3 * E or self._fused.get(bid):
+                return []
+            return [
+                PlannedTensor(
+                    f"blk.{bid}.ffn_{w}_exps.weight",
+                    tuple(got[(w, e)] for e in range(E)),
+                    lambda xs: np.stack(xs, axis=0),
+                    (E, H, F) if w == "down" else (E, F, H),
+                )
+                for w in ("down", "gate", "up")
+            ]
+        if key == "mlp.experts.down_proj":
+            self._check_fused(name, shape, (E, H, F))
+            self._fused.setdefault(bid, set()).add("down")
+            return [PlannedTensor(f"blk.{bid}.ffn_down_exps.weight", (name,), lambda xs: xs[0], (E, H, F))]
+        if key == "mlp.experts.gate_up_proj":
+            self._check_fused(name, shape, (E, 2 * F, H))
+            self._fused.setdefault(bid, set()).add("gate_up")
+            return [
+                PlannedTensor(f"blk.{bid}.ffn_gate_exps.weight", (name,), lambda xs: xs[0][:, :F], (E, F, H)),
+                PlannedTensor(f"blk.{bid}.ffn_up_exps.weight", (name,), lambda xs: xs[0][:, F:], (E, F, H)),
+            ]
+        return None
+
+    @staticmethod
+    def _check_fused(name: str, shape: tuple[int, ...], want: tuple[int, ...]) -> None:
+        if shape != want:
+            raise ModelFormatError(
+                f"checkpoint: tensor {name} has shape {list(shape)}, expected {list(want)}"
+            )
+
+    def check_complete(self, n_blocks: int) -> None:
+        """ModelFormatError unless each of blocks 0 .. n_blocks - 1 has all its experts in one form."""
+        E = self.n_experts
+        for bid in range(n_blocks):
+            per, fused = len(self._per_expert.get(bid, {})), self._fused.get(bid, set())
+            if (per == 3 * E and not fused) or (per == 0 and fused == {"gate_up", "down"}):
+                continue
+            have = per + E * (2 * ("gate_up" in fused) + ("down" in fused))
+            mixed = " (per-expert and fused tensors mixed)" if per and fused else ""
+            raise ModelFormatError(f"checkpoint: layer {bid} has {have} of {3 * E} expert tensors{mixed}")
 
 
 def collect_sources(named_tensors: Iterable[tuple[str, TensorSource]]) -> dict[str, TensorSource]:
     """Normalised name -> source, in the given order, without vision tensors."""
     out: dict[str, TensorSource] = {}
     for name, src in named_tensors:
-        norm = _normalize_name(name)
+        norm = normalize_name(name)
         if norm is None:
             continue
         if norm in out:
@@ -761,7 +871,7 @@ def ple_constants_from(sources: Mapping[str, TensorSource]) -> dict[str, list[in
     """The PLE hash constants stored in the checkpoint (int64 buffers), or None without PLE."""
     found: dict[str, list[int]] = {}
     for name, src in sources.items():
-        m = _LAYER.match(name)
+        m = LAYER_TENSOR.match(name)
         if m and m.group(2) in _PLE_CONSTS:
             arr = src.load() if hasattr(src, "load") else np.asarray(src)
             found[_PLE_CONSTS[m.group(2)]] = [int(v) for v in np.asarray(arr, dtype=np.int64).reshape(-1)]
@@ -783,22 +893,22 @@ def tensor_plan(
             out.append((o.name, table.shape, lambda t=table: t))
         else:
             shape = _out_shape(cfg, o, sources)
-            out.append((o.name, shape, lambda o=o: o.build([_load(sources[s]) for s in o.sources])))
+            out.append((o.name, shape, lambda o=o: o.build([load_float32(sources[s]) for s in o.sources])))
     return out
 
 
-def _out_shape(cfg: Mapping[str, Any], o: _Out, sources: Mapping[str, TensorSource]) -> tuple[int, ...]:
+def _out_shape(
+    cfg: Mapping[str, Any], o: PlannedTensor, sources: Mapping[str, TensorSource]
+) -> tuple[int, ...]:
+    if o.shape is not None:
+        return o.shape
     first = tuple(sources[o.sources[0]].shape)
-    if len(o.sources) > 1:  # stacked experts
-        return (len(o.sources), *first)
     if o.name.endswith(("conv1d.weight",)):
         return (first[0], first[-1])
     if ".indexer.q_proj." in o.name:
         return (cfg["indexer_n_heads"] * cfg["indexer_head_dim"], first[1])
     if ".indexer.k_proj." in o.name:
         return (first[0] - cfg["indexer_n_heads"] * cfg["indexer_head_dim"], first[1])
-    if o.name.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight")):
-        return (first[0], first[1] // 2, first[2])
     return first
 
 

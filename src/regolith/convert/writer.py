@@ -19,7 +19,7 @@ from .._atomic import atomic_path
 from ..errors import ModelFormatError, RegolithError
 from ..gguf_split import write_merged, write_split
 from . import mmproj as _mmproj
-from . import qwen3, qwen4exp
+from . import qwen3, qwen4exp, qwen35moe
 from .checkpoint import Checkpoint
 from .tokenizer import gpt2_tokenizer_metadata
 
@@ -139,9 +139,9 @@ def convert(
     split_max_size: int | None = None,
     split_max_tensors: int | None = None,
 ) -> Path:
-    """Convert a Hugging Face directory (qwen4_exp, qwen3 or qwen3_moe) to a GGUF file in llama.cpp's layout
-    for it (``qwen4exp``, ``qwen3``, ``qwen3moe``; ``outtype``, default f16); returns its path (split: the
-    first shard's).
+    """Convert a Hugging Face directory (qwen4_exp, qwen3, qwen3_moe or qwen3_5_moe) to a GGUF file in
+    llama.cpp's layout for it (``qwen4exp``, ``qwen3``, ``qwen3moe``, ``qwen35moe``; ``outtype``, default f16);
+    returns its path (split: the first shard's).
 
     Everything is validated (config, tensor names and shapes, tokenizer) before the output is created; the
     file is written to a temporary file beside ``out_path``, fsynced and renamed, so an error or an
@@ -195,6 +195,18 @@ def convert(
             sources[name] = src
         plan = qwen3.tensor_plan(ckpt.config, sources)
         arch, arch_md = cfg["arch"], qwen3.gguf_metadata(ckpt.config, file_type=int(file_type))
+    elif qwen35moe.handles(ckpt.config):
+        if mmproj is not None:
+            raise RegolithError(
+                "--mmproj: regolith converts qwen3_5_moe's text model only (its vision tower is not supported)"
+            )
+        cfg = qwen35moe.text_config(ckpt.config)
+        sources = qwen35moe.collect_sources(ckpt.tensors_by_name())
+        plan = qwen35moe.tensor_plan(ckpt.config, sources)
+        arch, arch_md = (
+            qwen35moe.ARCH,
+            qwen35moe.gguf_metadata(ckpt.config, file_type=int(file_type), mtp=qwen35moe.has_mtp(sources)),
+        )
     else:
         if mmproj is not None:
             convert_mmproj(hf_dir, mmproj, outtype)
