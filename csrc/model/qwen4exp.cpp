@@ -80,9 +80,8 @@ Qwen4ExpModel::Qwen4ExpModel(const std::vector<std::vector<std::string>>& files,
       config_(Qwen4ExpConfig::from_gguf(file_)) {
     const Qwen4ExpConfig& c = config_;
     // Every block's experts, the MTP head's (block n_layer) included where the head is there (a model whose
-    // head is in a side file it was loaded without has none): `regolith pack` stores them all. Only
-    // qwen4exp's head runs here (a qwen35moe file's nextn block is not loaded).
-    const bool head = c.hyper && c.n_nextn > 0 && MtpHead::present(file_, c.n_layer);
+    // head is in a side file it was loaded without has none): `regolith pack` stores them all.
+    const bool head = c.n_nextn > 0 && MtpHead::present(file_, c.n_layer);
     arena_ = open_expert_arena(file_, c.n_layer + (head ? c.n_nextn : 0), c.n_layer, c.moe, options, backend_);
     lookahead_ = arena_ && options.lookahead;
     std::optional<PleTableSource> ple_source;
@@ -160,7 +159,7 @@ void Qwen4ExpModel::check_cache_type(uint32_t cache_type) const {
         if (l.qsa) QsaState::check_cache_type(backend_, l.qsa->shape(), cache_type);
         if (l.attn) l.attn->new_cache(backend_, 1, kv_type_of(cache_type));
     }
-    if (mtp_) QsaState::check_cache_type(backend_, mtp_->qsa_shape(), cache_type);
+    if (mtp_) mtp_->check_cache_type(backend_, cache_type);
 }
 
 Qwen4ExpWindow::Qwen4ExpWindow(const Qwen4ExpModel& model, int64_t max_ctx, uint32_t cache_type)

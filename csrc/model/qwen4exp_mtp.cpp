@@ -27,24 +27,48 @@ MtpHead::MtpHead(const ModelWeights& w, int64_t layer, int64_t hc, int64_t hc_ra
       eps_(eps),
       tok_embd_(tok_embd),
       output_(output),
-      qsa_(with_context("qwen4exp MTP head: ", [&] { return QsaAttention(w, layer); })),
-      moe_(with_context("qwen4exp MTP head: ", [&] { return SparseMoe::load(w, int(layer), moe, arena == nullptr); })) {
+      hyper_(hc > 1),
+      moe_(with_context("MTP head: ", [&] { return SparseMoe::load(w, int(layer), moe, arena == nullptr); })) {
     if (arena) moe_.stream_from(arena, layer);
-    with_context("qwen4exp MTP head: ", [&] {
+    with_context("MTP head: ", [&] {
         const int64_t h = hidden_;
         const std::string blk = "blk." + std::to_string(layer) + ".";
         eh_proj_ = w.matrix(nextn(layer, "eh_proj.weight"), h, 2 * h);
         enorm_ = w.f32_vector(nextn(layer, "enorm.weight"), h);
         hnorm_ = w.f32_vector(nextn(layer, "hnorm.weight"), h);
         head_norm_ = w.f32_vector(nextn(layer, "shared_head_norm.weight"), h);
-        attn_hc_ = HyperConnection::load(w, blk + "hc_attn", h, hc, hc_rank, eps, true);
-        ffn_hc_ = HyperConnection::load(w, blk + "hc_ffn", h, hc, hc_rank, eps, true);
-        out_hc_ = HyperConnection::load(w, blk + "nextn.output_hc", h, hc, hc_rank, eps, false);
+        if (hyper_) {
+            attn_hc_ = HyperConnection::load(w, blk + "hc_attn", h, hc, hc_rank, eps, true);
+            ffn_hc_ = HyperConnection::load(w, blk + "hc_ffn", h, hc, hc_rank, eps, true);
+            out_hc_ = HyperConnection::load(w, blk + "nextn.output_hc", h, hc, hc_rank, eps, false);
+            qsa_.emplace(w, layer);
+        } else {
+            attn_hc_ = HyperConnection::pre_norm(w, blk + "attn_norm.weight", h, eps);
+            ffn_hc_ = HyperConnection::pre_norm(w, blk + "post_attention_norm.weight", h, eps);
+            out_hc_ = HyperConnection::pre_norm(w, nextn(layer, "shared_head_norm.weight"), h, eps);
+            attn_.emplace(w, layer);
+        }
         return 0;
     });
 }
 
-void MtpHead::forward(Workspace& ws, const Tensor& h, const int32_t* tokens, const int64_t* positions, QsaState& st,
+void MtpHead::check_cache_type(Backend& be, uint32_t cache_type) const {
+    if (qsa_)
+        QsaState::check_cache_type(be, qsa_->shape(), cache_type);
+    else
+        attn_->new_cache(be, 1, kv_type_of(cache_type));
+}
+
+MtpCache MtpHead::new_state(Backend& be, int64_t max_ctx, uint32_t cache_type) const {
+    MtpCache c;
+    if (qsa_)
+        c.qsa.emplace(qsa_->new_state(be, max_ctx, cache_type));
+    else
+        c.kv.emplace(attn_->new_cache(be, max_ctx, kv_type_of(cache_type)));
+    return c;
+}
+
+void MtpHead::forward(Workspace& ws, const Tensor& h, const int32_t* tokens, const int64_t* positions, MtpCache& st,
                       const Tensor& o) const {
     const int64_t ntok = h.rows, H = hidden_;
     for (int64_t t = 0; t < ntok; ++t)
@@ -65,7 +89,10 @@ void MtpHead::forward(Workspace& ws, const Tensor& h, const int32_t* tokens, con
     for (int64_t t = 0; t < ntok; ++t) std::fill_n(&pos3[size_t(3 * t)], 3, positions[t]);
     const Tensor mixed = ws.f32(ntok, H), out = ws.f32(ntok, H), inject = ws.f32(ntok, hc_);
     attn_hc_.read(ws, streams, mixed, inject);
-    qsa_.forward(ws, mixed, pos3.data(), st, out);
+    if (qsa_)
+        qsa_->forward(ws, mixed, pos3.data(), *st.qsa, out);
+    else
+        attn_->forward(ws, mixed, {AttentionRows{&*st.kv, pos3.data(), 0, ntok}}, out);
     attn_hc_.write(be, out, inject, streams);
     ffn_hc_.read(ws, streams, mixed, inject);
     moe_.forward(ws, mixed, out);
@@ -74,6 +101,10 @@ void MtpHead::forward(Workspace& ws, const Tensor& h, const int32_t* tokens, con
 }
 
 void MtpHead::logits(Workspace& ws, const Tensor& o, const Tensor& logits) const {
+    if (!hyper_) {  // o is already normed
+        ws.backend().matmul(output_, o, logits);
+        return;
+    }
     Workspace::Scope scope(ws);
     const Tensor normed = ws.f32(o.rows, hidden_);  // [ntok][H]
     ws.backend().rms_norm(o, head_norm_, eps_, normed);

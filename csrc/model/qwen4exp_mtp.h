@@ -4,6 +4,10 @@
 //   s = one QSA decoder layer (hyper-connections, QSA attention at RoPE position t+1, sparse MoE; no PLE),
 //   o = nextn.output_hc mixer(s),  logits(x_{t+2}) = lm_head(shared_head_norm(o)).
 // Drafting k > 1 tokens feeds o of step k back as h with the token drafted at step k.
+// Qwen3.5 MoE and Qwen3-Next heads (llama.cpp's qwen35moe / qwen3next graph_mtp, vLLM's Qwen3NextMTP): no
+// hyper-connections, so z is the residual stream of one pre-norm decoder layer (gated full attention with
+// a KV cache, sparse MoE), o = shared_head_norm(stream) and logits = lm_head(o); o (after the norm) is what
+// drafting feeds back.
 // GGUF: llama.cpp's nextn convention, the head is block L = n_layer (block_count = n_layer + 1,
 // nextn_predict_layers = 1): blk.L.nextn.{eh_proj,enorm,hnorm,shared_head_norm,output_hc_*} and the decoder
 // layer's usual blk.L.* tensors. Embedding and LM head are the main model's.
@@ -11,9 +15,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/buffers.h"
+#include "model/gated_attention.h"
 #include "model/hyper_connection.h"
 #include "model/moe.h"
 #include "model/qsa_attention.h"
@@ -21,24 +27,34 @@
 
 namespace regolith {
 
+// The head's attention state: QSA (qwen4exp) or a KV cache (qwen35moe, qwen3next).
+struct MtpCache {
+    std::optional<QsaState> qsa;
+    std::optional<KvCache> kv;
+
+    int64_t size() const { return qsa ? qsa->size() : kv->size(); }
+    int64_t max_ctx() const { return qsa ? qsa->max_ctx() : kv->max_ctx(); }
+    void truncate(int64_t n) { qsa ? qsa->truncate(n) : kv->truncate(n); }
+};
+
 class MtpHead {
 public:
-    // Block `layer` of a qwen4exp GGUF; tok_embd / output are the main model's; with an `arena` the routed
-    // experts stream through it (its layer `layer`), as the main layers' do. Throws ModelFormatError.
+    // Block `layer` of a qwen4exp GGUF (hc > 1 streams: hyper-connections and QSA) or of a qwen35moe /
+    // qwen3next one (hc == 1); tok_embd / output are the main model's; with an `arena` the routed experts stream
+    // through it (its layer `layer`), as the main layers' do. Throws ModelFormatError.
     MtpHead(const ModelWeights& w, int64_t layer, int64_t hc, int64_t hc_rank, float eps, const MoeShape& moe,
             const Tensor& tok_embd, const Tensor& output, ExpertArena* arena);
 
     int64_t hidden() const { return hidden_; }
     int64_t vocab() const { return output_.rows; }
-    const QsaShape& qsa_shape() const { return qsa_.shape(); }
-    QsaState new_state(Backend& be, int64_t max_ctx, uint32_t cache_type = RG_TYPE_F32) const {
-        return qsa_.new_state(be, max_ctx, cache_type);
-    }
-    // Pairs (h[t], tokens[t]) at RoPE positions[t] -> o[t] (before shared_head_norm); the pairs join `state`.
-    // h, o: [ntok][hidden]; tokens, positions: host [ntok].
-    void forward(Workspace& ws, const Tensor& h, const int32_t* tokens, const int64_t* positions, QsaState& state,
+    // Throws Error, as new_state would, where the backend has no kernels for caches of `cache_type`.
+    void check_cache_type(Backend& be, uint32_t cache_type) const;
+    MtpCache new_state(Backend& be, int64_t max_ctx, uint32_t cache_type = RG_TYPE_F32) const;
+    // Pairs (h[t], tokens[t]) at RoPE positions[t] -> o[t] (qwen4exp: before shared_head_norm; the others:
+    // after it); the pairs join `state`. h, o: [ntok][hidden]; tokens, positions: host [ntok].
+    void forward(Workspace& ws, const Tensor& h, const int32_t* tokens, const int64_t* positions, MtpCache& state,
                  const Tensor& o) const;
-    // logits: [ntok][vocab] = lm_head(shared_head_norm(o)).
+    // logits: [ntok][vocab] = lm_head(shared_head_norm(o)) (qwen4exp), lm_head(o) (the others).
     void logits(Workspace& ws, const Tensor& o, const Tensor& logits) const;
     // The greedy next token after o [1][hidden]: the argmax of its logits.
     int32_t next_token(Workspace& ws, const Tensor& o) const;
@@ -54,8 +70,10 @@ private:
     Tensor enorm_;      // [hidden] (GGUF stores 1 + w)
     Tensor hnorm_;      // [hidden]
     Tensor head_norm_;  // [hidden]
+    bool hyper_;  // hyper-connections and QSA (qwen4exp), else pre-norm residuals and gated attention
     HyperConnection attn_hc_, ffn_hc_, out_hc_;
-    QsaAttention qsa_;
+    std::optional<QsaAttention> qsa_;
+    std::optional<GatedAttention> attn_;
     SparseMoe moe_;
 };
 
@@ -76,7 +94,7 @@ struct MtpContext {
     OwnedTensor hidden;           // [capacity][width]: rows [0, size()) hold the final hidden states
     std::vector<int32_t> tokens;  // [n_past]
     int64_t known_from = 0;
-    QsaState kv;
+    MtpCache kv;
 
     MtpContext(Backend& be, const MtpHead& head, int64_t max_ctx, uint32_t cache_type);
     int64_t size() const { return int64_t(tokens.size()); }

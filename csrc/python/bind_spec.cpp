@@ -25,7 +25,7 @@ using Out = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 // A qwen4exp model's MTP head with its own attention state, for tests against a reference.
 struct MtpHeadHandle {
     std::unique_ptr<regolith::Qwen4ExpModel> model;
-    regolith::QsaState state;
+    regolith::MtpCache state;
     std::unique_ptr<regolith::Workspace> ws;
 };
 
@@ -57,12 +57,13 @@ void init_spec(nb::module_& m) {
             nb::arg("max_tokens"), nb::arg("min_match") = 1,
             "(tokens, match_len): what followed the latest earlier occurrence of the longest repeated suffix.");
 
-    nb::class_<MtpHeadHandle>(m, "MtpHeadBlock", "A qwen4exp GGUF's MTP head over its own attention state.")
+    nb::class_<MtpHeadHandle>(m, "MtpHeadBlock",
+                              "A qwen4exp, qwen35moe or qwen3next GGUF's MTP head over its own attention state.")
         .def("__init__",
              [](MtpHeadHandle* self, const std::string& path, int64_t max_ctx) {
                  auto model = std::make_unique<regolith::Qwen4ExpModel>(std::vector<std::vector<std::string>>{{path}});
                  if (!model->mtp()) throw regolith::ModelFormatError(path + " has no MTP head");
-                 regolith::QsaState st = model->mtp()->new_state(model->backend(), max_ctx);
+                 regolith::MtpCache st = model->mtp()->new_state(model->backend(), max_ctx);
                  auto ws = std::make_unique<regolith::Workspace>(model->backend());
                  new (self) MtpHeadHandle{std::move(model), std::move(st), std::move(ws)};
              },

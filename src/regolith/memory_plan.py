@@ -309,18 +309,13 @@ def _sizes(
             _parts=parts,
         )
     p = f"{arch}."
-    hyper = arch == "qwen4exp"  # hyper-connections, QSA, PLE and the MTP head that runs
+    hyper = arch == "qwen4exp"  # hyper-connections, QSA and PLE
     n_layer = int(metadata[p + "block_count"])
     if not 0 < n_layer <= len(tensors):  # every layer has tensors: a larger count is a lie
         raise ModelFormatError(f"{p}block_count {n_layer} exceeds the file's {len(tensors)} tensors")
     nextn = int(metadata.get(p + "nextn_predict_layers", 0))
     mtp_bytes = 0
-    if nextn and not hyper:
-        # a qwen35moe file's nextn block is not loaded (its tensors stay unread in the mapping)
-        head = f"blk.{n_layer - nextn}."
-        dense -= sum(t.nbytes for n, t in tensors.items() if n.startswith(head) and not _EXPERT.match(n))
-        n_layer -= nextn
-    elif nextn:
+    if nextn:
         head = f"blk.{n_layer - nextn}."
         if head + "nextn.eh_proj.weight" in tensors:
             mtp_bytes = sum(
@@ -348,8 +343,6 @@ def _sizes(
     if recurrent is None:
         interval = int(metadata.get(p + "full_attention_interval", 4))
         recurrent = [(i + 1) % interval != 0 for i in range(n_layer)]
-    if not hyper:
-        recurrent = recurrent[:n_layer]  # without the nextn block's entry
     per_token = fixed = 0
     n_qsa = sum(1 for r in recurrent if not r)
     if n_qsa:
