@@ -40,7 +40,11 @@ class TorchMtp:
         cfg = model.config
         n = cfg.num_hidden_layers
         ext = type(cfg)(
-            **{**cfg.to_dict(), "num_hidden_layers": n + 1, "layer_types": [*cfg.layer_types, "full_attention"]}
+            **{
+                **cfg.to_dict(),
+                "num_hidden_layers": n + 1,
+                "layer_types": [*cfg.layer_types, "full_attention"],
+            }
         )
         ext._attn_implementation = cfg._attn_implementation  # the mask below is made for it
         ext._experts_implementation = cfg._experts_implementation
