@@ -1,8 +1,9 @@
-"""Tiny random qwen2 / gemma3 / qwen3 / qwen3moe / qwen35moe checkpoints (transformers, fp32) and the qwen2 /
-gemma3 ones' GGUF files in llama.cpp's layout.
+"""Tiny random qwen2 / gemma3 / qwen3 / qwen3moe / qwen35moe / qwen3next checkpoints (transformers, fp32) and
+the qwen2 / gemma3 ones' GGUF files in llama.cpp's layout.
 
 ``tiny_model(arch, seed, **overrides)`` builds a seeded ``Qwen2ForCausalLM``, ``Gemma3ForCausalLM``,
-``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM`` or ``Qwen3_5MoeForCausalLM``; ``save_tiny_checkpoint`` saves one with the tiny tokenizer
+``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``, ``Qwen3_5MoeForCausalLM`` or ``Qwen3NextForCausalLM``;
+``save_tiny_checkpoint`` saves one with the tiny tokenizer
 (what ``regolith convert`` and llama.cpp's converter take: the qwen3 families' GGUFs come from regolith's
 converter, whose layout tests/test_convert_qwen3moe.py checks against llama.cpp's).
 ``write_gguf(model, path)`` writes a qwen2 / gemma3 model with gguf-py's writer as llama.cpp's converter
@@ -22,7 +23,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["qwen35moe_mtp_weights", "save_tiny_checkpoint", "tiny_config", "tiny_model", "write_gguf"]
+__all__ = [
+    "qwen3next_mtp_weights",
+    "qwen35moe_mtp_weights",
+    "save_tiny_checkpoint",
+    "tiny_config",
+    "tiny_model",
+    "write_gguf",
+]
 
 _BASE = {
     "vocab_size": 320,
@@ -37,7 +45,8 @@ _BASE = {
 
 
 def tiny_config(arch: str, **overrides: Any):
-    """A tiny fp32 transformers config for ``arch`` ("qwen2", "gemma3", "qwen3", "qwen3moe" or "qwen35moe")."""
+    """A tiny fp32 transformers config for ``arch`` ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen35moe" or
+    "qwen3next")."""
     if arch == "qwen2":
         from transformers import Qwen2Config
 
@@ -94,12 +103,37 @@ def tiny_config(arch: str, **overrides: Any):
             },
         )
         return Qwen3_5MoeTextConfig(**{**kw, **overrides})
+    if arch == "qwen3next":
+        from transformers import Qwen3NextConfig
+
+        # Qwen3-Next's hybrid stack at qwen35moe's toy size: three Gated DeltaNet layers (2 key heads, 4 value
+        # heads, so in_proj_qkvz's per-key-head grouping matters) then one gated full-attention layer (a
+        # quarter of head_dim 32 rotated); a MoE block in every layer (no mlp_only_layers): 8 experts of width
+        # 32, top 3 renormalised, and a shared expert of width 48 behind its sigmoid gate. intermediate_size
+        # (the dense MLP's, unused) stays in config.json, as in the released ones.
+        kw = {**_BASE, "num_hidden_layers": 4, "head_dim": 32, "tie_word_embeddings": False}
+        kw.update(
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=True,
+            mlp_only_layers=[],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        )
+        return Qwen3NextConfig(**{**kw, **overrides})
     raise ValueError(f"unknown architecture {arch!r}")
 
 
 # Qwen3.5's Gated DeltaNet recurrence amplifies float32 rounding: with N(0, 0.3) weights transformers' own fp32
-# logits are 7.5e-5 from its float64 ones (and regolith's 7.2e-5 the other way), so its weights are smaller.
-_INIT_STD = {"qwen35moe": 0.2}
+# logits are 7.5e-5 from its float64 ones (and regolith's 7.2e-5 the other way), so its weights are smaller;
+# Qwen3-Next's is the same recurrence.
+_INIT_STD = {"qwen35moe": 0.2, "qwen3next": 0.2}
 
 
 def tiny_model(arch: str, seed: int, **overrides: Any):
@@ -111,6 +145,7 @@ def tiny_model(arch: str, seed: int, **overrides: Any):
         Qwen3_5MoeForCausalLM,
         Qwen3ForCausalLM,
         Qwen3MoeForCausalLM,
+        Qwen3NextForCausalLM,
     )
 
     classes = {
@@ -119,6 +154,7 @@ def tiny_model(arch: str, seed: int, **overrides: Any):
         "qwen3": Qwen3ForCausalLM,
         "qwen3moe": Qwen3MoeForCausalLM,
         "qwen35moe": Qwen3_5MoeForCausalLM,
+        "qwen3next": Qwen3NextForCausalLM,
     }
     cls = classes[arch]
     torch.manual_seed(seed)
@@ -129,11 +165,16 @@ def tiny_model(arch: str, seed: int, **overrides: Any):
     return model
 
 
-def save_tiny_checkpoint(arch: str, path: str | Path, seed: int = 0, **overrides: Any) -> Path:
+def save_tiny_checkpoint(
+    arch: str, path: str | Path, seed: int = 0, *, mtp: bool = False, **overrides: Any
+) -> Path:
     """Save ``tiny_model(arch, seed, **overrides)`` with ``save_pretrained`` and the tiny byte-level BPE
     tokenizer (tests/qwen4exp_models.py: 295 ids, within every tiny vocab) into ``path``. A qwen35moe
     checkpoint with ``mtp_num_hidden_layers=1`` also gets its MTP head (:func:`qwen35moe_mtp_weights`, in
-    ``model-mtp.safetensors``), which transformers' model does not hold."""
+    ``model-mtp.safetensors``), which transformers' model does not hold. ``mtp`` (qwen3next): a checkpoint
+    as Qwen3-Next's releases are, its MTP head (:func:`qwen3next_mtp_weights`) in ``model-mtp.safetensors``
+    and config.json without ``layer_types`` (``full_attention_interval`` instead) nor
+    ``mtp_num_hidden_layers``; the layers must then follow the interval."""
     from tests.qwen4exp_models import save_tiny_mtp, save_tiny_tokenizer
 
     path = Path(path)
@@ -141,17 +182,46 @@ def save_tiny_checkpoint(arch: str, path: str | Path, seed: int = 0, **overrides
     model.save_pretrained(path)
     if arch == "qwen35moe" and overrides.get("mtp_num_hidden_layers"):
         save_tiny_mtp(path, qwen35moe_mtp_weights(model.config, seed))
+    if mtp:
+        if arch != "qwen3next":
+            raise ValueError("mtp=True is for qwen3next (qwen35moe: mtp_num_hidden_layers=1)")
+        _save_released_qwen3next(path, model.config, seed)
     save_tiny_tokenizer(path)
     return path
 
 
-def qwen35moe_mtp_weights(config, seed: int = 0) -> dict:
-    """Seeded ``mtp.*`` tensors for a qwen35moe ``config``, as Qwen3.5 checkpoints hold them: ``mtp.fc``
-    [H, 2H], the norms ``mtp.pre_fc_norm_embedding`` / ``pre_fc_norm_hidden`` / ``norm`` [H] and
-    ``mtp.layers.0.*``, the state of a ``Qwen3_5MoeDecoderLayer`` for a full-attention layer after the
-    model's (routed experts fused, as transformers holds them). Every tensor is N(0, 0.3)."""
+def _save_released_qwen3next(path: Path, config, seed: int) -> None:
+    """Rewrite a saved qwen3next checkpoint as Qwen3-Next's releases are (save_tiny_checkpoint's ``mtp``),
+    the MTP layer's routed experts per expert, as those files hold them."""
+    import json
+
+    from safetensors.torch import save_file
+
+    cfg = json.loads((path / "config.json").read_text())
+    interval = cfg.get("full_attention_interval", 4)
+    implied = [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+        for i in range(len(cfg["layer_types"]))
+    ]
+    if cfg.pop("layer_types") != implied:
+        raise ValueError(f"layer_types do not follow full_attention_interval {interval}")
+    cfg["full_attention_interval"] = interval
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    weights = qwen3next_mtp_weights(config, seed)
+    p, F = "mtp.layers.0.mlp.experts.", config.moe_intermediate_size
+    gate_up, down = weights.pop(p + "gate_up_proj"), weights.pop(p + "down_proj")
+    for e in range(config.num_experts):
+        weights[f"{p}{e}.gate_proj.weight"] = gate_up[e, :F].contiguous()
+        weights[f"{p}{e}.up_proj.weight"] = gate_up[e, F:].contiguous()
+        weights[f"{p}{e}.down_proj.weight"] = down[e].contiguous()
+    save_file(weights, str(path / "model-mtp.safetensors"))
+
+
+def _mtp_weights(config, layer_class, seed: int) -> dict:
+    """Seeded N(0, 0.3) ``mtp.*`` tensors: ``mtp.fc`` [H, 2H], the norms ``mtp.pre_fc_norm_embedding`` /
+    ``pre_fc_norm_hidden`` / ``norm`` [H] and ``mtp.layers.0.*``, the state of a ``layer_class`` decoder layer
+    for a full-attention layer after the model's (routed experts fused, as transformers holds them)."""
     import torch
-    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer
 
     n, H = config.num_hidden_layers, config.hidden_size
     ext = type(config)(
@@ -161,14 +231,31 @@ def qwen35moe_mtp_weights(config, seed: int = 0) -> dict:
             "layer_types": [*config.layer_types, "full_attention"],
         }
     )
-    shapes = {
-        f"mtp.layers.0.{k}": tuple(v.shape) for k, v in Qwen3_5MoeDecoderLayer(ext, n).state_dict().items()
-    }
+    shapes = {f"mtp.layers.0.{k}": tuple(v.shape) for k, v in layer_class(ext, n).state_dict().items()}
     shapes["mtp.fc.weight"] = (H, 2 * H)
     for k in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         shapes[f"mtp.{k}.weight"] = (H,)
     gen = torch.Generator().manual_seed(seed)
     return {k: (0.3 * torch.randn(shape, generator=gen)).contiguous() for k, shape in sorted(shapes.items())}
+
+
+def qwen35moe_mtp_weights(config, seed: int = 0) -> dict:
+    """Seeded ``mtp.*`` tensors for a qwen35moe ``config``, as Qwen3.5 checkpoints hold them: ``mtp.fc``
+    [H, 2H], the norms ``mtp.pre_fc_norm_embedding`` / ``pre_fc_norm_hidden`` / ``norm`` [H] and
+    ``mtp.layers.0.*``, the state of a ``Qwen3_5MoeDecoderLayer`` for a full-attention layer after the
+    model's (routed experts fused, as transformers holds them). Every tensor is N(0, 0.3)."""
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer
+
+    return _mtp_weights(config, Qwen3_5MoeDecoderLayer, seed)
+
+
+def qwen3next_mtp_weights(config, seed: int = 0) -> dict:
+    """Seeded ``mtp.*`` tensors for a qwen3next ``config``: those of :func:`qwen35moe_mtp_weights` with a
+    ``Qwen3NextDecoderLayer`` (routed experts fused, as transformers holds them; save_tiny_checkpoint's
+    ``mtp`` writes them per expert, as the released files hold them). Every tensor is N(0, 0.3)."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextDecoderLayer
+
+    return _mtp_weights(config, Qwen3NextDecoderLayer, seed)
 
 
 _LAYER_NAMES = {

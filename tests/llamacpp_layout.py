@@ -103,6 +103,45 @@ QWEN35MOE_VARIANTS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "qwen35moe-tiny-mtp": ("qwen35moe", 2, {"mtp_num_hidden_layers": 1}),
 }
 
+# Qwen3-Next's tiny checkpoints (tests/dense_models.py), as QWEN3_VARIANTS; make_qwen3next_layout.py records
+# llama.cpp's converter output for them. ``"mtp": True`` is save_tiny_checkpoint's, not a config override.
+QWEN3NEXT_VARIANTS: dict[str, tuple[str, int, dict[str, Any]]] = {
+    # layers L,L,L,F; GDN 2 key heads / 4 value heads (in_proj_qkvz grouped per key head); GQA 2; 8 experts
+    # top 3; untied output
+    "qwen3next-tiny": ("qwen3next", 0, {}),
+    # tied embeddings, GDN 2 / 2 heads, GQA 4:1 with head_dim 16, layers L,F,L,L,F, 10 experts (expert 10
+    # sorts before expert 2) top 2, half of head_dim rotated, another RoPE base
+    "qwen3next-tiny-b": (
+        "qwen3next",
+        1,
+        {
+            "tie_word_embeddings": True,
+            "linear_num_value_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "num_hidden_layers": 5,
+            "layer_types": [
+                "linear_attention",
+                "full_attention",
+                "linear_attention",
+                "linear_attention",
+                "full_attention",
+            ],
+            "num_experts": 10,
+            "num_experts_per_tok": 2,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1000000.0,
+                "partial_rotary_factor": 0.5,
+            },
+        },
+    ),
+    # as the released checkpoints: the MTP head (block 4, one full-attention layer with its MoE, experts per
+    # expert, and blk.4.nextn.*) in its own file, config.json without layer_types (full_attention_interval 4)
+    # and without mtp_num_hidden_layers (llama.cpp counts the MTP layers from the tensors)
+    "qwen3next-tiny-mtp": ("qwen3next", 2, {"mtp": True}),
+}
+
 
 def _plain(value: Any) -> Any:
     if isinstance(value, np.ndarray):

@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
         "convert/qwen4exp.py",
         "convert/tokenizer.py",
     ),
-    ("convert/qwen35moe.py",),
+    ("convert/qwen35moe.py", "convert/qwen3next.py"),
     ("convert/writer.py",),
     ("convert/__init__.py",),
     (

@@ -9,6 +9,11 @@ Shapes here are numpy order (a GGUF ``[ne0, ne1]`` tensor is ``(ne1, ne0)``). Vi
 llama.cpp's converter does. The MTP head (``mtp.*``, with ``"mtp_num_hidden_layers": 1`` in config.json) is
 written in llama.cpp's nextn convention (its Qwen3.5 / Qwen3-Next converter): block ``L = num_hidden_layers``,
 ``block_count = L + 1``, ``nextn_predict_layers = 1``; without that config key ``mtp.*`` is dropped.
+
+The pieces qwen4_exp shares with Qwen3.5 MoE and Qwen3-Next (Gated DeltaNet, gated attention and MoE names and
+shapes, :class:`RoutedExperts`) are public, and so is what those two share with each other (``hybrid_*``,
+llama.cpp's ``Qwen3NextModel``): :mod:`regolith.convert.qwen35moe` and :mod:`regolith.convert.qwen3next`
+add their Gated DeltaNet projections.
 """
 
 from __future__ import annotations
@@ -40,7 +45,11 @@ __all__ = [
     "attention_shapes",
     "gguf_metadata",
     "gguf_tensors",
+    "has_mtp",
     "head_dim",
+    "hybrid_metadata",
+    "hybrid_tensor_plan",
+    "hybrid_text_config",
     "linear_attention_shapes",
     "linear_attention_transform",
     "load_float32",
@@ -115,7 +124,7 @@ def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if not (set(archs) & set(HF_ARCHITECTURES)) and model_type not in _MODEL_TYPES:
         raise ModelFormatError(
             f"unsupported architecture {archs or model_type!r}: regolith converts qwen4_exp "
-            f"({', '.join(HF_ARCHITECTURES)}), qwen3, qwen3_moe and qwen3_5_moe"
+            f"({', '.join(HF_ARCHITECTURES)}), qwen3, qwen3_moe, qwen3_5_moe and qwen3_next"
         )
     cfg = dict(config)
     if isinstance(config.get("text_config"), Mapping):
@@ -924,3 +933,309 @@ def gguf_tensors(
     sources = collect_sources(named_tensors)
     for name, _shape, build in tensor_plan(config, sources):
         yield name, build()
+
+
+# ------------------------------------------------------------------------ the Qwen3-Next family's layout
+# Qwen3.5 MoE (convert/qwen35moe.py) and Qwen3-Next (convert/qwen3next.py) are llama.cpp's Qwen3NextModel
+# (conversion/qwen.py, with _QwenMtpMixin on Qwen2MoeModel): the same config, metadata and tensors but for
+# the Gated DeltaNet's projections, which each passes in as ``linear_shapes`` / ``linear_tensors``.
+
+_HYBRID_LAYER_TYPES = ("linear_attention", "full_attention")
+_MTP_LAYER_ANY = re.compile(r"^mtp\.layers\.(\d+)\.")
+_HYBRID_GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_HYBRID_BLOCK = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    **ATTENTION_NAMES,
+    **MOE_NAMES,
+}
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def hybrid_text_config(
+    config: Mapping[str, Any], arch: str, *, layer_types_required: bool = True
+) -> dict[str, Any]:
+    """The text model's hyper-parameters of a Qwen3-Next-family checkpoint (``text_config`` merged over the
+    top level, as llama.cpp does), validated for llama.cpp's ``arch`` graph: ModelFormatError for missing or
+    ill-typed sizes, unknown layer types, value heads that are no multiple of the key heads, key and value
+    head sizes that differ, attention biases, bidirectional attention, a non-SiLU ``hidden_act``, RoPE
+    scaling and more than one MTP layer. Without ``layer_types`` (``layer_types_required=False``) the layers
+    follow ``full_attention_interval`` (default 4) as in transformers, and ``layer_types_implicit`` is set."""
+    cfg = dict(config)
+    if isinstance(config.get("text_config"), Mapping):
+        cfg.update(config["text_config"])
+    for k in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "linear_conv_kernel_dim",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+    ):
+        if not _positive_int(cfg.get(k)):
+            raise ModelFormatError(f"config.json: {k} must be a positive integer, got {cfg.get(k)!r}")
+    for k in ("head_dim", "max_position_embeddings", "full_attention_interval"):
+        if cfg.get(k) is not None and not _positive_int(cfg[k]):
+            raise ModelFormatError(f"config.json: {k} must be a positive integer, got {cfg[k]!r}")
+    eps = cfg.get("rms_norm_eps")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps <= 0:
+        raise ModelFormatError(f"config.json: rms_norm_eps must be a positive number, got {eps!r}")
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if types is None and not layer_types_required:
+        interval = cfg.get("full_attention_interval") or 4
+        cfg["layer_types"] = [_HYBRID_LAYER_TYPES[(i + 1) % interval == 0] for i in range(n)]
+        cfg["layer_types_implicit"] = True
+    elif not isinstance(types, list) or len(types) != n:
+        raise ModelFormatError(f"config.json: layer_types must list {n} layer types, got {types!r}")
+    else:
+        bad = sorted({repr(t) for t in types if t not in _HYBRID_LAYER_TYPES})
+        if bad:
+            raise ModelFormatError(
+                f"config.json: unknown layer types {', '.join(bad)} in layer_types "
+                f"(expected {' or '.join(_HYBRID_LAYER_TYPES)})"
+            )
+    if cfg["num_attention_heads"] % cfg["num_key_value_heads"]:
+        raise ModelFormatError("config.json: num_key_value_heads must divide num_attention_heads")
+    if cfg["num_experts_per_tok"] > cfg["num_experts"]:
+        raise ModelFormatError("config.json: num_experts_per_tok exceeds num_experts")
+    if cfg["linear_num_value_heads"] % cfg["linear_num_key_heads"]:
+        raise ModelFormatError(
+            "config.json: linear_num_value_heads must be a multiple of linear_num_key_heads"
+        )
+    if cfg["linear_key_head_dim"] != cfg["linear_value_head_dim"]:
+        raise ModelFormatError(
+            f"config.json: linear_key_head_dim and linear_value_head_dim differ; llama.cpp's {arch} layout "
+            "has one Gated DeltaNet head size (ssm.state_size)"
+        )
+    if cfg.get("attention_bias"):
+        raise ModelFormatError(f"config.json: attention_bias is not part of llama.cpp's {arch} graph")
+    if cfg.get("is_causal") is False:
+        raise ModelFormatError("config.json: is_causal false (bidirectional attention) is not supported")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ModelFormatError(
+            f"config.json: hidden_act {cfg['hidden_act']!r}: the experts' activation is SiLU"
+        )
+    rope = cfg.get("rope_parameters", cfg.get("rope_scaling"))
+    if rope is not None and not isinstance(rope, Mapping):
+        raise ModelFormatError(f"config.json: rope_parameters must be an object, got {rope!r}")
+    rope_parameters(cfg)  # refuses RoPE scaling
+    mtp = cfg.get("mtp_num_hidden_layers")
+    if mtp is not None and (not isinstance(mtp, int) or isinstance(mtp, bool) or mtp not in (0, 1)):
+        raise ModelFormatError(
+            f"config.json: mtp_num_hidden_layers must be 0 or 1 (one MTP layer), got {mtp!r}"
+        )
+    if cfg.get("head_dim") is None:
+        cfg["head_dim_implicit"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+    return cfg
+
+
+def hybrid_metadata(
+    cfg: Mapping[str, Any], arch: str, *, file_type: int | None = None, mtp: bool = False
+) -> Metadata:
+    """llama.cpp's ``Qwen3NextModel`` keys of ``cfg`` (:func:`hybrid_text_config`'s) in its order, ``arch.``
+    prefixed: ``(key, value, type)``; a list value is an array of ``type`` elements. ``general.file_type``
+    is included (at llama.cpp's position) when ``file_type`` is given; ``mtp``: the checkpoint has the MTP
+    head (:func:`has_mtp`), written as one more block. ``rope.dimension_sections`` only from
+    ``mrope_section``; ``attention.recurrent_layers`` only when config.json lists ``layer_types``."""
+    u32, i32, f32, boolean = (
+        GGUFValueType.UINT32,
+        GGUFValueType.INT32,
+        GGUFValueType.FLOAT32,
+        GGUFValueType.BOOL,
+    )
+    p = f"{arch}."
+    n = cfg["num_hidden_layers"]
+    rope = rope_parameters(cfg)
+    md: Metadata = [(p + "block_count", n + int(mtp), u32)]
+    for key, names in (
+        (
+            "context_length",
+            (
+                "max_position_embeddings",
+                "n_ctx",
+                "n_positions",
+                "max_length",
+                "max_sequence_length",
+                "model_max_length",
+            ),
+        ),
+        ("embedding_length", ("hidden_size",)),
+        (
+            "feed_forward_length",
+            ("prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size"),
+        ),
+        ("attention.head_count", ("num_attention_heads",)),
+        ("attention.head_count_kv", ("num_key_value_heads",)),
+    ):
+        value = next((cfg[k] for k in names if cfg.get(k) is not None), None)
+        if value is not None:
+            md.append((p + key, int(value), u32))
+    if "mrope_section" in rope:
+        sections = (list(rope["mrope_section"]) + [0, 0, 0, 0])[:4]
+        md.append((p + "rope.dimension_sections", sections, i32))
+    if rope.get("rope_theta") is not None:
+        md.append((p + "rope.freq_base", float(rope["rope_theta"]), f32))
+    md.append((p + "attention.layer_norm_rms_epsilon", float(cfg["rms_norm_eps"]), f32))
+    for k in ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"):
+        if cfg.get(k) is not None:
+            md.append((p + "attention.layer_norm_epsilon", float(cfg[k]), f32))
+            break
+    md.append((p + "expert_count", cfg["num_experts"], u32))
+    md.append((p + "expert_used_count", cfg["num_experts_per_tok"], u32))
+    if cfg.get("head_dim") is not None:
+        md.append((p + "attention.key_length", cfg["head_dim"], u32))
+        md.append((p + "attention.value_length", cfg["head_dim"], u32))
+    if file_type is not None:
+        md.append(("general.file_type", int(file_type), u32))
+    md += [
+        (p + "expert_feed_forward_length", cfg["moe_intermediate_size"], u32),
+        (p + "expert_shared_feed_forward_length", cfg["shared_expert_intermediate_size"], u32),
+    ]
+    if mtp:
+        md.append((p + "nextn_predict_layers", 1, u32))
+    md += [
+        (p + "ssm.conv_kernel", cfg["linear_conv_kernel_dim"], u32),
+        (p + "ssm.state_size", cfg["linear_key_head_dim"], u32),
+        (p + "ssm.group_count", cfg["linear_num_key_heads"], u32),
+        (p + "ssm.time_step_rank", cfg["linear_num_value_heads"], u32),
+        (p + "ssm.inner_size", cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"], u32),
+    ]
+    if not cfg.get("layer_types_implicit"):
+        recurrent = [t == "linear_attention" for t in cfg["layer_types"]] + [False] * int(mtp)
+        md.append((p + "attention.recurrent_layers", recurrent, boolean))
+    md += [
+        (p + "full_attention_interval", int(cfg.get("full_attention_interval") or 4), u32),
+        (p + "rope.dimension_count", int(head_dim(cfg) * rope.get("partial_rotary_factor", 0.25)), u32),
+    ]
+    return md
+
+
+def has_mtp(sources: Mapping[str, TensorSource]) -> bool:
+    """Whether the checkpoint (normalised names, :func:`collect_sources`) holds an MTP head (``mtp.*``)."""
+    return any(name.startswith("mtp.") for name in sources)
+
+
+def _plus_one(x: np.ndarray) -> np.ndarray:
+    return x + np.float32(1.0)
+
+
+def _hybrid_expected_shapes(
+    cfg: Mapping[str, Any], linear_shapes: Mapping[str, tuple[int, ...]], mtp: bool
+) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor but the routed experts (normalised name) and its shape; lm_head even when tied."""
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
+    out: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (V, H),
+        "model.norm.weight": (H,),
+        "lm_head.weight": (V, H),
+    }
+    norms = {"input_layernorm.weight": (H,), "post_attention_layernorm.weight": (H,)}
+    linear = {**norms, **linear_shapes, **moe_shapes(cfg)}
+    full = {**norms, **attention_shapes(cfg), **moe_shapes(cfg)}
+    for i, kind in enumerate(cfg["layer_types"]):
+        layer = linear if kind == "linear_attention" else full
+        out.update({f"model.layers.{i}.{k}": v for k, v in layer.items()})
+    if mtp:
+        out["mtp.fc.weight"] = (H, 2 * H)
+        out.update({k: (H,) for k in MTP_HEAD_NAMES if k != "mtp.fc.weight"})
+        out.update({f"mtp.layers.0.{k}": v for k, v in full.items()})
+    return out
+
+
+def hybrid_tensor_plan(
+    cfg: Mapping[str, Any],
+    sources: Mapping[str, TensorSource],
+    arch: str,
+    linear_shapes: Mapping[str, tuple[int, ...]],
+    linear_tensors: Callable[[int, str, str], list[PlannedTensor]],
+) -> list[tuple[str, tuple[int, ...], Any]]:
+    """``(gguf_name, numpy_shape, build)`` for every output tensor in llama.cpp's order, from shapes only
+    (nothing is read); ``build()`` returns the float32 array. ``cfg``: :func:`hybrid_text_config`'s;
+    ``sources``: :func:`collect_sources`'s normalised names in the checkpoint's order (llama.cpp's:
+    ``Checkpoint.tensors_by_name()``). A Gated DeltaNet tensor (``key`` of ``linear_shapes``, its shape
+    checked) becomes ``linear_tensors(bid, key, name)``; the rest is shared: ``+ 1`` on the zero-centred
+    norms, routed experts stacked (:class:`RoutedExperts`), the MTP head (``mtp.*``) as block
+    ``num_hidden_layers``. Validates names and shapes (ModelFormatError)."""
+    shapes = {name: tuple(int(d) for d in src.shape) for name, src in sources.items()}
+    n_layers = cfg["num_hidden_layers"]
+    mtp = has_mtp(shapes)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    expected = _hybrid_expected_shapes(cfg, linear_shapes, mtp)
+    experts = RoutedExperts(cfg)
+    plan: list[PlannedTensor] = []
+
+    def err(msg: str) -> ModelFormatError:
+        return ModelFormatError(f"checkpoint: {msg}")
+
+    def keep(x: np.ndarray) -> np.ndarray:
+        return x
+
+    for name, shape in shapes.items():
+        want = expected.get(name)
+        if want is not None and shape != want:
+            raise err(f"tensor {name} has shape {list(shape)}, expected {list(want)} from config.json")
+        if name in _HYBRID_GLOBAL:  # lm_head of a tied checkpoint too, as llama.cpp writes it
+            build = _plus_one if name == "model.norm.weight" else keep
+            plan.append(PlannedTensor(_HYBRID_GLOBAL[name], (name,), lambda xs, f=build: f(xs[0]), shape))
+            continue
+        if name in MTP_HEAD_NAMES:
+            build = keep if name == "mtp.fc.weight" else _plus_one
+            out = f"blk.{n_layers}.nextn.{MTP_HEAD_NAMES[name]}"
+            plan.append(PlannedTensor(out, (name,), lambda xs, f=build: f(xs[0]), shape))
+            continue
+        m, mm = LAYER_TENSOR.match(name), MTP_LAYER_TENSOR.match(name)
+        if m is not None:
+            bid, key = int(m.group(1)), m.group(2)
+            if bid >= n_layers:
+                raise err(f"tensor {name} is beyond num_hidden_layers ({n_layers})")
+        elif mm is not None:
+            bid, key = n_layers, mm.group(1)
+        elif (extra := _MTP_LAYER_ANY.match(name)) is not None:
+            raise err(
+                f"tensor {name}: MTP layer {extra.group(1)}; llama.cpp's {arch} graph has one MTP layer"
+            )
+        else:
+            raise err(f"unexpected tensor {name}")
+        if key in _HYBRID_BLOCK or key in linear_shapes:
+            if want is None:
+                kind = cfg["layer_types"][bid] if bid < n_layers else "the MTP layer (full_attention)"
+                raise err(f"unexpected tensor {name} (layer {bid} is {kind})")
+            if key in linear_shapes:
+                plan += linear_tensors(bid, key, name)
+            else:
+                build = _plus_one if key.endswith("norm.weight") else keep
+                plan.append(
+                    PlannedTensor(
+                        f"blk.{bid}.{_HYBRID_BLOCK[key]}", (name,), lambda xs, f=build: f(xs[0]), shape
+                    )
+                )
+            continue
+        outs = experts.take(bid, key, name, shape)
+        if outs is None:
+            raise err(f"unexpected tensor {name}")
+        plan += outs
+
+    missing = sorted(k for k in expected if k not in shapes and not (k == "lm_head.weight" and tied))
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise err(f"missing tensors {', '.join(missing[:5])}{more}")
+    experts.check_complete(n_layers + int(mtp))
+    return [
+        (o.name, o.shape, lambda o=o: o.build([load_float32(sources[s]) for s in o.sources])) for o in plan
+    ]

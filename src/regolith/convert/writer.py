@@ -19,7 +19,7 @@ from .._atomic import atomic_path
 from ..errors import ModelFormatError, RegolithError
 from ..gguf_split import write_merged, write_split
 from . import mmproj as _mmproj
-from . import qwen3, qwen4exp, qwen35moe
+from . import qwen3, qwen3next, qwen4exp, qwen35moe
 from .checkpoint import Checkpoint
 from .tokenizer import gpt2_tokenizer_metadata
 
@@ -139,8 +139,9 @@ def convert(
     split_max_size: int | None = None,
     split_max_tensors: int | None = None,
 ) -> Path:
-    """Convert a Hugging Face directory (qwen4_exp, qwen3, qwen3_moe or qwen3_5_moe) to a GGUF file in
-    llama.cpp's layout for it (``qwen4exp``, ``qwen3``, ``qwen3moe``, ``qwen35moe``; ``outtype``, default f16);
+    """Convert a Hugging Face directory (qwen4_exp, qwen3, qwen3_moe, qwen3_5_moe or qwen3_next) to a GGUF file
+    in llama.cpp's layout for it (``qwen4exp``, ``qwen3``, ``qwen3moe``, ``qwen35moe``, ``qwen3next``;
+    ``outtype``, default f16);
     returns its path (split: the first shard's).
 
     Everything is validated (config, tensor names and shapes, tokenizer) before the output is created; the
@@ -206,6 +207,16 @@ def convert(
         arch, arch_md = (
             qwen35moe.ARCH,
             qwen35moe.gguf_metadata(ckpt.config, file_type=int(file_type), mtp=qwen35moe.has_mtp(sources)),
+        )
+    elif qwen3next.handles(ckpt.config):
+        if mmproj is not None:
+            raise RegolithError("--mmproj: a qwen3_next checkpoint has no vision tower")
+        cfg = qwen3next.text_config(ckpt.config)
+        sources = qwen3next.collect_sources(ckpt.tensors_by_name())
+        plan = qwen3next.tensor_plan(ckpt.config, sources)
+        arch, arch_md = (
+            qwen3next.ARCH,
+            qwen3next.gguf_metadata(ckpt.config, file_type=int(file_type), mtp=qwen3next.has_mtp(sources)),
         )
     else:
         if mmproj is not None:

@@ -1,6 +1,7 @@
-"""Qwen3.5 MoE (``qwen35moe``) against transformers 5.24 (tiny random checkpoints, fp32), converted by regolith's
-converter (whose layout tests/test_convert_qwen35moe.py checks against llama.cpp's) and by llama.cpp's own where
-its source is here: whole, chunked and token by token within 1e-4; a quantized file against its dequantized twin;
+"""Qwen3.5 MoE (``qwen35moe``) and Qwen3-Next (``qwen3next``) against transformers 5.24 (tiny random checkpoints,
+fp32), converted by regolith's converter (whose layouts tests/test_convert_qwen35moe.py and
+test_convert_qwen3next.py check against llama.cpp's): whole, chunked and token by token within 1e-4; a quantized
+file against its dequantized twin;
 the routed experts streamed through a tiny arena, from the GGUF and from a pack, bit-identical to resident ones
 (host tier and device routing on a device arena too); MoCE; speculative decoding, saved sessions and the prompt
 cache on a streaming model; the plan's state and scratch against what a window holds."""
@@ -28,49 +29,53 @@ from tests.model.twin import write_dequantized_twin
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
-# name: (seed, config overrides)
+ARCHES = ("qwen35moe", "qwen3next")
+# name: (architecture, seed, config overrides)
 VARIANTS = {
-    # 3 Gated DeltaNet layers (2 key heads, 4 value heads) then gated full attention, 8 experts top 3
-    "qwen35moe-tiny": (0, {}),
-    # attention first and last, GQA 4:1, tied embeddings, as many value heads as key heads, wider experts
-    "qwen35moe-tiny-b": (
-        1,
-        {
-            "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"],
-            "num_key_value_heads": 1,
-            "tie_word_embeddings": True,
-            "linear_num_value_heads": 2,
-            "num_experts": 6,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 48,
-        },
-    ),
+    f"{arch}-{tag}": (arch, seed, ov)
+    for arch in ARCHES
+    for tag, seed, ov in (
+        # 3 Gated DeltaNet layers (2 key heads, 4 value heads) then gated full attention, 8 experts top 3
+        ("tiny", 0, {}),
+        # attention first and last, GQA 4:1, tied embeddings, as many value heads as key heads, wider experts
+        (
+            "tiny-b",
+            1,
+            {
+                "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"],
+                "num_key_value_heads": 1,
+                "tie_word_embeddings": True,
+                "linear_num_value_heads": 2,
+                "num_experts": 6,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 48,
+            },
+        ),
+    )
 }
 TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("qwen35moe")
+    root = tmp_path_factory.mktemp("hybrid")
     return {
-        name: convert(
-            save_tiny_checkpoint("qwen35moe", root / name, seed, **ov), root / f"{name}.gguf", "f32"
-        )
-        for name, (seed, ov) in VARIANTS.items()
+        name: convert(save_tiny_checkpoint(arch, root / name, seed, **ov), root / f"{name}.gguf", "f32")
+        for name, (arch, seed, ov) in VARIANTS.items()
     }
 
 
-@pytest.fixture(scope="module")
-def quantized(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=ARCHES)
+def quantized(request, tmp_path_factory) -> Path:
     """hidden 256 and expert width 256, so the expert and attention matrices are Q4_K (regolith's quantizer)."""
-    root = tmp_path_factory.mktemp("qwen35moe-q")
+    root = tmp_path_factory.mktemp(f"{request.param}-q")
     ov = {"hidden_size": 256, "moe_intermediate_size": 256, "num_experts": 16, "num_experts_per_tok": 4}
-    return convert(save_tiny_checkpoint("qwen35moe", root / "hf", 4, **ov), root / "q.gguf", "q4_k")
+    return convert(save_tiny_checkpoint(request.param, root / "hf", 4, **ov), root / "q.gguf", "q4_k")
 
 
 @pytest.fixture(scope="module")
 def packed(quantized: Path, tmp_path_factory) -> Path:
-    return pk.pack(quantized, tmp_path_factory.mktemp("qwen35moe-packed") / "q.pack")
+    return pk.pack(quantized, tmp_path_factory.mktemp("hybrid-packed") / "q.pack")
 
 
 def _ids(n: int = 40, seed: int = 0) -> np.ndarray:
@@ -78,13 +83,10 @@ def _ids(n: int = 40, seed: int = 0) -> np.ndarray:
 
 
 def _transformers(name: str, ids: np.ndarray) -> np.ndarray:
-    seed, ov = VARIANTS[name]
+    arch, seed, ov = VARIANTS[name]
     with torch.no_grad():
-        return (
-            tiny_model("qwen35moe", seed, **ov)(torch.from_numpy(ids[None].astype(np.int64)))
-            .logits[0]
-            .numpy()
-        )
+        logits = tiny_model(arch, seed, **ov)(torch.from_numpy(ids[None].astype(np.int64))).logits
+    return logits[0].numpy()
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -92,7 +94,7 @@ def test_logits_match_transformers_whole_chunked_and_token_by_token(files, name)
     ids = _ids()
     want = _transformers(name, ids)
     model = regolith.Model.load(files[name], kv_type="f32")
-    assert model.config["architecture"] == "qwen35moe"
+    assert model.config["architecture"] == VARIANTS[name][0]
     whole = model.window(64).eval(ids)
     np.testing.assert_allclose(whole, want, atol=TOL, rtol=0)
     w = model.window(64)
@@ -103,19 +105,21 @@ def test_logits_match_transformers_whole_chunked_and_token_by_token(files, name)
     np.testing.assert_allclose(single, want, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0", "i8"])
-def test_quantized_attention_caches_are_used_and_stay_close(files, kv_type):
+def test_quantized_attention_caches_are_used_and_stay_close(files, arch, kv_type):
     """The full-attention layers' KV caches of each type (f16 is the default, as llama.cpp's) hold fewer bytes
     than f32's and change the logits a little: the median row by under 1e-2 of the largest logit (measured
     2.5e-3; f16 under 3e-4, measured 1e-4).
     Single rows may move more: an 8-bit key can flip a tiny random router's top-k choice (measured: 1 of 40
     rows by 0.23)."""
     ids = _ids()
-    exact_model = regolith.Model.load(files["qwen35moe-tiny"], kv_type="f32")
+    path = files[f"{arch}-tiny"]
+    exact_model = regolith.Model.load(path, kv_type="f32")
     exact_w = exact_model.window(64)
     exact = exact_w.eval(ids)
-    model = regolith.Model.load(files["qwen35moe-tiny"], kv_type=kv_type)
-    assert model.kv_type == kv_type and regolith.Model.load(files["qwen35moe-tiny"]).kv_type == "f16"
+    model = regolith.Model.load(path, kv_type=kv_type)
+    assert model.kv_type == kv_type and regolith.Model.load(path).kv_type == "f16"
     w = model.window(64)
     got = w.eval(ids)
     assert w._w.attention_cache_bytes < exact_w._w.attention_cache_bytes
@@ -123,14 +127,15 @@ def test_quantized_attention_caches_are_used_and_stay_close(files, kv_type):
     assert rows.max() > 0 and np.median(rows) < {"f16": 3e-4, "q8_0": 1e-2, "i8": 1e-2}[kv_type], rows
 
 
-def test_config_and_plan(files):
-    model = regolith.Model.load(files["qwen35moe-tiny"], kv_type="f32")
+@pytest.mark.parametrize("arch", ARCHES)
+def test_config_and_plan(files, arch):
+    model = regolith.Model.load(files[f"{arch}-tiny"], kv_type="f32")
     c = model.config
     assert c["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
     assert (c["num_experts"], c["num_experts_per_tok"], c["shared_expert_intermediate_size"]) == (8, 3, 48)
     assert c["hc_count"] == 1 and not c["mtp"]
     sizes = model.plan.sizes
-    assert sizes.architecture == "qwen35moe" and sizes.n_expert == 8 and len(sizes.expert_record_bytes) == 4
+    assert sizes.architecture == arch and sizes.n_expert == 8 and len(sizes.expert_record_bytes) == 4
     assert sizes.expert_record_bytes[0] == 3 * 32 * 64 * 4  # f32 gate, up and down of one expert
     # per token: one attention layer's keys and values (2 kv heads of 32, f32); fixed: three Gated DeltaNet
     # layers' conv history (3 taps of 2*2*16 + 4*16 channels) and recurrent state (4 heads of 16 x 16), f32
