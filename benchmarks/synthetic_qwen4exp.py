@@ -80,9 +80,12 @@ EXPERT_TYPES: dict[str, gguf.LlamaFileType] = {
 }
 DENSE_TYPES = {"Q8_0": "q8_0", "F16": "f16"}  # -> regolith.convert.writer outtype
 # Byte offsets of each block's fp16 scale fields and their values relative to d. Q4_K's dmin is set to
-# E[scale * q] / E[min] = 7.5 d so that the weights' mean is ~0 (6-bit scales and mins, 4-bit q).
+# E[scale * q] / E[min] = 7.5 d so that the weights' mean is ~0 (6-bit scales and mins, 4-bit q); Q2_K's to
+# 1.5 d (4-bit scales and mins, 2-bit q). Q6_K's signed scales and q - 32 have a mean of ~0 already.
 _SCALE_FIELDS: dict[str, tuple[tuple[int, float], ...]] = {
     "Q4_K": ((0, 1.0), (2, 7.5)),
+    "Q2_K": ((80, 1.0), (82, 1.5)),
+    "Q6_K": ((208, 1.0),),
     "Q4_0": ((0, 1.0),),
     "Q8_0": ((0, 1.0),),
     "IQ2_XS": ((0, 1.0),),

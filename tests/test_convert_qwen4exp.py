@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 import regolith
 from regolith.cli import main
-from regolith.convert import convert, qwen4exp
+from regolith.convert import convert, qwen4exp, qwen_hybrid
 from regolith.convert.checkpoint import Checkpoint
 from tests.llamacpp_layout import FIXTURE_DIR, QWEN4EXP_VARIANTS, gguf_layout
 from tests.qwen4exp_models import save_tiny_model
@@ -90,7 +90,7 @@ def test_gguf_tensors_from_plain_arrays_match_the_file(checkpoints: dict[str, Pa
 def test_ple_hash_constants_match_transformers_buffers(checkpoints: dict[str, Path]) -> None:
     for name in ("qwen4exp-tiny-a", "qwen4exp-tiny-b"):
         ckpt = Checkpoint(checkpoints[name])
-        stored = qwen4exp.ple_constants_from(qwen4exp.collect_sources(ckpt.tensors()))
+        stored = qwen4exp.ple_constants_from(qwen_hybrid.collect_sources(ckpt.tensors()))
         assert stored == qwen4exp.ple_hash_constants(ckpt.config)
 
 

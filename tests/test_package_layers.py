@@ -40,10 +40,10 @@ LAYERS: list[tuple[str, ...]] = [
         "convert/checkpoint.py",
         "convert/mmproj.py",
         "convert/qwen3.py",
-        "convert/qwen4exp.py",
+        "convert/qwen_hybrid.py",
         "convert/tokenizer.py",
     ),
-    ("convert/qwen35moe.py", "convert/qwen3next.py"),
+    ("convert/qwen4exp.py", "convert/qwen35moe.py", "convert/qwen3next.py"),
     ("convert/writer.py",),
     ("convert/__init__.py",),
     (

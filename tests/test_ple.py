@@ -222,11 +222,12 @@ def convert_to_gguf(model_dir: Path, out: Path) -> None:
     from safetensors import safe_open
 
     from regolith.convert import qwen4exp as cq
+    from regolith.convert.qwen_hybrid import collect_sources
 
     config = json.loads((model_dir / "config.json").read_text())
     with safe_open(str(model_dir / "model.safetensors"), "np") as f:
         named = [(k, f.get_tensor(k)) for k in f.keys()]  # noqa: SIM118 (safe_open is not iterable)
-    consts = cq.ple_constants_from(cq.collect_sources(named))
+    consts = cq.ple_constants_from(collect_sources(named))
     w = gguf.GGUFWriter(str(out), cq.ARCH)
     for key, value, vtype in cq.gguf_metadata(config, ple_constants=consts):
         if isinstance(value, list):

@@ -4,7 +4,7 @@
 ``tensor_plan(config, sources)`` the GGUF tensors, with the names, shapes, order and value transforms of
 llama.cpp's converter (``conversion/qwen.py``: ``Qwen3_5MoeTextModel`` on ``Qwen3NextModel`` and
 ``Qwen2MoeModel``). Qwen3.5 MoE is qwen4_exp without hyper-connections, indexer and PLE, so the Gated
-DeltaNet, gated attention, MoE and MTP handling is :mod:`regolith.convert.qwen4exp`'s:
+DeltaNet, gated attention, MoE and MTP handling is :mod:`regolith.convert.qwen_hybrid`'s (qwen4exp's too):
 
 - tensors in the order llama.cpp walks a checkpoint (file by file, by name within a file:
   ``Checkpoint.tensors_by_name``), each layer's routed experts stacked once its last one is seen (or
@@ -30,7 +30,7 @@ from typing import Any
 from gguf import GGUFValueType
 
 from ..errors import ModelFormatError
-from .qwen4exp import (
+from .qwen_hybrid import (
     LINEAR_ATTENTION_NAMES,
     Metadata,
     PlannedTensor,
@@ -79,7 +79,7 @@ def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     as llama.cpp does), validated. Raises ModelFormatError for another architecture or for what llama.cpp's
     ``qwen35moe`` graph does not compute: attention biases, RoPE scaling, unknown layer types, value heads
     that are no multiple of the key heads, key and value head sizes that differ
-    (:func:`~regolith.convert.qwen4exp.hybrid_text_config`), malformed M-RoPE sections, an MTP head with
+    (:func:`~regolith.convert.qwen_hybrid.hybrid_text_config`), malformed M-RoPE sections, an MTP head with
     embeddings of its own."""
     if not handles(config):
         raise ModelFormatError("config.json is not a qwen3_5_moe checkpoint")

@@ -4,7 +4,7 @@
 ``tensor_plan(config, sources)`` the GGUF tensors, with the names, shapes, order and value transforms of
 llama.cpp's converter (``conversion/qwen.py``: ``Qwen3NextModel``, with ``_QwenMtpMixin`` on
 ``Qwen2MoeModel``). Qwen3.5 MoE is the same model with the Gated DeltaNet's projections split, so all but
-those is :mod:`regolith.convert.qwen4exp`'s ``hybrid_*`` (shared with :mod:`regolith.convert.qwen35moe`):
+those is :mod:`regolith.convert.qwen_hybrid`'s ``hybrid_*`` (shared with :mod:`regolith.convert.qwen35moe`):
 
 - tensors in the order llama.cpp walks a checkpoint (file by file, by name within a file:
   ``Checkpoint.tensors_by_name``), each layer's routed experts stacked once its last one is seen (or
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFormatError
-from .qwen4exp import (
+from .qwen_hybrid import (
     Metadata,
     PlannedTensor,
     TensorSource,
@@ -101,7 +101,7 @@ def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     another architecture or for what llama.cpp's ``qwen3next`` graph does not compute: dense MLP layers
     (``mlp_only_layers``, ``decoder_sparse_step``: its graph has a MoE block in every layer), top-k weights
     left unnormalised (``norm_topk_prob: false``: its graph always renormalises), M-RoPE sections, and
-    :func:`~regolith.convert.qwen4exp.hybrid_text_config`'s refusals (attention biases, RoPE scaling,
+    :func:`~regolith.convert.qwen_hybrid.hybrid_text_config`'s refusals (attention biases, RoPE scaling,
     unknown layer types, value heads that are no multiple of the key heads, key and value head sizes that
     differ, ...). Without ``layer_types`` (the released config.json files) the layers follow
     ``full_attention_interval``, as in transformers."""

@@ -19,7 +19,7 @@ from .._atomic import atomic_path
 from ..errors import ModelFormatError, RegolithError
 from ..gguf_split import write_merged, write_split
 from . import mmproj as _mmproj
-from . import qwen3, qwen3next, qwen4exp, qwen35moe
+from . import qwen3, qwen3next, qwen4exp, qwen35moe, qwen_hybrid
 from .checkpoint import Checkpoint
 from .tokenizer import gpt2_tokenizer_metadata
 
@@ -202,7 +202,7 @@ def convert(
                 "--mmproj: regolith converts qwen3_5_moe's text model only (its vision tower is not supported)"
             )
         cfg = qwen35moe.text_config(ckpt.config)
-        sources = qwen35moe.collect_sources(ckpt.tensors_by_name())
+        sources = qwen_hybrid.collect_sources(ckpt.tensors_by_name())
         plan = qwen35moe.tensor_plan(ckpt.config, sources)
         arch, arch_md = (
             qwen35moe.ARCH,
@@ -212,7 +212,7 @@ def convert(
         if mmproj is not None:
             raise RegolithError("--mmproj: a qwen3_next checkpoint has no vision tower")
         cfg = qwen3next.text_config(ckpt.config)
-        sources = qwen3next.collect_sources(ckpt.tensors_by_name())
+        sources = qwen_hybrid.collect_sources(ckpt.tensors_by_name())
         plan = qwen3next.tensor_plan(ckpt.config, sources)
         arch, arch_md = (
             qwen3next.ARCH,
@@ -222,7 +222,7 @@ def convert(
         if mmproj is not None:
             convert_mmproj(hf_dir, mmproj, outtype)
         cfg = qwen4exp.text_config(ckpt.config)
-        sources = qwen4exp.collect_sources(ckpt.tensors())
+        sources = qwen_hybrid.collect_sources(ckpt.tensors())
         plan = qwen4exp.tensor_plan(ckpt.config, sources)
         arch, arch_md = (
             qwen4exp.ARCH,
