@@ -5,10 +5,11 @@ llama.cpp.
         --data-dir /work/bench_data] [--arena 0.125,0.25,0.5] [--prompt 16] [--decode 32]
         [--trace FILE [--replay-only]] [--json OUT]
 
-The model is a GGUF with routed experts (qwen4exp, qwen3moe, qwen35moe): ``--model``, or a synthetic one at a
-real model's per-layer shapes with ``--layers`` layers (written once to ``--data-dir`` and reused):
+The model is a GGUF with routed experts (qwen4exp, qwen3moe, qwen35moe, qwen3next): ``--model``, or a
+synthetic one at a real model's per-layer shapes with ``--layers`` layers (written once to ``--data-dir`` and
+reused):
 ``--synthetic flash-next`` (benchmarks/synthetic_qwen4exp.py), ``qwen3-30b-a3b`` or ``qwen3-235b-a22b``
-(benchmarks/synthetic_qwen3moe.py), ``qwen35-35b-a3b`` or ``qwen35-397b-a17b``
+(benchmarks/synthetic_qwen3moe.py), ``qwen35-35b-a3b``, ``qwen35-397b-a17b`` or ``qwen3-next-80b-a3b``
 (benchmarks/synthetic_qwen35moe.py; ``--experts`` Q4_K, Q2_K, Q8_0 or Q4_K_M). All in one run:
 
 1. The disk: O_DIRECT reads of one expert record (a routed expert's gate, up and down bytes, rounded up to
@@ -76,8 +77,9 @@ MIN_SPARE_RAM = 2 * GiB  # "fits in memory": file size + this <= MemAvailable
 
 
 def expert_layout(path: str | os.PathLike[str]) -> dict[str, int]:
-    """The routed experts in a GGUF (qwen4exp, qwen3moe, qwen35moe): ``record`` (bytes of one expert's gate + up + down),
-    ``n_experts``, ``n_layers``, ``total`` bytes, and the file span ``start`` .. ``end`` holding them."""
+    """The routed experts in a GGUF (qwen4exp, qwen3moe, qwen35moe, qwen3next): ``record`` (bytes of one
+    expert's gate + up + down), ``n_experts``, ``n_layers``, ``total`` bytes, and the file span ``start`` ..
+    ``end`` holding them."""
     with rgguf.open(path) as f:
         exps = [t for t in f.tensors.values() if t.name.endswith("_exps.weight")]
         n_experts = int(f.metadata[f"{f.architecture}.expert_count"])
@@ -485,8 +487,8 @@ def main(argv: list[str] | None = None) -> None:
         "--experts",
         choices=list(dict.fromkeys([*synthetic_qwen4exp.EXPERT_TYPES, *synthetic_qwen35moe.EXPERT_TYPES])),
         default="Q4_K",
-        help="the synthetic model's routed experts (qwen35-*: Q4_K, Q2_K, Q8_0, Q4_K_M; the others: Q4_K, "
-        "Q4_0, Q8_0, IQ2_XS)",
+        help="the synthetic model's routed experts (qwen35-*, qwen3-next-*: Q4_K, Q2_K, Q8_0, Q4_K_M; the "
+        "others: Q4_K, Q4_0, Q8_0, IQ2_XS)",
     )
     ap.add_argument("--ple", action="store_true", help="give the synthetic model a PLE layer")
     ap.add_argument("--data-dir", default="/work/bench_data", help="where the synthetic model is kept")
@@ -507,8 +509,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     fractions = [float(f) for f in args.arena.split(",")]
-    qwen35 = args.synthetic in synthetic_qwen35moe.MODELS
-    types = synthetic_qwen35moe.EXPERT_TYPES if qwen35 else synthetic_qwen4exp.EXPERT_TYPES
+    hybrid = args.synthetic in synthetic_qwen35moe.MODELS  # Qwen3.5 MoE or Qwen3-Next
+    types = synthetic_qwen35moe.EXPERT_TYPES if hybrid else synthetic_qwen4exp.EXPERT_TYPES
     if not args.model and args.experts not in types:
         ap.error(f"--experts {args.experts}: --synthetic {args.synthetic} takes {', '.join(types)}")
     console = Console(width=160)
@@ -530,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
         path = os.path.join(args.data_dir, f"synthetic-{args.synthetic}-{args.layers}L-{args.experts}.gguf")
         if not os.path.exists(path):
             console.print(f"writing {path} ...")
-            synthetic = synthetic_qwen35moe if qwen35 else synthetic_qwen3moe
+            synthetic = synthetic_qwen35moe if hybrid else synthetic_qwen3moe
             synthetic.write(path, args.layers, model=args.synthetic, expert_type=args.experts)
     size = os.path.getsize(path)
     exp = expert_layout(path)

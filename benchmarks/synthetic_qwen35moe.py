@@ -1,18 +1,25 @@
-"""A random qwen35moe GGUF at Qwen3.5-35B-A3B's or Qwen3.5-397B-A17B's real per-layer shapes (fewer layers).
+"""Random GGUFs of the Qwen3-Next family at released checkpoints' real per-layer shapes (fewer layers):
+Qwen3.5-35B-A3B and Qwen3.5-397B-A17B (llama.cpp's ``qwen35moe``), Qwen3-Next-80B-A3B (``qwen3next``).
 
-``MODELS`` holds the released checkpoints' config.json ``text_config`` fields as published and recorded here
-(not read from the files, which are not downloaded). The metadata is what ``regolith convert`` writes for
-them (:mod:`regolith.convert.qwen35moe`), the tensor names, shapes and order its plan's (llama.cpp's
-converter's: each layer's tensors by Hugging Face name, layers in order) for the checkpoint's tensors as
-transformers holds them (:func:`checkpoint_shapes`), without the MTP head (a file as llama.cpp's
-``--no-mtp`` writes). Layers follow the released pattern: 3 Gated DeltaNet layers, then one of full
-attention (``full_attention_interval`` 4); with fewer than 4 layers the last is the attention layer.
-Weights are random, as benchmarks/synthetic_qwen4exp.py makes them (quantized tensors cut from pools of
-random blocks scaled to a standard deviation of 1 / sqrt(row length)); the vocabulary is the tiny byte-level
-BPE's, padded to ``vocab`` (default 32,768 instead of 248,320, to keep the embeddings small). Routed experts
-take ``--experts`` (Q4_K, Q2_K, Q8_0), the other matrices ``--dense`` (Q8_0, F16), with the converter's
-rules for what stays F32 (norms, routers, the shared expert's gate, the GDN conv kernels, ``ssm_a`` and
-``ssm_dt.bias``); ``--experts Q4_K_M`` gives every tensor llama.cpp's Q4_K_M type instead (:func:`layout`).
+``MODELS`` holds the released checkpoints' config.json fields (Qwen3.5's ``text_config``) as published and
+recorded here (not read from the files, which are not downloaded); ``MODEL_ARCH`` says which layout each
+takes. The metadata is what ``regolith convert`` writes for them (:mod:`regolith.convert.qwen35moe`,
+:mod:`regolith.convert.qwen3next`), the tensor names, shapes and order its plan's (llama.cpp's converter's:
+each layer's tensors by Hugging Face name, layers in order) for the checkpoint's tensors as transformers
+holds them (:func:`checkpoint_shapes`), without the MTP head (a file as llama.cpp's ``--no-mtp`` writes).
+The two differ only in the Gated DeltaNet's projections (Qwen3.5: ``in_proj_qkv``, ``in_proj_z``,
+``in_proj_a``, ``in_proj_b``; Qwen3-Next: ``in_proj_qkvz``, split into ``attn_qkv`` and ``attn_gate``, and
+``in_proj_ba``, kept whole as ``ssm_ba``) and in their config.json: Qwen3.5's lists ``layer_types`` and
+M-RoPE sections, Qwen3-Next's has neither (``full_attention_interval`` gives the layers, as in
+transformers). Layers follow the released pattern: 3 Gated DeltaNet layers, then one of full attention
+(``full_attention_interval`` 4); with fewer than 4 layers the last is the attention layer (then listed in
+``layer_types`` for Qwen3-Next too). Weights are random, as benchmarks/synthetic_qwen4exp.py makes them
+(quantized tensors cut from pools of random blocks scaled to a standard deviation of 1 / sqrt(row length));
+the vocabulary is the tiny byte-level BPE's, padded to ``vocab`` (default 32,768 instead of 248,320 or
+151,936, to keep the embeddings small). Routed experts take ``--experts`` (Q4_K, Q2_K, Q8_0), the other
+matrices ``--dense`` (Q8_0, F16), with the converter's rules for what stays F32 (norms, routers, the shared
+expert's gate, the GDN conv kernels, ``ssm_a`` and ``ssm_dt.bias``); ``--experts Q4_K_M`` gives every tensor
+llama.cpp's Q4_K_M type instead (:func:`layout`).
 
     python benchmarks/synthetic_qwen35moe.py OUT.gguf [--model qwen35-35b-a3b] [--layers 4] [--experts Q4_K]
 
@@ -20,6 +27,7 @@ rules for what stays F32 (norms, routers, the shared expert's gate, the GDN conv
 ``regolith inspect --plan`` reads; docs/streaming.md has the plans)::
 
     python benchmarks/synthetic_qwen35moe.py qwen35-397b-a17b-Q4_K_M.gguf --model qwen35-397b-a17b --headers
+    python benchmarks/synthetic_qwen35moe.py qwen3-next-80b-Q4_K_M.gguf --model qwen3-next-80b-a3b --headers
 """
 
 from __future__ import annotations
@@ -29,16 +37,28 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import gguf
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import synthetic_qwen4exp as base
-from regolith.convert import qwen35moe
+from regolith.convert import qwen3next, qwen35moe
 from regolith.convert.writer import _add_kv, tensor_type
 
-__all__ = ["EXPERT_TYPES", "MODELS", "checkpoint_shapes", "config", "layout", "write", "write_headers"]
+__all__ = [
+    "EXPERT_TYPES",
+    "MODELS",
+    "MODEL_ARCH",
+    "checkpoint_shapes",
+    "config",
+    "converter",
+    "layer_types",
+    "layout",
+    "write",
+    "write_headers",
+]
 
 _ROPE = {
     "rope_type": "default",
@@ -47,23 +67,43 @@ _ROPE = {
     "mrope_section": [11, 11, 10],
     "mrope_interleaved": True,
 }
-# text_config of the released checkpoints (the fields the layout reads), as published
+# config.json of the released checkpoints (Qwen3.5's text_config; the fields the layout reads), as published
 MODELS: dict[str, dict[str, Any]] = {
     "qwen35-35b-a3b": {
         "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2,
         "head_dim": 256, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
         "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_experts": 256, "num_experts_per_tok": 8,
         "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "full_attention_interval": 4,
-        "max_position_embeddings": 262144, "rope_parameters": _ROPE,
+        "max_position_embeddings": 262144, "rope_parameters": _ROPE, "vocab_size": 248320,
     },
     "qwen35-397b-a17b": {
         "hidden_size": 4096, "num_hidden_layers": 60, "num_attention_heads": 32, "num_key_value_heads": 2,
         "head_dim": 256, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
         "linear_num_key_heads": 16, "linear_num_value_heads": 64, "num_experts": 512, "num_experts_per_tok": 10,
         "moe_intermediate_size": 1024, "shared_expert_intermediate_size": 1024, "full_attention_interval": 4,
-        "max_position_embeddings": 262144, "rope_parameters": _ROPE,
+        "max_position_embeddings": 262144, "rope_parameters": _ROPE, "vocab_size": 248320,
+    },
+    "qwen3-next-80b-a3b": {
+        "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
+        "num_key_value_heads": 2, "head_dim": 256, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+        "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512, "intermediate_size": 5120, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "norm_topk_prob": True, "full_attention_interval": 4,
+        "partial_rotary_factor": 0.25, "rope_theta": 10000000, "max_position_embeddings": 262144,
     },
 }  # fmt: skip
+# model -> llama.cpp's architecture
+MODEL_ARCH = {
+    "qwen35-35b-a3b": "qwen35moe",
+    "qwen35-397b-a17b": "qwen35moe",
+    "qwen3-next-80b-a3b": "qwen3next",
+}
+# architecture -> config.json's architectures and model_type (a text-only checkpoint)
+_HF_NAMES = {
+    "qwen35moe": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+    "qwen3next": ("Qwen3NextForCausalLM", "qwen3_next"),
+}
 # expert type -> general.file_type (Q4_K_M: the whole file as llama.cpp's Q4_K_M mix)
 EXPERT_TYPES: dict[str, gguf.LlamaFileType] = {
     "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M,
@@ -80,35 +120,52 @@ def config(
     model: str = "qwen35-35b-a3b",
     n_layers: int | None = None,
     *,
-    vocab: int = 248320,
+    vocab: int | None = None,
     fields: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """config.json of ``model`` with ``n_layers`` layers (default: all; at least 2) and a ``vocab``-token
-    vocabulary; ``fields`` replace the model's (a smaller model for tests)."""
+    vocabulary (default: the model's); ``fields`` replace the model's (a smaller model for tests). Qwen3.5's
+    lists ``layer_types``; Qwen3-Next's only when ``full_attention_interval`` gives no attention layer."""
+    arch = MODEL_ARCH[model]
     cfg: dict[str, Any] = {
-        "architectures": ["Qwen3_5MoeForCausalLM"],
-        "model_type": "qwen3_5_moe_text",
-        "vocab_size": vocab,
+        "architectures": [_HF_NAMES[arch][0]],
+        "model_type": _HF_NAMES[arch][1],
         "rms_norm_eps": 1e-6,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         **MODELS[model],
         **(fields or {}),
     }
+    if vocab is not None:
+        cfg["vocab_size"] = vocab
     n = cfg["num_hidden_layers"] if n_layers is None else n_layers
     if n < 2:  # a Gated DeltaNet layer and an attention layer
         raise ValueError(f"the model needs at least 2 layers, got {n}")
-    interval = cfg["full_attention_interval"]
-    types = ["full_attention" if i % interval == interval - 1 else "linear_attention" for i in range(n)]
+    cfg["num_hidden_layers"] = n
+    types = layer_types(cfg)
     if "full_attention" not in types:
         types[-1] = "full_attention"
-    cfg["num_hidden_layers"], cfg["layer_types"] = n, types
+        cfg["layer_types"] = types
+    elif arch == "qwen35moe":
+        cfg["layer_types"] = types
     return cfg
+
+
+def layer_types(cfg: Mapping[str, Any]) -> list[str]:
+    """``cfg``'s layer types: its ``layer_types``, else every ``full_attention_interval``-th layer full
+    attention and the rest Gated DeltaNet (transformers' rule)."""
+    if cfg.get("layer_types") is not None:
+        return list(cfg["layer_types"])
+    interval = cfg["full_attention_interval"]
+    n = cfg["num_hidden_layers"]
+    return ["full_attention" if i % interval == interval - 1 else "linear_attention" for i in range(n)]
 
 
 def checkpoint_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     """The checkpoint's tensors (transformers' names, each layer's routed experts fused into ``gate_up_proj``
-    [E, 2F, H] and ``down_proj`` [E, H, F]) and their shapes: each layer's by name, layers in order."""
+    [E, 2F, H] and ``down_proj`` [E, H, F]) and their shapes: each layer's by name, layers in order. The
+    Gated DeltaNet's projections are Qwen3.5's or, for a ``qwen3_next`` config, Qwen3-Next's (per key head
+    ``in_proj_qkvz``: q, k, then v and z of its value heads; ``in_proj_ba``: b, then a)."""
     H, V, E, F = cfg["hidden_size"], cfg["vocab_size"], cfg["num_experts"], cfg["moe_intermediate_size"]
     nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     nk, dk = cfg["linear_num_key_heads"], cfg["linear_key_head_dim"]
@@ -129,13 +186,17 @@ def checkpoint_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         "linear_attn.A_log": (nv,),
         "linear_attn.conv1d.weight": (conv, 1, K),
         "linear_attn.dt_bias": (nv,),
-        "linear_attn.in_proj_a.weight": (nv, H),
-        "linear_attn.in_proj_b.weight": (nv, H),
-        "linear_attn.in_proj_qkv.weight": (conv, H),
-        "linear_attn.in_proj_z.weight": (nv * dv, H),
         "linear_attn.norm.weight": (dv,),
         "linear_attn.out_proj.weight": (H, nv * dv),
     }
+    if qwen3next.handles(cfg):
+        linear["linear_attn.in_proj_ba.weight"] = (2 * nv, H)
+        linear["linear_attn.in_proj_qkvz.weight"] = (conv + nv * dv, H)
+    else:
+        linear["linear_attn.in_proj_a.weight"] = (nv, H)
+        linear["linear_attn.in_proj_b.weight"] = (nv, H)
+        linear["linear_attn.in_proj_qkv.weight"] = (conv, H)
+        linear["linear_attn.in_proj_z.weight"] = (nv * dv, H)
     attention = {  # q_proj holds each head's query and output gate
         "self_attn.q_proj.weight": (2 * nh * hd, H),
         "self_attn.k_proj.weight": (nkv * hd, H),
@@ -145,7 +206,7 @@ def checkpoint_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         "self_attn.k_norm.weight": (hd,),
     }
     out = {"lm_head.weight": (V, H), "model.embed_tokens.weight": (V, H)}
-    for i, kind in enumerate(cfg["layer_types"]):
+    for i, kind in enumerate(layer_types(cfg)):
         block = {**common, **(linear if kind == "linear_attention" else attention)}
         out.update({f"model.layers.{i}.{k}": block[k] for k in sorted(block)})
     out["model.norm.weight"] = (H,)
@@ -161,8 +222,14 @@ def _use_more_bits(layer: int, n_layers: int) -> bool:
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
+def converter(cfg: Mapping[str, Any]) -> ModuleType:
+    """regolith's converter for ``cfg`` (config.json): :mod:`regolith.convert.qwen3next` or
+    :mod:`regolith.convert.qwen35moe`."""
+    return qwen3next if qwen3next.handles(cfg) else qwen35moe
+
+
 def layout(cfg: dict[str, Any], expert_type: str = "Q4_K", dense_type: str = "Q8_0") -> list[base.TensorSpec]:
-    """The GGUF tensors of ``cfg`` in the converter's order. ``expert_type`` "Q4_K_M" gives llama.cpp's Q4_K_M
+    """The GGUF tensors of ``cfg`` in its converter's order. ``expert_type`` "Q4_K_M" gives llama.cpp's Q4_K_M
     mix (``dense_type`` unused): Q4_K, with Q6_K for the output and, in the layers use_more_bits picks, the
     attention values (``attn_v``, or the GDN's ``attn_qkv``) and the routed and shared down projections; what
     its quantizer leaves alone stays F32 (the converter's rules)."""
@@ -173,7 +240,7 @@ def layout(cfg: dict[str, Any], expert_type: str = "Q4_K", dense_type: str = "Q8
     n_layers = cfg["num_hidden_layers"]
     sources = {name: _Shape(shape) for name, shape in checkpoint_shapes(cfg).items()}
     specs = []
-    for name, shape, _ in qwen35moe.tensor_plan(cfg, sources):
+    for name, shape, _ in converter(cfg).tensor_plan(cfg, sources):
         shape = tuple(int(s) for s in shape)
         if expert_type == "Q4_K_M":
             parts = name.split(".")
@@ -194,10 +261,11 @@ def _writer(
 ) -> gguf.GGUFWriter:
     """The metadata in ``regolith convert``'s order: type and name, the architecture's keys, the
     quantization version, the tokenizer (``tokenizer``)."""
-    writer = gguf.GGUFWriter(path=None, arch=qwen35moe.ARCH)
+    convert = converter(cfg)
+    writer = gguf.GGUFWriter(path=None, arch=convert.ARCH)
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name)
-    _add_kv(writer, qwen35moe.gguf_metadata(cfg, file_type=int(file_type)))
+    _add_kv(writer, convert.gguf_metadata(cfg, file_type=int(file_type)))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     if tokenizer:
         _add_kv(writer, base.tokenizer_metadata(cfg["vocab_size"]))

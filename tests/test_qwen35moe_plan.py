@@ -1,11 +1,12 @@
-"""`regolith inspect --plan` on full-size synthetic Qwen3.5-35B-A3B and Qwen3.5-397B-A17B GGUFs (qwen35moe, as
-llama.cpp's Q4_K_M holds them: Q4_K, with Q6_K output and, in the half of the layers its use_more_bits picks,
-Q6_K attention values and down projections; F32 norms, routers and small Gated DeltaNet tensors;
-benchmarks/synthetic_qwen35moe.py). The files are sparse (headers only: 21 and 241 GB apparent, a few MB on
-disk). The plan's sizes are checked against the tensor infos as the gguf package reads them and against the
-shapes by hand, the table against a 24 GB machine's cap; the synthetic checkpoint's shapes against
-transformers' model; and a small random file from the same writer loads, evaluates and streams through a
-small arena bit-identically to resident experts."""
+"""`regolith inspect --plan` on full-size synthetic Qwen3.5-35B-A3B, Qwen3.5-397B-A17B (qwen35moe) and
+Qwen3-Next-80B-A3B (qwen3next) GGUFs, as llama.cpp's Q4_K_M holds them: Q4_K, with Q6_K output and, in the
+half of the layers its use_more_bits picks, Q6_K attention values and down projections; F32 norms, routers and
+small Gated DeltaNet tensors (benchmarks/synthetic_qwen35moe.py). The files are sparse (headers only: 21, 241
+and 48 GB apparent, a few MB on disk). The plan's sizes are checked against the tensor infos as the gguf
+package reads them and against the shapes by hand, the table at 32k and 128k tokens against a 24 GB machine's
+cap; the synthetic checkpoints' shapes against transformers' models; and a small random file of each
+architecture from the same writer loads, evaluates and streams through a small arena bit-identically to
+resident experts."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ gguf = pytest.importorskip("gguf")
 
 import regolith
 from regolith import memory_plan
-from regolith.convert import qwen35moe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import synthetic_qwen35moe as synthetic
@@ -30,7 +30,7 @@ import synthetic_qwen35moe as synthetic
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 CAP_GB = 18.8  # the seed's plan cap on a 24 GB machine
-CTX = 32768
+CTX = (32768, 131072)  # --ctx 32k,128k
 MODELS = synthetic.MODELS
 # bytes of a block of 256 weights (ggml's block_q4_K, block_q6_K)
 Q4_K, Q6_K = 144, 210
@@ -38,7 +38,7 @@ Q4_K, Q6_K = 144, 210
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, tuple[Path, list]]:
-    d = tmp_path_factory.mktemp("qwen35moe-full")
+    d = tmp_path_factory.mktemp("qwen-hybrid-full")
     return {
         name: (d / f"{name}-Q4_K_M.gguf", synthetic.write_headers(d / f"{name}-Q4_K_M.gguf", name))
         for name in MODELS
@@ -62,7 +62,9 @@ def _expected_state(cfg: dict) -> tuple[int, int]:
     35B-A3B: 10 attention layers x 2 x 2 kv heads x 256 x 2 B = 20,480 B (20 KiB) a token, 640 MiB at 32k;
     30 GDN layers x 4 B x (3 x (2 x 16 x 128 + 32 x 128) + 32 x 128 x 128) = 65,863,680 B (62.8 MiB).
     397B-A17B: 15 x 2 x 2 x 256 x 2 = 30,720 B (30 KiB) a token, 960 MiB at 32k;
-    45 x 4 x (3 x (2 x 16 x 128 + 64 x 128) + 64 x 128 x 128) = 195,379,200 B (186 MiB)."""
+    45 x 4 x (3 x (2 x 16 x 128 + 64 x 128) + 64 x 128 x 128) = 195,379,200 B (186 MiB).
+    Qwen3-Next-80B-A3B: 12 x 2 x 2 x 256 x 2 = 24,576 B (24 KiB) a token, 768 MiB at 32k;
+    36 x 4 x (3 x (2 x 16 x 128 + 32 x 128) + 32 x 128 x 128) = 79,036,416 B (75.4 MiB)."""
     n_full = cfg["num_hidden_layers"] // cfg["full_attention_interval"]
     n_gdn = cfg["num_hidden_layers"] - n_full
     per_token = n_full * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
@@ -84,10 +86,13 @@ def test_plan_sizes_match_the_files_tensor_infos(models, name):
         cfg[k] for k in ("num_experts", "num_hidden_layers", "moe_intermediate_size", "hidden_size")
     )
     # the metadata is the converter's for this config.json, a Q4_K_M file (general.file_type 15)
-    md = qwen35moe.gguf_metadata(cfg, file_type=int(gguf.LlamaFileType.MOSTLY_Q4_K_M))
+    convert = synthetic.converter(cfg)
+    assert convert.ARCH == synthetic.MODEL_ARCH[name]
+    md = convert.gguf_metadata(cfg, file_type=int(gguf.LlamaFileType.MOSTLY_Q4_K_M))
     with regolith.gguf.open(path) as f:
-        arch_keys = {k for k in f.metadata if k.startswith("qwen35moe.")}
-        assert arch_keys == {k for k, _, _ in md if k.startswith("qwen35moe.")}
+        assert f.architecture == convert.ARCH
+        arch_keys = {k for k in f.metadata if k.startswith(f"{convert.ARCH}.")}
+        assert arch_keys == {k for k, _, _ in md if k.startswith(f"{convert.ARCH}.")}
         for key, value, _ in md:
             got = f.metadata[key]
             assert (list(got) if isinstance(value, list) else got) == pytest.approx(value), key
@@ -102,7 +107,8 @@ def test_plan_sizes_match_the_files_tensor_infos(models, name):
     ]
     assert sizes.expert_record_bytes == records
     # one expert: Q4_K gate and up [F, H], a Q4_K or (use_more_bits, half of the layers) Q6_K down [H, F].
-    # 35B-A3B: 4,096 blocks each: 1,769,472 or 2,039,808 B; 397B-A17B: 16,384: 7,077,888 or 8,159,232 B
+    # 35B-A3B and 80B-A3B: 4,096 blocks each: 1,769,472 or 2,039,808 B; 397B-A17B: 16,384: 7,077,888 or
+    # 8,159,232 B
     blocks = F * H // 256
     want = [blocks * (2 * Q4_K + (Q6_K if _more_bits(i, L) else Q4_K)) for i in range(L)]
     assert records == want and sum(_more_bits(i, L) for i in range(L)) == L // 2
@@ -122,7 +128,7 @@ def _expected_scratch(cfg: dict, vocab: int) -> int:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_inspect_plan_streams_what_does_not_fit_a_24gb_machine(models, name):
     path, specs = models[name]
-    args = ["inspect", str(path), "--plan", "--memory-gb", str(CAP_GB), "--ctx", str(CTX)]
+    args = ["inspect", str(path), "--plan", "--memory-gb", str(CAP_GB), "--ctx", "32k,128k"]
     run = subprocess.run(
         [sys.executable, "-c", f"import sys; from regolith.cli import main; sys.exit(main({args!r}))"],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
@@ -132,12 +138,16 @@ def test_inspect_plan_streams_what_does_not_fit_a_24gb_machine(models, name):
         check=False,
     )
     assert run.returncode == 0, run.stderr
-    *rows, total = [line for line in run.stdout.splitlines() if line.strip() and not line.startswith(" ")]
-    names = [re.split(r"\s{2,}", r.strip())[0] for r in rows]
-    assert names == [
+    head, *rows, total = [line for line in run.stdout.splitlines() if line.strip()]
+    assert head.split() == [f"{CTX[0]:,}", "ctx", f"{CTX[1]:,}", "ctx"]
+    table = {}  # row -> (its size at 32k, at 128k, its note)
+    for row in rows:
+        label, size32, size128, *note = re.split(r"\s{2,}", row.strip())
+        table[label] = (size32, size128, " ".join(note))
+    assert list(table) == [
         "dense weights (resident)",
         "expert arena",
-        f"KV / state at {CTX} tokens",
+        "KV / state",
         "scratch",
         "runtime (before load)",
     ]
@@ -148,50 +158,72 @@ def test_inspect_plan_streams_what_does_not_fit_a_24gb_machine(models, name):
     dense = sum(s.nbytes for s in specs if not s.is_expert)
     scratch = _expected_scratch(cfg, cfg["vocab_size"])
     # a slot: the largest record, each of its parts padded to 4 KiB with 4 KiB more (O_DIRECT reads);
-    # 35B-A3B: 2 x (589,824 + 4,096) + 860,160 + 4,096 = 2,052,096 B (1.96 MiB)
+    # 35B-A3B and 80B-A3B: 2 x (589,824 + 4,096) + 860,160 + 4,096 = 2,052,096 B (1.96 MiB)
     blocks = cfg["moe_intermediate_size"] * cfg["hidden_size"] // 256
     slot = sum(-(-(blocks * q + 4096) // 4096) * 4096 for q in (Q4_K, Q4_K, Q6_K))
     assert sizes.slot_bytes == slot
-    plan = memory_plan.plan_memory(sizes, n_ctx=CTX, memory_gb=CAP_GB, overhead_bytes=0)
-    assert plan.streaming and plan.scratch_bytes == scratch
-    # the arena takes what the dense weights, the state and the scratch leave of the cap
-    rest = dense + fixed + per_token * CTX + scratch
-    assert plan.arena_slots == int(CAP_GB * 2**30 - rest) // slot
-    assert plan.total_bytes <= CAP_GB * 2**30 < plan.total_bytes + slot
-    share = plan.arena_slots / sizes.n_experts_total
+    runtime = (128 << 20) // slot  # at most this many slots go to the CLI's runtime (tens of MiB, measured)
+    plans = [memory_plan.plan_memory(sizes, n_ctx=n, memory_gb=CAP_GB, overhead_bytes=0) for n in CTX]
+    human = memory_plan.human_bytes
+    for i, (n_ctx, plan) in enumerate(zip(CTX, plans, strict=True)):
+        assert plan.streaming and plan.scratch_bytes == scratch
+        # the arena takes what the dense weights, the state and the scratch leave of the cap
+        rest = dense + fixed + per_token * n_ctx + scratch
+        assert plan.arena_slots == int(CAP_GB * 2**30 - rest) // slot
+        assert plan.total_bytes <= CAP_GB * 2**30 < plan.total_bytes + slot
+        assert table["dense weights (resident)"][i] == human(dense)
+        assert table["KV / state"][i] == human(fixed + per_token * n_ctx)
+        assert table["scratch"][i] == human(scratch)
+        # the CLI's arena: the same less what its runtime takes
+        arenas = {human(k * slot) for k in range(plan.arena_slots - runtime, plan.arena_slots)}
+        assert table["expert arena"][i] in arenas, n_ctx
+    share = plans[0].arena_slots / sizes.n_experts_total
     if name == "qwen35-35b-a3b":
         # 18.8 GiB - 1.54 (dense) - 0.69 (state) - 0.26 (scratch) = 16.3 GiB of 1.96 MiB slots: 8,536 of the
         # 10,240 experts (83.4%; all of them take 18.2 GiB)
         assert 0.8 < share < 0.85
-    else:
+    elif name == "qwen35-397b-a17b":
         # 18.8 - 6.10 - 1.12 - 0.64 = 10.9 GiB of 7.79 MiB slots: 1,437 of 30,720 experts (4.7%; all of them
         # take 218 GiB), 2.4 tokens' worth (60 layers x 10)
         assert 0.04 < share < 0.05
-    # the CLI's arena: the same less what its runtime (tens of MiB, measured) takes
-    arena = next(r for r in rows if r.startswith("expert arena"))
-    cli_slots = int(re.search(r"(\d+) of (\d+) experts", arena).group(1))
-    assert plan.arena_slots - (128 << 20) // slot <= cli_slots < plan.arena_slots
-    assert f"of {sizes.n_experts_total} experts" in arena
+    else:
+        # Qwen3-Next-80B-A3B: 18.8 - 1.56 - 0.82 - 0.32 = 16.1 GiB of 1.96 MiB slots: 8,423 of 24,576 experts
+        # (34.3%; all of them take 43.6 GiB), 17.5 tokens' worth (48 layers x 10)
+        assert 0.33 < share < 0.35
+    # the slot count the note gives (at 32k)
+    cli_slots = int(re.search(r"(\d+) of (\d+) experts", table["expert arena"][2]).group(1))
+    assert plans[0].arena_slots - runtime <= cli_slots < plans[0].arena_slots
+    assert table["expert arena"][0] == human(cli_slots * slot)
+    assert f"of {sizes.n_experts_total} experts" in table["expert arena"][2]
+
+
+# architecture -> transformers' text config and model classes
+HF_CLASSES = {
+    "qwen35moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+    "qwen3next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_checkpoint_shapes_match_transformers(name):
-    """The synthetic checkpoint (4 layers of the model, real shapes) is transformers' Qwen3_5MoeForCausalLM,
-    built on the meta device (nothing allocated)."""
+    """The synthetic checkpoint (4 layers of the model, real shapes) is transformers' Qwen3_5MoeForCausalLM
+    or Qwen3NextForCausalLM, built on the meta device (nothing allocated)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     cfg = synthetic.config(name, 4, vocab=512)
-    text = transformers.Qwen3_5MoeTextConfig(
-        **{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}
-    )
+    config_class, model_class = (getattr(transformers, c) for c in HF_CLASSES[synthetic.MODEL_ARCH[name]])
+    assert cfg["architectures"] == [model_class.__name__]
+    text = config_class(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    assert text.layer_types == synthetic.layer_types(cfg) == ["linear_attention"] * 3 + ["full_attention"]
     with torch.device("meta"):
-        model = transformers.Qwen3_5MoeForCausalLM(text)
+        model = model_class(text)
     got = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     assert got == synthetic.checkpoint_shapes(cfg)
 
 
 # 4 layers (3 Gated DeltaNet, 1 attention) with rows of 256, so every type's blocks fit: hidden 256, 16
-# experts of width 256 (top 4), GDN 2 key / 4 value heads of 64, attention 4 heads of 64 (2 KV heads)
+# experts of width 256 (top 4), GDN 2 key / 4 value heads of 64, attention 4 heads of 64 (2 KV heads);
+# Qwen3.5's M-RoPE sections cover the 8 rotated pairs
 TINY = {
     "hidden_size": 256,
     "num_attention_heads": 4,
@@ -205,7 +237,11 @@ TINY = {
     "num_experts_per_tok": 4,
     "moe_intermediate_size": 256,
     "shared_expert_intermediate_size": 256,
-    "rope_parameters": {**synthetic.MODELS["qwen35-35b-a3b"]["rope_parameters"], "mrope_section": [3, 3, 2]},
+}
+_TINY_MROPE = {**MODELS["qwen35-35b-a3b"]["rope_parameters"], "mrope_section": [3, 3, 2]}
+TINY_MODELS = {  # architecture -> (model, its fields)
+    "qwen35moe": ("qwen35-35b-a3b", {**TINY, "rope_parameters": _TINY_MROPE}),
+    "qwen3next": ("qwen3-next-80b-a3b", TINY),
 }
 
 
@@ -216,14 +252,17 @@ def _run(model: regolith.Model, ids: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("expert_type", list(synthetic.EXPERT_TYPES))
-def test_small_synthetic_file_evaluates_and_streams_bit_identically(expert_type, tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", list(TINY_MODELS))
+def test_small_synthetic_file_evaluates_and_streams_bit_identically(arch, expert_type, tmp_path, monkeypatch):
     monkeypatch.setattr(synthetic.base, "MIN_FREE_BYTES", 0)  # a 10 MB file: the guard is for multi-GB ones
     path = tmp_path / "tiny.gguf"
-    specs = synthetic.write(path, 4, vocab=512, expert_type=expert_type, fields=TINY)
+    model, fields = TINY_MODELS[arch]
+    specs = synthetic.write(path, 4, model=model, vocab=512, expert_type=expert_type, fields=fields)
     types = {s.qtype for s in specs if s.is_expert}
     assert types == ({"Q4_K", "Q6_K"} if expert_type == "Q4_K_M" else {expert_type})
     ids = np.random.default_rng(0).integers(3, 259, 12)
     resident = regolith.Model.load(path)
+    assert resident.config["architecture"] == arch
     assert resident.config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
     assert not resident.plan.streaming
     want = _run(resident, ids)
