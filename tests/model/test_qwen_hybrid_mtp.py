@@ -1,9 +1,11 @@
-"""Qwen3.5 MoE's MTP head against an independent torch implementation of llama.cpp's qwen35moe graph_mtp (the
-same equations as vLLM's Qwen3NextMTP): transformers ignores ``mtp.*``, so the oracle is written here from
-transformers' ``Qwen3_5MoeDecoderLayer`` (fed ``mtp.layers.0.*``) for the layer and plain torch for the rest:
+"""Qwen3.5 MoE's and Qwen3-Next's MTP heads against an independent torch implementation of llama.cpp's qwen35moe /
+qwen3next graph_mtp (the same equations as vLLM's Qwen3NextMTP): transformers ignores ``mtp.*``, so the oracle is
+written here from transformers' ``Qwen3_5MoeDecoderLayer`` / ``Qwen3NextDecoderLayer`` (fed ``mtp.layers.0.*``)
+for the layer and plain torch for the rest:
 z = fc([pre_fc_norm_embedding(embed(x)); pre_fc_norm_hidden(h)]), one pre-norm decoder layer, o = norm(z'),
 logits = lm_head(o), where h is the main model's final hidden state after its output norm and drafting feeds o
-back. The checkpoint goes through ``regolith.convert`` (llama.cpp's nextn names, tests/test_convert_qwen35moe.py)
+back. The checkpoints (Qwen3.5's with ``mtp_num_hidden_layers``, Qwen3-Next's as released: MTP tensors only) go
+through ``regolith.convert`` (llama.cpp's nextn names, tests/test_convert_qwen35moe.py and test_convert_qwen3next.py)
 and the C++ head must agree to 1e-4 of the logits' scale."""
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ pytest.importorskip("transformers")
 import regolith
 from regolith import _core
 from regolith.speculative import Speculation
-from tests.dense_models import qwen35moe_mtp_weights, save_tiny_checkpoint, tiny_model
+from tests.dense_models import (
+    qwen3next_mtp_weights,
+    qwen35moe_mtp_weights,
+    save_tiny_checkpoint,
+    tiny_model,
+)
 
 torch.set_num_threads(1)
 
@@ -26,16 +33,14 @@ SEED = 5
 
 
 def _rms(x, w, eps):
-    """Qwen3_5MoeRMSNorm semantics: x / rms(x) * (1 + w)."""
+    """Qwen3_5MoeRMSNorm / Qwen3NextRMSNorm semantics: x / rms(x) * (1 + w)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w)
 
 
 class TorchMtp:
     """The head's equations over a whole pair sequence at once (causal, so a prefix gives the same rows)."""
 
-    def __init__(self, model, weights):
-        from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer
-
+    def __init__(self, model, weights, layer_class):
         self.model = model
         cfg = model.config
         n = cfg.num_hidden_layers
@@ -49,7 +54,7 @@ class TorchMtp:
         ext._attn_implementation = cfg._attn_implementation  # the mask below is made for it
         ext._experts_implementation = cfg._experts_implementation
         self.cfg = cfg
-        self.layer = Qwen3_5MoeDecoderLayer(ext, n).eval()
+        self.layer = layer_class(ext, n).eval()
         self.layer.load_state_dict(
             {k[len("mtp.layers.0.") :]: v for k, v in weights.items() if k.startswith("mtp.layers.0.")}
         )
@@ -87,16 +92,24 @@ class TorchMtp:
         return o, self.model.lm_head(o)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen35moe", "qwen3next"])
+def tiny(request, tmp_path_factory):
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextDecoderLayer
+
     from regolith.convert import convert
 
-    tmp = tmp_path_factory.mktemp("q35mtp")
-    path = convert(
-        save_tiny_checkpoint("qwen35moe", tmp / "hf", SEED, mtp_num_hidden_layers=1), tmp / "mtp.gguf", "f32"
-    )
-    model = tiny_model("qwen35moe", SEED, mtp_num_hidden_layers=1)
-    return path, TorchMtp(model, qwen35moe_mtp_weights(model.config, SEED))
+    arch = request.param
+    tmp = tmp_path_factory.mktemp(f"{arch}-mtp")
+    if arch == "qwen35moe":
+        hf = save_tiny_checkpoint(arch, tmp / "hf", SEED, mtp_num_hidden_layers=1)
+        model = tiny_model(arch, SEED, mtp_num_hidden_layers=1)
+        ref = TorchMtp(model, qwen35moe_mtp_weights(model.config, SEED), Qwen3_5MoeDecoderLayer)
+    else:
+        hf = save_tiny_checkpoint(arch, tmp / "hf", SEED, mtp=True)
+        model = tiny_model(arch, SEED)
+        ref = TorchMtp(model, qwen3next_mtp_weights(model.config, SEED), Qwen3NextDecoderLayer)
+    return convert(hf, tmp / "mtp.gguf", "f32"), ref
 
 
 def test_the_head_loads_and_the_window_drafts(tiny):
