@@ -1,19 +1,21 @@
-"""Record llama.cpp's logits on the tiny qwen3 / qwen3moe GGUFs regolith's converter writes, for
-tests/model/test_qwen3moe.py.
+"""Record llama.cpp's logits on the tiny qwen3 / qwen3moe / qwen35moe / qwen3next GGUFs regolith's converter
+writes, for tests/model/test_qwen3moe.py and tests/model/test_qwen_hybrid.py.
 
 Usage (from the repository root, with llama-cpp-python installed — it builds from its sdist in 10-35 min:
 ``pip install llama-cpp-python==0.3.36``)::
 
-    python tools/llamacpp_fixtures/make_qwen3_logits.py
+    python tools/llamacpp_fixtures/make_qwen3_logits.py [qwen3 | hybrid]
 
-For every checkpoint in ``tests.model.test_qwen3moe.VARIANTS`` this saves the tiny model
-(``tests/dense_models.py``), converts it with ``regolith convert --outtype f32``, evaluates the test prompt in
-llama.cpp with an f32 KV cache and every position's logits, and stores them in
-``tests/fixtures/llamacpp/qwen3-logits.npz`` (``<name>/ids``, ``<name>/logits``).
+For every checkpoint in the test module's ``VARIANTS`` (``qwen3``: tests.model.test_qwen3moe, ``hybrid``:
+tests.model.test_qwen_hybrid; both by default) this saves the tiny model (``tests/dense_models.py``), converts
+it with ``regolith convert --outtype f32``, evaluates the test prompt in llama.cpp with an f32 KV cache and
+every position's logits, and stores them in the module's ``LLAMACPP_LOGITS`` file
+(``tests/fixtures/llamacpp/qwen3-logits.npz``, ``qwen-hybrid-logits.npz``: ``<name>/ids``, ``<name>/logits``).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import tempfile
 from pathlib import Path
@@ -25,22 +27,29 @@ sys.path.insert(0, str(ROOT))
 
 from regolith.convert import convert
 from tests.dense_models import save_tiny_checkpoint
-from tests.model.test_qwen3moe import LLAMACPP_LOGITS, VARIANTS, _ids
 from tools.llamacpp_fixtures.make_qwen4exp_logits import llamacpp_logits
 
+TEST_MODULES = {"qwen3": "tests.model.test_qwen3moe", "hybrid": "tests.model.test_qwen_hybrid"}
 
-def main() -> None:
+
+def record(module_name: str) -> None:
+    test = importlib.import_module(module_name)
     out: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (arch, seed, overrides) in VARIANTS.items():
+        for name, (arch, seed, overrides) in test.VARIANTS.items():
             hf = save_tiny_checkpoint(arch, Path(tmp) / name, seed, **overrides)
             path = convert(hf, Path(tmp) / f"{name}.gguf", "f32")
-            ids = _ids()
+            ids = test._ids()
             out[f"{name}/ids"] = ids
             out[f"{name}/logits"] = llamacpp_logits(path, ids)
             print(name, out[f"{name}/logits"].shape)
-    np.savez_compressed(LLAMACPP_LOGITS, **out)
-    print("wrote", LLAMACPP_LOGITS)
+    np.savez_compressed(test.LLAMACPP_LOGITS, **out)
+    print("wrote", test.LLAMACPP_LOGITS)
+
+
+def main() -> None:
+    for family in sys.argv[1:] or list(TEST_MODULES):
+        record(TEST_MODULES[family])
 
 
 if __name__ == "__main__":
