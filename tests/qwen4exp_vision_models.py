@@ -1,6 +1,7 @@
-"""Tiny random qwen4_exp vision-language checkpoints for tests (``Qwen4ExpForConditionalGeneration``).
+"""Tiny random qwen4_exp and Qwen3.5 MoE vision-language checkpoints for tests
+(``Qwen4ExpForConditionalGeneration``, ``Qwen3_5MoeForConditionalGeneration``).
 
-The text model is tests/qwen4exp_models.py's tiny config; the vision tower is a 2-block ViT of width 32
+The text model is tests/qwen4exp_models.py's tiny config (qwen35moe: tests/dense_models.py's); the vision tower is a 2-block ViT of width 32
 (2 heads of 16), patches of 4 pixels, spatial merge 2 (one text token per 8x8 pixels) and a 6x6 learned
 position grid. The tokenizer is the tiny byte-level BPE plus ``<|vision_start|>``, ``<|vision_end|>`` and
 ``<|image_pad|>``, with a ChatML template that renders image parts as the Qwen3-VL processor's placeholder.
@@ -45,11 +46,18 @@ def _token_ids(path: Path) -> dict[str, int]:
     return {t: tok.token_to_id(t) for t in VISION_TOKENS}
 
 
-def tiny_vl_config(ids: dict[str, int], **text_overrides: Any):
-    """A tiny fp32 ``Qwen4ExpConfig`` with vision; ``ids`` maps the vision tokens to their ids."""
-    from transformers import Qwen4ExpConfig
+def tiny_vl_config(ids: dict[str, int], arch: str = "qwen4exp", **text_overrides: Any):
+    """A tiny fp32 ``Qwen4ExpConfig`` (or, ``arch`` "qwen35moe", ``Qwen3_5MoeConfig``) with vision; ``ids``
+    maps the vision tokens to their ids."""
+    from transformers import Qwen3_5MoeConfig, Qwen4ExpConfig
 
-    text = tiny_text_config(**{"indexer_n_heads": 8, "output_gate_type": "sigmoid", **text_overrides})
+    from tests.dense_models import tiny_config
+
+    if arch == "qwen35moe":
+        text, config_class = tiny_config("qwen35moe", **text_overrides), Qwen3_5MoeConfig
+    else:
+        text = tiny_text_config(**{"indexer_n_heads": 8, "output_gate_type": "sigmoid", **text_overrides})
+        config_class = Qwen4ExpConfig
     vision = {
         "depth": 2,
         "hidden_size": 32,
@@ -62,7 +70,7 @@ def tiny_vl_config(ids: dict[str, int], **text_overrides: Any):
         "num_position_embeddings": 36,
         "initializer_range": 0.1,
     }
-    return Qwen4ExpConfig(
+    return config_class(
         text_config=text.to_dict(),
         vision_config=vision,
         image_token_id=ids["<|image_pad|>"],
@@ -74,21 +82,28 @@ def tiny_vl_config(ids: dict[str, int], **text_overrides: Any):
 
 
 def tiny_vl_model(config, seed: int = 0):
-    """A seeded ``Qwen4ExpForConditionalGeneration`` (fp32, eval mode); constant-initialised parameters
-    (norms, biases) get seeded noise so a wrong gamma or a missing bias shows."""
+    """A seeded ``Qwen4ExpForConditionalGeneration`` or ``Qwen3_5MoeForConditionalGeneration`` (fp32, eval
+    mode); constant-initialised parameters (norms, biases) get seeded noise so a wrong gamma or a missing bias
+    shows."""
     import torch
-    from transformers import Qwen4ExpForConditionalGeneration
+    from transformers import Qwen3_5MoeForConditionalGeneration, Qwen4ExpForConditionalGeneration
 
+    cls = (
+        Qwen3_5MoeForConditionalGeneration
+        if config.model_type == "qwen3_5_moe"
+        else Qwen4ExpForConditionalGeneration
+    )
     torch.manual_seed(seed)
-    return perturb_constant_parameters(Qwen4ExpForConditionalGeneration(config).eval(), seed + 1)
+    return perturb_constant_parameters(cls(config).float().eval(), seed + 1)
 
 
-def save_tiny_vl_model(path: str | Path, seed: int = 0, **text_overrides: Any):
-    """Write a tiny VL checkpoint (weights, tokenizer, preprocessor config) to ``path``; returns the model."""
+def save_tiny_vl_model(path: str | Path, seed: int = 0, arch: str = "qwen4exp", **text_overrides: Any):
+    """Write a tiny VL checkpoint (weights, tokenizer, preprocessor config) of ``arch`` ("qwen4exp" or
+    "qwen35moe") to ``path``; returns the model."""
     path = Path(path)
     save_tiny_tokenizer(path)
     ids = _token_ids(path)
-    model = tiny_vl_model(tiny_vl_config(ids, **text_overrides), seed)
+    model = tiny_vl_model(tiny_vl_config(ids, arch, **text_overrides), seed)
     model.save_pretrained(path)
     cfg = json.loads((path / "tokenizer_config.json").read_text())
     cfg["chat_template"] = TEMPLATE

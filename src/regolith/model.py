@@ -218,7 +218,7 @@ class Model:
         :meth:`chat` take images; its weights load on the first image and unload after
         ``vision_idle_unload`` seconds without one (None: kept).
 
-        Mixture-of-experts models (qwen4exp, qwen3moe) get a memory plan (:attr:`plan`, logged at load): with ``arena_gb``
+        Mixture-of-experts models (qwen4exp, qwen35moe, qwen3next, qwen3moe) get a memory plan (:attr:`plan`, logged at load): with ``arena_gb``
         the routed experts stream from disk through an arena of that size; without it, a GGUF whose experts
         fit ``memory_gb`` (default: three quarters of physical memory) keeps them all resident and otherwise
         the arena takes what the budget leaves. A packed directory always streams. Where the arena is device
@@ -319,8 +319,8 @@ class Model:
                 _warn_unlocked(info["lock_error"])
         vision = None
         if files.mmproj is not None:
-            if arch != "qwen4exp":
-                raise ModelFormatError(f"images need a qwen4exp model, not {arch!r}")
+            if arch not in ("qwen4exp", "qwen35moe"):
+                raise ModelFormatError(f"images need a qwen4exp or qwen35moe model, not {arch!r}")
             vision = VisionTower(os.fspath(files.mmproj), idle_unload=vision_idle_unload, backend=backend)
         model = cls(
             core,

@@ -1,4 +1,4 @@
-"""Images for qwen4_exp: decoding, the reference preprocessing, the vision tower with elastic memory, and
+"""Images for qwen4_exp and Qwen3.5 MoE (the same Qwen3-VL vision tower): decoding, the reference preprocessing, the vision tower with elastic memory, and
 image placeholders in chat prompts.
 
 - :func:`load_image` decodes a path, bytes, a data URL or a PIL image (PNG, JPEG, WebP, GIF, BMP) with a
@@ -291,7 +291,7 @@ class VisionTower:
         proj = md.get("clip.vision.projector_type", md.get("clip.projector_type"))
         if proj != "qwen3vl_merger" or "clip.vision.patch_size" not in md:
             raise ModelFormatError(
-                f"{path}: projector type {proj!r} is not supported (regolith runs qwen4_exp's 'qwen3vl_merger')"
+                f"{path}: projector type {proj!r} is not supported (regolith runs Qwen3-VL's 'qwen3vl_merger')"
             )
         self.processor = ImageProcessor.from_metadata(md, temporal)
         self.out_dim = int(md["clip.vision.projection_dim"])

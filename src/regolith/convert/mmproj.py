@@ -1,7 +1,8 @@
-"""qwen4_exp's vision tower (Hugging Face) -> llama.cpp's projector GGUF ("mmproj", ``clip`` architecture).
+"""qwen4_exp's and Qwen3.5 MoE's vision tower (Hugging Face) -> llama.cpp's projector GGUF ("mmproj", ``clip``
+architecture).
 
-llama.cpp converts qwen4_exp's vision tower as an unmodified Qwen3-VL ViT (``conversion/qwen4exp.py``
-subclasses ``Qwen3VLVisionModel``): projector type ``qwen3vl_merger``, the Conv3d patch kernel split into one
+llama.cpp converts both as an unmodified Qwen3-VL ViT (``conversion/qwen4exp.py`` subclasses
+``Qwen3VLVisionModel``; ``Qwen3_5MoeForConditionalGeneration`` maps to it in ``conversion/__init__.py``): projector type ``qwen3vl_merger``, the Conv3d patch kernel split into one
 ``[hidden, C, p, p]`` tensor per frame (``v.patch_embd.weight`` and ``v.patch_embd.weight.1``), blocks as
 ``v.blk.N.{ln1,attn_qkv,attn_out,ln2,ffn_up,ffn_down}``, the merger as ``v.post_ln`` / ``mm.0`` / ``mm.2``.
 

@@ -147,7 +147,7 @@ def convert(
     Everything is validated (config, tensor names and shapes, tokenizer) before the output is created; the
     file is written to a temporary file beside ``out_path``, fsynced and renamed, so an error or an
     interrupt leaves no partial output. ``progress(name, index, count)`` is called after each tensor.
-    ``mmproj``: also write the vision tower of a qwen4_exp checkpoint to this path (:func:`convert_mmproj`).
+    ``mmproj``: also write the vision tower of a qwen4_exp or qwen3_5_moe checkpoint to this path (:func:`convert_mmproj`).
     ``split_max_size`` (bytes) or ``split_max_tensors``: write shards in llama.cpp's gguf-split layout
     (:func:`regolith.gguf_split.write_split`) instead of one file. ``hf_dir`` may also be a GGUF file (any
     shard of a split model): it is re-split, or merged into one file, with its tensors as they are.
@@ -198,9 +198,7 @@ def convert(
         arch, arch_md = cfg["arch"], qwen3.gguf_metadata(ckpt.config, file_type=int(file_type))
     elif qwen35moe.handles(ckpt.config):
         if mmproj is not None:
-            raise RegolithError(
-                "--mmproj: regolith converts qwen3_5_moe's text model only (its vision tower is not supported)"
-            )
+            convert_mmproj(hf_dir, mmproj, outtype)
         cfg = qwen35moe.text_config(ckpt.config)
         sources = qwen_hybrid.collect_sources(ckpt.tensors_by_name())
         plan = qwen35moe.tensor_plan(ckpt.config, sources)
@@ -277,7 +275,7 @@ def mmproj_type(name: str, shape: Sequence[int], outtype: str) -> str:
 def convert_mmproj(
     hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], outtype: str = "f16"
 ) -> Path:
-    """Write the vision tower of a qwen4_exp checkpoint as a projector GGUF in llama.cpp's layout
+    """Write the vision tower of a qwen4_exp or qwen3_5_moe checkpoint as a projector GGUF in llama.cpp's layout
     (:mod:`regolith.convert.mmproj`), atomically. 2-D weights are F16 (F32 with ``outtype='f32'``), norms
     and biases F32. Raises ModelFormatError when the checkpoint has no (or a malformed) vision tower."""
     if outtype not in OUTTYPES:

@@ -1,6 +1,7 @@
-"""qwen4_exp with images (regolith.Model with a projector) against transformers 5.24 in fp32.
+"""qwen4_exp and Qwen3.5 MoE with images (regolith.Model with a projector) against transformers 5.24 in fp32.
 
-A tiny random ``Qwen4ExpForConditionalGeneration`` (tests/qwen4exp_vision_models.py) is converted with
+A tiny random ``Qwen4ExpForConditionalGeneration`` or ``Qwen3_5MoeForConditionalGeneration``
+(tests/qwen4exp_vision_models.py) is converted with
 ``regolith convert --mmproj`` (f32). The oracle's inputs are built the way transformers' Qwen3-VL processor
 builds them (its image processor's pixels and grids, each ``<|image_pad|>`` repeated grid.prod() / merge^2
 times, tokenized by the checkpoint's tokenizer); its logits must match regolith's to 1e-4 of their scale.
@@ -28,13 +29,13 @@ def _image(h: int, w: int, seed: int):
     return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
 
 
-@pytest.fixture(scope="module")
-def vl(tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen4exp", "qwen35moe"])
+def vl(request, tmp_path_factory):
     from regolith.convert import convert
     from tests.qwen4exp_vision_models import save_tiny_vl_model
 
-    tmp = tmp_path_factory.mktemp("vl")
-    ref = save_tiny_vl_model(tmp / "hf", 3)
+    tmp = tmp_path_factory.mktemp(f"vl-{request.param}")
+    ref = save_tiny_vl_model(tmp / "hf", 3, arch=request.param)
     convert(tmp / "hf", tmp / "m.gguf", "f32", mmproj=tmp / "mmproj.gguf")
     # the f32 cache computes what transformers computes (the default i8: tests/model/test_kv_cache_types.py)
     model = regolith.Model.load(tmp / "m.gguf", mmproj=tmp / "mmproj.gguf", n_ctx=256, kv_type="f32")
