@@ -341,8 +341,12 @@ def _sizes(
     # Window state (csrc/model: QsaState or KvCache, GdnState, PleState), in bytes.
     recurrent = metadata.get(p + "attention.recurrent_layers")
     if recurrent is None:
-        interval = int(metadata.get(p + "full_attention_interval", 4))
-        recurrent = [(i + 1) % interval != 0 for i in range(n_layer)]
+        # the interval covers the main layers; an MTP block after them is an attention layer
+        interval, n_main = (
+            int(metadata.get(p + "full_attention_interval", 4)),
+            int(metadata[p + "block_count"]) - nextn,
+        )
+        recurrent = [i < n_main and (i + 1) % interval != 0 for i in range(n_layer)]
     per_token = fixed = 0
     n_qsa = sum(1 for r in recurrent if not r)
     if n_qsa:

@@ -118,6 +118,19 @@ def test_the_head_loads_and_the_window_drafts(tiny):
     assert m.config["mtp"] and m.config["nextn_predict_layers"] == 1
     assert m.config["n_layer"] == ref.cfg.num_hidden_layers
     assert m.window(64).has_draft_head
+    # the plan keeps f16 keys and values for the main attention layers and the head's (also where the file
+    # gives the layers by full_attention_interval, as released Qwen3-Next files do), conv and recurrent state
+    # for the Gated DeltaNet layers
+    cfg, sizes = ref.cfg, m.plan.sizes
+    n_attn = cfg.layer_types.count("full_attention") + 1
+    n_gdn = cfg.layer_types.count("linear_attention")
+    conv = (
+        2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
+        + cfg.linear_num_value_heads * cfg.linear_value_head_dim
+    )
+    recurrent = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+    assert sizes.state_per_token == n_attn * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
+    assert sizes.state_fixed == n_gdn * 4 * ((cfg.linear_conv_kernel_dim - 1) * conv + recurrent)
 
 
 def test_mtp_head_matches_torch_reference(tiny):
