@@ -65,7 +65,7 @@ QWEN3_VARIANTS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "qwen3-tiny": ("qwen3", 2, {}),
 }
 
-# Qwen3.5 MoE's tiny checkpoints (tests/dense_models.py), as QWEN3_VARIANTS; make_qwen35moe_layout.py records
+# Qwen3.5 MoE's tiny checkpoints (tests/dense_models.py), as QWEN3_VARIANTS; make_qwen3_layout.py records
 # llama.cpp's converter output for them.
 QWEN35MOE_VARIANTS: dict[str, tuple[str, int, dict[str, Any]]] = {
     # layers L,L,L,F; GDN 2 key heads / 4 value heads (reordered); GQA 2; 8 experts top 3; untied output
@@ -103,7 +103,7 @@ QWEN35MOE_VARIANTS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "qwen35moe-tiny-mtp": ("qwen35moe", 2, {"mtp_num_hidden_layers": 1}),
 }
 
-# Qwen3-Next's tiny checkpoints (tests/dense_models.py), as QWEN3_VARIANTS; make_qwen3next_layout.py records
+# Qwen3-Next's tiny checkpoints (tests/dense_models.py), as QWEN3_VARIANTS; make_qwen3_layout.py records
 # llama.cpp's converter output for them. ``"mtp": True`` is save_tiny_checkpoint's, not a config override.
 QWEN3NEXT_VARIANTS: dict[str, tuple[str, int, dict[str, Any]]] = {
     # layers L,L,L,F; GDN 2 key heads / 4 value heads (in_proj_qkvz grouped per key head); GQA 2; 8 experts

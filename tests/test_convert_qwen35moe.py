@@ -1,7 +1,7 @@
 """regolith convert for Qwen3.5 MoE (qwen3_5_moe): llama.cpp's qwen35moe layout (names, shapes, types, order,
 metadata, data) with and without the MTP head, the ForConditionalGeneration nesting, fused experts, and clear
 errors for what llama.cpp's graph does not compute. The layout oracle is llama.cpp's converter, recorded in
-tests/fixtures/llamacpp/ by tools/llamacpp_fixtures/make_qwen35moe_layout.py."""
+tests/fixtures/llamacpp/ by tools/llamacpp_fixtures/make_qwen3_layout.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 metadata, data) with and without the MTP head, with layer_types or only full_attention_interval in config.json,
 fused experts, the Gated DeltaNet projections split as transformers reads them, and clear errors for what
 llama.cpp's graph does not compute. The layout oracle is llama.cpp's converter, recorded in
-tests/fixtures/llamacpp/ by tools/llamacpp_fixtures/make_qwen3next_layout.py."""
+tests/fixtures/llamacpp/ by tools/llamacpp_fixtures/make_qwen3_layout.py."""
 
 from __future__ import annotations
 

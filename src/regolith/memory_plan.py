@@ -178,7 +178,7 @@ def _dense_scratch(
     last token's logits row. The
     workspace grows by chunks of twice the last one (the first at least SCRATCH_MIN_CHUNK), each left when the
     next tensor does not fit, so it can hold about twice the tensors, the largest one's room left unused (the
-    MLP's) and its first chunk's minimum (tests/model/test_kv_cache_types.py and test_qwen3moe.py check the
+    MLP's) and its first chunk's minimum (tests/model/test_kv_cache_types.py and test_moe_streaming.py check the
     bound). Resident experts run on the backend from the routing on (Backend::moe_experts), their rows
     batched by the backend, not in the workspace; ``streamed``: batched in the workspace by the host."""
     p = f"{arch}."
