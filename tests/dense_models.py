@@ -1,19 +1,26 @@
-"""Tiny random qwen2 / gemma3 / qwen3 / qwen3moe / qwen35moe / qwen3next checkpoints (transformers, fp32) and
-the qwen2 / gemma3 ones' GGUF files in llama.cpp's layout.
+"""Tiny random qwen2 / gemma3 / qwen3 / qwen3moe / qwen35moe / qwen3next / gptoss checkpoints (transformers,
+fp32) and the qwen2 / gemma3 ones' GGUF files in llama.cpp's layout.
 
 ``tiny_model(arch, seed, **overrides)`` builds a seeded ``Qwen2ForCausalLM``, ``Gemma3ForCausalLM``,
-``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``, ``Qwen3_5MoeForCausalLM`` or ``Qwen3NextForCausalLM``;
-``save_tiny_checkpoint`` saves one with the tiny tokenizer
-(what ``regolith convert`` and llama.cpp's converter take: the qwen3 families' GGUFs come from regolith's
-converter, whose layout tests/test_convert_qwen3moe.py checks against llama.cpp's).
+``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``, ``Qwen3_5MoeForCausalLM``, ``Qwen3NextForCausalLM`` or
+``GptOssForCausalLM``; ``save_tiny_checkpoint`` saves one with the tiny tokenizer
+(what ``regolith convert`` and llama.cpp's converter take: the qwen3 families' and gpt-oss' GGUFs come from
+regolith's converter, whose layout tests/test_convert_qwen3moe.py and tests/model/test_convert_gpt_oss.py
+check against llama.cpp's). ``save_tiny_mxfp4_checkpoint`` saves a gptoss one as the released gpt-oss
+checkpoints are: routed experts as MXFP4 ``*_blocks`` / ``*_scales`` (:func:`mxfp4_pack`).
 ``write_gguf(model, path)`` writes a qwen2 / gemma3 model with gguf-py's writer as llama.cpp's converter
 (``conversion/qwen.py`` ``Qwen2Model``, ``conversion/gemma.py`` ``Gemma3Model``) would: llama.cpp tensor
 names, no q/k permutation (both use NEOX RoPE), Gemma's RMSNorm gammas stored as ``1 + weight``, the
 sliding window only (llama.cpp hard-codes Gemma 3's every-6th-layer-global pattern), the global RoPE
 base as ``rope.freq_base`` and the local one left at llama.cpp's default 10000.
 
-Every parameter is drawn from N(0, 0.3) after ``torch.manual_seed(seed)``, so norms, biases and the
-zero-initialised Gemma gammas all matter (a converter forgetting ``+1`` fails).
+The gptoss model is gpt-oss at toy size: 4 layers alternating sliding (window 8, even layers) and full
+attention, 4 heads of 16 over 2 KV heads with q/k/v/o biases and per-head attention sinks, 8 experts of
+width 32 (gate_up interleaved, with biases), top 3, a router with a bias, YaRN RoPE as the released
+configs have it (factor 32 over 4096 positions, beta 32 / 1, not truncated, base 150000).
+
+Every parameter is drawn from N(0, 0.3) after ``torch.manual_seed(seed)``, so norms, biases, attention sinks
+and the zero-initialised Gemma gammas all matter (a converter forgetting ``+1`` fails).
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "mxfp4_pack",
     "qwen3next_mtp_weights",
     "qwen35moe_mtp_weights",
     "save_tiny_checkpoint",
+    "save_tiny_mxfp4_checkpoint",
     "tiny_config",
     "tiny_model",
     "write_gguf",
@@ -45,8 +54,8 @@ _BASE = {
 
 
 def tiny_config(arch: str, **overrides: Any):
-    """A tiny fp32 transformers config for ``arch`` ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen35moe" or
-    "qwen3next")."""
+    """A tiny fp32 transformers config for ``arch`` ("qwen2", "gemma3", "qwen3", "qwen3moe", "qwen35moe",
+    "qwen3next" or "gptoss")."""
     if arch == "qwen2":
         from transformers import Qwen2Config
 
@@ -127,6 +136,33 @@ def tiny_config(arch: str, **overrides: Any):
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
         )
         return Qwen3NextConfig(**{**kw, **overrides})
+    if arch == "gptoss":
+        from transformers import GptOssConfig
+
+        # gpt-oss at toy size: sliding (window 8) and full attention alternating, sliding first; 8 experts of
+        # width 32, top 3; YaRN as the released configs (max_position_embeddings = 4096 * factor, so
+        # transformers sees no conflicting implicit factor).
+        n = overrides.get("num_hidden_layers", 4)
+        kw = {**_BASE, "num_hidden_layers": n, "intermediate_size": 32, "tie_word_embeddings": False}
+        kw.update(
+            num_local_experts=8,
+            num_experts_per_tok=3,
+            sliding_window=8,
+            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
+            attention_bias=True,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 4096,
+                "rope_theta": 150000.0,
+            },
+        )
+        return GptOssConfig(**{**kw, **overrides})
     raise ValueError(f"unknown architecture {arch!r}")
 
 
@@ -141,6 +177,7 @@ def tiny_model(arch: str, seed: int, **overrides: Any):
     import torch
     from transformers import (
         Gemma3ForCausalLM,
+        GptOssForCausalLM,
         Qwen2ForCausalLM,
         Qwen3_5MoeForCausalLM,
         Qwen3ForCausalLM,
@@ -155,6 +192,7 @@ def tiny_model(arch: str, seed: int, **overrides: Any):
         "qwen3moe": Qwen3MoeForCausalLM,
         "qwen35moe": Qwen3_5MoeForCausalLM,
         "qwen3next": Qwen3NextForCausalLM,
+        "gptoss": GptOssForCausalLM,
     }
     cls = classes[arch]
     torch.manual_seed(seed)
@@ -187,6 +225,87 @@ def save_tiny_checkpoint(
             raise ValueError("mtp=True is for qwen3next (qwen35moe: mtp_num_hidden_layers=1)")
         _save_released_qwen3next(path, model.config, seed)
     save_tiny_tokenizer(path)
+    if arch == "gptoss":
+        _use_o200k_pre_tokenizer(path)
+    return path
+
+
+# The o200k pre-tokenizer regex of gpt-oss' (and GPT-4o's) tokenizer.json: llama.cpp's "gpt-4o"
+O200K_PRE_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _use_o200k_pre_tokenizer(path: Path) -> None:
+    """Give a saved tiny tokenizer gpt-oss' pre-tokenizer regex (its merges stay valid BPE merges)."""
+    import json
+
+    tok_file = path / "tokenizer.json"
+    tok = json.loads(tok_file.read_text(encoding="utf-8"))
+    splits = [p for p in tok["pre_tokenizer"]["pretokenizers"] if p["type"] == "Split"]
+    splits[0]["pattern"] = {"Regex": O200K_PRE_REGEX}
+    tok_file.write_text(json.dumps(tok, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+# transformers' FP4 (E2M1) code values (integrations/mxfp4.py FP4_VALUES): code i is FP4_VALUES[i]
+_FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def mxfp4_pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize ``w`` [..., rows, cols] (cols a multiple of 32) to MXFP4 as gpt-oss checkpoints store it:
+    ``blocks`` uint8 [..., rows, cols / 32, 16] (element 2j of a 32-block in the low nibble of byte j, 2j + 1
+    in the high one) and ``scales`` uint8 [..., rows, cols / 32] (E8M0: the block's scale is 2^(s - 127)),
+    what transformers' ``convert_moe_packed_tensors`` reads. Each block gets the smallest power-of-two scale
+    that keeps its largest magnitude within 6, and each value the nearest code."""
+    w = np.asarray(w, np.float32)
+    *lead, cols = w.shape
+    if cols % 32:
+        raise ValueError(f"MXFP4 rows hold whole 32-blocks; got rows of {cols}")
+    blk = w.reshape(*lead, cols // 32, 32)
+    amax = np.abs(blk).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        exp = np.where(amax > 0, np.ceil(np.log2(amax / 6.0)), 0.0)
+    scales = np.clip(exp + 127, 1, 254).astype(np.uint8)
+    scaled = blk / np.exp2(scales.astype(np.float32) - 127)[..., None]
+    codes = np.abs(scaled[..., None] - _FP4_VALUES).argmin(axis=-1).astype(np.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return np.ascontiguousarray(blocks), scales
+
+
+def save_tiny_mxfp4_checkpoint(path: str | Path, seed: int = 0, **overrides: Any) -> Path:
+    """:func:`save_tiny_checkpoint` of ``gptoss`` rewritten as the released gpt-oss checkpoints are: each
+    layer's ``mlp.experts.gate_up_proj`` / ``down_proj`` as ``*_blocks`` / ``*_scales`` (:func:`mxfp4_pack` of
+    the weights transposed to [experts, out, in], so gate and up rows interleave), the biases and every other
+    tensor unchanged, and config.json's ``quantization_config`` saying ``mxfp4``."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    path = save_tiny_checkpoint("gptoss", path, seed, **overrides)
+    files = sorted(path.glob("model*.safetensors"))
+    if len(files) != 1:
+        raise ValueError(f"expected one safetensors file in {path}, found {len(files)}")
+    tensors = load_file(str(files[0]))
+    for name in [n for n in tensors if n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]:
+        blocks, scales = mxfp4_pack(tensors.pop(name).swapaxes(-1, -2))
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+    files[0].unlink()
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+        "quant_method": "mxfp4",
+    }
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return path
 
 

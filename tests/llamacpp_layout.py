@@ -142,6 +142,27 @@ QWEN3NEXT_VARIANTS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "qwen3next-tiny-mtp": ("qwen3next", 2, {"mtp": True}),
 }
 
+# gpt-oss' tiny checkpoints (tests/dense_models.py): name -> (experts as "float" or "mxfp4", seed, overrides).
+# make_gptoss_layout.py records llama.cpp's converter output for them.
+GPTOSS_VARIANTS: dict[str, tuple[str, int, dict[str, Any]]] = {
+    # 4 layers sliding/full, GQA 2, 8 experts of width 32 top 3, float experts (gate_up interleaved)
+    "gptoss-tiny": ("float", 0, {}),
+    # 2 layers, GQA 4:1, 6 experts top 2, another sliding window
+    "gptoss-tiny-b": (
+        "float",
+        1,
+        {
+            "num_hidden_layers": 2,
+            "num_key_value_heads": 1,
+            "num_local_experts": 6,
+            "num_experts_per_tok": 2,
+            "sliding_window": 16,
+        },
+    ),
+    # as the released checkpoints: routed experts in MXFP4 blocks / scales, quantization_config mxfp4
+    "gptoss-tiny-mxfp4": ("mxfp4", 2, {}),
+}
+
 
 def _plain(value: Any) -> Any:
     if isinstance(value, np.ndarray):

@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("__init__.py",),
     (
         "convert/checkpoint.py",
+        "convert/gpt_oss.py",
         "convert/mmproj.py",
         "convert/qwen3.py",
         "convert/qwen_hybrid.py",

@@ -225,4 +225,5 @@ VARIANTS: dict[str, tuple[str, dict[str, str | bool]]] = {
     "qwen2-pre-llama3": ("qwen2.5-coder-0.5b", {"tokenizer.ggml.pre": "llama-bpe"}),
     "qwen2-pre-default": ("qwen2.5-coder-0.5b", {"tokenizer.ggml.pre": "default"}),
     "qwen2-pre-qwen35": ("qwen2.5-coder-0.5b", {"tokenizer.ggml.pre": "qwen35"}),
+    "qwen2-pre-gpt4o": ("qwen2.5-coder-0.5b", {"tokenizer.ggml.pre": "gpt-4o"}),
 }

@@ -480,14 +480,15 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser(
         "convert",
-        help="convert a Hugging Face qwen4_exp, qwen3, qwen3_moe, qwen3_5_moe or qwen3_next checkpoint to GGUF "
-        "(llama.cpp's layout)",
-        description="Convert a Hugging Face qwen4_exp, qwen3, qwen3_moe, qwen3_5_moe (Qwen3.5 MoE) or qwen3_next "
-        "(Qwen3-Next) checkpoint directory (config.json, *.safetensors, tokenizer.json) to one GGUF file in "
-        "llama.cpp's layout for it (qwen4exp, qwen3, qwen3moe, qwen35moe, qwen3next). The output appears only "
-        "when complete (written to a temporary file beside it, then renamed). qwen4_exp's MTP tensors are "
-        "converted when config.json sets mtp_num_hidden_layers, qwen3_5_moe's and qwen3_next's when the "
-        "checkpoint holds them.",
+        help="convert a Hugging Face qwen4_exp, qwen3, qwen3_moe, qwen3_5_moe, qwen3_next or gpt_oss checkpoint "
+        "to GGUF (llama.cpp's layout)",
+        description="Convert a Hugging Face qwen4_exp, qwen3, qwen3_moe, qwen3_5_moe (Qwen3.5 MoE), qwen3_next "
+        "(Qwen3-Next) or gpt_oss (gpt-oss) checkpoint directory (config.json, *.safetensors, tokenizer.json) to "
+        "one GGUF file in llama.cpp's layout for it (qwen4exp, qwen3, qwen3moe, qwen35moe, qwen3next, gpt-oss). "
+        "The output appears only when complete (written to a temporary file beside it, then renamed). "
+        "qwen4_exp's MTP tensors are converted when config.json sets mtp_num_hidden_layers, qwen3_5_moe's and "
+        "qwen3_next's when the checkpoint holds them. gpt-oss' MXFP4 experts are repacked as GGUF MXFP4 "
+        "whatever the outtype.",
     )
     c.add_argument(
         "source", help="the Hugging Face model directory, or a GGUF (any shard of a split one) to re-split"

@@ -96,6 +96,13 @@ _QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r
 _QWEN35 = _CONTRACTIONS + (
     r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# o200k (GPT-4o, gpt-oss) as llama.cpp spells it: its upper/lower-case letter classes become letters not in
+# a-z / not in A-Z
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + "?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS + "?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]")
 
 
@@ -131,6 +138,9 @@ _PRE: dict[str, _Pre] = {
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2"), _Pre((_QWEN2,), clean_spaces=False)),
     **dict.fromkeys(("megrez", "stablelm2"), _Pre((_QWEN2,))),
     "qwen35": _Pre((_QWEN35,), clean_spaces=False),
+    **dict.fromkeys(
+        ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _Pre((_GPT4O,), clean_spaces=False)
+    ),
 }
 
 # llama.cpp's detokenizer clean-up (clean_spaces), as three passes: " ?" -> "?" (also ! . ,),

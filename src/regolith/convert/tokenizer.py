@@ -29,6 +29,11 @@ PRE_TOKENIZERS: dict[str, str] = {
     r"|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen35",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
+    # o200k (gpt-oss, GPT-4o)
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+    r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+": "gpt-4o",
 }
 _SPECIAL_KEYS = {
     "bos": Keys.Tokenizer.BOS_ID,

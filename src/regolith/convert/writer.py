@@ -18,8 +18,8 @@ from .. import quant
 from .._atomic import atomic_path
 from ..errors import ModelFormatError, RegolithError
 from ..gguf_split import write_merged, write_split
+from . import gpt_oss, qwen3, qwen3next, qwen4exp, qwen35moe, qwen_hybrid
 from . import mmproj as _mmproj
-from . import qwen3, qwen3next, qwen4exp, qwen35moe, qwen_hybrid
 from .checkpoint import Checkpoint
 from .tokenizer import gpt2_tokenizer_metadata
 
@@ -139,9 +139,9 @@ def convert(
     split_max_size: int | None = None,
     split_max_tensors: int | None = None,
 ) -> Path:
-    """Convert a Hugging Face directory (qwen4_exp, qwen3, qwen3_moe, qwen3_5_moe or qwen3_next) to a GGUF file
-    in llama.cpp's layout for it (``qwen4exp``, ``qwen3``, ``qwen3moe``, ``qwen35moe``, ``qwen3next``;
-    ``outtype``, default f16);
+    """Convert a Hugging Face directory (qwen4_exp, qwen3, qwen3_moe, qwen3_5_moe, qwen3_next or gpt_oss) to a
+    GGUF file in llama.cpp's layout for it (``qwen4exp``, ``qwen3``, ``qwen3moe``, ``qwen35moe``, ``qwen3next``,
+    ``gpt-oss``; ``outtype``, default f16; a gpt-oss checkpoint's MXFP4 experts stay MXFP4 whatever it is);
     returns its path (split: the first shard's).
 
     Everything is validated (config, tensor names and shapes, tokenizer) before the output is created; the
@@ -206,6 +206,20 @@ def convert(
             qwen35moe.ARCH,
             qwen35moe.gguf_metadata(ckpt.config, file_type=int(file_type), mtp=qwen35moe.has_mtp(sources)),
         )
+    elif gpt_oss.handles(ckpt.config):
+        if mmproj is not None:
+            raise RegolithError("--mmproj: a gpt_oss checkpoint has no vision tower")
+        cfg = gpt_oss.text_config(ckpt.config)
+        sources = {}
+        for name, src in ckpt.tensors_by_name():
+            if name in sources:
+                raise ModelFormatError(f"checkpoint: tensor {name} appears twice")
+            sources[name] = src
+        plan = gpt_oss.tensor_plan(ckpt.config, sources)
+        arch, arch_md = (
+            gpt_oss.ARCH,
+            gpt_oss.gguf_metadata(ckpt.config, file_type=gpt_oss.file_type(ckpt.config, file_type)),
+        )
     elif qwen3next.handles(ckpt.config):
         if mmproj is not None:
             raise RegolithError("--mmproj: a qwen3_next checkpoint has no vision tower")
@@ -231,7 +245,10 @@ def convert(
     tok_md = gpt2_tokenizer_metadata(ckpt.path, cfg["vocab_size"], pre=tokenizer_pre)
 
     writer = gguf.GGUFWriter(path=None, arch=arch)
-    types = [tensor_type(name, shape, outtype) for name, shape, _ in plan]
+    types = [
+        "MXFP4" if isinstance(build, gpt_oss.Mxfp4Experts) else tensor_type(name, shape, outtype)
+        for name, shape, build in plan
+    ]
     _add_tensor_infos(writer, plan, types)
     writer.add_type(gguf.GGUFType.MODEL)
     total, shared, expert, n_expert = writer.get_total_parameter_count()
@@ -255,6 +272,8 @@ def convert(
                 data = build()
                 if isinstance(data, qwen4exp.PleTable):
                     _write_chunked(writer, name, data.chunks(), qtype)
+                elif isinstance(build, gpt_oss.Mxfp4Experts):
+                    writer.write_tensor_data(data)  # GGUF MXFP4 blocks already
                 else:
                     writer.write_tensor_data(_encode(data, qtype))
                 del data
