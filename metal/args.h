@@ -161,25 +161,25 @@ static_assert(sizeof(RgKvAppendArgs) == 272, "RgKvAppendArgs layout");
 // Causal GQA attention of one sequence: q [ntok][n_head * head_dim] (rows t0..) at positions n0.. over its
 // caches k [n_head_kv * cap][head_dim] and v: values transposed [n_head_kv * head_dim][cap] (F32 / F16), or
 // value rows [n_head_kv * cap][head_dim] (Q8_0 / I8, with an I8 cache's row scales in k_scale, v_scale); keys
-// split n_split ways.
+// split n_split ways. has_sinks: head h's sink logit sinks[h] joins its softmax (dropped from the output).
 struct RgAttentionArgs {
     RgShape q, k, v, out, k_scale, v_scale;
     int64_t t0, ntok, n0, cap, window;
     int32_t n_head, n_head_kv, head_dim, n_split;
     float scale;
-    uint32_t pad;
+    uint32_t has_sinks;
 };
 static_assert(sizeof(RgAttentionArgs) == 256, "RgAttentionArgs layout");
 
 // The merge of key splits (dense and QSA attention): part [ntok * n_head][n_split][2 + head_dim] (max score
 // m, sum of exponentials l, weighted values o) -> out, times sigmoid(gate) when has_gate. Head h of token t
 // is row (t0 + t) * n_head / heads_per_row + h / heads_per_row of out (and gate), columns from
-// (h % heads_per_row) * head_dim.
+// (h % heads_per_row) * head_dim. has_sinks: head h's sink logit sinks[h] joins the sum (dense attention).
 struct RgAttnMergeArgs {
     RgShape out, gate;
     int64_t t0;
     int32_t n_head, heads_per_row, head_dim, n_split;
-    uint32_t has_gate, pad;
+    uint32_t has_gate, has_sinks;
 };
 static_assert(sizeof(RgAttnMergeArgs) == 96, "RgAttnMergeArgs layout");
 
@@ -331,16 +331,19 @@ struct RgMoeRouteArgs {
 };
 static_assert(sizeof(RgMoeRouteArgs) == 128, "RgMoeRouteArgs layout");
 
-// out = silu(g) * u, row by row.
+// out = act(g, u) row by row: silu(g) * u, or gpt-oss's clamped SwiGLU (act 1). has_bias: row r of g and u
+// belongs to expert e = ids[p / k][p % k], p = order[r], whose gate_bias / up_bias row is added first.
 struct RgMoeSwigluArgs {
-    RgShape g, u, out;
+    RgShape g, u, out, ids, gate_bias, up_bias;
+    uint32_t k, act, has_bias, pad;
 };
-static_assert(sizeof(RgMoeSwigluArgs) == 96, "RgMoeSwigluArgs layout");
+static_assert(sizeof(RgMoeSwigluArgs) == 208, "RgMoeSwigluArgs layout");
 
 // moe_combine: y[t] = sum over the rows i with pairs[i] / k = t, in row order, of weights[t][pairs[i] % k] *
-// ys[i] (+ sigmoid(shared_gate[t][0]) * shared[t]); n_rows pairs (negative ones name no token).
+// ys[i] (+ sigmoid(shared_gate[t][0]) * shared[t]); n_rows pairs (negative ones name no token). has_bias:
+// down_bias[ids[t][j]] added to the row of pair j first.
 struct RgMoeCombineArgs {
-    RgShape ys, weights, shared, shared_gate, y;
-    uint32_t n_rows, k, has_shared, pad0;
+    RgShape ys, weights, shared, shared_gate, y, ids, down_bias;
+    uint32_t n_rows, k, has_shared, has_bias;
 };
-static_assert(sizeof(RgMoeCombineArgs) == 176, "RgMoeCombineArgs layout");
+static_assert(sizeof(RgMoeCombineArgs) == 240, "RgMoeCombineArgs layout");

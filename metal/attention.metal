@@ -89,7 +89,7 @@ kernel void rg_attention(constant RgAttentionArgs& a [[buffer(0)]], device const
                          device const char* kc [[buffer(2)]], device const char* vc [[buffer(3)]],
                          device char* out [[buffer(4)]], device float* part [[buffer(5)]],
                          device const char* k_scale [[buffer(6)]], device const char* v_scale [[buffer(7)]],
-                         RG_THREAD_IDS) {
+                         device const float* sinks [[buffer(8)]], RG_THREAD_IDS) {
     const int D = a.head_dim, H = a.n_head, G = a.n_head / a.n_head_kv, n_split = a.n_split;
     const int64_t n_rows = a.ntok * G, tiles = (n_rows + kAttnRows - 1) / kAttnRows;
     const int g = int(tgpig.x / tiles), split = int(tgpig.y);
@@ -246,7 +246,9 @@ kernel void rg_attention(constant RgAttentionArgs& a [[buffer(0)]], device const
         const int r = i / D, e = i % D;
         const int64_t ri = r0 + r, t = ri / G, h = int64_t(g) * G + ri % G;
         if (n_split == 1) {
-            rg_row<float>(out, a.out, a.t0 + t)[h * D + e] = os[e * kAttnRows + r] / ls[r];
+            // the sink's term of the sum, at the row's max
+            const float l = a.has_sinks ? ls[r] + exp(sinks[h] - ms[r]) : ls[r];
+            rg_row<float>(out, a.out, a.t0 + t)[h * D + e] = os[e * kAttnRows + r] / l;
         } else {
             device float* p = part + ((t * H + h) * n_split + split) * (D + 2);
             if (e == 0) p[0] = ms[r], p[1] = ls[r];
@@ -260,10 +262,11 @@ RG_INSTANTIATE("rg_attention_rows", rg_attention, float, true)
 
 // The splits of a head's keys combined: a threadgroup per (token, head) of the sequence, threads over
 // head_dim. Each split's terms are rescaled to the largest max M: out = sum_s e^(m_s - M) o_s / sum_s
-// e^(m_s - M) l_s (splits that saw no key have m = -inf and count 0).
+// e^(m_s - M) l_s (splits that saw no key have m = -inf and count 0), + e^(sinks[h] - M) with sinks.
 kernel void rg_attention_merge(constant RgAttnMergeArgs& a [[buffer(0)]],
                                device const float* part [[buffer(1)]], device const char* gate [[buffer(2)]],
-                               device char* out [[buffer(3)]], RG_THREAD_IDS) {
+                               device char* out [[buffer(3)]], device const float* sinks [[buffer(4)]],
+                               RG_THREAD_IDS) {
     const int D = a.head_dim, n_split = a.n_split, hpr = a.heads_per_row;
     const int64_t o = tgpig.x;
     device const float* p = part + o * n_split * (D + 2);
@@ -281,6 +284,7 @@ kernel void rg_attention_merge(constant RgAttnMergeArgs& a [[buffer(0)]],
         c = (t - l) - y;
         l = t;
     }
+    if (a.has_sinks) l += exp(sinks[o % a.n_head] - mx);
     const float inv = 1.0f / l;
     const int64_t ho = a.t0 * a.n_head + o, row = ho / hpr, col = (ho % hpr) * D;
     device float* y = rg_row<float>(out, a.out, row) + col;

@@ -35,6 +35,11 @@ inline T rg_group_max(T v, threadgroup T* part, uint sgitg, uint tiisg, uint ntg
 
 inline float rg_sigmoid(float x) { return 1.0f / (1.0f + exp(-x)); }
 inline float rg_silu(float x) { return x / (1.0f + exp(-x)); }
+// gpt-oss's clamped SwiGLU (Glu::SwigluOai), in the CPU's order of operations.
+inline float rg_swiglu_oai(float g, float u) {
+    const float c = min(g, 7.0f), v = max(min(u, 7.0f), -7.0f);
+    return (v + 1.0f) * (c * rg_sigmoid(c * 1.702f));
+}
 
 // Per-sequence tensors (args.h RgSeqTensor): binding i of the RG_SEQ_BINDINGS buffers an op binds after its
 // others, and row r of a sequence's tensor there.

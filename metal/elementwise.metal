@@ -116,7 +116,7 @@ RG_INSTANTIATE("rg_unary_gelu_erf", rg_unary, RG_UNARY_GELU_ERF)
 RG_INSTANTIATE("rg_unary_softcap", rg_unary, RG_UNARY_SOFTCAP)
 RG_INSTANTIATE("rg_unary_scale", rg_unary, RG_UNARY_SCALE)
 
-// y = act(gate) * up; ACT: 0 SiLU, 1 GELU (tanh form), 2 sigmoid.
+// y = act(gate) * up; ACT: 0 SiLU, 1 GELU (tanh form), 2 sigmoid; 3 gpt-oss's clamped SwiGLU of both.
 template <uint ACT>
 kernel void rg_glu(constant RgBinaryArgs& a [[buffer(0)]], device const char* gate [[buffer(1)]],
                    device const char* up [[buffer(2)]], device char* y [[buffer(3)]], RG_THREAD_IDS) {
@@ -124,11 +124,13 @@ kernel void rg_glu(constant RgBinaryArgs& a [[buffer(0)]], device const char* ga
     device const float* u = rg_row<float>(up, a.b, tgpig.y);
     device float* yr = rg_row<float>(y, a.y, tgpig.y);
     for (int64_t i = int64_t(tgpig.x) * ntg + tiitg; i < a.a.cols; i += int64_t(tgpg.x) * ntg)
-        yr[i] = (ACT == 1 ? rg_gelu_tanh_sigmoid(g[i]) : ACT == 2 ? rg_sigmoid(g[i]) : rg_silu(g[i])) * u[i];
+        yr[i] = ACT == 3 ? rg_swiglu_oai(g[i], u[i])
+                         : (ACT == 1 ? rg_gelu_tanh_sigmoid(g[i]) : ACT == 2 ? rg_sigmoid(g[i]) : rg_silu(g[i])) * u[i];
 }
 RG_INSTANTIATE("rg_glu_silu", rg_glu, 0u)
 RG_INSTANTIATE("rg_glu_gelu_tanh", rg_glu, 1u)
 RG_INSTANTIATE("rg_glu_sigmoid", rg_glu, 2u)
+RG_INSTANTIATE("rg_glu_swiglu_oai", rg_glu, 3u)
 
 // y = a + b; b's stride is 0 (from the host) when its one row is added to every row. y may be a or b.
 kernel void rg_add(constant RgBinaryArgs& a [[buffer(0)]], device const char* x [[buffer(1)]],

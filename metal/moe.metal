@@ -174,13 +174,25 @@ RG_KERNEL(rg_moe_group)
 
 // Threadgroup (x, r) takes every tgpg.x-th stretch of ntg columns of row r.
 kernel void rg_moe_swiglu(constant RgMoeSwigluArgs& a [[buffer(0)]], device const char* g [[buffer(1)]],
-                          device const char* u [[buffer(2)]], device char* out [[buffer(3)]], RG_THREAD_IDS) {
+                          device const char* u [[buffer(2)]], device char* out [[buffer(3)]],
+                          device const int* order [[buffer(4)]], device const char* ids [[buffer(5)]],
+                          device const char* gate_bias [[buffer(6)]], device const char* up_bias [[buffer(7)]],
+                          RG_THREAD_IDS) {
     const int64_t r = tgpig.y;
     device const float* gr = rg_row<float>(g, a.g, r);
     device const float* ur = rg_row<float>(u, a.u, r);
     device float* o = rg_row<float>(out, a.out, r);
-    for (int64_t i = int64_t(tgpig.x) * ntg + tiitg; i < a.g.cols; i += int64_t(tgpg.x) * ntg)
-        o[i] = rg_silu(gr[i]) * ur[i];
+    device const float* gb = nullptr;
+    device const float* ub = nullptr;
+    if (a.has_bias) {
+        const int64_t p = order[r], k = a.k;
+        const int64_t e = rg_row<int>(ids, a.ids, p / k)[p % k];
+        gb = rg_row<float>(gate_bias, a.gate_bias, e), ub = rg_row<float>(up_bias, a.up_bias, e);
+    }
+    for (int64_t i = int64_t(tgpig.x) * ntg + tiitg; i < a.g.cols; i += int64_t(tgpg.x) * ntg) {
+        const float gv = gb ? gr[i] + gb[i] : gr[i], uv = ub ? ur[i] + ub[i] : ur[i];
+        o[i] = a.act == 1 ? rg_swiglu_oai(gv, uv) : rg_silu(gv) * uv;
+    }
 }
 RG_KERNEL(rg_moe_swiglu)
 
@@ -191,6 +203,7 @@ kernel void rg_moe_combine(constant RgMoeCombineArgs& a [[buffer(0)]], device co
                            device const int* pairs [[buffer(2)]], device const char* weights [[buffer(3)]],
                            device const char* shared [[buffer(4)]],
                            device const char* shared_gate [[buffer(5)]], device char* y [[buffer(6)]],
+                           device const char* ids [[buffer(7)]], device const char* down_bias [[buffer(8)]],
                            RG_THREAD_IDS) {
     const int64_t t = tgpig.x;
     const int k = int(a.k);
@@ -225,7 +238,11 @@ kernel void rg_moe_combine(constant RgMoeCombineArgs& a [[buffer(0)]], device co
     const float gate = a.has_shared ? rg_sigmoid(rg_row<float>(shared_gate, a.shared_gate, t)[0]) : 0.0f;
     for (int64_t c = int64_t(tgpig.y) * ntg + tiitg; c < a.y.cols; c += int64_t(tgpg.y) * ntg) {
         float acc = 0.0f;
-        for (int m = 0; m < n; ++m) acc += wt[sorted_j[m]] * rg_row<float>(ys, a.ys, sorted_row[m])[c];
+        for (int m = 0; m < n; ++m) {
+            float v = rg_row<float>(ys, a.ys, sorted_row[m])[c];
+            if (a.has_bias) v += rg_row<float>(down_bias, a.down_bias, rg_row<int>(ids, a.ids, t)[sorted_j[m]])[c];
+            acc += wt[sorted_j[m]] * v;
+        }
         if (a.has_shared) acc += gate * rg_row<float>(shared, a.shared, t)[c];
         yt[c] = acc;
     }

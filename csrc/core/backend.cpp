@@ -352,6 +352,10 @@ void Backend::attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, cons
              "attention", "caches are [n_head_kv * cap][head_dim] with cap a multiple of 16");
         check_kv(*this, c, s.n_head_kv, "attention");
     }
+    if (s.sinks) {
+        need_f32("attention", {{"sinks", &s.sinks}});
+        need(s.sinks.rows == 1 && s.sinks.cols == s.n_head, "attention", "sinks must be [1][n_head]");
+    }
     do_attention(q, seqs, n_seqs, s, out);
 }
 
@@ -407,6 +411,19 @@ void Backend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weig
         need(shared->gate.contiguous() && shared->gate.rows == x.rows && shared->down.rows == x.cols &&
                  shared->down.cols == shared->gate.cols,
              "moe_experts", "the shared expert's products must be packed [ntok][ff_shared], its down [hidden][ff_shared]");
+    }
+    need(experts.act == Glu::Silu || experts.act == Glu::SwigluOai, "moe_experts", "act must be Silu or SwigluOai");
+    const int64_t ff = experts.slots ? experts.slots->parts[0].rows : experts.gate.rows / ne;
+    const bool biased = experts.gate_bias || experts.up_bias || experts.down_bias;
+    if (biased) {
+        need(experts.gate_bias && experts.up_bias && experts.down_bias, "moe_experts",
+             "the expert biases come as gate, up and down together");
+        need_f32("moe_experts", {{"gate bias", &experts.gate_bias},
+                                 {"up bias", &experts.up_bias},
+                                 {"down bias", &experts.down_bias}});
+        need(experts.gate_bias.rows == ne && experts.gate_bias.cols == ff && experts.up_bias.rows == ne &&
+                 experts.up_bias.cols == ff && experts.down_bias.rows == ne && experts.down_bias.cols == x.cols,
+             "moe_experts", "the expert biases must be [n_expert][ff] twice and [n_expert][hidden]");
     }
     do_moe_experts(x, ids, weights, experts, shared, y);
 }

@@ -48,6 +48,9 @@ enum class Glu : uint8_t {
     Silu,      // silu(g) * u
     GeluTanh,  // gelu_tanh(g) * u, as x sigmoid(2u) (the dense models' FFN)
     Sigmoid,   // sigmoid(g) * u (the output gate of Qwen3.5 / Qwen3-Next's full attention)
+    // gpt-oss's clamped SwiGLU (alpha 1.702, limit 7, as its checkpoints and llama.cpp fix them):
+    // (clamp(u, -7, 7) + 1) * (c * sigmoid(1.702 c)), c = min(g, 7)
+    SwigluOai,
 };
 
 // y[t][r] = sum_c W[r][c] x[t][c], x: [ntok][cols] F32, y: [ntok][rows] F32 (both packed), ntok = x.rows.
@@ -123,6 +126,9 @@ struct AttentionShape {
     int64_t head_dim = 0;   // key and value length
     int64_t window = 0;     // sliding window: a query at position p sees keys p-window+1..p; 0: all keys
     float scale = 1.0f;     // applied to q·k before the softmax
+    // Attention sinks (gpt-oss): [1][n_head] F32, head h's logit sinks[h] joins each of its softmaxes (not
+    // scaled) and its probability is dropped: p_j = e^(s_j) / (sum_i e^(s_i) + e^(sinks[h])). Empty: none.
+    Tensor sinks;
 };
 
 // One of a routed expert's matrices as its record stores it: rows x cols of `type`, rows `row_bytes` apart.
@@ -149,10 +155,15 @@ struct ExpertSlots {
 // A MoE layer's routed experts on the backend: llama.cpp's stacked tensors, expert e's matrices rows
 // [e * ff, (e+1) * ff) of gate and up ([n_expert * ff][hidden]) and [e * hidden, (e+1) * hidden) of down
 // ([n_expert * hidden][ff]); or, with `slots`, records in slots (gate / up / down then unused).
+// `act` joins gate and up (Silu, or gpt-oss's SwigluOai); the optional biases (gpt-oss), always resident
+// whatever holds the matrices, are added to expert e's products: row e of gate_bias, up_bias [n_expert][ff]
+// before act, of down_bias [n_expert][hidden] before the routing weight.
 struct ExpertSet {
     Tensor gate, up, down;
     int64_t n_expert = 0;
     const ExpertSlots* slots = nullptr;
+    Glu act = Glu::Silu;
+    Tensor gate_bias, up_bias, down_bias;
 };
 
 // The shared expert of a MoE layer, its gate and up products already computed (with the router's).
@@ -343,7 +354,8 @@ public:
     void moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
                            const Tensor& weights);
     // The routed experts of a layer without a host round trip: y[t] = sum over j of weights[t][j] *
-    // down_e(silu(gate_e x_t) * up_e x_t), e = ids[t][j] (I32 [ntok][k]), summed in expert-id order, plus
+    // down_e(act(gate_e x_t, up_e x_t)), e = ids[t][j] (I32 [ntok][k]), summed in expert-id order (each
+    // product plus its bias where ExpertSet has them), plus
     // sigmoid(gate_logit[t]) * down_s(silu(gate[t]) * up[t]) for the shared expert when given. The backend
     // groups the tokens by expert itself; each product is the matmul contract's, so the result is the same
     // bits wherever an expert's matrices lie (stacked tensors, or any slot of ExpertSet::slots).

@@ -177,9 +177,11 @@ void add_elementwise_cases(std::vector<Case>& cs) {
                           r.be().unary(x, op, 3.0f, y);
                           r.out(y);
                       }});
-    for (const auto& [act, name] : {std::pair{Glu::Silu, "silu"}, {Glu::GeluTanh, "gelu_tanh"}, {Glu::Sigmoid, "sigmoid"}})
+    for (const auto& [act, name] : {std::pair{Glu::Silu, "silu"}, {Glu::GeluTanh, "gelu_tanh"}, {Glu::Sigmoid, "sigmoid"},
+                                    {Glu::SwigluOai, "swiglu_oai (both clamps reached)"}})
         cs.push_back({"glu", name, kElementwise, [act = act](Run& r) {
-                          const Tensor g = r.f32(6, 50, -8.0f, 8.0f), u = r.f32(6, 50), y = r.zeros(RG_TYPE_F32, 6, 50);
+                          const float ur = act == Glu::SwigluOai ? 10.0f : 1.0f;
+                          const Tensor g = r.f32(6, 50, -8.0f, 8.0f), u = r.f32(6, 50, -ur, ur), y = r.zeros(RG_TYPE_F32, 6, 50);
                           r.be().glu(g, u, act, y);
                           r.out(y);
                       }});
@@ -275,6 +277,21 @@ void add_moe_cases(std::vector<Case>& cs) {
                           const Tensor ids = r.zeros(RG_TYPE_I32, 6, 4), w = r.zeros(RG_TYPE_F32, 6, 4);
                           r.be().moe_route(logits, resident, {4, mode != 1, 2.0f, 2}, ids, w);
                           r.out(ids), r.out(w);
+                      }});
+    // gpt-oss's experts: biases on every product, the clamped SwiGLU
+    for (uint32_t type : {RG_TYPE_Q8_0, RG_TYPE_MXFP4})
+        cs.push_back({"moe_experts", type_name(type) + " experts, top 3 of 8, biases and swiglu_oai", kQuantMatmul, [=](Run& r) {
+                          const int64_t ntok = 6, h = 256, ff = 128, ne = 8, k = 3;
+                          const std::vector<int32_t> ids = routing_ids(r, ntok, ne, k);
+                          ExpertSet experts{r.weights(type, ne * ff, h), r.weights(type, ne * ff, h),
+                                            r.weights(type, ne * h, ff), ne};
+                          experts.act = Glu::SwigluOai;
+                          experts.gate_bias = r.f32(ne, ff, -3.0f, 3.0f), experts.up_bias = r.f32(ne, ff, -3.0f, 3.0f);
+                          experts.down_bias = r.f32(ne, h);
+                          const Tensor x = r.f32(ntok, h), w = r.f32(ntok, k, 0.0f, 1.0f);
+                          const Tensor y = r.zeros(RG_TYPE_F32, ntok, h);
+                          r.be().moe_experts(x, r.ints(RG_TYPE_I32, ntok, k, ids), w, experts, nullptr, y);
+                          r.out(y);
                       }});
     for (uint32_t type : {RG_TYPE_Q8_0, RG_TYPE_IQ2_XS})
         for (bool shared : {false, true})

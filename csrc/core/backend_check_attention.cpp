@@ -247,6 +247,32 @@ void add_attention_cases(std::vector<Case>& cs) {
                               r.out(out);
                           },
                           type});
+    // gpt-oss's attention sinks: per-head logits in the softmax, with and without a window; over a few hundred
+    // keys too (backends that split the keys merge the sink once)
+    for (uint32_t type : {RG_TYPE_F32, RG_TYPE_F16, RG_TYPE_Q8_0})
+        for (int64_t window : {0, 8})
+            cs.push_back({"attention",
+                          std::string(cache_type_name(type)) + " cache, sinks, window " + std::to_string(window) +
+                              ", 3 tokens after 300",
+                          kComposite,
+                          [=](Run& r) {
+                              const int64_t KV = 2, H = 4, D = 64, cap = 320;
+                              KvSeq s{};
+                              if (type == RG_TYPE_Q8_0) {
+                                  std::tie(s.k, s.k_scale) = cache_rows(r, type, KV * cap, D);
+                                  std::tie(s.v, s.v_scale) = cache_rows(r, type, KV * cap, D);
+                              } else {
+                                  s.k = r.weights(type, KV * cap, D), s.vt = r.weights(type, KV * D, cap);
+                              }
+                              s.n0 = 300, s.ntok = 3;
+                              r.be().kv_append(r.f32(3, KV * D), r.f32(3, KV * D), &s, 1, KV);
+                              const Tensor q = r.f32(3, H * D), out = r.zeros(RG_TYPE_F32, 3, H * D);
+                              AttentionShape sh{H, KV, D, window, 0.125f};
+                              sh.sinks = r.f32(1, H, -2.0f, 6.0f);
+                              r.be().attention(q, &s, 1, sh, out);
+                              r.out(out);
+                          },
+                          type == RG_TYPE_Q8_0 ? type : uint32_t(RG_TYPE_F32)});
     // gemma3's heads (head_dim 256) over a few hundred keys
     for (uint32_t type : {RG_TYPE_F32, RG_TYPE_F16})
         cs.push_back({"attention", type_name(type) + " cache, head_dim 256, 2 tokens after 300", kComposite, [=](Run& r) {

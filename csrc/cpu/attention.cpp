@@ -73,7 +73,8 @@ void kv_append(const Rows& k, const Rows& v, const std::vector<KvSeqRows>& seqs,
     }
 }
 
-void attention(const Rows& q, const std::vector<KvSeqRows>& seqs, const AttentionShape& s, const Rows& out) {
+void attention(const Rows& q, const std::vector<KvSeqRows>& seqs, const AttentionShape& s, const Rows& sinks,
+               const Rows& out) {
     const int64_t H = s.n_head, KV = s.n_head_kv, D = s.head_dim, group = H / KV;
     for (const KvSeqRows& seq : seqs) {
         const int64_t ntok = seq.ntok, n0 = seq.n0, cap = seq.k.rows / KV;
@@ -120,12 +121,14 @@ void attention(const Rows& q, const std::vector<KvSeqRows>& seqs, const Attentio
                         // visible keys [a, b] relative to lo; everything else gets probability 0
                         const int64_t a = (s.window > 0 ? std::max(lo, pos - s.window + 1) : lo) - lo, b = pos - lo;
                         float* row = &p[size_t(r * nk)];
-                        float mx = -INFINITY;
+                        // the head's sink logit joins the max and the sum, its probability dropped
+                        const float sink = sinks ? sinks.row(0)[g * group + r % group] : -INFINITY;
+                        float mx = sink;
                         for (int64_t j = a; j <= b; ++j) {
                             row[j] *= s.scale;
                             mx = row[j] > mx ? row[j] : mx;
                         }
-                        double sum = 0.0;
+                        double sum = sinks ? double(std::exp(sink - mx)) : 0.0;
                         for (int64_t j = a; j <= b; ++j) {
                             row[j] = std::exp(row[j] - mx);
                             sum += row[j];

@@ -423,8 +423,8 @@ void CpuBackend::do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs
     std::vector<KvSeq> s(seqs, seqs + n_seqs);
     for (const KvSeq& c : s)
         resolve(c.k), resolve(c.vt), resolve(c.v), resolve(c.k_scale), resolve(c.v_scale);
-    resolve(q), resolve(out);
-    exec([=] { cpu::attention(resolve(q), rows_of(s), sh, resolve(out)); });
+    resolve(q), resolve(out), resolve(sh.sinks);
+    exec([=] { cpu::attention(resolve(q), rows_of(s), sh, resolve(sh.sinks), resolve(out)); });
 }
 
 void CpuBackend::do_moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
@@ -448,6 +448,7 @@ void CpuBackend::do_moe_experts(const Tensor& x, const Tensor& ids, const Tensor
     } else {
         resolve(experts.gate), resolve(experts.up), resolve(experts.down);
     }
+    resolve(experts.gate_bias), resolve(experts.up_bias), resolve(experts.down_bias);
     resolve(x), resolve(ids), resolve(weights), resolve(y);
     exec([=] {
         const Rows ids_rows = resolve(ids);
@@ -460,7 +461,9 @@ void CpuBackend::do_moe_experts(const Tensor& x, const Tensor& ids, const Tensor
         const cpu::ExpertMatrix expert = slots ? slot_experts(*slots)
                                                : cpu::stacked_experts(resolve(experts.gate), resolve(experts.up),
                                                                       resolve(experts.down), ne);
-        cpu::moe_experts(resolve(x), ids_rows, resolve(weights), expert, ne, sh ? &sr : nullptr, resolve(y));
+        const cpu::ExpertAct act{experts.act, resolve(experts.gate_bias), resolve(experts.up_bias),
+                                 resolve(experts.down_bias)};
+        cpu::moe_experts(resolve(x), ids_rows, resolve(weights), expert, ne, act, sh ? &sr : nullptr, resolve(y));
     });
 }
 

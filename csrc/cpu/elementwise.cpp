@@ -62,6 +62,8 @@ void glu(const Rows& gate, const Rows& up, Glu act, const Rows& y) {
                 for (int64_t i = 0; i < gate.cols; ++i) o[i] = gelu_tanh(g[i]) * u[i];
             else if (act == Glu::Sigmoid)
                 for (int64_t i = 0; i < gate.cols; ++i) o[i] = sigmoid(g[i]) * u[i];
+            else if (act == Glu::SwigluOai)
+                for (int64_t i = 0; i < gate.cols; ++i) o[i] = nn::swiglu_oai(g[i], u[i]);
             else
                 for (int64_t i = 0; i < gate.cols; ++i) o[i] = silu(g[i]) * u[i];
         }

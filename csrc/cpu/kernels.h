@@ -107,7 +107,9 @@ void qsa_attend(const Rows& q, const Rows& gate, const Rows& sel, const Rows& n_
                 const std::vector<QsaSeqRows>& seqs, const QsaDims& d, const Rows& out);
 
 void kv_append(const Rows& k, const Rows& v, const std::vector<KvSeqRows>& seqs, int64_t n_head_kv);
-void attention(const Rows& q, const std::vector<KvSeqRows>& seqs, const AttentionShape& s, const Rows& out);
+// sinks: s.sinks resolved ([1][n_head]), or empty.
+void attention(const Rows& q, const std::vector<KvSeqRows>& seqs, const AttentionShape& s, const Rows& sinks,
+               const Rows& out);
 
 void moe_route(const Rows& logits, const Rows& resident, const MoeRouting& r, const Rows& ids, const Rows& weights);
 struct SharedExpertRows {
@@ -117,8 +119,13 @@ struct SharedExpertRows {
 using ExpertMatrix = std::function<WeightView(int64_t e, int part)>;
 // The stacked tensors' expert matrices (llama.cpp's *_exps: expert e's rows of each).
 ExpertMatrix stacked_experts(const Rows& gate, const Rows& up, const Rows& down, int64_t n_expert);
+// The routed experts' act and biases (ExpertSet's; the biases empty or all three given).
+struct ExpertAct {
+    Glu act = Glu::Silu;
+    Rows gate_bias, up_bias, down_bias;
+};
 void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const ExpertMatrix& expert, int64_t n_expert,
-                 const SharedExpertRows* shared, const Rows& y);
+                 const ExpertAct& act, const SharedExpertRows* shared, const Rows& y);
 void moe_combine(const Rows& ys, const Rows& pairs, const Rows& weights, const Rows& shared, const Rows& shared_gate,
                  const Rows& y);
 

@@ -54,7 +54,7 @@ ExpertMatrix stacked_experts(const Rows& gate, const Rows& up, const Rows& down,
 // expert (ascending ids), every expert's gate and up in one batch, every down product (the shared one's
 // too) in the next, then the sum in expert-id order.
 void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const ExpertMatrix& expert, int64_t n_expert,
-                 const SharedExpertRows* shared, const Rows& y) {
+                 const ExpertAct& act, const SharedExpertRows* shared, const Rows& y) {
     const int64_t ntok = x.rows, h = x.cols, k = ids.cols, ff = expert(0, 0).rows;
     std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(n_expert));
     for (int64_t t = 0; t < ntok; ++t)
@@ -80,7 +80,21 @@ void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const Expe
         jobs.push_back({expert(e, 1), &xs[size_t(o * h)], n, &u[size_t(o * ff)]});
     }
     matmul_batch(jobs.data(), int64_t(jobs.size()));
-    for (size_t i = 0; i < g.size(); ++i) g[i] = nn::silu(g[i]) * u[i];
+    // expert e's bias row added to each of its rows (as Backend::add would), then act
+    const auto add_bias = [&](std::vector<float>& z, const Rows& bias, int64_t n) {
+        if (!bias) return;
+        for (size_t a = 0; a < active.size(); ++a) {
+            const float* b = bias.row(active[a]);
+            for (int64_t r = offset[a]; r < offset[a] + count[a]; ++r)
+                for (int64_t c = 0; c < n; ++c) z[size_t(r * n + c)] += b[c];
+        }
+    };
+    add_bias(g, act.gate_bias, ff);
+    add_bias(u, act.up_bias, ff);
+    if (act.act == Glu::SwigluOai)
+        for (size_t i = 0; i < g.size(); ++i) g[i] = nn::swiglu_oai(g[i], u[i]);
+    else
+        for (size_t i = 0; i < g.size(); ++i) g[i] = nn::silu(g[i]) * u[i];
     if (shared) {
         const int64_t fs = shared->gate.cols;
         for (int64_t t = 0; t < ntok; ++t) {
@@ -100,6 +114,7 @@ void moe_experts(const Rows& x, const Rows& ids, const Rows& weights, const Expe
         jobs.push_back({WeightView{d.type, d.base, d.rows, d.cols, d.stride}, shared->gate.row(0), ntok, sh.data()});
     }
     matmul_batch(jobs.data(), int64_t(jobs.size()));
+    add_bias(ys, act.down_bias, h);
     const Rows ys_rows{reinterpret_cast<uint8_t*>(ys.data()), RG_TYPE_F32, rows, h, h * 4};
     const Rows pairs_rows{reinterpret_cast<uint8_t*>(pairs.data()), RG_TYPE_I32, 1, rows, rows * 4};
     const Rows sh_rows = shared ? Rows{reinterpret_cast<uint8_t*>(sh.data()), RG_TYPE_F32, ntok, h, h * 4} : Rows{};

@@ -9,6 +9,11 @@ namespace regolith::nn {
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+// gpt-oss's clamped SwiGLU (Glu::SwigluOai), in transformers' order of operations.
+inline float swiglu_oai(float g, float u) {
+    const float c = std::fmin(g, 7.0f), v = std::fmax(std::fmin(u, 7.0f), -7.0f);
+    return (v + 1.0f) * (c * sigmoid(c * 1.702f));
+}
 
 // Dot product with 8 partial sums, so the compiler can vectorise without reassociating (-ffp-contract=off,
 // no fast-math).

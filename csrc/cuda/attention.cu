@@ -50,7 +50,7 @@ __global__ void append_rows_k(View k, View v, KvSeqView s, int64_t KV) {
 // only, not on the launch.
 constexpr int kAttendWarps = 8;
 
-__global__ void attend_k(View q, KvSeqView s, AttentionShape sh, View out) {
+__global__ void attend_k(View q, KvSeqView s, AttentionShape sh, View sinks, View out) {
     pdl_begin();
     const int64_t H = sh.n_head, KV = sh.n_head_kv, D = sh.head_dim, cap = s.k.rows / KV;
     const int64_t t = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KV), pos = s.n0 + t;
@@ -79,12 +79,16 @@ __global__ void attend_k(View q, KvSeqView s, AttentionShape sh, View out) {
     float mx = -FLT_MAX;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, w[j]);
     mx = block_max(mx);
+    // the head's sink logit joins the max and the sum, its probability dropped
+    const float sink = sinks ? sinks.row(0)[h] : 0.0f;
+    if (sinks) mx = fmaxf(mx, sink);
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
         w[j] = expf(w[j] - mx);
         sum += w[j];
     }
     sum = block_sum(sum);
+    if (sinks) sum += double(expf(sink - mx));
     const float inv = float(1.0 / sum);
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) w[j] = f16 ? round_f16(w[j] * inv) : w[j] * inv;
     __syncthreads();
@@ -113,7 +117,8 @@ void kv_append(cudaStream_t s, const View& k, const View& v, const std::vector<K
     }
 }
 
-void attention(cudaStream_t s, const View& q, const std::vector<KvSeqView>& seqs, const AttentionShape& sh, const View& out) {
+void attention(cudaStream_t s, const View& q, const std::vector<KvSeqView>& seqs, const AttentionShape& sh,
+               const View& sinks, const View& out) {
     for (const KvSeqView& v : seqs) {
         if (v.ntok == 0) continue;
         const int64_t keys = v.n0 + v.ntok;
@@ -121,7 +126,7 @@ void attention(cudaStream_t s, const View& q, const std::vector<KvSeqView>& seqs
         if (shared > 48 * 1024) {
             RG_CUDA(cudaFuncSetAttribute(attend_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
         }
-        launch(attend_k, unsigned(v.ntok * sh.n_head), 32 * kAttendWarps, shared, s, q, v, sh, out);
+        launch(attend_k, unsigned(v.ntok * sh.n_head), 32 * kAttendWarps, shared, s, q, v, sh, sinks, out);
         RG_LAUNCHED("attention");
     }
 }

@@ -124,5 +124,10 @@ __device__ inline float load_float(const uint8_t* row, int64_t c, uint32_t type)
 
 __device__ inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ inline float siluf_(float x) { return x / (1.0f + expf(-x)); }
+// gpt-oss's clamped SwiGLU (Glu::SwigluOai), in the CPU's order of operations.
+__device__ inline float swiglu_oai_(float g, float u) {
+    const float c = fminf(g, 7.0f), v = fmaxf(fminf(u, 7.0f), -7.0f);
+    return (v + 1.0f) * (c * sigmoidf_(c * 1.702f));
+}
 
 }  // namespace regolith::cuda

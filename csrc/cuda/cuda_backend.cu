@@ -559,7 +559,7 @@ protected:
     }
     void do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_seqs, const AttentionShape& s,
                       const Tensor& out) override {
-        cuda::attention(op_stream(), use(q), kv(seqs, n_seqs), s, use(out));
+        cuda::attention(op_stream(), use(q), kv(seqs, n_seqs), s, use(s.sinks), use(out));
     }
     void do_moe_route(const Tensor& logits, const Tensor& resident, const MoeRouting& r, const Tensor& ids,
                       const Tensor& weights) override {
@@ -583,7 +583,8 @@ protected:
         } else {
             gate = use(e.gate), up = use(e.up), down = use(e.down);
         }
-        cuda::moe_experts(op_stream(), use(x), use(ids), use(weights), gate, up, down, e.n_expert, sl,
+        const ExpertActView act{e.act, use(e.gate_bias), use(e.up_bias), use(e.down_bias)};
+        cuda::moe_experts(op_stream(), use(x), use(ids), use(weights), gate, up, down, e.n_expert, sl, act,
                           shared ? &sh : nullptr, use(y), op_scratch_, matmul_scratch_);
     }
     void do_moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights, const Tensor& shared,

@@ -44,6 +44,10 @@ __global__ void glu_k(View g, View u, Glu act, View y) {
     if (i >= g.rows * g.cols) return;
     const int64_t r = i / g.cols, c = i % g.cols;
     const float v = g.row(r)[c];
+    if (act == Glu::SwigluOai) {
+        y.row(r)[c] = swiglu_oai_(v, u.row(r)[c]);
+        return;
+    }
     const float a = act == Glu::GeluTanh ? gelu_tanh_sigmoid(v) : act == Glu::Sigmoid ? sigmoidf_(v) : siluf_(v);
     y.row(r)[c] = a * u.row(r)[c];
 }

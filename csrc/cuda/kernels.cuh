@@ -93,7 +93,9 @@ struct KvSeqView {
 // dst := x stored as an attention cache of dst's type (F16, Q8_0, I8 with its row scales).
 void store_rows(cudaStream_t s, const View& x, const View& dst, const View& scale);
 void kv_append(cudaStream_t s, const View& k, const View& v, const std::vector<KvSeqView>& seqs, int64_t n_head_kv);
-void attention(cudaStream_t s, const View& q, const std::vector<KvSeqView>& seqs, const AttentionShape& sh, const View& out);
+// sinks: AttentionShape::sinks' view (empty: none).
+void attention(cudaStream_t s, const View& q, const std::vector<KvSeqView>& seqs, const AttentionShape& sh,
+               const View& sinks, const View& out);
 
 void moe_route(cudaStream_t s, const View& logits, const View& resident, const MoeRouting& r, const View& ids,
                const View& weights);
@@ -104,11 +106,16 @@ struct SharedExpertView {
 struct ExpertSlotsView {
     View device, host, where, offsets;
 };
+// The routed experts' act and biases (ExpertSet's; the biases empty or all three given).
+struct ExpertActView {
+    Glu act = Glu::Silu;
+    View gate_bias, up_bias, down_bias;
+};
 // With slots, gate / up / down give each part's type, rows (n_expert times an expert's), cols and row stride,
 // and no memory.
 void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& weights, const View& gate, const View& up,
-                 const View& down, int64_t n_expert, const ExpertSlotsView& slots, const SharedExpertView* shared,
-                 const View& y, Scratch& scratch, Scratch& matmul_scratch);
+                 const View& down, int64_t n_expert, const ExpertSlotsView& slots, const ExpertActView& act,
+                 const SharedExpertView* shared, const View& y, Scratch& scratch, Scratch& matmul_scratch);
 void moe_combine(cudaStream_t s, const View& ys, const View& pairs, const View& weights, const View& shared,
                  const View& shared_gate, const View& y, Scratch& scratch);
 

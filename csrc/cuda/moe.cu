@@ -313,10 +313,21 @@ void pair_products(cudaStream_t s, const View& w, const ExpertLoc& loc, int64_t 
     RG_LAUNCHED("moe_experts (products)");
 }
 
-__global__ void swiglu_k(float* g, const float* u, int64_t n) {
+// g[p] := act(g[p] + gate_bias[e], u[p] + up_bias[e]) over the pair rows p = t * k + j of g, u [pairs][ff],
+// e = ids[t][j] (the biases when given).
+__global__ void expert_act_k(View g, View u, View ids, ExpertActView a) {
     pdl_begin();
+    const int64_t ff = g.cols, k = ids.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) g[i] = siluf_(g[i]) * u[i];
+    if (i >= g.rows * ff) return;
+    const int64_t p = i / ff, c = i % ff;
+    float gv = g.row(p)[c], uv = u.row(p)[c];
+    if (a.gate_bias) {
+        const int32_t e = ids.row<const int32_t>(p / k)[p % k];
+        gv += a.gate_bias.row(e)[c];
+        uv += a.up_bias.row(e)[c];
+    }
+    g.row(p)[c] = a.act == Glu::SwigluOai ? swiglu_oai_(gv, uv) : siluf_(gv) * uv;
 }
 
 __global__ void swiglu_view_k(View g, View u) {
@@ -327,8 +338,9 @@ __global__ void swiglu_view_k(View g, View u) {
     v = siluf_(v) * u.row(i / g.cols)[i % g.cols];
 }
 
-// y[t][c] = sum over the token's k pairs in expert-id order of w * ys[pair row] (+ sigmoid(sg) * sh).
-__global__ void sum_pairs_k(View ys, View ids, View weights, const float* sh, View sg, View y) {
+// y[t][c] = sum over the token's k pairs in expert-id order of w * (ys[pair row] + down_bias[e]) (+ sigmoid(sg)
+// * sh).
+__global__ void sum_pairs_k(View ys, View ids, View weights, View down_bias, const float* sh, View sg, View y) {
     pdl_begin();
     const int64_t h = y.cols, k = ids.cols;
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -343,7 +355,11 @@ __global__ void sum_pairs_k(View ys, View ids, View weights, const float* sh, Vi
             order[b] = order[b - 1], order[b - 1] = x;
         }
     float acc = 0.0f;
-    for (int64_t j = 0; j < k; ++j) acc += weights.row(t)[order[j]] * ys.row(t * k + order[j])[c];
+    for (int64_t j = 0; j < k; ++j) {
+        float v = ys.row(t * k + order[j])[c];
+        if (down_bias) v += down_bias.row(id[order[j]])[c];
+        acc += weights.row(t)[order[j]] * v;
+    }
     if (sh) acc += sigmoidf_(sg.row(t)[0]) * sh[t * h + c];
     y.row(t)[c] = acc;
 }
@@ -396,8 +412,8 @@ void moe_route(cudaStream_t s, const View& logits, const View& resident, const M
 }
 
 void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& weights, const View& gate, const View& up,
-                 const View& down, int64_t n_expert, const ExpertSlotsView& slots, const SharedExpertView* shared,
-                 const View& y, Scratch& scratch, Scratch& matmul_scratch) {
+                 const View& down, int64_t n_expert, const ExpertSlotsView& slots, const ExpertActView& act,
+                 const SharedExpertView* shared, const View& y, Scratch& scratch, Scratch& matmul_scratch) {
     const int64_t ntok = x.rows, k = ids.cols, pairs = ntok * k, h = x.cols, ff = gate.rows / n_expert;
     if (k > kMaxK) throw Error("CUDA moe_experts: at most 32 experts per token");
     const int64_t fs = shared ? shared->gate.cols : 0;
@@ -427,9 +443,8 @@ void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& wei
     if (!float_type(gate.type) || !float_type(up.type)) acts_f16(s, x, xa);
     pair_products(s, gate, expert_loc(gate, ff, slots, 0), ff, ids, x, xa, gr, n_expert, k, g, part, matmul_scratch);
     pair_products(s, up, expert_loc(up, ff, slots, 1), ff, ids, x, xa, gr, n_expert, k, u, part, matmul_scratch);
-    launch(swiglu_k, grid(pairs * ff, 256), 256, 0, s, reinterpret_cast<float*>(g.base), reinterpret_cast<const float*>(u.base),
-                                                  pairs * ff);
-    RG_LAUNCHED("moe_experts (swiglu)");
+    launch(expert_act_k, grid(pairs * ff, 256), 256, 0, s, g, u, ids, act);
+    RG_LAUNCHED("moe_experts (act)");
     if (!float_type(down.type)) acts_f16(s, g, ga);
     pair_products(s, down, expert_loc(down, h, slots, 2), h, ids, g, ga, gr, n_expert, 1, ys, part, matmul_scratch);
     if (shared) {
@@ -438,7 +453,7 @@ void moe_experts(cudaStream_t s, const View& x, const View& ids, const View& wei
         const MatmulView job{shared->down, shared->gate, View{reinterpret_cast<uint8_t*>(sh), ntok, h, h * 4, RG_TYPE_F32}};
         matmul(s, &job, 1, matmul_scratch);
     }
-    launch(sum_pairs_k, grid(ntok * h, 256), 256, 0, s, ys, ids, weights, shared ? sh : nullptr,
+    launch(sum_pairs_k, grid(ntok * h, 256), 256, 0, s, ys, ids, weights, act.down_bias, shared ? sh : nullptr,
                                                    shared ? shared->gate_logit : View{}, y);
     RG_LAUNCHED("moe_experts (sum)");
 }

@@ -64,7 +64,7 @@ void MetalBackend::do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_se
     if (D % 8 != 0 || D > kMaxHeadDim)
         throw Error("attention on metal: head_dim " + std::to_string(D) + " is not a multiple of 8 up to " +
                     std::to_string(kMaxHeadDim));
-    const View vq = view(q), vo = view(out);
+    const View vq = view(q), vo = view(out), vsk = view(sh.sinks);
     // Each sequence's splits and their scratch: the launches run in order, so one scratch serves them all.
     std::vector<int64_t> splits(size_t(n_seqs), 1);
     uint64_t part_bytes = 0;
@@ -93,19 +93,21 @@ void MetalBackend::do_attention(const Tensor& q, const KvSeq* seqs, int64_t n_se
         a.n_head = int32_t(H), a.n_head_kv = int32_t(KV), a.head_dim = int32_t(D),
         a.n_split = int32_t(n_split);
         a.scale = sh.scale;
+        a.has_sinks = sh.sinks ? 1 : 0;
         const int64_t tiles = (s.ntok * G + kRows - 1) / kRows;
         const char* kernel = rows                          ? "rg_attention_rows"
                              : s.k.type == RG_TYPE_F16 ? "rg_attention_f16"
                                                        : "rg_attention_f32";
         launch(kernel, uint32_t(tiles * KV), uint32_t(n_split), 128,
                shmem + (rows ? uint32_t(kRowsTile * sizeof(float)) : 0u),
-               {bytes(a), vq.arg, kc.arg, vc.arg, vo.arg, part, ks ? ks.arg : kc.arg, vs ? vs.arg : vc.arg});
+               {bytes(a), vq.arg, kc.arg, vc.arg, vo.arg, part, ks ? ks.arg : kc.arg, vs ? vs.arg : vc.arg,
+                sh.sinks ? vsk.arg : vq.arg});
         if (n_split > 1) {
             RgAttnMergeArgs m{};
             m.out = vo.shape, m.t0 = s.t0, m.n_head = int32_t(H), m.heads_per_row = int32_t(H);
-            m.head_dim = int32_t(D), m.n_split = int32_t(n_split);
+            m.head_dim = int32_t(D), m.n_split = int32_t(n_split), m.has_sinks = sh.sinks ? 1 : 0;
             launch("rg_attention_merge", uint32_t(s.ntok * H), 1, simd_threads(D),
-                   uint32_t(n_split * sizeof(float)), {bytes(m), part, vo.arg, vo.arg});
+                   uint32_t(n_split * sizeof(float)), {bytes(m), part, vo.arg, vo.arg, sh.sinks ? vsk.arg : vo.arg});
         }
     }
 }

@@ -55,7 +55,10 @@ void MetalBackend::do_glu(const Tensor& gate, const Tensor& up, Glu act, const T
     RgBinaryArgs a{};
     a.a = vg.shape, a.b = vu.shape, a.y = vy.shape;
     const ColumnGrid g = column_grid(gate.cols);
-    const char* kernel = act == Glu::GeluTanh ? "rg_glu_gelu_tanh" : act == Glu::Sigmoid ? "rg_glu_sigmoid" : "rg_glu_silu";
+    const char* kernel = act == Glu::GeluTanh    ? "rg_glu_gelu_tanh"
+                         : act == Glu::Sigmoid   ? "rg_glu_sigmoid"
+                         : act == Glu::SwigluOai ? "rg_glu_swiglu_oai"
+                                                 : "rg_glu_silu";
     launch(kernel, g.groups, uint32_t(gate.rows),
            g.threads, 0, {bytes(a), vg.arg, vu.arg, vy.arg});
 }

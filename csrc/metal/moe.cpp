@@ -34,28 +34,48 @@ View packed_f32(const KernelArg& arg, int64_t rows, int64_t cols) {
     return v;
 }
 
-void swiglu(MetalBackend& be, const View& g, const View& u, const View& out) {
-    const RgMoeSwigluArgs a{g.shape, u.shape, out.shape};
+// The routed experts' act and biases: the routing ids and the grouped rows' pairs (`order`) name each row's
+// expert (all empty for silu without biases).
+struct ExpertAct {
+    Glu act = Glu::Silu;
+    View ids, gate_bias, up_bias, down_bias;
+    KernelArg order;
+};
+
+void swiglu(MetalBackend& be, const View& g, const View& u, const View& out, const ExpertAct& e = {}) {
+    RgMoeSwigluArgs a{};
+    a.g = g.shape, a.u = u.shape, a.out = out.shape;
+    a.act = e.act == Glu::SwigluOai ? 1 : 0;
+    const bool bias = bool(e.gate_bias);
+    if (bias) {
+        a.ids = e.ids.shape, a.gate_bias = e.gate_bias.shape, a.up_bias = e.up_bias.shape;
+        a.k = uint32_t(e.ids.shape.cols), a.has_bias = 1;
+    }
     const int64_t cols = g.shape.cols;
     be.launch("rg_moe_swiglu", uint32_t(std::min<int64_t>((cols + 255) / 256, 64)), uint32_t(g.shape.rows),
-              256, 0, {MetalBackend::bytes(a), g.arg, u.arg, out.arg});
+              256, 0,
+              {MetalBackend::bytes(a), g.arg, u.arg, out.arg, bias ? e.order : g.arg, bias ? e.ids.arg : g.arg,
+               bias ? e.gate_bias.arg : g.arg, bias ? e.up_bias.arg : g.arg});
 }
 
-// y[t] = the token's rows of ys (pairs, n_rows of them) weighted, in row order (+ the shared expert's).
+// y[t] = the token's rows of ys (pairs, n_rows of them) weighted, in row order (+ the shared expert's), each
+// row plus its expert's down bias where e has them.
 void combine(MetalBackend& be, const View& ys, const KernelArg& pairs, int64_t n_rows, const View& weights,
-             const View& shared, const View& shared_gate, const View& y) {
+             const View& shared, const View& shared_gate, const View& y, const ExpertAct& e = {}) {
     const int64_t k = weights.shape.cols;
     RgMoeCombineArgs a{};
     a.ys = ys.shape, a.weights = weights.shape, a.y = y.shape;
     if (shared) a.shared = shared.shape, a.shared_gate = shared_gate.shape;
     a.n_rows = uint32_t(n_rows), a.k = uint32_t(k), a.has_shared = shared ? 1 : 0;
+    const bool bias = bool(e.down_bias);
+    if (bias) a.ids = e.ids.shape, a.down_bias = e.down_bias.shape, a.has_bias = 1;
     const uint64_t shmem = uint64_t(3 * k + 1) * 4;
     if (shmem > kMaxShmem) throw Error("metal moe: too many experts per token");
     be.launch("rg_moe_combine", uint32_t(y.shape.rows),
               uint32_t((y.shape.cols + kCombineColumns - 1) / kCombineColumns), kCombineThreads,
               uint32_t(shmem),
               {MetalBackend::bytes(a), ys.arg, pairs, weights.arg, shared ? shared.arg : ys.arg,
-               shared ? shared_gate.arg : ys.arg, y.arg});
+               shared ? shared_gate.arg : ys.arg, y.arg, bias ? e.ids.arg : ys.arg, bias ? e.down_bias.arg : ys.arg});
 }
 
 }  // namespace
@@ -106,7 +126,8 @@ void MetalBackend::do_moe_experts(const Tensor& x, const Tensor& ids, const Tens
     const int64_t x_ld = vx.shape.stride / 4;
     encode_expert_products(*this, vg, ff, ne, vx.arg, x_ld, g.arg, ff, groups, k, ntok, pairs);
     encode_expert_products(*this, vu, ff, ne, vx.arg, x_ld, u.arg, ff, groups, k, ntok, pairs);
-    swiglu(*this, g, u, g);
+    const ExpertAct act{experts.act, vi, view(experts.gate_bias), view(experts.up_bias), view(experts.down_bias), order};
+    swiglu(*this, g, u, g, act);
     encode_expert_products(*this, vd, h, ne, g.arg, ff, ys.arg, h, groups, 0, ntok, pairs);
     View sh, sg;
     if (shared) {
@@ -117,7 +138,7 @@ void MetalBackend::do_moe_experts(const Tensor& x, const Tensor& ids, const Tens
         encode_products(*this, &down, &act, &sh, 1);
         sg = view(shared->gate_logit);
     }
-    combine(*this, ys, order, pairs, vw, sh, sg, vy);
+    combine(*this, ys, order, pairs, vw, sh, sg, vy, act);
 }
 
 void MetalBackend::do_moe_combine(const Tensor& ys, const Tensor& pairs, const Tensor& weights,

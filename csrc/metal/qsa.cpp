@@ -117,7 +117,7 @@ void MetalBackend::do_qsa_attend(const Tensor& q, const Tensor& gate, const Tens
             m.out = vo.shape, m.gate = vg.shape, m.t0 = s.t0, m.n_head = int32_t(H), m.heads_per_row = 1;
             m.head_dim = int32_t(D), m.n_split = int32_t(n_split), m.has_gate = 1;
             launch("rg_attention_merge", uint32_t(s.ntok * H), 1, simd_threads(D),
-                   uint32_t(n_split * sizeof(float)), {bytes(m), part, vg.arg, vo.arg});
+                   uint32_t(n_split * sizeof(float)), {bytes(m), part, vg.arg, vo.arg, vo.arg});
         }
     }
 }

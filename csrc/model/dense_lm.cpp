@@ -16,15 +16,42 @@ namespace {
 // Tokens per forward pass: bounds the activations ([chunk][n_ff] floats) while keeping prefill matmuls
 // large enough to amortise each weight panel's decode.
 constexpr int64_t kChunk = 512;
+
+// RoPE inverse frequencies of pairs i < n_rot / 2: 1 / base^(2i / n_rot), times `scale` (linear), or YaRN's
+// blend of the scaled and unscaled ones (transformers' _compute_yarn_parameters) when c.yarn_orig_ctx > 0.
+std::vector<float> rope_inv_freq(const DenseConfig& c, float base, float scale, bool yarn) {
+    const int64_t half = c.n_rot / 2;
+    std::vector<float> freq(static_cast<size_t>(half));
+    if (!yarn) {
+        for (int64_t i = 0; i < half; ++i)
+            freq[size_t(i)] = 1.0f / std::pow(base, float(2 * i) / float(c.n_rot)) * scale;
+        return freq;
+    }
+    // the pair index at which a frequency makes `rotations` turns over the original context
+    const auto corr = [&](double rotations) {
+        return double(c.n_rot) * std::log(double(c.yarn_orig_ctx) / (rotations * 2.0 * 3.14159265358979323846)) / (2.0 * std::log(double(base)));
+    };
+    double lo = corr(c.yarn_beta_fast), hi = corr(c.yarn_beta_slow);
+    if (c.yarn_truncate) lo = std::floor(lo), hi = std::ceil(hi);
+    lo = std::max(lo, 0.0), hi = std::min(hi, double(c.n_rot - 1));
+    if (lo == hi) hi += 0.001;
+    for (int64_t i = 0; i < half; ++i) {
+        const float extrap = 1.0f / std::pow(base, float(2 * i) / float(c.n_rot));
+        const float interp = extrap * scale;
+        const float ramp = std::clamp(float((double(i) - lo) / (hi - lo)), 0.0f, 1.0f);  // 0: unscaled
+        freq[size_t(i)] = interp * ramp + extrap * (1.0f - ramp);
+    }
+    return freq;
+}
 }  // namespace
 
 DenseConfig DenseConfig::from_gguf(const GgufSet& f) {
     DenseConfig c;
     c.arch = meta::get_string(f, "general.architecture").value_or("<missing>");
-    if (c.arch != "gemma3" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe")
+    if (c.arch != "gemma3" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" && c.arch != "gpt-oss")
         throw ModelFormatError("architecture '" + c.arch +
-                               "' is not supported by the dense loader (gemma3, qwen2, qwen3, qwen3moe)");
-    const bool gemma = c.arch == "gemma3", moe = c.arch == "qwen3moe";
+                               "' is not supported by the dense loader (gemma3, qwen2, qwen3, qwen3moe, gpt-oss)");
+    const bool gemma = c.arch == "gemma3", oss = c.arch == "gpt-oss", moe = c.arch == "qwen3moe" || oss;
     const auto key = [&](const char* suffix) { return c.arch + "." + suffix; };
     c.n_layer = meta::require_positive_int(f, key("block_count"));
     // Every layer has tensors, so a count beyond the file's tensors is a lie (and must not size anything).
@@ -47,17 +74,34 @@ DenseConfig DenseConfig::from_gguf(const GgufSet& f) {
     if (c.n_rot <= 0 || c.n_rot % 2 != 0 || c.n_rot > c.head_dim)
         throw ModelFormatError(key("rope.dimension_count") + " must be even and in 1..key_length");
 
-    // RoPE scaling as llama.cpp reads it: linear (the default type) with an optional factor; nothing else.
+    // RoPE scaling as llama.cpp reads it: linear (the default type) with an optional factor, or YaRN.
     const std::string scaling = meta::get_string(f, key("rope.scaling.type")).value_or("linear");
-    if (scaling != "linear" && scaling != "none")
-        throw ModelFormatError(key("rope.scaling.type") + " '" + scaling + "' is not supported (none, linear)");
+    if (scaling != "linear" && scaling != "none" && scaling != "yarn")
+        throw ModelFormatError(key("rope.scaling.type") + " '" + scaling + "' is not supported (none, linear, yarn)");
     const auto factor = meta::get_float(f, key("rope.scaling.factor"));
     const float scale_linear = factor ? *factor : meta::get_float(f, key("rope.scale_linear")).value_or(0.0f);
-    if (scaling == "linear" && scale_linear != 0.0f) c.rope_scale = 1.0f / scale_linear;
+    if (scaling != "none" && scale_linear != 0.0f) {
+        if (!(scale_linear > 0.0f) || !std::isfinite(scale_linear))
+            throw ModelFormatError(key("rope.scaling.factor") + " must be positive");
+        c.rope_scale = 1.0f / scale_linear;
+    }
+    if (scaling == "yarn" && c.rope_scale < 1.0f) {
+        // llama.cpp's defaults: the training context, beta_fast 32, beta_slow 1, attention factor
+        // (1 + 0.1 ln factor) * rope.scaling.attn_factor
+        c.yarn_orig_ctx = meta::get_int(f, key("rope.scaling.original_context_length")).value_or(c.context_length);
+        if (c.yarn_orig_ctx <= 0)
+            throw ModelFormatError(key("rope.scaling.original_context_length") + " must be positive for YaRN");
+        c.yarn_beta_fast = meta::get_float(f, key("rope.scaling.yarn_beta_fast")).value_or(32.0f);
+        c.yarn_beta_slow = meta::get_float(f, key("rope.scaling.yarn_beta_slow")).value_or(1.0f);
+        c.yarn_mscale = (1.0f + 0.1f * std::log(scale_linear)) *
+                        meta::get_float(f, key("rope.scaling.attn_factor")).value_or(1.0f);
+        // gpt-oss's configs say truncate: false (transformers' default is true), which the GGUF does not keep
+        c.yarn_truncate = !oss;
+    }
 
     c.swa.assign(size_t(c.n_layer), false);
     c.attn_scale = 1.0f / std::sqrt(float(c.head_dim));
-    c.qk_norm = c.arch == "qwen3" || moe;
+    c.qk_norm = c.arch == "qwen3" || c.arch == "qwen3moe";
     if (moe) {
         // llama.cpp's qwen3moe graph: softmax over every expert, the top expert_used_count renormalised, no
         // shared expert. Its graph always renormalises; regolith's converter records transformers'
@@ -72,7 +116,15 @@ DenseConfig DenseConfig::from_gguf(const GgufSet& f) {
         m.norm_topk_prob = meta::get_bool(f, key("expert_weights_norm")).value_or(true);
         const float scale = meta::get_float(f, key("expert_weights_scale")).value_or(0.0f);
         if (scale != 0.0f && scale != 1.0f)
-            throw ModelFormatError(key("expert_weights_scale") + " is not supported (qwen3moe weights are unscaled)");
+            throw ModelFormatError(key("expert_weights_scale") + " is not supported (" + c.arch +
+                                   " weights are unscaled)");
+        if (oss) {
+            // llama.cpp's gpt-oss graph: the softmax of the top-k biased logits (the renormalised top-k of
+            // the softmax), biased expert products, the clamped SwiGLU
+            m.norm_topk_prob = true;
+            m.act = Glu::SwigluOai;
+            m.biases = true;
+        }
     }
     if (gemma) {
         c.embed_scale = std::sqrt(float(c.hidden));
@@ -83,7 +135,10 @@ DenseConfig DenseConfig::from_gguf(const GgufSet& f) {
         // which the GGUF does not record), every other size by key_length.
         if (c.n_layer == 62) c.attn_scale = 1.0f / std::sqrt(float(c.hidden / c.n_head));
         c.final_softcap = meta::get_float(f, key("final_logit_softcapping")).value_or(0.0f);
-        c.sliding_window = meta::get_int(f, key("attention.sliding_window")).value_or(0);
+    }
+    if (gemma || oss) {
+        c.sliding_window = oss ? meta::require_positive_int(f, key("attention.sliding_window"))
+                               : meta::get_int(f, key("attention.sliding_window")).value_or(0);
         if (c.sliding_window < 0) throw ModelFormatError(key("attention.sliding_window") + " must not be negative");
         if (c.sliding_window > 0) {
             // llama.cpp: a per-layer bool array, or every n-th layer global (n = the key's value, default 6)
@@ -93,13 +148,18 @@ DenseConfig DenseConfig::from_gguf(const GgufSet& f) {
                 const auto pattern = *meta::get_int_array(f, pkey, c.n_layer, /*allow_bool=*/true);
                 for (int64_t il = 0; il < c.n_layer; ++il) c.swa[size_t(il)] = pattern[size_t(il)] != 0;
             } else {
-                const int64_t n = meta::get_int(f, pkey).value_or(6);
+                // gemma3: every 6th layer global; gpt-oss: every 2nd
+                const int64_t n = meta::get_int(f, pkey).value_or(oss ? 2 : 6);
                 if (n < 0) throw ModelFormatError(pkey + " must not be negative");
                 for (int64_t il = 0; il < c.n_layer; ++il) c.swa[size_t(il)] = n == 0 || il % n < n - 1;
             }
-            c.rope_base_swa = meta::get_float(f, key("rope.freq_base_swa")).value_or(10000.0f);
+            // gpt-oss: the global layers' base and scaling unless the file says otherwise (llama.cpp)
+            c.rope_base_swa = meta::get_float(f, key("rope.freq_base_swa")).value_or(oss ? c.rope_base : 10000.0f);
+            c.swa_scaled = oss;
         }
     }
+    // YaRN's attention factor multiplies both q and k: q·k by its square
+    c.attn_scale *= c.yarn_mscale * c.yarn_mscale;
 
     const GgufTensor* emb = f.find_tensor("token_embd.weight");
     if (!emb) throw ModelFormatError("missing tensor 'token_embd.weight'");
@@ -123,13 +183,13 @@ DenseModel::DenseModel(const std::vector<std::vector<std::string>>& files, const
         const auto opt_vec = [&](const std::string& name, int64_t n) {
             return weights_.has(name) ? vec(name, n) : Tensor{};
         };
-        // RoPE: inv_freq[i] = 1 / base^(2i / n_rot) (times the linear scale on global layers), in float32
+        // RoPE frequencies in float32: the global layers' scaled, the sliding-window layers' as gpt-oss's
+        // global ones or unscaled
         const int64_t half = c.n_rot / 2;
-        std::vector<float> freq(static_cast<size_t>(half)), freq_swa(static_cast<size_t>(half));
-        for (int64_t i = 0; i < half; ++i) {
-            freq[size_t(i)] = 1.0f / std::pow(c.rope_base, float(2 * i) / float(c.n_rot)) * c.rope_scale;
-            freq_swa[size_t(i)] = 1.0f / std::pow(c.rope_base_swa, float(2 * i) / float(c.n_rot)) * 1.0f;
-        }
+        const bool yarn = c.yarn_orig_ctx > 0;
+        const std::vector<float> freq = rope_inv_freq(c, c.rope_base, c.rope_scale, yarn);
+        const std::vector<float> freq_swa = c.swa_scaled ? rope_inv_freq(c, c.rope_base_swa, c.rope_scale, yarn)
+                                                         : rope_inv_freq(c, c.rope_base_swa, 1.0f, false);
         const std::vector<int32_t> axis(static_cast<size_t>(half), 0);  // every pair turns by the (text) position
         rope_freq_ = store_.upload(RG_TYPE_F32, 1, half, freq.data());
         rope_freq_swa_ = store_.upload(RG_TYPE_F32, 1, half, freq_swa.data());
@@ -150,11 +210,14 @@ DenseModel::DenseModel(const std::vector<std::vector<std::string>>& files, const
             L.q_bias = opt_vec(p + "attn_q.bias", qd);
             L.k_bias = opt_vec(p + "attn_k.bias", kvd);
             L.v_bias = opt_vec(p + "attn_v.bias", kvd);
+            L.o_bias = opt_vec(p + "attn_output.bias", h);
+            if (c.arch == "gpt-oss") L.sinks = vec(p + "attn_sinks.weight", c.n_head);
             if (c.qk_norm) {
                 L.q_norm = vec(p + "attn_q_norm.weight", c.head_dim);
                 L.k_norm = vec(p + "attn_k_norm.weight", c.head_dim);
             }
-            L.ffn_norm = vec(p + "ffn_norm.weight", h);
+            // gpt-oss names its pre-FFN norm post_attention_norm
+            L.ffn_norm = vec(p + (c.arch == "gpt-oss" ? "post_attention_norm.weight" : "ffn_norm.weight"), h);
             if (c.moe.n_expert > 0) {
                 L.moe = SparseMoe::load(weights_, int(il), c.moe, !arena_);
                 if (arena_) L.moe->stream_from(arena_.get(), il);
@@ -391,10 +454,11 @@ void DenseWindow::forward(const std::vector<WindowStep>& parts) {
         if (c.scale_query) be.unary(q, Unary::Scale, c.attn_scale, q);
         for (size_t i = 0; i < parts.size(); ++i) seqs[i] = win(i)->kv_[size_t(il)].append_seq(t0[i], parts[i].n);
         be.kv_append(k, v, seqs.data(), int64_t(seqs.size()), KV);
-        const AttentionShape shape{H, KV, D, swa ? c.sliding_window : 0, c.scale_query ? 1.0f : c.attn_scale};
+        const AttentionShape shape{H, KV, D, swa ? c.sliding_window : 0, c.scale_query ? 1.0f : c.attn_scale, L.sinks};
         be.attention(q, seqs.data(), int64_t(seqs.size()), shape, att);
         for (size_t i = 0; i < parts.size(); ++i) win(i)->kv_[size_t(il)].commit(parts[i].n);
         be.matmul(L.o, att, o);
+        bias(o, L.o_bias);
         residual(L.post_attn_norm);
 
         // feed-forward: down(act(gate(x)) * up(x)), or the mixture of experts

@@ -1,8 +1,9 @@
-// Decoder-only transformers with dense attention on every layer (llama.cpp's gemma3, qwen2, qwen3 and
-// qwen3moe graphs) on the Backend op interface: token embedding, per layer RMSNorm -> GQA attention with RoPE
-// -> residual -> RMSNorm -> FFN -> residual, final RMSNorm and the LM head. The FFN is a gated MLP, or a
-// sparse mixture of experts (qwen3moe: SparseMoe, its routed experts resident or streamed through an
-// ExpertArena as qwen4exp's are). What differs between architectures is data in DenseConfig, so llama-like
+// Decoder-only transformers with dense attention on every layer (llama.cpp's gemma3, qwen2, qwen3, qwen3moe
+// and gpt-oss graphs) on the Backend op interface: token embedding, per layer RMSNorm -> GQA attention with
+// RoPE -> residual -> RMSNorm -> FFN -> residual, final RMSNorm and the LM head. The FFN is a gated MLP, or a
+// sparse mixture of experts (qwen3moe, gpt-oss: SparseMoe, its routed experts resident or streamed through
+// an ExpertArena as qwen4exp's are). gpt-oss adds attention sinks, an output bias, sliding-window layers
+// that alternate with global ones and YaRN RoPE. What differs between architectures is data in DenseConfig, so llama-like
 // architectures are a new from_gguf case. Weights are views into the GGUF mapping; the KV caches live in a
 // DenseWindow.
 #pragma once
@@ -39,8 +40,17 @@ struct DenseConfig {
     int64_t n_rot = 0;           // rope.dimension_count: leading dims rotated, NEOX pairs (i, i + n_rot/2)
     float eps = 1e-6f;           // attention.layer_norm_rms_epsilon
     float rope_base = 10000.0f;  // rope.freq_base (global layers)
-    float rope_scale = 1.0f;     // linear RoPE scaling on global layers: positions times 1 / rope.scaling.factor
-    float rope_base_swa = 10000.0f;  // rope.freq_base_swa (sliding-window layers, never scaled)
+    float rope_scale = 1.0f;     // RoPE scaling on global layers: 1 / rope.scaling.factor (linear or YaRN)
+    float rope_base_swa = 10000.0f;  // rope.freq_base_swa (sliding-window layers)
+    bool swa_scaled = false;         // sliding-window layers scaled as global ones (gpt-oss), else never
+    // YaRN (rope.scaling.type yarn) when yarn_orig_ctx > 0: frequencies interpolated by rope_scale below the
+    // correction range of the beta_fast / beta_slow rotations at yarn_orig_ctx, kept above it, a linear ramp
+    // between (its ends rounded out unless !yarn_truncate: gpt-oss's checkpoints, as transformers runs
+    // them); q·k scaled by yarn_mscale^2 (the cos / sin factor of both).
+    int64_t yarn_orig_ctx = 0;
+    float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
+    bool yarn_truncate = true;
+    float yarn_mscale = 1.0f;
     int64_t sliding_window = 0;      // attention.sliding_window; 0: none
     std::vector<bool> swa;           // per layer: sliding-window attention
     float attn_scale = 1.0f;
@@ -59,7 +69,7 @@ class DenseWindow;
 
 class DenseModel {
 public:
-    // Maps and validates a gemma3, qwen2, qwen3 or qwen3moe GGUF (files: as GgufSet takes them); `experts`
+    // Maps and validates a gemma3, qwen2, qwen3, qwen3moe or gpt-oss GGUF (files: as GgufSet takes them); `experts`
     // says how a MoE model's routed experts are reached. Throws GGUFError / ModelFormatError naming the key or
     // tensor.
     explicit DenseModel(const std::vector<std::vector<std::string>>& files, const ExpertLoadOptions& experts = {},
@@ -81,7 +91,8 @@ private:
         Tensor attn_norm;                 // [hidden]
         Tensor q, k, v;                   // [n_head * D][hidden], [n_head_kv * D][hidden] twice
         Tensor o;                         // [hidden][n_head * D]
-        Tensor q_bias, k_bias, v_bias;
+        Tensor q_bias, k_bias, v_bias, o_bias;
+        Tensor sinks;                     // [1][n_head] (gpt-oss)
         Tensor q_norm, k_norm;            // [D]
         Tensor post_attn_norm;            // [hidden]
         Tensor ffn_norm;                  // [hidden]

@@ -51,12 +51,12 @@ PackedRows pack(Workspace& ws, const ExpertBatch& b, const Tensor& x) {
     return {pairs, xs};
 }
 
-// Runs experts `which` (indices into b.active) with weights `w[i]`: ys rows of those experts from xs rows.
-// g, u: [b.rows][ff] scratch. Every product is independent of which others share its batch (Backend
-// contract), so any split into calls gives the same bits.
+// Runs experts `which` (indices into b.active) with weights `w[i]`: ys rows of those experts from xs rows,
+// with `set`'s act and biases. g, u: [b.rows][ff] scratch. Every product is independent of which others
+// share its batch (Backend contract), so any split into calls gives the same bits.
 void run_experts(Backend& be, const ExpertBatch& b, const std::vector<size_t>& which,
-                 const std::vector<ExpertWeights>& w, const Tensor& xs, const Tensor& g, const Tensor& u,
-                 const Tensor& ys) {
+                 const std::vector<ExpertWeights>& w, const ExpertSet& set, const Tensor& xs, const Tensor& g,
+                 const Tensor& u, const Tensor& ys) {
     std::vector<MatmulJob> jobs;
     for (size_t i = 0; i < which.size(); ++i) {
         const int64_t n = b.count[which[i]], o = b.offset[which[i]];
@@ -64,14 +64,24 @@ void run_experts(Backend& be, const ExpertBatch& b, const std::vector<size_t>& w
         jobs.push_back({w[i].up, xs.row_range(o, n), u.row_range(o, n)});
     }
     be.matmul(jobs.data(), int64_t(jobs.size()));
-    // silu(g) * u over the experts' rows, one op per run of adjacent experts (all of them when none waited)
+    // expert e's bias row added to each of its rows
+    const auto add_bias = [&](const Tensor& z, const Tensor& bias) {
+        if (!bias) return;
+        for (size_t i : which) {
+            const int64_t n = b.count[i], o = b.offset[i];
+            be.add(z.row_range(o, n), bias.row_range(b.active[i], 1), z.row_range(o, n));
+        }
+    };
+    add_bias(g, set.gate_bias);
+    add_bias(u, set.up_bias);
+    // act(g, u) over the experts' rows, one op per run of adjacent experts (all of them when none waited)
     std::vector<size_t> sorted(which);
     std::sort(sorted.begin(), sorted.end());
     for (size_t i = 0; i < sorted.size();) {
         size_t j = i + 1;
         while (j < sorted.size() && sorted[j] == sorted[j - 1] + 1) ++j;
         const int64_t r0 = b.offset[sorted[i]], n = b.offset[sorted[j - 1]] + b.count[sorted[j - 1]] - r0;
-        be.glu(g.row_range(r0, n), u.row_range(r0, n), Glu::Silu, g.row_range(r0, n));
+        be.glu(g.row_range(r0, n), u.row_range(r0, n), set.act, g.row_range(r0, n));
         i = j;
     }
     jobs.clear();
@@ -80,6 +90,7 @@ void run_experts(Backend& be, const ExpertBatch& b, const std::vector<size_t>& w
         jobs.push_back({w[i].down, g.row_range(o, n), ys.row_range(o, n)});
     }
     be.matmul(jobs.data(), int64_t(jobs.size()));
+    add_bias(ys, set.down_bias);
 }
 
 // Releases the arena slots still pinned when a layer's expert work ends, by exception or not.
@@ -98,6 +109,14 @@ SparseMoe SparseMoe::load(const ModelWeights& w, int layer, const MoeShape& shap
     m.shape_ = shape;
     const std::string p = "blk." + std::to_string(layer) + ".";
     m.router_ = w.matrix(p + "ffn_gate_inp.weight", shape.n_expert, shape.hidden);
+    m.experts_.act = shape.act;
+    if (shape.biases) {
+        const int64_t ne = shape.n_expert, ff = shape.ff_expert, h = shape.hidden;
+        m.router_bias_ = w.f32_converted(p + "ffn_gate_inp.bias", {ne});
+        m.experts_.gate_bias = w.f32_converted(p + "ffn_gate_exps.bias", {ff, ne}).reshaped(ne, ff);
+        m.experts_.up_bias = w.f32_converted(p + "ffn_up_exps.bias", {ff, ne}).reshaped(ne, ff);
+        m.experts_.down_bias = w.f32_converted(p + "ffn_down_exps.bias", {h, ne}).reshaped(ne, h);
+    }
     if (routed) {
         const int64_t ne = shape.n_expert;
         m.experts_.gate = w.stacked_all(p + "ffn_gate_exps.weight", ne, shape.ff_expert, shape.hidden);
@@ -134,11 +153,16 @@ std::vector<int32_t> SparseMoe::route(Workspace& ws, const Tensor& logits, bool 
     return host;
 }
 
+void SparseMoe::router_logits(Backend& be, const Tensor& x, const Tensor& logits) const {
+    be.matmul(router_, x, logits);
+    if (router_bias_) be.add(logits, router_bias_, logits);
+}
+
 void SparseMoe::prefetch(Workspace& ws, const Tensor& x) const {
     if (!arena_ || arena_->device_routed()) return;
     Workspace::Scope scope(ws);
     const Tensor logits = ws.f32(x.rows, shape_.n_expert), weights = ws.f32(x.rows, shape_.n_used);
-    ws.backend().matmul(router_, x, logits);
+    router_logits(ws.backend(), x, logits);
     const std::vector<int32_t> ids = route(ws, logits, false, weights);
     arena_->prefetch(layer_, ids.data(), int64_t(ids.size()));
 }
@@ -163,6 +187,7 @@ void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y, const T
             jobs.push_back({sh_router_, x, sg});
         }
         be.matmul(jobs.data(), int64_t(jobs.size()));
+        if (router_bias_) be.add(logits, router_bias_, logits);
         const Tensor ids = ids_out ? ids_out : ws.i32(ntok, k);
         MoeRouting r{k, shape_.norm_topk_prob, 0.0f, 0};
         Tensor resident;
@@ -188,7 +213,7 @@ void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y, const T
         return;
     }
 
-    be.matmul(router_, x, logits);
+    router_logits(be, x, logits);
     const ExpertBatch b = group_by_expert(route(ws, logits, true, weights), shape_.n_expert, k);
     const PackedRows packed = pack(ws, b, x);
     const Tensor g = ws.f32(b.rows, ff), u = ws.f32(b.rows, ff), ys = ws.f32(b.rows, h);
@@ -231,7 +256,7 @@ void SparseMoe::forward(Workspace& ws, const Tensor& x, const Tensor& y, const T
             if (run.empty()) run.push_back(rest.front()), rest.erase(rest.begin());
             std::vector<ExpertWeights> w;
             for (size_t i : run) w.push_back(arena_->wait(slot_of[i]));
-            run_experts(be, b, run, w, packed.xs, g, u, ys);
+            run_experts(be, b, run, w, experts_, packed.xs, g, u, ys);
             pending = std::move(rest);
         }
         // The wave's slots may be reused by the next one: its products must have read them.

@@ -1,6 +1,8 @@
 // Sparse mixture of experts with a gated shared expert (qwen4_exp / qwen3-next style):
 //   p = softmax(W_router x); top-k experts by p (renormalised when norm_topk_prob);
 //   y = sum_k p_k * down_k(silu(gate_k x) * up_k x) + sigmoid(w_sg . x) * down_s(silu(gate_s x) * up_s x)
+// gpt-oss's: biases on the router and on every expert product, its clamped SwiGLU, no shared expert (the
+// softmax of the top-k logits is the renormalised top-k of the softmax).
 //
 // The routed experts are either views into the mapped model file (resident) or streamed through an
 // ExpertArena: the layer pins the experts its tokens need, runs those already resident and the shared
@@ -26,6 +28,8 @@ struct MoeShape {
     int64_t ff_expert = 0;      // routed expert intermediate width
     int64_t ff_shared = 0;      // shared expert intermediate width (0: none)
     bool norm_topk_prob = true;
+    Glu act = Glu::Silu;        // joins the routed experts' gate and up (Silu or SwigluOai)
+    bool biases = false;        // ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss)
 };
 
 // Cache-aware routing (MoCE, arXiv 2412.00099): the `protect` experts ranked highest by the router are kept;
@@ -69,9 +73,15 @@ private:
     // Router logits [ntok][n_expert] -> the routing ids on the host and the weights [ntok][k] on the backend.
     std::vector<int32_t> route(Workspace& ws, const Tensor& logits, bool cache_aware, const Tensor& weights) const;
 
+    // Router logits of x, its bias added.
+    void router_logits(Backend& be, const Tensor& x, const Tensor& logits) const;
+
     MoeShape shape_;
     Tensor router_;    // [n_expert, hidden]
-    ExpertSet experts_;  // resident: the stacked [n_expert * ff][hidden] (twice), [n_expert * hidden][ff]
+    Tensor router_bias_;  // [1][n_expert] or empty
+    // resident: the stacked [n_expert * ff][hidden] (twice), [n_expert * hidden][ff]; always the act and the
+    // biases (resident also when the matrices stream)
+    ExpertSet experts_;
     Tensor sh_gate_, sh_up_, sh_down_, sh_router_;  // shared expert and its gate [1, hidden]
     ExpertArena* arena_ = nullptr;
     int64_t layer_ = 0;

@@ -61,6 +61,11 @@ nb::dict dense_config_dict(const DenseModel& m) {
     d["rope_dimension_count"] = c.n_rot;
     d["rope_theta"] = c.rope_base;
     d["rope_scaling_factor"] = 1.0f / c.rope_scale;
+    d["rope_type"] = c.yarn_orig_ctx > 0 ? "yarn" : c.rope_scale != 1.0f ? "linear" : "default";
+    if (c.yarn_orig_ctx > 0) {
+        d["original_max_position_embeddings"] = c.yarn_orig_ctx;
+        d["rope_attention_factor"] = c.yarn_mscale;
+    }
     d["rope_local_base_freq"] = c.rope_base_swa;
     d["sliding_window"] = c.sliding_window;
     nb::list types;
@@ -74,7 +79,10 @@ nb::dict dense_config_dict(const DenseModel& m) {
         d["num_experts_per_tok"] = c.moe.n_used;
         d["moe_intermediate_size"] = c.moe.ff_expert;
         d["norm_topk_prob"] = c.moe.norm_topk_prob;
+        d["experts_activation"] = c.moe.act == regolith::Glu::SwigluOai ? "swiglu_oai" : "silu";
+        d["experts_bias"] = c.moe.biases;
     }
+    d["attention_sinks"] = c.arch == "gpt-oss";
     return d;
 }
 

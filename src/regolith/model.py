@@ -122,6 +122,7 @@ _ARCHITECTURES = {
     "qwen2": _core.DenseModel,
     "qwen3": _core.DenseModel,
     "qwen3moe": _core.DenseModel,
+    "gpt-oss": _core.DenseModel,
     "qwen4exp": _core.Qwen4ExpModel,
     "qwen35moe": _core.Qwen4ExpModel,
     "qwen3next": _core.Qwen4ExpModel,

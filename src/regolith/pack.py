@@ -41,7 +41,7 @@ PLE = "ple.bin"
 RECORD_ALIGN = 16384  # experts.bin records and dense.gguf tensor data
 PLE_BLOCK = 4096
 # The architectures whose routed experts stream through the arena (and so pack)
-STREAMED_ARCHITECTURES = ("qwen4exp", "qwen3moe", "qwen35moe", "qwen3next")
+STREAMED_ARCHITECTURES = ("qwen4exp", "qwen3moe", "qwen35moe", "qwen3next", "gpt-oss")
 
 _EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 _PLE_TABLE = "per_layer_token_embd.weight"

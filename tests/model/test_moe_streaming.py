@@ -1,10 +1,10 @@
 """The mixture-of-experts families' routed experts through the expert arena, on a quantized tiny file of each
-(qwen3moe, qwen35moe, qwen3next; regolith's converter, Q4_K experts): the file against its dequantized twin;
+(qwen3moe, qwen35moe, qwen3next, gpt-oss; regolith's converter, Q4_K experts): the file against its dequantized twin;
 streamed through arenas of one slot, a layer's worth, one token's worth and one more, and every expert, from the
 GGUF and from a pack, bit-identical to resident (lookahead on and off); the host tier and device routing on a
 device arena; MoCE; speculative decoding, saved sessions and the prompt cache while streaming; the plan's
-scratch against what a window's workspace holds. The families' oracle tests are tests/model/test_qwen3moe.py and
-test_qwen_hybrid.py."""
+scratch against what a window's workspace holds. The families' oracle tests are tests/model/test_qwen3moe.py,
+test_qwen_hybrid.py and test_gpt_oss.py."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from tests.model.twin import write_dequantized_twin
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
-ARCHES = ("qwen3moe", "qwen35moe", "qwen3next")
+ARCHES = ("qwen3moe", "qwen35moe", "qwen3next", "gptoss")
 N_EXPERT, N_USED = 16, 4
 
 
@@ -37,12 +37,11 @@ N_EXPERT, N_USED = 16, 4
 def quantized(request, tmp_path_factory) -> Path:
     """hidden 256 and expert width 256, so the expert and attention matrices are Q4_K (regolith's quantizer)."""
     root = tmp_path_factory.mktemp(f"{request.param}-q")
-    ov = {
-        "hidden_size": 256,
-        "moe_intermediate_size": 256,
-        "num_experts": N_EXPERT,
-        "num_experts_per_tok": N_USED,
-    }
+    ov = {"hidden_size": 256, "num_experts_per_tok": N_USED}
+    if request.param == "gptoss":  # its experts' width and count under gpt-oss's names
+        ov.update(intermediate_size=256, num_local_experts=N_EXPERT)
+    else:
+        ov.update(moe_intermediate_size=256, num_experts=N_EXPERT)
     return convert(save_tiny_checkpoint(request.param, root / "hf", 4, **ov), root / "q.gguf", "q4_k")
 
 
