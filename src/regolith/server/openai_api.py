@@ -17,7 +17,7 @@ from .endpoint import ServerState, StrictBody, collect, documented, event_stream
 from .engine import Job, Piece
 from .logprobs import CompletionLogprobs, chat_logprobs, merge
 from .plan import Plan, chat_prompt, check_sampling, fit_max_tokens, grammar_guide, plan_chat
-from .reply import ReplyParser, ToolCall
+from .reply import HarmonyParser, ReplyParser, ToolCall
 
 if TYPE_CHECKING:
     from ..generation import Generation
@@ -169,6 +169,7 @@ class ChatRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's and llama-server's: more template variables
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     audio: dict[str, Any] | None = None
@@ -360,7 +361,7 @@ class _ChatChoice:
 
     def __init__(self, plan: Plan, gen: Generation | None):
         self.plan, self.gen = plan, gen
-        self.parser: ReplyParser = plan.parser()
+        self.parser: ReplyParser | HarmonyParser = plan.parser()
         self.pending: list[TokenLogprob] = []
 
     def end(self) -> tuple[list[ToolCall], str, APIError | None]:
@@ -389,6 +390,7 @@ async def chat_completions(request: Request) -> Any:
         json_schema=schema,
         json_mode=fmt is not None,
         reasoning_effort=req.reasoning_effort,
+        template_kwargs=req.chat_template_kwargs,
     )
     plan = await asyncio.to_thread(  # a grammar's compilation may take a while
         plan_chat,

@@ -2,6 +2,10 @@
 (thinking budget or JSON) and how to read the reply. Shared by the OpenAI and Anthropic endpoints, which
 first bring their requests to the chat template's form: messages as ``{"role", "content", "tool_calls",
 "tool_call_id", "reasoning_content"}`` dicts and tools as OpenAI function definitions.
+
+gpt-oss's templates write OpenAI's harmony format (:func:`is_harmony`): the conversation is brought to the
+fields its template reads (:func:`harmony_messages`), a forced call, JSON output and the thinking budget use
+its channels, and :class:`.reply.HarmonyParser` reads the reply.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from ..sampling import SamplingParams
 from ..vision import ImageSpan, render_with_images, split_images
 from .api_error import APIError
 from .grammar import JSON_LAYOUT, GrammarGuide, json_grammar, text_grammar
-from .reply import ReplyParser
+from .reply import HarmonyParser, ReplyParser
 from .structured import json_instruction, parse_json_reply, schema_errors
 from .thinking import ThinkingBudget, think_tags
 
@@ -28,16 +32,30 @@ if TYPE_CHECKING:
     from ..model import Model
 
 __all__ = [
+    "HARMONY_EFFORTS",
     "ChatPrompt",
     "Plan",
     "chat_prompt",
     "check_sampling",
     "fit_max_tokens",
     "grammar_guide",
+    "harmony_json_grammar",
+    "harmony_messages",
+    "is_harmony",
     "plan_chat",
     "stop_sequence",
     "tool_call_grammar",
+    "tool_call_prefix",
 ]
+
+# The reasoning efforts gpt-oss knows (its system prompt's "Reasoning: ..." line).
+HARMONY_EFFORTS = ("low", "medium", "high")
+# A harmony reply's thinking: the analysis message, whose end a thinking budget forces.
+HARMONY_ANALYSIS = ("<|channel|>analysis<|message|>", "<|end|>")
+# Variables a request's chat_template_kwargs may not set: the renderer's own.
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "template", "n_images"}
+)
 
 
 @dataclass
@@ -50,6 +68,7 @@ class ChatPrompt:
     thinking_open: bool  # the prompt ends inside a thinking block
     reply_prefix: str  # the forced start of a tool call, already in the prompt
     reply_grammar: str | None = None  # with reply_prefix: the rest of the call (tool_call_grammar)
+    harmony: bool = False  # the template writes the harmony format (gpt-oss)
     images: list[ImageSpan] = field(default_factory=list)  # the prompt's images (Model.start's images=)
     boundaries: list[int] = field(default_factory=list)  # prompt cache snapshots (Model.start's boundaries=)
 
@@ -93,9 +112,11 @@ class Plan:
             code="invalid_model_output",
         )
 
-    def parser(self) -> ReplyParser:
+    def parser(self) -> ReplyParser | HarmonyParser:
         """A parser for the reply: thinking, text and tool calls."""
         chat = self.chat
+        if chat.harmony:
+            return HarmonyParser(tool_names=chat.tool_names, prefix=chat.reply_prefix)
         return ReplyParser(
             think_tags=None if chat.reply_prefix else chat.think_tags,
             thinking=chat.thinking_open,
@@ -133,24 +154,32 @@ def fit_max_tokens(model: Model, n_prompt: int, requested: int | None, default: 
     return max(0, min(want, room))
 
 
+def is_harmony(template_source: str) -> bool:
+    """Whether a chat template writes OpenAI's harmony format (gpt-oss): messages on ``<|channel|>`` s."""
+    return "<|channel|>" in template_source and "<|message|>" in template_source
+
+
 def _call_format(template_source: str) -> tuple[str, str, str]:
-    """(opener, arguments key, closing) of a tool call in the model's format: Hermes / Qwen
-    ``<tool_call>``, Mistral ``[TOOL_CALLS][...]`` (``[ARGS]``: opener only), else a bare JSON object
-    (Llama 3 names its arguments ``parameters``)."""
+    """(opening up to the function's name, what follows the name up to the arguments, closing) of a tool
+    call in the model's format: harmony's message to ``functions.NAME``, Hermes / Qwen ``<tool_call>``,
+    Mistral ``[TOOL_CALLS][...]`` or ``[TOOL_CALLS]NAME[ARGS]``, else a bare JSON object (Llama 3 names its
+    arguments ``parameters``)."""
+    if is_harmony(template_source):
+        return "<|channel|>commentary to=functions.", " <|constrain|>json<|message|>", ""
     if "<tool_call>" in template_source:
-        return "<tool_call>\n", "arguments", "}\n</tool_call>"
+        return '<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>"
     if "[TOOL_CALLS]" in template_source:
         if "[ARGS]" in template_source:
-            return "[TOOL_CALLS]", "", ""
-        return "[TOOL_CALLS][", "arguments", "}]"
-    return "", "parameters" if '"parameters"' in template_source else "arguments", "}"
+            return "[TOOL_CALLS]", "[ARGS]", ""
+        return '[TOOL_CALLS][{"name": "', '", "arguments": ', "}]"
+    key = "parameters" if '"parameters"' in template_source else "arguments"
+    return '{"name": "', f'", "{key}": ', "}"
 
 
 def tool_call_prefix(template_source: str) -> str:
     """The opening of a tool call in the model's format, up to the function's name: appended to the prompt
     to force a call (the rest, the name included, is :func:`tool_call_grammar`'s)."""
-    opener, key, _ = _call_format(template_source)
-    return opener if not key else opener + '{"name": "'  # [TOOL_CALLS]name[ARGS]{...} has no key
+    return _call_format(template_source)[0]
 
 
 def tool_call_grammar(template_source: str, tools: list[dict[str, Any]]) -> str:
@@ -159,18 +188,118 @@ def tool_call_grammar(template_source: str, tools: list[dict[str, Any]]) -> str:
     schema, and the call's closing. The model writes the name under the grammar rather than finding it in its
     prompt: a head cut where the prompt ends tokenizes unlike what the model writes itself, and a small model
     can lose its way after it (the bundled demo model then loops inside the first string argument)."""
-    _, key, close = _call_format(template_source)
+    _, after_name, close = _call_format(template_source)
 
     def call(tool: dict[str, Any]) -> str:
         fn = tool["function"]
         schema = {**(fn.get("parameters") or {"type": "object"}), "x-guidance": JSON_LAYOUT}
-        head = fn["name"] + ("[ARGS]" if not key else '", "' + key + '": ')
+        head = fn["name"] + after_name
         parts = [json.dumps(head, ensure_ascii=False), "%json " + json.dumps(schema, ensure_ascii=False)]
         if close:
             parts.append(json.dumps(close))
         return " ".join(parts)
 
     return "start: " + " | ".join(call(t) for t in tools)
+
+
+def harmony_json_grammar(schema: Mapping[str, Any] | None) -> str:
+    """The Lark grammar (llguidance's) of a harmony reply whose answer is JSON matching ``schema`` (None: any
+    JSON object): an analysis message, if the model thinks, then the final message's JSON."""
+    body = {**(schema if schema is not None else {"type": "object"}), "x-guidance": JSON_LAYOUT}
+    return (
+        "start: analysis? final\n"
+        'analysis: "<|channel|>analysis<|message|>" reasoning "<|start|>assistant"\n'
+        'reasoning[stop="<|end|>"]: /(?s:.*)/\n'
+        'final: "<|channel|>final" (" " "<|constrain|>"? "json")? "<|message|>" %json '
+        + json.dumps(body, ensure_ascii=False)
+    )
+
+
+def harmony_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as gpt-oss's template reads it: an assistant message's ``reasoning_content`` as
+    ``thinking`` (the template refuses both content and thinking beside a tool call: the content is dropped,
+    as llama.cpp does), and one tool call per assistant message, each followed by its result (the template
+    renders only a message's first call and names each result after the latest call)."""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        i += 1
+        if m["role"] != "assistant":
+            out.append(m)
+            continue
+        m = dict(m)
+        if "reasoning_content" in m:
+            reasoning = m.pop("reasoning_content")
+            if reasoning and "thinking" not in m:
+                m["thinking"] = reasoning
+        calls = m.get("tool_calls") or []
+        if not calls:
+            out.append(m)
+            continue
+        if m.get("thinking"):
+            m["content"] = ""
+        results = []
+        while i < len(messages) and messages[i]["role"] == "tool":
+            results.append(messages[i])
+            i += 1
+        for k, call in enumerate(calls):
+            out.append(
+                {**m, "tool_calls": [call]}
+                if k == 0
+                else {"role": "assistant", "content": "", "tool_calls": [call]}
+            )
+            out += [r for r in results if r.get("tool_call_id") == call.get("id")]
+            results = [r for r in results if r.get("tool_call_id") != call.get("id")]
+        out += results  # results of no call of the message: after its last call
+    return out
+
+
+def _harmony_request(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    thinking: bool | None,
+    reasoning_effort: str | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str | None]:
+    """(messages, tools, reasoning effort) for gpt-oss's template. The model always reasons: no thinking
+    asks for the least ('low'); an effort it does not know is a 400. Tools without a description get an
+    empty one (the template prints it)."""
+    if reasoning_effort is None and thinking is False:
+        reasoning_effort = "low"
+    if reasoning_effort is not None and reasoning_effort not in HARMONY_EFFORTS:
+        raise APIError(
+            400,
+            f"reasoning effort {reasoning_effort!r} is not one gpt-oss knows: use one of "
+            + ", ".join(HARMONY_EFFORTS),
+            param="reasoning_effort",
+        )
+    if tools is not None:
+        tools = [{**t, "function": {"description": "", **t["function"]}} for t in tools]
+    return harmony_messages(messages), tools, reasoning_effort
+
+
+def _template_variables(
+    template_kwargs: Mapping[str, Any] | None, thinking: bool | None, reasoning_effort: str | None
+) -> tuple[dict[str, Any], bool | None, str | None]:
+    """(extra template variables, thinking, reasoning effort) from a request's ``chat_template_kwargs``,
+    whose ``enable_thinking`` and ``reasoning_effort`` stand in for the request's own when it sets none."""
+    variables = dict(template_kwargs or {})
+    reserved = sorted(RESERVED_TEMPLATE_VARIABLES & set(variables))
+    if reserved:
+        raise APIError(
+            400, f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs"
+        )
+    effort = variables.pop("reasoning_effort", None)
+    if reasoning_effort is None and effort is not None:
+        if not isinstance(effort, str):
+            raise APIError(
+                400, "chat_template_kwargs.reasoning_effort must be a string", param="chat_template_kwargs"
+            )
+        reasoning_effort = effort
+    enable = variables.pop("enable_thinking", None)
+    if thinking is None and isinstance(enable, bool):
+        thinking = enable
+    return variables, thinking, reasoning_effort
 
 
 def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
@@ -192,17 +321,21 @@ def chat_prompt(
     thinking: bool | None = None,
     reasoning_effort: str | None = None,
     prefill: str = "",
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> ChatPrompt:
     """Render and tokenize a conversation.
 
     ``tool_choice``: 'auto' (default), 'none', 'required', or a tool's name; 'required' and a name force the
     reply to begin a tool call in the model's format. ``json_mode`` asks for JSON (matching ``json_schema``)
     in the system prompt. ``thinking``: ask the template to think or not (None: its default). ``prefill`` is
-    the start of the reply (Anthropic's trailing assistant message). Image content parts (``image`` or
-    ``image_url``) become the model's image tokens. Raises :class:`APIError` (400 for an unusable image or a
-    model without vision support).
+    the start of the reply (Anthropic's trailing assistant message). ``template_kwargs`` are more template
+    variables (a request's ``chat_template_kwargs``). Image content parts (``image`` or ``image_url``) become
+    the model's image tokens. Raises :class:`APIError` (400 for an unusable image or a model without vision
+    support, a harmony template's unknown reasoning effort, or a reserved template variable).
     """
     template = model.chat_template
+    harmony = is_harmony(template.source)
+    variables, thinking, reasoning_effort = _template_variables(template_kwargs, thinking, reasoning_effort)
     choice = tool_choice or "auto"
     offered = [t["function"]["name"] for t in tools or []]
     if choice not in ("auto", "none", "required") and choice not in offered:
@@ -215,7 +348,8 @@ def chat_prompt(
         tools = [t for t in tools if t["function"]["name"] == choice]
     if json_mode:
         messages = _with_system_text(messages, json_instruction(json_schema))
-    variables: dict[str, Any] = {}
+    if harmony:
+        messages, tools, reasoning_effort = _harmony_request(messages, tools, thinking, reasoning_effort)
     if thinking is not None and "enable_thinking" in template.source:
         variables["enable_thinking"] = thinking
     messages, sources = split_images(messages)
@@ -227,11 +361,15 @@ def chat_prompt(
         raise APIError(
             400, f"the conversation does not fit the model's chat template: {e}", param="messages"
         ) from None
-    tags = think_tags(template)
+    tags = None if harmony else think_tags(template)
     reply_prefix, reply_grammar = "", None
     if tools is not None and choice != "auto":  # tools: the named one alone, when a name is forced
         reply_prefix = tool_call_prefix(template.source)
         reply_grammar = tool_call_grammar(template.source, tools)
+    if harmony and prefill:  # the reply continues the answer: a final message (the analysis is skipped)
+        prefill = (
+            "<|channel|>final<|message|>" + prefill + ("<|end|><|start|>assistant" if reply_prefix else "")
+        )
     text += prefill + reply_prefix
     names = None if tools is None else [t["function"]["name"] for t in tools]
     images: list[ImageSpan] = []
@@ -254,6 +392,7 @@ def chat_prompt(
         thinking_open=tags is not None and not reply_prefix and text.rstrip().endswith(tags[0]),
         reply_prefix=reply_prefix,
         reply_grammar=reply_grammar,
+        harmony=harmony,
         images=images,
         boundaries=boundaries,
     )
@@ -278,9 +417,10 @@ def plan_chat(
 
     ``response_format``: None, 'json_object' or 'json_schema' (with ``json_schema``); the reply is kept to a
     JSON object (matching the schema) token by token (:class:`.grammar.GrammarGuide`) when the model neither
-    thinks nor may call tools. ``thinking_budget`` caps the thinking
-    block. ``grammar`` (GBNF or Lark) constrains the whole reply instead. ``sampling`` are
-    :class:`regolith.SamplingParams` fields. Raises :class:`APIError`.
+    thinks in ``<think>`` tags nor may call tools (a harmony reply's final message is kept to it, after the
+    analysis). ``thinking_budget`` caps the thinking block (harmony: the analysis message). ``grammar`` (GBNF
+    or Lark) constrains the whole reply instead. ``sampling`` are :class:`regolith.SamplingParams` fields.
+    Raises :class:`APIError`.
     """
     sampling = dict(sampling or {})
     check_sampling(model, sampling)
@@ -302,11 +442,27 @@ def plan_chat(
         guide = grammar_guide(model, grammar)
     elif prompt.reply_grammar is not None:
         reply_grammar = prompt.reply_grammar
-        guide = _guided(model, lambda: text_grammar(reply_grammar), "tools")
+        # a harmony call ends with <|call|>, which ends the reply too
+        end = model.tokenizer.token_to_id("<|call|>") if prompt.harmony else None
+        guide = _guided(model, lambda: text_grammar(reply_grammar), "tools", end=end)
+    elif thinking_budget is not None and prompt.harmony:
+        # the analysis message ends, and the final one begins (with tools: a message the model may address
+        # to a tool)
+        closing = "<|end|><|start|>assistant" + ("" if prompt.tool_names else "<|channel|>final<|message|>")
+        guide = ThinkingBudget(
+            model.tokenizer,
+            thinking_budget,
+            max_tokens=n_max,
+            tags=HARMONY_ANALYSIS,
+            open_at_start=False,
+            closing=closing,
+        )
     elif thinking_budget is not None and tags is not None:
         guide = ThinkingBudget(
             model.tokenizer, thinking_budget, max_tokens=n_max, tags=tags, open_at_start=prompt.thinking_open
         )
+    elif json_mode and prompt.tool_names is None and prompt.harmony:
+        guide = _guided(model, lambda: text_grammar(harmony_json_grammar(json_schema)), "response_format")
     elif json_mode and prompt.tool_names is None and tags is None:
         guide = _guided(model, lambda: json_grammar(json_schema), "response_format")
     return Plan(
@@ -326,11 +482,12 @@ def plan_chat(
     )
 
 
-def _guided(model: Model, grammar: Callable[[], str], param: str) -> GrammarGuide:
-    """A guide for the grammar ``grammar()`` makes, ending the reply with the model's end token; a grammar
-    that cannot be used is a 400 for the request field ``param``."""
+def _guided(model: Model, grammar: Callable[[], str], param: str, *, end: int | None = None) -> GrammarGuide:
+    """A guide for the grammar ``grammar()`` makes, ending the reply with ``end`` (None: the model's end
+    token); a grammar that cannot be used is a 400 for the request field ``param``."""
     tok = model.tokenizer
-    end = tok.eos_id if tok.eos_id in tok.eog_ids else min(tok.eog_ids)
+    if end is None:
+        end = tok.eos_id if tok.eos_id in tok.eog_ids else min(tok.eog_ids)
     try:
         return GrammarGuide(tok, grammar(), n_vocab=model.config["vocab_size"], end=end)
     except ValueError as e:

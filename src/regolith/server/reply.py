@@ -12,6 +12,14 @@ Models write tool calls in their own formats, which their chat templates teach t
 
 :class:`ReplyParser` takes the reply as streamed text pieces and releases thinking and answer text as soon as
 nothing can change them; from the first sign of a tool call the rest is held and parsed at the end.
+
+gpt-oss writes OpenAI's harmony format instead, a run of messages on channels, which
+:class:`HarmonyParser` reads:
+``<|channel|>analysis<|message|>REASONING<|end|><|start|>assistant<|channel|>final<|message|>ANSWER`` (the
+prompt ends with ``<|start|>assistant``); a call is a message to ``functions.NAME``,
+``<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{ARGS}`` (the
+recipient may also stand before ``<|channel|>``). ``<|return|>`` and ``<|call|>`` end the reply and are
+not in its text.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ReplyParser", "ToolCall", "parse_tool_calls"]
+__all__ = ["HarmonyParser", "ReplyParser", "ToolCall", "parse_tool_calls"]
 
 # Markers that begin a tool call anywhere in a reply.
 TAGGED_OPENERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag|>")
@@ -343,3 +351,183 @@ class ReplyParser:
         cut = len(self._buf) - (0 if final else _held_prefix(self._buf, TAGGED_OPENERS))
         self._emit("text", self._buf[:cut], out)
         self._buf = self._buf[cut:]
+
+
+# harmony: what ends a message, what may begin a message's header (``to=`` where the recipient follows the
+# prompt's ``<|start|>assistant``), what ends a message's body (``<|start|>`` is left to begin the next
+# message), what ends text outside any message, and every marker that may stand between messages
+_HARMONY_STOPS = ("<|end|>", "<|return|>", "<|call|>")
+_HARMONY_HEADS = ("<|start|>", "<|channel|>", "to=")
+_HARMONY_ENDS = (*_HARMONY_STOPS, "<|start|>")
+_HARMONY_STRAY_ENDS = (*_HARMONY_ENDS, "<|channel|>")
+_HARMONY_MARKERS = (*_HARMONY_STRAY_ENDS, "to=")
+_HARMONY_RECIPIENT = re.compile(r"(?:^|\s)to=([^\s<]+)")
+_HARMONY_CHANNEL = re.compile(r"<\|channel\|>\s*([^\s<]+)")
+
+
+def _harmony_arguments(body: str) -> dict[str, Any] | None:
+    """A call's arguments: a JSON object and nothing else (an empty body is no arguments); None if not."""
+    body = body.strip()
+    if not body:
+        return {}
+    try:
+        value, end = _DECODER.raw_decode(body)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) and not body[end:].strip() else None
+
+
+class HarmonyParser:
+    """Splits a streamed harmony reply (gpt-oss) into thinking, answer text and tool calls.
+
+    Each message's header (up to ``<|message|>``) says what its body is: the ``analysis`` channel is
+    thinking; ``final``, and ``commentary`` without a recipient (a preamble shown to the user), are answer
+    text; a message to ``functions.NAME`` is a call of NAME whose body is its JSON arguments (with
+    ``tool_names`` None no tools were offered and calls are dropped, as are messages to other recipients,
+    such as the built-in ``browser`` and ``python`` tools). A body ends at ``<|end|>`` or the next
+    ``<|start|>`` (or ``<|return|>`` / ``<|call|>``, where a tokenizer renders them), else with the reply.
+    Text outside any message (a reply that does not use the format) is answer text. A call whose arguments
+    are not a JSON object is answer text too, written as the model wrote it. Messages of one kind are
+    joined by a blank line.
+
+    Thinking and answer text are released as they come, held only where a piece may end in the start of a
+    marker; headers and calls are held until complete. ``prefix`` is reply text already in the prompt (the
+    forced start of a call's header), parsed but not released. :meth:`feed` and :meth:`finish` return
+    ``[("thinking" | "text", str), ...]``; :attr:`calls` holds the tool calls after :meth:`finish`.
+    """
+
+    def __init__(self, *, tool_names: Collection[str] | None = None, prefix: str = ""):
+        self._tools = tool_names
+        self._state = "between"  # between messages, in a "header" or in a "body"
+        self._kind = ""  # the body's: "thinking", "text", "call" or "drop"
+        self._ends: tuple[str, ...] = _HARMONY_ENDS
+        self._hidden = len(prefix)  # the prefix's length, within the first header
+        self._header = ""  # the current call's header (the model's own text of it), its arguments and name
+        self._args = ""
+        self._name = ""
+        self._joined = {"thinking": False, "text": False}  # a message of the kind began after text of it
+        self.thinking = ""
+        self.text = ""
+        self.calls: list[ToolCall] = []
+        self._buf = prefix
+        self._run([], final=False)
+
+    def feed(self, piece: str) -> list[tuple[str, str]]:
+        """Read the next piece of the reply; returns what can be released now."""
+        out: list[tuple[str, str]] = []
+        self._buf += piece
+        self._run(out, final=False)
+        return out
+
+    def finish(self) -> list[tuple[str, str]]:
+        """The reply has ended: release the rest and parse the last call."""
+        out: list[tuple[str, str]] = []
+        self._run(out, final=True)
+        return out
+
+    def _run(self, out: list[tuple[str, str]], *, final: bool) -> None:
+        while True:
+            if self._state == "between":
+                head = self._buf.lstrip()
+                end = next((m for m in _HARMONY_STOPS if head.startswith(m)), None)
+                if end is not None:  # a stray end marker
+                    self._buf = head[len(end) :]
+                elif head.startswith(_HARMONY_HEADS):
+                    self._state, self._buf = "header", head
+                elif not head or (not final and any(m.startswith(head) for m in _HARMONY_MARKERS)):
+                    if final:
+                        self._buf = ""
+                    return  # nothing yet, or a marker may be beginning
+                else:  # text outside any message
+                    self._open("text", _HARMONY_STRAY_ENDS)
+            elif self._state == "header":
+                i = self._buf.find("<|message|>")
+                restart = self._buf.find("<|start|>", 1)
+                if restart >= 0 and (i < 0 or restart < i):  # a header that never got its body
+                    self._hidden = 0
+                    self._buf = self._buf[restart:]
+                    continue
+                if i < 0:
+                    if final:  # a reply cut inside a header: the header is dropped
+                        self._buf = ""
+                    return
+                header, self._buf = self._buf[:i], self._buf[i + len("<|message|>") :]
+                self._open_header(header)
+            else:
+                hits = [(i, m) for m in self._ends if (i := self._buf.find(m)) >= 0]
+                if hits:
+                    i, marker = min(hits)
+                    self._body(self._buf[:i], out)
+                    self._close(out)
+                    self._buf = self._buf[i if marker in _HARMONY_HEADS else i + len(marker) :]
+                    self._state = "between"
+                    continue
+                keep = 0 if final else _held_prefix(self._buf, self._ends)
+                self._body(self._buf[: len(self._buf) - keep], out)
+                self._buf = self._buf[len(self._buf) - keep :]
+                if final:
+                    self._close(out)
+                    self._state = "between"
+                return
+
+    def _open(self, kind: str, ends: tuple[str, ...] = _HARMONY_ENDS) -> None:
+        self._state, self._kind, self._ends = "body", kind, ends
+        self._begin(kind)
+
+    def _begin(self, kind: str) -> None:
+        """A message of ``kind`` begins: its text will follow the text of earlier ones after a blank line."""
+        if kind in self._joined:
+            self._joined[kind] = bool(self.thinking if kind == "thinking" else self.text)
+
+    def _open_header(self, header: str) -> None:
+        """Begin the body of the message ``header`` announces."""
+        recipient = _HARMONY_RECIPIENT.search(header)
+        channel = _HARMONY_CHANNEL.search(header)
+        if recipient is not None:
+            to = recipient.group(1)
+            if self._tools is not None and to.startswith("functions."):
+                self._name = to[len("functions.") :]
+                self._header = (header + "<|message|>")[self._hidden :]
+                self._args = ""
+                self._open("call")
+            else:
+                self._open("drop")
+        elif channel is not None and channel.group(1) == "analysis":
+            self._open("thinking")
+        else:
+            self._open("text")
+        self._hidden = 0
+
+    def _body(self, text: str, out: list[tuple[str, str]]) -> None:
+        if self._kind == "call":
+            self._args += text
+        elif self._kind in ("thinking", "text"):
+            self._emit(self._kind, text, out)
+
+    def _close(self, out: list[tuple[str, str]]) -> None:
+        """The body has ended: a call is parsed (not one: its text becomes answer text)."""
+        if self._kind == "call":
+            args = _harmony_arguments(self._args)
+            if args is not None and self._name:
+                self.calls.append(ToolCall(self._name, args))
+            else:
+                self._begin("text")
+                self._emit("text", self._header + self._args, out)
+        self._kind = ""
+
+    def _emit(self, kind: str, text: str, out: list[tuple[str, str]]) -> None:
+        if kind == "text" and not self.text:
+            text = text.lstrip()
+        if not text:
+            return
+        if self._joined[kind]:
+            text = "\n\n" + text
+            self._joined[kind] = False
+        if kind == "thinking":
+            self.thinking += text
+        else:
+            self.text += text
+        if out and out[-1][0] == kind:
+            out[-1] = (kind, out[-1][1] + text)
+        else:
+            out.append((kind, text))

@@ -36,8 +36,8 @@ class ThinkingBudget:
 
     The block opens with ``tags[0]`` at the start of the reply, or is already open when ``open_at_start``
     (the prompt ended with the tag). Once :attr:`budget` tokens lie inside it and the model has not closed
-    it, the tokens of ``tags[1]`` and a blank line are forced. Counts come from the reply's text, so the tag
-    may be one special token or several ordinary ones.
+    it, the tokens of ``closing`` (by default ``tags[1]`` and a blank line) are forced. Counts come from the
+    reply's text, so the tag may be one special token (that renders as its text) or several ordinary ones.
     """
 
     def __init__(
@@ -48,12 +48,13 @@ class ThinkingBudget:
         max_tokens: int,
         tags: tuple[str, str],
         open_at_start: bool,
+        closing: str | None = None,
     ):
         if budget < 0:
             raise ValueError(f"the thinking budget must be >= 0, got {budget}")
         self._tok = tokenizer
         self._open, self._close = (t.encode() for t in tags)
-        self.closing = tokenizer.encode(tags[1] + "\n\n", add_special=False)
+        self.closing = tokenizer.encode(tags[1] + "\n\n" if closing is None else closing, add_special=False)
         self.budget = thinking_budget(budget, max_tokens, len(self.closing))
         """The most tokens the thinking block may hold."""
         self._open_at_start = open_at_start
