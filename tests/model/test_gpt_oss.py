@@ -1,6 +1,6 @@
 """gpt-oss against transformers 5.24 (tiny random checkpoints, fp32; tests/dense_models.py ``gptoss``), converted by
 regolith's converter (whose layout tests/model/test_convert_gpt_oss.py checks against llama.cpp's): whole, chunked
-and token by token within 1e-4 over prompts longer than the sliding window, so the attention sinks, the
+and token by token within 1e-4 (llama.cpp's logits on the same files: transformers' with YaRN rounded) over prompts longer than the sliding window, so the attention sinks, the
 alternating sliding-window layers, YaRN RoPE (not truncated, as the released configs say), the biased router and
 experts and the clamped SwiGLU all count; a checkpoint with MXFP4 experts against transformers running the
 experts it dequantizes. The experts streamed, quantized files, speculation and sessions:
@@ -28,7 +28,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
 TOL = 1e-4
-FLOAT = [name for name, (kind, _, _) in GPTOSS_VARIANTS.items() if kind == "float"]
+# the float-expert checkpoints: name -> (tests/dense_models.py arch, seed, overrides)
+VARIANTS = {
+    name: ("gptoss", seed, ov) for name, (kind, seed, ov) in GPTOSS_VARIANTS.items() if kind == "float"
+}
+FLOAT = list(VARIANTS)
+# llama.cpp's logits on the same f32 files (tools/llamacpp_fixtures/make_qwen3_logits.py gptoss,
+# llama-cpp-python 0.3.36)
+LLAMACPP_LOGITS = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp" / "gptoss-logits.npz"
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +77,24 @@ def test_logits_match_transformers_whole_chunked_and_token_by_token(files, name)
     _, seed, ov = GPTOSS_VARIANTS[name]
     ids = _ids()
     _check_three_ways(files[name], ids, _transformers(tiny_model("gptoss", seed, **ov), ids))
+
+
+@pytest.mark.parametrize("name", FLOAT)
+def test_llamacpp_computes_the_same_model_but_rounds_yarns_correction_range(files, name):
+    """llama.cpp is a second opinion: on the same files it computes transformers' gpt-oss with YaRN's correction
+    range rounded out (ggml_rope_yarn_corr_dims floors and ceils it; gpt-oss's configs say truncate: false,
+    which no GGUF key records), measured 1.3e-6 from it, and so differs from regolith and transformers by
+    ~1e-2 on these logits."""
+    arch, seed, ov = VARIANTS[name]
+    with np.load(LLAMACPP_LOGITS) as f:
+        ids, lc = f[f"{name}/ids"], f[f"{name}/logits"]
+    np.testing.assert_array_equal(ids, _ids())
+    rope = dict(tiny_model(arch, seed, **ov).config.rope_parameters, truncate=True)
+    np.testing.assert_allclose(
+        lc, _transformers(tiny_model(arch, seed, **ov, rope_parameters=rope), ids), atol=TOL, rtol=0
+    )
+    ours = regolith.Model.load(files[name], kv_type="f32").window(64).eval(ids)
+    assert np.abs(lc - ours).max() > 10 * TOL
 
 
 def test_the_oracle_tells_truncated_yarn_and_missing_sinks_apart(files):

@@ -1,16 +1,17 @@
-"""Record llama.cpp's logits on the tiny qwen3 / qwen3moe / qwen35moe / qwen3next GGUFs regolith's converter
-writes, for tests/model/test_qwen3moe.py and tests/model/test_qwen_hybrid.py.
+"""Record llama.cpp's logits on the tiny qwen3 / qwen3moe / qwen35moe / qwen3next / gpt-oss GGUFs regolith's
+converter writes, for tests/model/test_qwen3moe.py, test_qwen_hybrid.py and test_gpt_oss.py.
 
 Usage (from the repository root, with llama-cpp-python installed — it builds from its sdist in 10-35 min:
 ``pip install llama-cpp-python==0.3.36``)::
 
-    python tools/llamacpp_fixtures/make_qwen3_logits.py [qwen3 | hybrid]
+    python tools/llamacpp_fixtures/make_qwen3_logits.py [qwen3 | hybrid | gptoss]
 
 For every checkpoint in the test module's ``VARIANTS`` (``qwen3``: tests.model.test_qwen3moe, ``hybrid``:
-tests.model.test_qwen_hybrid; both by default) this saves the tiny model (``tests/dense_models.py``), converts
+tests.model.test_qwen_hybrid, ``gptoss``: tests.model.test_gpt_oss; all by default) this saves the tiny model (``tests/dense_models.py``), converts
 it with ``regolith convert --outtype f32``, evaluates the test prompt in llama.cpp with an f32 KV cache and
 every position's logits, and stores them in the module's ``LLAMACPP_LOGITS`` file
-(``tests/fixtures/llamacpp/qwen3-logits.npz``, ``qwen-hybrid-logits.npz``: ``<name>/ids``, ``<name>/logits``).
+(``tests/fixtures/llamacpp/qwen3-logits.npz``, ``qwen-hybrid-logits.npz``, ``gptoss-logits.npz``:
+``<name>/ids``, ``<name>/logits``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ from regolith.convert import convert
 from tests.dense_models import save_tiny_checkpoint
 from tools.llamacpp_fixtures.make_qwen4exp_logits import llamacpp_logits
 
-TEST_MODULES = {"qwen3": "tests.model.test_qwen3moe", "hybrid": "tests.model.test_qwen_hybrid"}
+TEST_MODULES = {
+    "qwen3": "tests.model.test_qwen3moe",
+    "hybrid": "tests.model.test_qwen_hybrid",
+    "gptoss": "tests.model.test_gpt_oss",
+}
 
 
 def record(module_name: str) -> None:
