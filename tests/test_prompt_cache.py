@@ -261,3 +261,37 @@ def test_kill_9_while_storing_leaves_a_valid_cache(tiny_path, tmp_path):
         os.utime(p, (old, old))
     PromptCache(tmp_path, 1 << 30)
     assert not any(p.exists() for p in leftovers)
+
+
+class _CharModel:
+    """A chat model for chat_boundaries: a template, and one token per character of the rendered text."""
+
+    def __init__(self, template: str):
+        from regolith.chat import ChatTemplate
+
+        self.chat_template = ChatTemplate(template)
+
+    def tokenize_chat(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_boundaries_render_with_the_prompts_reasoning_effort():
+    """gpt-oss's system prompt names the reasoning effort: rendered at another effort, the conversation's
+    prefixes would part from the prompt within the system prompt and no snapshot would be worth its bytes."""
+    template = (Path(__file__).parent / "fixtures" / "templates" / "openai-gpt-oss-120b.jinja").read_text(
+        encoding="utf-8"
+    )
+    model = _CharModel(template)
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3 + 3?"},
+    ]
+    for effort in ("low", "high"):
+        text = model.chat_template.render(messages, reasoning_effort=effort)
+        marks = chat_boundaries(model, messages, model.tokenize_chat(text), reasoning_effort=effort)
+        # the end of the developer message, and of the turns before the last (less the final token, which
+        # ends a conversation's last assistant message as <|return|> and an earlier one as <|end|>)
+        assert text[: marks[0]].endswith("Answer briefly.\n\n<|end|>")
+        assert text[: marks[1]].endswith("<|channel|>final<|message|>4<|")

@@ -219,7 +219,7 @@ class Model:
         :meth:`chat` take images; its weights load on the first image and unload after
         ``vision_idle_unload`` seconds without one (None: kept).
 
-        Mixture-of-experts models (qwen4exp, qwen35moe, qwen3next, qwen3moe) get a memory plan (:attr:`plan`, logged at load): with ``arena_gb``
+        Mixture-of-experts models (qwen4exp, qwen35moe, qwen3next, qwen3moe, gpt-oss) get a memory plan (:attr:`plan`, logged at load): with ``arena_gb``
         the routed experts stream from disk through an arena of that size; without it, a GGUF whose experts
         fit ``memory_gb`` (default: three quarters of physical memory) keeps them all resident and otherwise
         the arena takes what the budget leaves. A packed directory always streams. Where the arena is device
@@ -671,7 +671,9 @@ class Model:
             return gen if stream else "".join(gen)
         ids = self.chat_prompt(messages, tools=tools, reasoning_effort=reasoning_effort)
         if self.prompt_cache is not None:
-            kwargs["boundaries"] = chat_boundaries(self, messages, ids, tools=tools)
+            kwargs["boundaries"] = chat_boundaries(
+                self, messages, ids, tools=tools, reasoning_effort=reasoning_effort
+            )
         gen = self.start(ids, max_tokens=max_tokens, **kwargs)
         return gen if stream else "".join(gen)
 

@@ -438,10 +438,12 @@ def chat_boundaries(
     prompt: Sequence[int],
     *,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    **template_kwargs: Any,
 ) -> list[int]:
     """Token offsets in ``prompt`` (the rendered ``messages``) worth a cache snapshot: the end of the system
     prompt and the end of the conversation before its last message, where later requests of the same
-    conversation will still agree with this one."""
+    conversation will still agree with this one. ``template_kwargs`` are the variables ``prompt`` was rendered
+    with (``reasoning_effort``...: gpt-oss's system prompt names it)."""
     prefixes = []
     if messages and messages[0].get("role") == "system":
         prefixes.append(messages[:1])
@@ -450,6 +452,6 @@ def chat_boundaries(
     ids = np.asarray(prompt, dtype=np.int32)
     out = set()
     for prefix in prefixes:
-        text = model.chat_template.render(prefix, tools=tools, add_generation_prompt=False)
+        text = model.chat_template.render(prefix, tools=tools, add_generation_prompt=False, **template_kwargs)
         out.add(_common_prefix(np.asarray(model.tokenize_chat(text), dtype=np.int32), ids))
     return sorted(out)

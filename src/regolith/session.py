@@ -73,7 +73,8 @@ class Session:
     def _reply(self, message: Message, *, stream: bool, **kwargs: Any) -> str | Generation:
         options = {**self.defaults, **kwargs}
         conversation = [*self.messages, dict(message)]
-        prompt = self._prompt(conversation, options.pop("reasoning_effort", None))
+        effort = options.pop("reasoning_effort", None)
+        prompt = self._prompt(conversation, effort)
 
         def record(gen: Generation) -> None:
             self.messages = [*conversation, {"role": "assistant", "content": gen.text}]
@@ -83,17 +84,25 @@ class Session:
             self._transcript = [*gen.prompt, *gen.tokens, *end] if exact else []
 
         gen = self.model.start(
-            prompt, window=self.window, on_finish=record, boundaries=self._boundaries(prompt), **options
+            prompt,
+            window=self.window,
+            on_finish=record,
+            boundaries=self._boundaries(prompt, effort),
+            **options,
         )
         return gen if stream else "".join(gen)
 
-    def _boundaries(self, prompt: list[int]) -> list[int]:
-        """Where a prompt cache should snapshot this turn's prompt: the end of the system prompt and of the
-        previous turn."""
+    def _boundaries(self, prompt: list[int], reasoning_effort: str | None) -> list[int]:
+        """Where a prompt cache should snapshot this turn's prompt (rendered with ``reasoning_effort``): the end
+        of the system prompt and of the previous turn."""
         if self.model.prompt_cache is None:
             return []
         marks = (
-            chat_boundaries(self.model, self.messages[:1], prompt, tools=self.tools) if self._system else []
+            chat_boundaries(
+                self.model, self.messages[:1], prompt, tools=self.tools, reasoning_effort=reasoning_effort
+            )
+            if self._system
+            else []
         )
         n = len(self._transcript)
         if n and prompt[:n] == self._transcript:

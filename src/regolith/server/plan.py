@@ -383,7 +383,11 @@ def chat_prompt(
     # Where a prompt cache keeps states: the end of the system prompt and of the turns before the last, so
     # requests that share a system prompt, or the next turn of a conversation, evaluate only the rest.
     boundaries = (
-        [] if model.prompt_cache is None or sources else chat_boundaries(model, messages, ids, tools=tools)
+        []
+        if model.prompt_cache is None or sources
+        else chat_boundaries(
+            model, messages, ids, tools=tools, reasoning_effort=reasoning_effort, **variables
+        )
     )
     return ChatPrompt(
         ids=ids,
