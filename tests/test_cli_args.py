@@ -191,6 +191,17 @@ def test_kv_type_reaches_the_model(capsys):
     assert cli_options.memory_options(args)["kv_type"] == "q8_0"
 
 
+def test_serve_scr_reaches_the_model():
+    from rich.console import Console
+
+    for argv, scr in (
+        (["serve", "--arena-gb", "0.004"], False),
+        (["serve", "--arena-gb", "0.004", "--scr"], True),
+    ):
+        model, _ = cli._server(cli._parser().parse_args(argv), Console(stderr=True))
+        assert model.scr is scr
+
+
 def test_serve_ray_without_ray_installed_says_what_to_install(capsys, monkeypatch):
     import sys
 

@@ -46,6 +46,15 @@ public:
     // Holds n >= size() positions, the new ones to be filled through state_tensors (Error beyond max_ctx).
     void grow(int64_t n);
 
+    // Suffix cache reuse (ModelWindow::append_moved): positions [src, src + n) of a saved state of this
+    // cache's layout holding `total` positions (`saved`: the bytes of state_tensors(0, total)'s spans, in
+    // order) into `dst`, the host spans of state_tensors(to, to + n) (HostStateParts': any split of the
+    // same bytes), each key turned by to - src positions: the NEOX pairs (j, j + freq.size()) of its leading
+    // 2 * freq.size() dims by (to - src) * freq[j] radians, then stored again in the cache's type. Values
+    // are copied.
+    void move_state(const uint8_t* saved, size_t saved_bytes, int64_t total, const std::vector<float>& freq,
+                    int64_t src, int64_t to, int64_t n, const std::vector<StateSpan>& dst) const;
+
 private:
     void reserve(int64_t n);
 

@@ -193,6 +193,7 @@ DenseModel::DenseModel(const std::vector<std::vector<std::string>>& files, const
         const std::vector<int32_t> axis(static_cast<size_t>(half), 0);  // every pair turns by the (text) position
         rope_freq_ = store_.upload(RG_TYPE_F32, 1, half, freq.data());
         rope_freq_swa_ = store_.upload(RG_TYPE_F32, 1, half, freq_swa.data());
+        rope_freq_host_ = freq, rope_freq_swa_host_ = freq_swa;
         rope_axis_ = store_.upload(RG_TYPE_I32, 1, half, axis.data());
         tok_embd_ = weights_.matrix("token_embd.weight", c.vocab, h);
         output_ = weights_.has("output.weight") ? weights_.matrix("output.weight", c.vocab, h) : tok_embd_;
@@ -317,6 +318,40 @@ void DenseWindow::import_state(int64_t from, int64_t n, bool /*whole: the caches
         fn(host.parts());
         host.upload();
         n_past_ = n;
+    } catch (...) {
+        reset_locked();
+        throw;
+    }
+}
+
+void DenseWindow::append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const DenseConfig& c = model_.config_;
+    if (src < 0 || n < 0 || total < 0 || src + n > total)
+        throw Error("window: cannot move tokens [" + std::to_string(src) + ", " + std::to_string(src + n) +
+                    ") of a state of " + std::to_string(total));
+    if (n_past_ + n > max_ctx_)
+        throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
+                    " moved tokens exceed the window's " + std::to_string(max_ctx_));
+    const StateDtype dtype = kv_state_dtype(kv_tensor_type(kv_type_));
+    if (saved.size() != kv_.size())
+        throw Error("window: a saved state of " + std::to_string(saved.size()) + " parts for " +
+                    std::to_string(kv_.size()) + " layers");
+    for (size_t il = 0; il < saved.size(); ++il)
+        if (saved[il].kind != StateKind::Kv || saved[il].layer != il || saved[il].dtype != dtype ||
+            saved[il].spans.size() != 1)
+            throw Error("window: a saved state of another layout or cache type");
+    if (n == 0) return;
+    try {
+        for (KvCache& kv : kv_) kv.grow(n_past_ + n);
+        HostStateParts host(be_, state_parts(n_past_, n_past_ + n));
+        for (size_t il = 0; il < kv_.size(); ++il) {
+            const std::vector<float>& freq = c.swa[il] ? model_.rope_freq_swa_host_ : model_.rope_freq_host_;
+            kv_[il].move_state(saved[il].spans[0].data, saved[il].spans[0].bytes, total, freq, src, n_past_, n,
+                               host.parts()[il].spans);
+        }
+        host.upload();
+        n_past_ += n;
     } catch (...) {
         reset_locked();
         throw;

@@ -113,6 +113,7 @@ private:
     Tensor output_bias_;  // [vocab]
     Tensor output_norm_;  // [hidden]
     Tensor rope_freq_, rope_freq_swa_, rope_axis_;  // [1][n_rot / 2]: global and sliding-window layers
+    std::vector<float> rope_freq_host_, rope_freq_swa_host_;  // the same frequencies (suffix cache reuse)
     std::vector<Layer> layers_;
 };
 
@@ -133,6 +134,8 @@ public:
     bool truncate(int64_t n) override;
     void export_state(int64_t from, const StateFn& fn) override;
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
+    bool can_move() const override { return true; }
+    void append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n) override;
 
 private:
     // One forward pass of up to kChunk tokens per window; logits null: none wanted from that window.

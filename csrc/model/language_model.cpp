@@ -17,6 +17,11 @@ void eval_windows(const std::vector<WindowStep>& steps) {
     steps.front().window->eval_steps(steps);
 }
 
+void ModelWindow::append_moved(const std::vector<StatePart>&, int64_t, int64_t, int64_t) {
+    throw Error("suffix cache reuse is not supported for this architecture (its windows keep recurrent or "
+                "pooled state)");
+}
+
 StepLocks::StepLocks(std::vector<std::mutex*> mutexes) {
     std::sort(mutexes.begin(), mutexes.end());
     if (std::adjacent_find(mutexes.begin(), mutexes.end()) != mutexes.end())

@@ -73,6 +73,15 @@ public:
     // If fn throws, the window is reset and the exception propagates.
     virtual void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) = 0;
 
+    // Suffix cache reuse: whether append_moved works for this architecture (attention-only models).
+    virtual bool can_move() const { return false; }
+    // Appends positions [src, src + n) of `saved` (this model's window state of `total` tokens: the parts of
+    // export_state(0), each one contiguous span) at this window's next n positions, each attention key turned
+    // to its new position (a RoPE rotation by the shift): the tokens' cache rows as they were computed in
+    // their old context, not the new one. Error, changing nothing, for bad ranges, a context overflow or a
+    // state of another layout; Error where !can_move(). If the copy itself fails, the window is reset.
+    virtual void append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n);
+
     // Bytes of backend memory the window's growing attention caches hold now (QSA or KV caches; not the MTP
     // head's): what the memory plan's per-token state estimates.
     virtual uint64_t attention_cache_bytes() const = 0;

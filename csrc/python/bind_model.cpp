@@ -310,6 +310,11 @@ void init_model(nb::module_& m) {
         .def("snapshot", &snapshot_window, "A copy of the whole state in host memory.")
         .def("restore", &restore_window, nb::arg("snapshot"),
              "Reset, then put back the state a snapshot() copied (StateError for another model's).")
+        .def_prop_ro("can_move", &regolith::ModelWindow::can_move,
+                     "Whether append_moved works for this architecture (suffix cache reuse).")
+        .def("append_moved", &append_moved, nb::arg("snapshot"), nb::arg("src"), nb::arg("n"),
+             "Append tokens [src, src + n) of a snapshot of this model's window at the next positions, their "
+             "attention keys turned to them (suffix cache reuse).")
         .def("save_state", &save_window_state, nb::arg("path"), nb::arg("fingerprint"),
              nb::arg("architecture"), nb::arg("tokens"), nb::arg("start"), nb::arg("meta"),
              nb::arg("logits").none(), nb::arg("threads") = 4, nb::arg("direct") = true,

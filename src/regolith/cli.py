@@ -261,6 +261,7 @@ def _server(args: argparse.Namespace, err: Console) -> tuple[Model, ServerConfig
         if args.parallel:
             raise
         model = _load(args, err)  # then as many as a plan for one leaves room for
+    model.scr = args.scr
     parallel = args.parallel or DEFAULT_PARALLEL
     if model.plan is not None and not args.parallel:
         parallel = model.plan.windows_that_fit(DEFAULT_PARALLEL)
@@ -641,6 +642,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="keep a prompt cache here: prompts that start like an earlier one (even before a restart) "
         "evaluate only the rest",
+    )
+    sv.add_argument(
+        "--scr",
+        action="store_true",
+        help="suffix cache reuse: after an edit in the middle of a conversation, move the tokens a window "
+        "holds past it instead of evaluating them again (attention-only models; changes the output; default "
+        "off)",
     )
     sv.add_argument(
         "--cache-size-gb",

@@ -24,6 +24,7 @@ import numpy as np
 from .errors import ContextOverflowError
 from .logprobs import TokenLogprob, token_logprob
 from .sampling import Sampler, SamplingParams
+from .scr import Run, plan_reuse, reused_tokens
 from .speculative import CostGate, Speculation, Speculator
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ def prefill(
     cache: PromptCache | None = None,
     boundaries: Sequence[int] = (),
     progress: Callable[[int, int], None] | None = None,
+    scr: bool = False,
 ) -> tuple[np.ndarray, int]:
     """Bring ``window`` to exactly ``prompt`` and return (logits after its last token, tokens reused).
 
@@ -113,6 +115,13 @@ def prefill(
     and its logits), in chunks of :data:`PREFILL_CHUNK`. With a cache, the state is stored at each of
     ``boundaries`` (token offsets) passed on the way and at the end of the prompt. ``progress(done, total)``
     is called after each chunk with the tokens evaluated so far of the ``total`` the prompt needs.
+
+    ``scr`` (suffix cache reuse, attention-only models): the window's tokens after an edit are reused too
+    where they reappear in the prompt (:func:`regolith.scr.plan_reuse`), moved to their new positions
+    (:meth:`Window.append_moved`) rather than evaluated, when that reuses more than the prompt cache holds.
+    Not exact: moved tokens keep what they attended to before the edit. Without such runs (no edit, an edit
+    at the end) it is the plain path, bit for bit. A window holding moved tokens is never stored in the
+    prompt cache.
     """
     if not prompt:
         raise ValueError("the prompt is empty: generation needs at least one token")
@@ -120,6 +129,12 @@ def prefill(
         raise ContextOverflowError(
             f"the prompt has {len(prompt)} tokens; the context holds {window.max_ctx} (with room for one reply token)"
         )
+    if scr and window.can_move and window.n_past:
+        # the last prompt token is always evaluated: its logits are needed
+        runs = plan_reuse(window.tokens, prompt[:-1])
+        reused = reused_tokens(runs)
+        if any(r.dst > 0 for r in runs) and (cache is None or cache.lookup(window, prompt) < reused):
+            return _prefill_moved(window, prompt, runs, progress), reused
     if cache is not None:
         hit = cache.restore(window, prompt)
         if hit is not None and hit.logits is not None:
@@ -145,6 +160,31 @@ def prefill(
             cache.store(window, logits=logits[0] if end == len(prompt) else None)
     assert logits is not None
     return logits[0], keep
+
+
+def _prefill_moved(
+    window: Window, prompt: Sequence[int], runs: Sequence[Run], progress: Callable[[int, int], None] | None
+) -> np.ndarray:
+    """prefill's suffix cache reuse: the window cut back to the common prefix, then each gap evaluated and
+    each run of its old tokens moved after it; the logits after the prompt's last token."""
+    snapshot = window.snapshot()
+    head = runs[0].length if runs[0].dst == 0 else 0
+    window.truncate(head)
+    total = len(prompt) - reused_tokens(runs)
+    done = evaluated = head
+    logits = None
+    for run in [r for r in runs if r.dst > 0] + [Run(0, len(prompt), 0)]:
+        for start in range(done, run.dst, PREFILL_CHUNK):
+            end = min(start + PREFILL_CHUNK, run.dst)
+            logits = window.eval(prompt[start:end], all_logits=False)
+            evaluated += end - start
+            if progress is not None:
+                progress(evaluated - head, total)
+        if run.length:
+            window.append_moved(snapshot, run.src, run.length)
+        done = run.dst + run.length
+    assert logits is not None  # the runs end before the prompt's last token
+    return logits[0]
 
 
 def score_prompt(
@@ -294,6 +334,7 @@ class Generation(Iterator[str]):
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
         shared: SharedPrompt | None = None,
+        scr: bool = False,
     ):
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -332,6 +373,7 @@ class Generation(Iterator[str]):
         self._top = logprobs or 0
         self._prompt_top = prompt_logprobs
         self._shared = shared
+        self._scr = scr
         self._steps = self._run()
 
     def __next__(self) -> str:
@@ -469,7 +511,7 @@ class Generation(Iterator[str]):
             logits, self.prompt_logprobs = score_prompt(window, self.prompt, top, self._on_prefill)
         else:
             logits, self.stats.cached_tokens = prefill(
-                window, self.prompt, self._cache, self._boundaries, self._on_prefill
+                window, self.prompt, self._cache, self._boundaries, self._on_prefill, self._scr
             )
         if shared is not None:
             shared.keep(window, self.prompt, logits, self.prompt_logprobs)

@@ -174,6 +174,8 @@ class Model:
         """A :class:`regolith.PromptCache` that generation restores prompt prefixes from and stores them in."""
         self.speculative: bool | str | Speculation = True
         """The default of :meth:`start`'s ``speculative`` (the command line's ``--spec`` / ``--draft-max``)."""
+        self.scr = False
+        """The default of :meth:`start`'s ``scr``: suffix cache reuse (``regolith serve --scr``)."""
         streams = hasattr(core, "arena_info") and core.arena_info() is not None
         self.spec_gate = CostGate(core.expert_stall_seconds if streams else None)
         """The speculative-decoding cost model every generation on this model uses and teaches."""
@@ -547,6 +549,7 @@ class Model:
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
         shared: SharedPrompt | None = None,
+        scr: bool | None = None,
         **sampling: Any,
     ) -> Generation:
         """A :class:`Generation` continuing token ids ``prompt`` on ``window`` (default: the model's window).
@@ -567,7 +570,9 @@ class Model:
         :data:`regolith.generation.PREFILL_CHUNK` tokens (``total``: the tokens the prompt needs evaluated).
         ``logprobs`` / ``prompt_logprobs`` record the log-probabilities of the generated / prompt tokens with
         that many most likely alternatives, and ``shared`` shares one evaluation of the prompt between
-        generations of it (:class:`regolith.generation.Generation`).
+        generations of it (:class:`regolith.generation.Generation`). ``scr`` (default :attr:`scr`): suffix
+        cache reuse on attention-only models, the window's tokens after an edit in the prompt moved instead of
+        evaluated again (not exact: :func:`regolith.generation.prefill`).
         """
         params = SamplingParams(**{**SAMPLING_DEFAULTS, **sampling})
         spec = speculation(self.speculative if speculative is None else speculative)
@@ -593,6 +598,7 @@ class Model:
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 shared=shared,
+                scr=self.scr if scr is None else scr,
             )
 
         if window is not None:

@@ -374,8 +374,8 @@ class PromptCache:
         fewer than ``min_tokens`` tokens or is stored already; returns whether an entry was written. Evicts
         least recently used entries to stay within ``max_bytes``; a failed write (disk full) is counted in
         ``stats.write_errors``, not raised."""
-        if window.n_past < self.min_tokens:
-            return False
+        if window.n_past < self.min_tokens or window.moved_from is not None:
+            return False  # a moved state is not what the tokens give: other prompts must not restore it
         with self._lock:
             key = _key(_model_id(window._model), np.asarray(window._tokens, dtype=np.int32))
             if key in self._entries:

@@ -208,7 +208,7 @@ def load_window(
     try:
         read, logits = window._w.load_state(os.fspath(path), head, whole, _IO_THREADS, direct)
     except BaseException:
-        del window._tokens[window._w.n_past :]  # a failed restore leaves the window unchanged or reset
+        window._keep_held()  # a failed restore leaves the window unchanged or reset
         raise
     window._tokens = head.tokens.tolist()
     return _stats(read, time.perf_counter() - t0), logits

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _core
 from . import state as _state
-from .errors import ContextOverflowError, SessionError
+from .errors import ContextOverflowError, RegolithError, SessionError
 from .vision import ImageSpan, mrope_positions
 
 __all__ = ["Stepper", "Window", "WindowSnapshot", "eval_windows"]
@@ -26,6 +26,8 @@ class WindowSnapshot:
     tokens: tuple[int, ...]
     images: tuple[ImageSpan, ...]
     _state: Any
+    moved_from: int | None = None
+    """The first token whose state was moved rather than evaluated (:attr:`Window.moved_from`)."""
 
     @property
     def nbytes(self) -> int:
@@ -62,6 +64,10 @@ class Window:
         """Tokens evaluated over the window's life (prefix reuse shows as this growing by less than a prompt)."""
         self.stepper: Stepper | None = None
         """Where :meth:`eval` sends text-only evaluations (:class:`Stepper`); None: evaluated at once, alone."""
+        self.moved_from: int | None = None
+        """The first of the held tokens whose state :meth:`append_moved` put there (suffix cache reuse): from
+        it on the state is not what evaluating the tokens gives, and the prompt cache does not store it. None
+        when every held token was evaluated."""
 
     @property
     def n_past(self) -> int:
@@ -83,6 +89,7 @@ class Window:
         self._w.reset()
         self._tokens.clear()
         self._images = []
+        self.moved_from = None
 
     def attach_images(self, images: Sequence[ImageSpan]) -> None:
         """Declare the images of the token sequence this window is about to be brought to (a prompt's
@@ -130,6 +137,8 @@ class Window:
             raise ValueError(f"cannot truncate a window of {len(self._tokens)} tokens to {n}")
         if n == len(self._tokens) or self._w.truncate(n):
             del self._tokens[n:]
+            if self.moved_from is not None and self.moved_from >= n:
+                self.moved_from = None
             return True
         return False
 
@@ -137,7 +146,7 @@ class Window:
         """A copy of the window's whole state (every layer's state and the token ids) in host memory, which
         :meth:`restore` puts back: several continuations of one prompt (a server's ``n`` choices) evaluate
         the prompt once, also on models whose recurrent state cannot be cut back."""
-        return WindowSnapshot(tuple(self._tokens), tuple(self._images), self._w.snapshot())
+        return WindowSnapshot(tuple(self._tokens), tuple(self._images), self._w.snapshot(), self.moved_from)
 
     def restore(self, snapshot: WindowSnapshot) -> None:
         """Replace the window's state with ``snapshot`` (taken from a window of the same model): it then holds
@@ -147,9 +156,43 @@ class Window:
         try:
             self._w.restore(snapshot._state)
         except BaseException:
-            self._tokens, self._images = [], []
+            self._tokens, self._images, self.moved_from = [], [], None
             raise
         self._tokens, self._images = list(snapshot.tokens), list(snapshot.images)
+        self.moved_from = snapshot.moved_from
+
+    @property
+    def can_move(self) -> bool:
+        """Whether :meth:`append_moved` works for this model (suffix cache reuse: attention-only models)."""
+        return bool(self._w.can_move)
+
+    def append_moved(self, snapshot: WindowSnapshot, src: int, n: int) -> None:
+        """Suffix cache reuse: append tokens ``[src, src + n)`` of ``snapshot`` (of a window of this model) at
+        the window's next positions without evaluating them: their attention keys and values as computed in
+        their old context, each key's RoPE turned to its new position. Not exact (the tokens attended to what
+        preceded them then); :func:`regolith.generation.prefill` does it for ``scr=True``. Raises
+        :class:`regolith.RegolithError` for a model that cannot (:attr:`can_move`), bad ranges, an overflow
+        or images among the moved tokens."""
+        if not 0 <= src <= src + n <= len(snapshot.tokens):
+            raise ValueError(f"cannot move tokens [{src}, {src + n}) of a snapshot of {len(snapshot.tokens)}")
+        if any(sp.start < src + n and src < sp.start + sp.n_tokens for sp in snapshot.images):
+            raise RegolithError("suffix cache reuse does not move image tokens")
+        at = len(self._tokens)
+        try:
+            self._w.append_moved(snapshot._state, src, n)
+        except BaseException:
+            self._keep_held()
+            raise
+        self._tokens.extend(snapshot.tokens[src : src + n])
+        if n and self.moved_from is None:
+            self.moved_from = at
+
+    def _keep_held(self) -> None:
+        """After a failed call, which leaves the window unchanged or reset: drop the ids of the tokens past
+        those the window holds."""
+        del self._tokens[self._w.n_past :]
+        if self.moved_from is not None and self.moved_from >= len(self._tokens):
+            self.moved_from = None
 
     def checkpoint(self) -> None:
         """Make the next :meth:`eval` (of at most 16 tokens) keep per-token states, so that :meth:`truncate`
@@ -195,7 +238,7 @@ class Window:
         try:
             logits = self._eval(ids, all_logits)
         except BaseException:
-            del self._tokens[self._w.n_past :]  # a failed evaluation leaves the window unchanged or reset
+            self._keep_held()
             raise
         self._evaluated(ids)
         return logits
@@ -294,7 +337,7 @@ def eval_windows(
         out = _core.eval_windows([w._w for w in windows], ids, [bool(a) for a in all_logits])
     except BaseException:
         for w in windows:
-            del w._tokens[w._w.n_past :]
+            w._keep_held()
         raise
     for w, i in zip(windows, ids, strict=True):
         w._evaluated(i)

@@ -1,0 +1,162 @@
+"""Suffix cache reuse's move (``Window.append_moved``, ``prefill(scr=True)``) on the attention-only models: a
+moved token's first-layer key and value (which depend on the token and its position alone) equal what
+evaluating the edited prompt afresh gives them, for every cache type, on global and sliding-window layers,
+plain and YaRN RoPE; without an edit ``scr`` is the plain path bit for bit; a moved window is never stored in
+the prompt cache; models with recurrent state take the plain path. The plan step: tests/test_scr_plan.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import regolith
+from regolith import state as rstate
+from regolith.convert import convert
+from regolith.errors import RegolithError
+from regolith.generation import prefill
+from regolith.scr import MIN_RUN
+from tests.dense_models import save_tiny_checkpoint, tiny_model, write_gguf
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
+
+# kv type -> how far a moved first-layer key may be from a fresh one: f32 rounding of the rotation; f16 and
+# the 8-bit rows are stored again after it (one rounding step of their own, relative to the row's largest)
+KEY_TOL = {"f32": 1e-5, "f16": 2e-3, "q8_0": 2e-2, "i8": 2e-2}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """qwen2 (global RoPE layers), gemma3 (layer 0 slides, base 10000; global layers base 100000), gpt-oss
+    (YaRN, sliding layer 0 scaled as the global ones)."""
+    root = tmp_path_factory.mktemp("scr")
+    out = {arch: write_gguf(tiny_model(arch, 0), root / f"{arch}.gguf") for arch in ("qwen2", "gemma3")}
+    # heads of 32, the q8_0 cache's block
+    d32 = tiny_model("qwen2", 0, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    out["qwen2-d32"] = write_gguf(d32, root / "qwen2-d32.gguf")
+    out["gptoss"] = convert(save_tiny_checkpoint("gptoss", root / "gptoss", 0), root / "gptoss.gguf", "f32")
+    return out
+
+
+def _tokens(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, 290, n).tolist()
+
+
+# A conversation edited in its middle: the cached one is A + B + C, the new prompt A + X + B + C (X inserted)
+A, B, C, X = _tokens(1, 20), _tokens(2, MIN_RUN + 8), _tokens(3, MIN_RUN + 4), _tokens(4, 11)
+CACHED, EDITED = A + B + C, A + X + B + C
+
+
+def _first_layer(window, tmp_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Layer 0's keys [n_head_kv][n][head_dim] and values [n_head_kv][head_dim][n] of an f32 cache, from
+    the window's state file."""
+    path = tmp_path / "state.rgs"
+    rstate.save_window(window, path)
+    head = rstate.read_header(path)
+    _, _, offset, nbytes, _ = next(p for p in head.parts if p[0] == "kv" and p[1] == 0)
+    raw = np.fromfile(path, dtype=np.float32, count=nbytes // 4, offset=offset)
+    config = window._model.config
+    kv, d, n = config["num_key_value_heads"], config["head_dim"], window.n_past
+    return raw[: kv * n * d].reshape(kv, n, d), raw[kv * n * d :].reshape(kv, d, n)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3", "gptoss"])
+def test_a_moved_tokens_first_layer_is_what_the_edited_prompt_gives(files, arch, tmp_path):
+    model = regolith.Model.load(files[arch], kv_type="f32")
+    window = model.window(256)
+    window.eval(CACHED, all_logits=False)
+    _, reused = prefill(window, EDITED, scr=True)
+    assert window.tokens == EDITED and reused == len(A) + len(B) + len(C) - 1
+    assert window.moved_from == len(A) + len(X)
+    assert window.n_evaluated == len(CACHED) + len(X) + 1  # the insertion and the prompt's last token
+    fresh = model.window(256)
+    fresh.eval(EDITED, all_logits=False)
+    (k, v), (k0, v0) = _first_layer(window, tmp_path), _first_layer(fresh, tmp_path)
+    moved = slice(len(A) + len(X), len(EDITED) - 1)
+    assert np.abs(k[:, moved] - k0[:, moved]).max() <= KEY_TOL["f32"] * np.abs(k0).max()
+    np.testing.assert_array_equal(v[..., moved], v0[..., moved])
+    # the insertion and everything before it were evaluated: bit for bit
+    np.testing.assert_array_equal(k[:, : moved.start], k0[:, : moved.start])
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0", "i8"])
+def test_every_cache_type_moves(files, kv_type):
+    """The moved keys of an f16 / q8_0 / i8 cache, read back through the logits: a one-layer check would need
+    each type's layout, so the keys' effect is compared instead: the moved window's next-token logits equal
+    those of an f32 cache moved the same way, within the cache type's own rounding."""
+    logits, path = {}, files["qwen2-d32"]
+    for t in ("f32", kv_type):
+        model = regolith.Model.load(path, kv_type=t)
+        window = model.window(256)
+        window.eval(CACHED, all_logits=False)
+        logits[t], _ = prefill(window, EDITED, scr=True)
+        assert window.moved_from == len(A) + len(X)
+    want = regolith.Model.load(path, kv_type=kv_type).window(256).eval(EDITED, all_logits=False)[0]
+    ref = regolith.Model.load(path, kv_type="f32").window(256).eval(EDITED, all_logits=False)[0]
+    # the type's rounding costs about as much on the moved path as on the plain one
+    assert np.abs(logits[kv_type] - logits["f32"]).max() <= 4 * np.abs(want - ref).max() + 1e-4
+
+
+def test_without_an_edit_scr_is_the_plain_path_bit_for_bit(files):
+    model = regolith.Model.load(files["gemma3"], kv_type="f32")
+    windows, logits = {}, {}
+    for scr in (True, False):
+        w = windows[scr] = model.window(256)
+        w.eval(CACHED, all_logits=False)
+        logits[scr], reused = prefill(w, CACHED + X, scr=scr)  # appended: the whole window is the prefix
+        assert reused == len(CACHED)
+    np.testing.assert_array_equal(logits[True], logits[False])
+    assert windows[True].moved_from is None and windows[True].n_evaluated == windows[False].n_evaluated
+
+
+def test_generation_with_scr_and_the_prompt_cache(files, tmp_path):
+    """Model.start(scr=True) moves; the cache keeps the evaluated prefix but never the moved state, and a
+    window cut back before the moved tokens is exact again."""
+    model = regolith.Model.load(files["gptoss"], kv_type="f32")  # one with a tokenizer
+    model.prompt_cache = regolith.PromptCache(tmp_path / "cache", 1 << 30, min_tokens=8)
+    window = model.window(256)
+    "".join(model.start(CACHED, window=window, max_tokens=2, temperature=0.0))
+    stored = len(list((tmp_path / "cache").glob("*/*.rgs")))
+    gen = model.start(EDITED, window=window, max_tokens=2, temperature=0.0, scr=True)
+    "".join(gen)
+    assert window.moved_from == len(A) + len(X)
+    assert gen.stats.cached_tokens == len(A) + len(B) + len(C) - 1
+    assert len(list((tmp_path / "cache").glob("*/*.rgs"))) == stored  # nothing moved was stored
+    window.truncate(len(A) + len(X))
+    assert window.moved_from is None
+
+
+def test_models_with_recurrent_state_take_the_plain_path():
+    tiny = Path(__file__).resolve().parents[1] / "fixtures" / "engine" / "tiny-nople-q8_0.gguf"  # qwen4exp
+    model = regolith.Model.load(tiny, kv_type="f32")
+    got, want = model.window(256), model.window(256)
+    assert not got.can_move
+    got.eval(CACHED, all_logits=False)
+    logits, reused = prefill(got, EDITED, scr=True)
+    np.testing.assert_array_equal(logits, prefill(want, EDITED)[0])
+    assert reused == 0 and got.moved_from is None
+    snap = want.snapshot()
+    with pytest.raises(RegolithError, match="not supported"):
+        got.append_moved(snap, 0, 4)
+
+
+def test_bad_moves_are_refused_and_change_nothing(files):
+    model = regolith.Model.load(files["qwen2"], kv_type="f32")
+    window = model.window(64)
+    window.eval(CACHED[:40], all_logits=False)
+    snap = window.snapshot()
+    with pytest.raises(ValueError, match="cannot move"):
+        window.append_moved(snap, 30, 20)
+    with pytest.raises(RegolithError, match="context overflow"):
+        window.append_moved(snap, 0, 40)
+    other = regolith.Model.load(files["gemma3"], kv_type="f32").window(64)
+    other.eval(CACHED[:8], all_logits=False)
+    with pytest.raises(RegolithError):
+        window.append_moved(other.snapshot(), 0, 4)
+    assert window.tokens == CACHED[:40] and window.moved_from is None
