@@ -53,6 +53,7 @@ GatedAttention::GatedAttention(const ModelWeights& wt, int64_t layer) {
     }
     freq_ = wt.store().upload(RG_TYPE_F32, 1, half, freq.data());
     axis_ = wt.store().upload(RG_TYPE_I32, 1, half, axis.data());
+    freq_host_ = std::move(freq);
 }
 
 void GatedAttention::forward(Workspace& ws, const Tensor& x, const std::vector<AttentionRows>& seqs,

@@ -49,6 +49,9 @@ public:
     KvCache new_cache(Backend& be, int64_t max_ctx, KvType type) const {
         return KvCache(be, shape_.n_head_kv, shape_.head_dim, max_ctx, type);
     }
+    // The rotary pairs' frequencies (host): a text token's keys turn by shift * freq[j] when it moves
+    // (every M-RoPE axis of a text token moves alike).
+    const std::vector<float>& rope_freq() const { return freq_host_; }
     // y [ntok][hidden] for x [ntok][hidden]: each sequence's rows attend over its cache and its earlier rows
     // of this call, and are appended to its cache. Throws Error, changing no cache, when one cannot hold its
     // rows.
@@ -60,6 +63,7 @@ private:
     Tensor q_norm_, k_norm_;  // [head_dim], the converter's 1 + w
     Tensor freq_;             // [1][n_rot / 2] F32: 1 / base^(2i / n_rot)
     Tensor axis_;             // [1][n_rot / 2] I32: 0 t, 1 h, 2 w
+    std::vector<float> freq_host_;
 };
 
 }  // namespace regolith

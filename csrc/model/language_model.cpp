@@ -17,10 +17,12 @@ void eval_windows(const std::vector<WindowStep>& steps) {
     steps.front().window->eval_steps(steps);
 }
 
-void ModelWindow::append_moved(const std::vector<StatePart>&, int64_t, int64_t, int64_t) {
-    throw Error("suffix cache reuse is not supported for this architecture (its windows keep recurrent or "
-                "pooled state)");
+void ModelWindow::refuse_moves() {
+    throw Error("suffix cache reuse is not supported for this architecture (its windows keep pooled or "
+                "per-layer history state)");
 }
+
+void ModelWindow::append_moved(const std::vector<StatePart>&, int64_t, int64_t, int64_t) { refuse_moves(); }
 
 StepLocks::StepLocks(std::vector<std::mutex*> mutexes) {
     std::sort(mutexes.begin(), mutexes.end());

@@ -81,6 +81,10 @@ public:
     // their old context, not the new one. Error, changing nothing, for bad ranges, a context overflow or a
     // state of another layout; Error where !can_move(). If the copy itself fails, the window is reset.
     virtual void append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n);
+    // Suffix cache reuse's cut: keeps the attention rows of the first n tokens (0 <= n <= n_past) and every
+    // recurrent state as it is (the state after all n_past tokens: the "keep" policy, approximate where
+    // recurrent layers exist; truncate(n) on attention-only models). Error where !can_move().
+    virtual void truncate_attention(int64_t n) { refuse_moves(); }
 
     // Bytes of backend memory the window's growing attention caches hold now (QSA or KV caches; not the MTP
     // head's): what the memory plan's per-token state estimates.
@@ -88,6 +92,10 @@ public:
     // The most bytes of backend memory the window's scratch (the tensors of one evaluation, or of a step over
     // several windows this one led) has held at once: what the memory plan's scratch estimates.
     virtual uint64_t scratch_peak_bytes() const = 0;
+
+protected:
+    // The Error append_moved throws where !can_move().
+    [[noreturn]] static void refuse_moves();
 };
 
 // One forward pass over several windows of one model: every window's rows have their own positions, caches

@@ -307,6 +307,77 @@ void Qwen4ExpWindow::import_state(int64_t from, int64_t n, bool whole, const Sta
     }
 }
 
+namespace {
+
+// The part of `saved` of this kind and layer: one contiguous span of `dtype` (Error otherwise).
+const StatePart& saved_part(const std::vector<StatePart>& saved, StateKind kind, uint32_t layer, StateDtype dtype) {
+    for (const StatePart& p : saved)
+        if (p.kind == kind && p.layer == layer) {
+            if (p.dtype != dtype || p.spans.size() != 1)
+                throw Error("window: a saved state of another layout or cache type");
+            return p;
+        }
+    throw Error("window: the saved state has no " + state_part_name(kind, layer));
+}
+
+}  // namespace
+
+bool Qwen4ExpWindow::can_move() const {
+    for (size_t il = 0; il < qsa_.size(); ++il)
+        if (qsa_[il] || ple_[il]) return false;
+    return true;
+}
+
+void Qwen4ExpWindow::append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!can_move()) refuse_moves();
+    if (src < 0 || n < 0 || total < 0 || src + n > total)
+        throw Error("window: cannot move tokens [" + std::to_string(src) + ", " + std::to_string(src + n) +
+                    ") of a state of " + std::to_string(total));
+    if (n_past_ + n > max_ctx_)
+        throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
+                    " moved tokens exceed the window's " + std::to_string(max_ctx_));
+    const StateDtype dtype = kv_state_dtype(cache_type_);
+    std::vector<const StatePart*> from;  // per KV part of state_parts, in order
+    for (size_t il = 0; il < kv_.size(); ++il)
+        if (kv_[il]) from.push_back(&saved_part(saved, StateKind::Kv, uint32_t(il), dtype));
+    if (n == 0) return;
+    try {
+        for (auto& kv : kv_)
+            if (kv) kv->grow(n_past_ + n);
+        HostStateParts host(be_, state_parts(n_past_, n_past_ + n, false));
+        for (size_t il = 0, i = 0; il < kv_.size(); ++il) {
+            if (!kv_[il]) continue;
+            const StateSpan& s = from[i]->spans[0];
+            kv_[il]->move_state(s.data, s.bytes, total, model_.layers_[il].attn->rope_freq(), src, n_past_, n,
+                                host.parts()[i].spans);
+            ++i;
+        }
+        host.upload();
+        n_past_ += n;
+        armed_ = false;
+        cp_.base = -1;
+        if (mtp_) mtp_->forget(n_past_);  // the moved tokens' hidden states are unknown: the head restarts after
+    } catch (...) {
+        reset_locked();
+        throw;
+    }
+}
+
+void Qwen4ExpWindow::truncate_attention(int64_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!can_move()) refuse_moves();
+    if (n < 0 || n > n_past_)
+        throw Error("window: cannot truncate to " + std::to_string(n) + " of " + std::to_string(n_past_) + " tokens");
+    for (auto& kv : kv_)
+        if (kv) kv->truncate(n);
+    if (mtp_) mtp_->truncate(n);
+    n_past_ = n;
+    armed_ = false;
+    cp_.base = -1;
+    be_.submit();
+}
+
 void Qwen4ExpWindow::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
     eval_steps({WindowStep{this, tokens, n, logits, all_logits}});
 }

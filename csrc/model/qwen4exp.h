@@ -148,6 +148,11 @@ public:
     // Per layer in order: the PLE part (if any), then the Gated DeltaNet, QSA or KV cache part.
     void export_state(int64_t from, const StateFn& fn) override;
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
+    // Suffix cache reuse moves the full-attention layers' KV rows, the Gated DeltaNet states kept as they
+    // are (qwen35moe, qwen3next); QSA's pooled block keys and PLE's history are not moved (qwen4exp).
+    bool can_move() const override;
+    void append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n) override;
+    void truncate_attention(int64_t n) override;
 
 private:
     // A step's share of this window: its tokens, images (single-window evals only), logits, rows in the step.

@@ -315,6 +315,13 @@ void init_model(nb::module_& m) {
         .def("append_moved", &append_moved, nb::arg("snapshot"), nb::arg("src"), nb::arg("n"),
              "Append tokens [src, src + n) of a snapshot of this model's window at the next positions, their "
              "attention keys turned to them (suffix cache reuse).")
+        .def(
+            "truncate_attention",
+            [](ModelWindow& w, int64_t n) {
+                nb::gil_scoped_release release;
+                w.truncate_attention(n);
+            },
+            nb::arg("n"), "Keep the attention rows of the first n tokens and the recurrent states as they are.")
         .def("save_state", &save_window_state, nb::arg("path"), nb::arg("fingerprint"),
              nb::arg("architecture"), nb::arg("tokens"), nb::arg("start"), nb::arg("meta"),
              nb::arg("logits").none(), nb::arg("threads") = 4, nb::arg("direct") = true,

@@ -116,12 +116,12 @@ def prefill(
     ``boundaries`` (token offsets) passed on the way and at the end of the prompt. ``progress(done, total)``
     is called after each chunk with the tokens evaluated so far of the ``total`` the prompt needs.
 
-    ``scr`` (suffix cache reuse, attention-only models): the window's tokens after an edit are reused too
-    where they reappear in the prompt (:func:`regolith.scr.plan_reuse`), moved to their new positions
-    (:meth:`Window.append_moved`) rather than evaluated, when that reuses more than the prompt cache holds.
-    Not exact: moved tokens keep what they attended to before the edit. Without such runs (no edit, an edit
-    at the end) it is the plain path, bit for bit. A window holding moved tokens is never stored in the
-    prompt cache.
+    ``scr`` (suffix cache reuse, where :attr:`Window.can_move`): the window's tokens after an edit are reused
+    too where they reappear in the prompt (:func:`regolith.scr.plan_reuse`), moved to their new positions
+    (:meth:`Window.append_moved`) rather than evaluated, when that reuses more than the prompt cache holds;
+    recurrent layers keep their state (:meth:`Window.truncate_attention`). Not exact: moved tokens keep what
+    they attended to before the edit. Without such runs (no edit, an edit at the end) it is the plain path,
+    bit for bit. A window holding moved tokens is never stored in the prompt cache.
     """
     if not prompt:
         raise ValueError("the prompt is empty: generation needs at least one token")
@@ -169,7 +169,7 @@ def _prefill_moved(
     each run of its old tokens moved after it; the logits after the prompt's last token."""
     snapshot = window.snapshot()
     head = runs[0].length if runs[0].dst == 0 else 0
-    window.truncate(head)
+    window.truncate_attention(head)  # recurrent layers keep the state after the old tokens
     total = len(prompt) - reused_tokens(runs)
     done = evaluated = head
     logits = None

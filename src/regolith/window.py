@@ -163,7 +163,8 @@ class Window:
 
     @property
     def can_move(self) -> bool:
-        """Whether :meth:`append_moved` works for this model (suffix cache reuse: attention-only models)."""
+        """Whether :meth:`append_moved` works for this model (suffix cache reuse: the attention-only models,
+        qwen35moe and qwen3next; not qwen4exp, whose QSA layers pool their keys by blocks)."""
         return bool(self._w.can_move)
 
     def append_moved(self, snapshot: WindowSnapshot, src: int, n: int) -> None:
@@ -186,6 +187,17 @@ class Window:
         self._tokens.extend(snapshot.tokens[src : src + n])
         if n and self.moved_from is None:
             self.moved_from = at
+
+    def truncate_attention(self, n: int) -> None:
+        """Suffix cache reuse's cut: keep the first ``n`` tokens' attention rows and, on models with recurrent
+        layers (qwen35moe, qwen3next), their recurrent states as they are, the state after every token held
+        (so the window's state from ``n`` on is not what its tokens give: :attr:`moved_from`). Attention-only
+        models just truncate. Raises :class:`regolith.RegolithError` where :attr:`can_move` is False."""
+        if self.try_truncate(n):
+            return
+        self._w.truncate_attention(n)
+        del self._tokens[n:]
+        self.moved_from = n if self.moved_from is None else min(self.moved_from, n)
 
     def _keep_held(self) -> None:
         """After a failed call, which leaves the window unchanged or reset: drop the ids of the tokens past

@@ -21,7 +21,7 @@ from regolith.convert import convert
 from regolith.errors import RegolithError
 from regolith.generation import prefill
 from regolith.scr import MIN_RUN
-from tests.dense_models import save_tiny_checkpoint, tiny_model, write_gguf
+from tests.dense_models import save_tiny_checkpoint, tiny_config, tiny_model, write_gguf
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
@@ -132,7 +132,50 @@ def test_generation_with_scr_and_the_prompt_cache(files, tmp_path):
     assert window.moved_from is None
 
 
-def test_models_with_recurrent_state_take_the_plain_path():
+def _layer_kv(window, layer: int, kv: int, d: int, tmp_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Layer ``layer``'s keys [kv][n][d] and values [kv][d][n] (an f32 cache of kv heads of d)."""
+    path = tmp_path / "state.rgs"
+    rstate.save_window(window, path)
+    _, _, offset, nbytes, _ = next(p for p in rstate.read_header(path).parts if p[:2] == ("kv", layer))
+    raw = np.fromfile(path, dtype=np.float32, count=nbytes // 4, offset=offset)
+    n = window.n_past
+    return raw[: kv * n * d].reshape(kv, n, d), raw[kv * n * d :].reshape(kv, d, n)
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+def test_hybrid_models_move_their_attention_rows_and_keep_the_recurrent_state(arch, tmp_path):
+    """Qwen3-Next / Qwen3.5: the full-attention layer's rows move, each key's rotated quarter (M-RoPE's text
+    positions alike on every axis) turned by the shift; the Gated DeltaNet layers keep their state (the
+    state after the old tokens, advanced by the gaps), so the window is approximate from the prefix on."""
+    path = convert(save_tiny_checkpoint(arch, tmp_path / "hf", 0), tmp_path / "m.gguf", "f32")
+    model = regolith.Model.load(path, kv_type="f32")
+    c = tiny_config(arch)
+    shape = (c.num_key_value_heads, c.head_dim)
+    window = model.window(256)
+    assert window.can_move
+    window.eval(CACHED, all_logits=False)
+    old_k, old_v = _layer_kv(window, 3, *shape, tmp_path)  # layer 3: full attention
+    _, reused = prefill(window, EDITED, scr=True)
+    assert window.tokens == EDITED and reused == len(CACHED) - 1
+    assert window.moved_from == len(A) and window.n_evaluated == len(CACHED) + len(X) + 1
+    k, v = _layer_kv(window, 3, *shape, tmp_path)
+    rope = c.rope_parameters
+    half = int(c.head_dim * rope["partial_rotary_factor"]) // 2
+    angle = len(X) * rope["rope_theta"] ** (-np.arange(half) / half)
+    cos, sin = np.cos(angle), np.sin(angle)
+    src, dst = old_k[:, len(A) : len(CACHED) - 1], k[:, len(A) + len(X) : len(EDITED) - 1]
+    want = src.copy()
+    a, b = src[..., :half], src[..., half : 2 * half]
+    want[..., :half], want[..., half : 2 * half] = a * cos - b * sin, b * cos + a * sin
+    assert np.abs(dst - want).max() <= 1e-5 * np.abs(want).max()
+    np.testing.assert_array_equal(
+        v[..., len(A) + len(X) : len(EDITED) - 1], old_v[..., len(A) : len(CACHED) - 1]
+    )
+    np.testing.assert_array_equal(k[:, : len(A)], old_k[:, : len(A)])
+
+
+def test_qsa_models_take_the_plain_path():
+    """qwen4exp's QSA layers pool their keys by blocks and PLE keeps a history: no rows to move yet."""
     tiny = Path(__file__).resolve().parents[1] / "fixtures" / "engine" / "tiny-nople-q8_0.gguf"  # qwen4exp
     model = regolith.Model.load(tiny, kv_type="f32")
     got, want = model.window(256), model.window(256)
