@@ -324,7 +324,8 @@ void DenseWindow::import_state(int64_t from, int64_t n, bool /*whole: the caches
     }
 }
 
-void DenseWindow::append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n) {
+void DenseWindow::append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n,
+                               const std::vector<int32_t>& /*recent: no n-gram state*/) {
     std::lock_guard<std::mutex> lock(mutex_);
     const DenseConfig& c = model_.config_;
     if (src < 0 || n < 0 || total < 0 || src + n > total)

@@ -135,8 +135,9 @@ public:
     void export_state(int64_t from, const StateFn& fn) override;
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
     bool can_move() const override { return true; }
-    void append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n) override;
-    void truncate_attention(int64_t n) override { truncate(n); }
+    void append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n,
+                      const std::vector<int32_t>& recent) override;
+    void truncate_attention(int64_t n, const std::vector<int32_t>&) override { truncate(n); }
 
 private:
     // One forward pass of up to kChunk tokens per window; logits null: none wanted from that window.

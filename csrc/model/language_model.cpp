@@ -22,7 +22,9 @@ void ModelWindow::refuse_moves() {
                 "per-layer history state)");
 }
 
-void ModelWindow::append_moved(const std::vector<StatePart>&, int64_t, int64_t, int64_t) { refuse_moves(); }
+void ModelWindow::append_moved(const std::vector<StatePart>&, int64_t, int64_t, int64_t, const std::vector<int32_t>&) {
+    refuse_moves();
+}
 
 StepLocks::StepLocks(std::vector<std::mutex*> mutexes) {
     std::sort(mutexes.begin(), mutexes.end());

@@ -78,13 +78,18 @@ public:
     // Appends positions [src, src + n) of `saved` (this model's window state of `total` tokens: the parts of
     // export_state(0), each one contiguous span) at this window's next n positions, each attention key turned
     // to its new position (a RoPE rotation by the shift): the tokens' cache rows as they were computed in
-    // their old context, not the new one. Error, changing nothing, for bad ranges, a context overflow or a
-    // state of another layout; Error where !can_move(). If the copy itself fails, the window is reset.
-    virtual void append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n);
+    // their old context, not the new one; pooled block keys (QSA) are pooled again. `recent`: the ids of the
+    // window's last tokens after the move (up to kRecentTokens; the n-gram context of PLE layers). Error,
+    // changing nothing, for bad ranges, a context overflow or a state of another layout; Error where
+    // !can_move(). If the copy itself fails, the window is reset.
+    static constexpr int64_t kRecentTokens = 16;
+    virtual void append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n,
+                              const std::vector<int32_t>& recent);
     // Suffix cache reuse's cut: keeps the attention rows of the first n tokens (0 <= n <= n_past) and every
-    // recurrent state as it is (the state after all n_past tokens: the "keep" policy, approximate where
-    // recurrent layers exist; truncate(n) on attention-only models). Error where !can_move().
-    virtual void truncate_attention(int64_t n) { refuse_moves(); }
+    // recurrent state (Gated DeltaNet, PLE's conv history) as it is, the state after all n_past tokens: the
+    // "keep" policy, approximate where such layers exist (truncate(n) on attention-only models). `recent`:
+    // the ids of the last kept tokens, as append_moved's. Error where !can_move().
+    virtual void truncate_attention(int64_t n, const std::vector<int32_t>& recent) { refuse_moves(); }
 
     // Bytes of backend memory the window's growing attention caches hold now (QSA or KV caches; not the MTP
     // head's): what the memory plan's per-token state estimates.

@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
+#include "core/dequant.h"
 #include "core/errors.h"
 #include "core/gguf_set.h"
+#include "core/quantize.h"
+#include "core/types.h"
 #include "model/metadata.h"
 #include "model/weights.h"
 
@@ -112,6 +116,81 @@ void QsaState::grow(int64_t n) {
     n_ = n;
 }
 
+void QsaState::move_state(const uint8_t* saved, size_t saved_bytes, int64_t total, const std::vector<float>& freq,
+                          int64_t src, int64_t to, int64_t n, const std::vector<StateSpan>& dst) const {
+    const QsaShape& s = shape_;
+    const int64_t KV = s.n_head_kv, D = s.head_dim, ID = s.index_head_dim, r = s.compress_ratio;
+    const int64_t half = int64_t(freq.size());
+    if (src < 0 || n < 0 || src + n > total || 2 * half > D)
+        throw Error("QSA state: cannot move tokens [" + std::to_string(src) + ", " + std::to_string(src + n) +
+                    ") of a saved state of " + std::to_string(total));
+    if (n == 0) return;
+    const bool i8 = type_ == RG_TYPE_I8;
+    const auto row_bytes = [&](int64_t cols) { return i8 ? cols : type_row_bytes(*type_traits(type_), cols); };
+    const int64_t kb = row_bytes(D), ib = row_bytes(ID);
+    // state_tensors' items over tokens [lo, hi): keys, values, indexer keys, positions, block keys, then
+    // I8's scales of the four
+    const auto items = [&](int64_t lo, int64_t hi) {
+        const int64_t len = hi - lo, blocks = hi / r - lo / r;
+        std::vector<size_t> b{size_t(len * KV * kb), size_t(len * KV * kb), size_t(len * ib), size_t(len * 3 * 8),
+                              size_t(blocks * ib)};
+        if (i8)
+            for (int64_t rows : {len * KV, len * KV, len, blocks}) b.push_back(size_t(rows) * sizeof(float));
+        return b;
+    };
+    const std::vector<size_t> from_bytes = items(0, total), to_bytes = items(to, to + n);
+    std::vector<const uint8_t*> in;
+    size_t at = 0;
+    for (size_t b : from_bytes) in.push_back(saved + at), at += b;
+    if (at != saved_bytes) throw Error("QSA state: a saved state that does not match the state's layout");
+    size_t out_bytes = 0, dst_bytes = 0;
+    for (size_t b : to_bytes) out_bytes += b;
+    for (const StateSpan& sp : dst) dst_bytes += sp.bytes;
+    if (dst_bytes != out_bytes) throw Error("QSA state: destination spans that do not match its layout");
+    std::vector<uint8_t> out(out_bytes, 0);
+    std::vector<uint8_t*> item;
+    at = 0;
+    for (size_t b : to_bytes) item.push_back(out.data() + at), at += b;
+
+    const double delta = double(to - src);
+    std::vector<float> c(static_cast<size_t>(half)), sn(static_cast<size_t>(half)), row(static_cast<size_t>(D));
+    for (int64_t j = 0; j < half; ++j)
+        c[size_t(j)] = float(std::cos(delta * freq[size_t(j)])), sn[size_t(j)] = float(std::sin(delta * freq[size_t(j)]));
+    for (int64_t i = 0; i < n * KV; ++i) {  // keys: rows (token, head)
+        const int64_t from_row = src * KV + i;
+        const uint8_t* k = in[0] + from_row * kb;
+        if (i8) {
+            const float scale = reinterpret_cast<const float*>(in[5])[from_row];
+            for (int64_t e = 0; e < D; ++e) row[size_t(e)] = float(reinterpret_cast<const int8_t*>(k)[e]) * scale;
+        } else {
+            dequantize_row(type_, k, row.data(), D);
+        }
+        for (int64_t j = 0; j < half; ++j) {
+            const float a = row[size_t(j)], b = row[size_t(j + half)];
+            row[size_t(j)] = a * c[size_t(j)] - b * sn[size_t(j)];
+            row[size_t(j + half)] = b * c[size_t(j)] + a * sn[size_t(j)];
+        }
+        uint8_t* key = item[0] + i * kb;
+        if (i8)
+            reinterpret_cast<float*>(item[5])[i] = quantize_i8_row(row.data(), reinterpret_cast<int8_t*>(key), D);
+        else if (type_ == RG_TYPE_F32)
+            std::memcpy(key, row.data(), size_t(D) * sizeof(float));
+        else
+            quantize_row(type_, row.data(), key, D);
+    }
+    std::memcpy(item[1], in[1] + src * KV * kb, size_t(n * KV * kb));  // values
+    std::memcpy(item[2], in[2] + src * ib, size_t(n * ib));            // indexer keys
+    const auto* pos = reinterpret_cast<const int64_t*>(in[3]) + src * 3;
+    auto* moved = reinterpret_cast<int64_t*>(item[3]);
+    for (int64_t i = 0; i < n * 3; ++i) moved[i] = pos[i] + (to - src);  // every M-RoPE axis moves alike
+    if (i8) {
+        std::memcpy(item[6], in[6] + src * KV * sizeof(float), size_t(n * KV) * sizeof(float));
+        std::memcpy(item[7], in[7] + src * sizeof(float), size_t(n) * sizeof(float));
+    }
+    at = 0;
+    for (const StateSpan& sp : dst) std::memcpy(sp.data, out.data() + at, sp.bytes), at += sp.bytes;
+}
+
 QsaSeq QsaState::seq(int64_t t0, int64_t ntok) const {
     return {k_.t, v_.t, index_k_.t, block_k_.t, pos_.t,           n_,
             t0,   ntok, k_scale_.t, v_scale_.t, index_k_scale_.t, block_k_scale_.t};
@@ -154,6 +233,15 @@ QsaAttention::QsaAttention(const ModelWeights& wt, int64_t layer) : shape_(qsa_s
     }
     freq_ = wt.store().upload(RG_TYPE_F32, 1, half, freq.data());
     axis_ = wt.store().upload(RG_TYPE_I32, 1, half, axis.data());
+    freq.resize(size_t(half));
+    freq_host_ = std::move(freq);
+}
+
+void QsaAttention::pool(Workspace& ws, QsaState& st, int64_t from) const {
+    if (from < 0 || from > st.n_) throw Error("QSA state: cannot pool from token " + std::to_string(from));
+    QsaSeq seq = st.seq(0, st.n_ - from);
+    seq.n0 = from;
+    ws.backend().qsa_pool(&seq, 1, w_.index_k_norm, freq_, axis_, shape_.dims());
 }
 
 void QsaAttention::forward(Workspace& ws, const Tensor& x, const int64_t* pos3, QsaState& st, const Tensor& y) const {

@@ -86,6 +86,12 @@ public:
     void state_tensors(int64_t from, int64_t to, std::vector<Tensor>& out) const;
     // Holds n >= size() tokens, the new ones to be filled through state_tensors (throws Error beyond max_ctx).
     void grow(int64_t n);
+    // Suffix cache reuse (as KvCache::move_state): tokens [src, src + n) of a saved state of `total` tokens
+    // (the bytes of state_tensors(0, total)) into `dst`, the host spans of state_tensors(to, to + n): keys
+    // turned by to - src positions (freq: the rotary pairs'), values and indexer keys copied, positions
+    // shifted; the block keys' rows are left zero for QsaAttention::pool.
+    void move_state(const uint8_t* saved, size_t saved_bytes, int64_t total, const std::vector<float>& freq,
+                    int64_t src, int64_t to, int64_t n, const std::vector<StateSpan>& dst) const;
 
 private:
     friend class QsaAttention;
@@ -133,10 +139,15 @@ public:
     // The same over the rows of several sequences, each with its own state; throws, changing no state, when
     // one cannot hold its tokens.
     void forward(Workspace& ws, const Tensor& x, const std::vector<QsaRows>& seqs, const Tensor& y) const;
+    // The rotary pairs' frequencies (host): a moved token's keys turn by shift * freq[j].
+    const std::vector<float>& rope_freq() const { return freq_host_; }
+    // Pools again the block keys of the blocks that tokens [from, state.size()) complete (after a move).
+    void pool(Workspace& ws, QsaState& state, int64_t from) const;
 
 private:
     QsaShape shape_;
     QsaWeights w_;
+    std::vector<float> freq_host_;
     Tensor freq_;  // [1][n_rot / 2] F32: 1 / base^(2i / n_rot)
     Tensor axis_;  // [1][n_rot / 2] I32: 0 t, 1 h, 2 w (rope_sections)
 };

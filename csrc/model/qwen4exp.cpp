@@ -322,41 +322,61 @@ const StatePart& saved_part(const std::vector<StatePart>& saved, StateKind kind,
 
 }  // namespace
 
-bool Qwen4ExpWindow::can_move() const {
-    for (size_t il = 0; il < qsa_.size(); ++il)
-        if (qsa_[il] || ple_[il]) return false;
-    return true;
+void Qwen4ExpWindow::set_ple_context(const std::vector<int32_t>& recent) {
+    for (size_t il = 0; il < ple_.size(); ++il) {
+        if (!ple_[il]) continue;
+        std::vector<int64_t>& ctx = ple_[il]->context;
+        std::vector<int64_t> ids(ctx.size(), model_.layers_[il].ple->hash().eos_token_id);  // a new window's
+        ids.insert(ids.end(), recent.begin(), recent.end());
+        std::copy(ids.end() - int64_t(ctx.size()), ids.end(), ctx.begin());
+    }
 }
 
-void Qwen4ExpWindow::append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n) {
+void Qwen4ExpWindow::append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n,
+                                  const std::vector<int32_t>& recent) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!can_move()) refuse_moves();
     if (src < 0 || n < 0 || total < 0 || src + n > total)
         throw Error("window: cannot move tokens [" + std::to_string(src) + ", " + std::to_string(src + n) +
                     ") of a state of " + std::to_string(total));
     if (n_past_ + n > max_ctx_)
         throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
                     " moved tokens exceed the window's " + std::to_string(max_ctx_));
-    const StateDtype dtype = kv_state_dtype(cache_type_);
-    std::vector<const StatePart*> from;  // per KV part of state_parts, in order
-    for (size_t il = 0; il < kv_.size(); ++il)
-        if (kv_[il]) from.push_back(&saved_part(saved, StateKind::Kv, uint32_t(il), dtype));
+    // the saved positional parts in state_parts' order (QSA before KV within a layer)
+    std::vector<const StatePart*> from;
+    for (size_t il = 0; il < model_.layers_.size(); ++il) {
+        if (qsa_[il]) from.push_back(&saved_part(saved, StateKind::Qsa, uint32_t(il), qsa_state_dtype(cache_type_)));
+        if (kv_[il]) from.push_back(&saved_part(saved, StateKind::Kv, uint32_t(il), kv_state_dtype(cache_type_)));
+    }
     if (n == 0) return;
+    const int64_t to = n_past_;
     try {
+        for (auto& q : qsa_)
+            if (q) q->grow(to + n);
         for (auto& kv : kv_)
-            if (kv) kv->grow(n_past_ + n);
-        HostStateParts host(be_, state_parts(n_past_, n_past_ + n, false));
-        for (size_t il = 0, i = 0; il < kv_.size(); ++il) {
-            if (!kv_[il]) continue;
-            const StateSpan& s = from[i]->spans[0];
-            kv_[il]->move_state(s.data, s.bytes, total, model_.layers_[il].attn->rope_freq(), src, n_past_, n,
-                                host.parts()[i].spans);
-            ++i;
+            if (kv) kv->grow(to + n);
+        HostStateParts host(be_, state_parts(to, to + n, false));
+        for (size_t il = 0, i = 0; il < model_.layers_.size(); ++il) {
+            const auto& L = model_.layers_[il];
+            if (qsa_[il]) {
+                const StateSpan& sp = from[i]->spans[0];
+                qsa_[il]->move_state(sp.data, sp.bytes, total, L.qsa->rope_freq(), src, to, n, host.parts()[i].spans);
+                ++i;
+            }
+            if (kv_[il]) {
+                const StateSpan& sp = from[i]->spans[0];
+                kv_[il]->move_state(sp.data, sp.bytes, total, L.attn->rope_freq(), src, to, n, host.parts()[i].spans);
+                ++i;
+            }
         }
         host.upload();
-        n_past_ += n;
+        Workspace::Scope scope(ws_);
+        for (size_t il = 0; il < model_.layers_.size(); ++il)
+            if (qsa_[il]) model_.layers_[il].qsa->pool(ws_, *qsa_[il], to);  // the blocks the moved tokens complete
+        be_.submit();
+        n_past_ = to + n;
         armed_ = false;
         cp_.base = -1;
+        set_ple_context(recent);
         if (mtp_) mtp_->forget(n_past_);  // the moved tokens' hidden states are unknown: the head restarts after
     } catch (...) {
         reset_locked();
@@ -364,17 +384,19 @@ void Qwen4ExpWindow::append_moved(const std::vector<StatePart>& saved, int64_t t
     }
 }
 
-void Qwen4ExpWindow::truncate_attention(int64_t n) {
+void Qwen4ExpWindow::truncate_attention(int64_t n, const std::vector<int32_t>& recent) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!can_move()) refuse_moves();
     if (n < 0 || n > n_past_)
         throw Error("window: cannot truncate to " + std::to_string(n) + " of " + std::to_string(n_past_) + " tokens");
-    for (auto& kv : kv_)
-        if (kv) kv->truncate(n);
+    for (size_t il = 0; il < model_.layers_.size(); ++il) {
+        if (qsa_[il]) qsa_[il]->truncate(n);
+        if (kv_[il]) kv_[il]->truncate(n);
+    }
     if (mtp_) mtp_->truncate(n);
     n_past_ = n;
     armed_ = false;
     cp_.base = -1;
+    set_ple_context(recent);
     be_.submit();
 }
 

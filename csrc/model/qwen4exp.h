@@ -148,11 +148,13 @@ public:
     // Per layer in order: the PLE part (if any), then the Gated DeltaNet, QSA or KV cache part.
     void export_state(int64_t from, const StateFn& fn) override;
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
-    // Suffix cache reuse moves the full-attention layers' KV rows, the Gated DeltaNet states kept as they
-    // are (qwen35moe, qwen3next); QSA's pooled block keys and PLE's history are not moved (qwen4exp).
-    bool can_move() const override;
-    void append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n) override;
-    void truncate_attention(int64_t n) override;
+    // Suffix cache reuse moves the attention layers' rows (full attention's KV; QSA's keys, values, indexer
+    // keys and positions, its block keys pooled again), the Gated DeltaNet states and PLE's conv history kept
+    // as they are (its n-gram context set from `recent`).
+    bool can_move() const override { return true; }
+    void append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n,
+                      const std::vector<int32_t>& recent) override;
+    void truncate_attention(int64_t n, const std::vector<int32_t>& recent) override;
 
 private:
     // A step's share of this window: its tokens, images (single-window evals only), logits, rows in the step.
@@ -169,6 +171,8 @@ private:
     void reset_locked();
     void prepare_slots(int64_t n);  // rollback slots for an eval of n tokens; slot 0 = the current states
     std::vector<TensorPart> state_parts(int64_t from, int64_t to, bool whole);
+    // PLE layers' n-gram contexts: the last ids of `recent`, padded in front as a new window's are.
+    void set_ple_context(const std::vector<int32_t>& recent);
 
     mutable std::mutex mutex_;
     const Qwen4ExpModel& model_;

@@ -312,16 +312,18 @@ void init_model(nb::module_& m) {
              "Reset, then put back the state a snapshot() copied (StateError for another model's).")
         .def_prop_ro("can_move", &regolith::ModelWindow::can_move,
                      "Whether append_moved works for this architecture (suffix cache reuse).")
-        .def("append_moved", &append_moved, nb::arg("snapshot"), nb::arg("src"), nb::arg("n"),
+        .def("append_moved", &append_moved, nb::arg("snapshot"), nb::arg("src"), nb::arg("n"), nb::arg("recent"),
              "Append tokens [src, src + n) of a snapshot of this model's window at the next positions, their "
-             "attention keys turned to them (suffix cache reuse).")
+             "attention keys turned to them (suffix cache reuse); recent: the window's last token ids after.")
         .def(
             "truncate_attention",
-            [](ModelWindow& w, int64_t n) {
+            [](ModelWindow& w, int64_t n, const std::vector<int32_t>& recent) {
                 nb::gil_scoped_release release;
-                w.truncate_attention(n);
+                w.truncate_attention(n, recent);
             },
-            nb::arg("n"), "Keep the attention rows of the first n tokens and the recurrent states as they are.")
+            nb::arg("n"), nb::arg("recent"),
+            "Keep the attention rows of the first n tokens and the recurrent states as they are; recent: the "
+            "last kept token ids.")
         .def("save_state", &save_window_state, nb::arg("path"), nb::arg("fingerprint"),
              nb::arg("architecture"), nb::arg("tokens"), nb::arg("start"), nb::arg("meta"),
              nb::arg("logits").none(), nb::arg("threads") = 4, nb::arg("direct") = true,

@@ -122,14 +122,15 @@ WindowSnapshot snapshot_window(regolith::ModelWindow& w) {
     return s;
 }
 
-void append_moved(regolith::ModelWindow& w, const WindowSnapshot& s, int64_t src, int64_t n) {
+void append_moved(regolith::ModelWindow& w, const WindowSnapshot& s, int64_t src, int64_t n,
+                  const std::vector<int32_t>& recent) {
     std::vector<regolith::StatePart> parts;
     for (const WindowSnapshot::Part& q : s.parts) {
         auto* data = const_cast<uint8_t*>(q.bytes.data());  // read only: append_moved copies out of it
         parts.push_back(regolith::StatePart{q.kind, q.layer, q.dtype, {regolith::StateSpan{data, q.bytes.size()}}});
     }
     nb::gil_scoped_release release;
-    w.append_moved(parts, s.n, src, n);
+    w.append_moved(parts, s.n, src, n, recent);
 }
 
 void restore_window(regolith::ModelWindow& w, const WindowSnapshot& s) {

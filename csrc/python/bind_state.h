@@ -38,7 +38,8 @@ WindowSnapshot snapshot_window(regolith::ModelWindow& w);
 // or one longer than the window.
 void restore_window(regolith::ModelWindow& w, const WindowSnapshot& s);
 // ModelWindow::append_moved of tokens [src, src + n) of snapshot `s` (suffix cache reuse).
-void append_moved(regolith::ModelWindow& w, const WindowSnapshot& s, int64_t src, int64_t n);
+void append_moved(regolith::ModelWindow& w, const WindowSnapshot& s, int64_t src, int64_t n,
+                  const std::vector<int32_t>& recent);
 // Restores the file whose checked header is `head`; returns (stats, logits or None).
 nb::tuple load_window_state(regolith::ModelWindow& w, const std::string& path,
                             const regolith::StateHeader& head, bool whole, int threads, bool direct);

@@ -129,7 +129,7 @@ def prefill(
         raise ContextOverflowError(
             f"the prompt has {len(prompt)} tokens; the context holds {window.max_ctx} (with room for one reply token)"
         )
-    if scr and window.can_move and window.n_past:
+    if scr and window.can_move and window.n_past and not window._images:  # image tokens do not move
         # the last prompt token is always evaluated: its logits are needed
         runs = plan_reuse(window.tokens, prompt[:-1])
         reused = reused_tokens(runs)

@@ -18,6 +18,10 @@ from .vision import ImageSpan, mrope_positions
 __all__ = ["Stepper", "Window", "WindowSnapshot", "eval_windows"]
 
 
+# token ids a move or a cut tells the window about: the n-gram context of PLE layers (ModelWindow::kRecentTokens)
+_RECENT = 16
+
+
 @dataclass(frozen=True)
 class WindowSnapshot:
     """A copy of a window's whole state in host memory (:meth:`Window.snapshot`): the tokens it had seen,
@@ -163,14 +167,15 @@ class Window:
 
     @property
     def can_move(self) -> bool:
-        """Whether :meth:`append_moved` works for this model (suffix cache reuse: the attention-only models,
-        qwen35moe and qwen3next; not qwen4exp, whose QSA layers pool their keys by blocks)."""
+        """Whether :meth:`append_moved` works for this model (suffix cache reuse): every architecture
+        regolith runs."""
         return bool(self._w.can_move)
 
     def append_moved(self, snapshot: WindowSnapshot, src: int, n: int) -> None:
         """Suffix cache reuse: append tokens ``[src, src + n)`` of ``snapshot`` (of a window of this model) at
         the window's next positions without evaluating them: their attention keys and values as computed in
-        their old context, each key's RoPE turned to its new position. Not exact (the tokens attended to what
+        their old context, each key's RoPE turned to its new position (QSA's indexer keys too, its block keys
+        pooled again). Not exact (the tokens attended to what
         preceded them then); :func:`regolith.generation.prefill` does it for ``scr=True``. Raises
         :class:`regolith.RegolithError` for a model that cannot (:attr:`can_move`), bad ranges, an overflow
         or images among the moved tokens."""
@@ -179,8 +184,9 @@ class Window:
         if any(sp.start < src + n and src < sp.start + sp.n_tokens for sp in snapshot.images):
             raise RegolithError("suffix cache reuse does not move image tokens")
         at = len(self._tokens)
+        recent = [*self._tokens[-_RECENT:], *snapshot.tokens[src : src + n]][-_RECENT:]
         try:
-            self._w.append_moved(snapshot._state, src, n)
+            self._w.append_moved(snapshot._state, src, n, recent)
         except BaseException:
             self._keep_held()
             raise
@@ -190,12 +196,13 @@ class Window:
 
     def truncate_attention(self, n: int) -> None:
         """Suffix cache reuse's cut: keep the first ``n`` tokens' attention rows and, on models with recurrent
-        layers (qwen35moe, qwen3next), their recurrent states as they are, the state after every token held
-        (so the window's state from ``n`` on is not what its tokens give: :attr:`moved_from`). Attention-only
-        models just truncate. Raises :class:`regolith.RegolithError` where :attr:`can_move` is False."""
+        layers (qwen4exp, qwen35moe, qwen3next), their recurrent states (Gated DeltaNet, PLE's conv history)
+        as they are, the state after every token held (so the window's state from ``n`` on is not what its
+        tokens give: :attr:`moved_from`). Attention-only models just truncate. Raises
+        :class:`regolith.RegolithError` where :attr:`can_move` is False."""
         if self.try_truncate(n):
             return
-        self._w.truncate_attention(n)
+        self._w.truncate_attention(n, self._tokens[max(0, n - _RECENT) : n])
         del self._tokens[n:]
         self.moved_from = n if self.moved_from is None else min(self.moved_from, n)
 

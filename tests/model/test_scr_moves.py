@@ -174,19 +174,66 @@ def test_hybrid_models_move_their_attention_rows_and_keep_the_recurrent_state(ar
     np.testing.assert_array_equal(k[:, : len(A)], old_k[:, : len(A)])
 
 
-def test_qsa_models_take_the_plain_path():
-    """qwen4exp's QSA layers pool their keys by blocks and PLE keeps a history: no rows to move yet."""
-    tiny = Path(__file__).resolve().parents[1] / "fixtures" / "engine" / "tiny-nople-q8_0.gguf"  # qwen4exp
-    model = regolith.Model.load(tiny, kv_type="f32")
-    got, want = model.window(256), model.window(256)
-    assert not got.can_move
-    got.eval(CACHED, all_logits=False)
-    logits, reused = prefill(got, EDITED, scr=True)
-    np.testing.assert_array_equal(logits, prefill(want, EDITED)[0])
-    assert reused == 0 and got.moved_from is None
-    snap = want.snapshot()
-    with pytest.raises(RegolithError, match="not supported"):
-        got.append_moved(snap, 0, 4)
+def _rotated(x: np.ndarray, shift: int, half: int, theta: float) -> np.ndarray:
+    """x's NEOX pairs (j, j + half) of its last axis turned by shift * theta^(-j / half)."""
+    angle = shift * theta ** (-np.arange(half) / half)
+    out, a, b = x.copy(), x[..., :half], x[..., half : 2 * half]
+    out[..., :half], out[..., half : 2 * half] = (
+        a * np.cos(angle) - b * np.sin(angle),
+        b * np.cos(angle) + a * np.sin(angle),
+    )
+    return out
+
+
+def test_qwen4exp_moves_its_qsa_rows_and_pools_the_blocks_again(tmp_path):
+    """qwen4exp (Gated DeltaNet, QSA with PLE): a QSA layer's moved keys are the old ones turned by the shift,
+    values and indexer keys as they were, positions shifted; a block of moved tokens pools to the old block's
+    key turned by the shift (the edit and the prefix are whole blocks of 4 here, so the blocks line up)."""
+    from tests.qwen4exp_models import save_tiny_model, tiny_text_config
+
+    path = convert(save_tiny_model(tmp_path / "hf", 0), tmp_path / "q.gguf", "f32")
+    model = regolith.Model.load(path, kv_type="f32")
+    c = tiny_text_config()
+    kv, d, idx, ratio = c.num_key_value_heads, c.head_dim, c.indexer_head_dim, c.indexer_compress_ratio
+    half, theta = int(d * c.rope_parameters["partial_rotary_factor"]) // 2, c.rope_parameters["rope_theta"]
+    x = _tokens(5, 12)
+    cached, edited = A + B + C, A + x + B + C
+
+    def qsa(window) -> dict[str, np.ndarray]:
+        path = tmp_path / "state.rgs"
+        rstate.save_window(window, path)
+        _, _, offset, nbytes, _ = next(p for p in rstate.read_header(path).parts if p[:2] == ("qsa", 1))
+        raw = np.fromfile(path, dtype=np.uint8, count=nbytes, offset=offset)
+        n, out, at = window.n_past, {}, 0
+        for name, count, dtype, shape in (
+            ("k", n * kv * d, np.float32, (n, kv, d)),
+            ("v", n * kv * d, np.float32, (n, kv, d)),
+            ("index_k", n * idx, np.float32, (n, idx)),
+            ("pos", n * 3, np.int64, (n, 3)),
+            ("block_k", n // ratio * idx, np.float32, (n // ratio, idx)),
+        ):
+            size = count * np.dtype(dtype).itemsize
+            out[name] = raw[at : at + size].view(dtype).reshape(shape)
+            at += size
+        return out
+
+    window = model.window(256)
+    window.eval(cached, all_logits=False)
+    old = qsa(window)
+    _, reused = prefill(window, edited, scr=True)
+    assert window.tokens == edited and reused == len(cached) - 1 and window.moved_from == len(A)
+    new = qsa(window)
+    shift, n = len(x), len(cached) - 1 - len(A)
+    moved, was = slice(len(A) + shift, len(A) + shift + n), slice(len(A), len(A) + n)
+    want = _rotated(old["k"][was], shift, half, theta)
+    assert np.abs(new["k"][moved] - want).max() <= 1e-5 * np.abs(want).max()
+    for name in ("v", "index_k"):
+        np.testing.assert_array_equal(new[name][moved], old[name][was])
+    np.testing.assert_array_equal(new["pos"][moved], old["pos"][was] + shift)
+    blocks = slice(moved.start // ratio, moved.stop // ratio)
+    old_blocks = slice(was.start // ratio, was.start // ratio + blocks.stop - blocks.start)
+    want = _rotated(old["block_k"][old_blocks], shift, half, theta)
+    assert np.abs(new["block_k"][blocks] - want).max() <= 1e-5 * np.abs(want).max()
 
 
 def test_bad_moves_are_refused_and_change_nothing(files):
