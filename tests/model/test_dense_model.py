@@ -193,9 +193,9 @@ def test_misshaped_tensor_and_bad_metadata(tmp_path):
     with pytest.raises(ModelFormatError, match=r"'blk\.2\.ffn_down\.weight' has ggml shape \[96, 63\]"):
         regolith.Model.load(short)
     vt = gguf.GGUFValueType
-    yarn = _rewrite(tmp_path, good, {"qwen2.rope.scaling.type": ("yarn", vt.STRING, None)})
-    with pytest.raises(ModelFormatError, match="rope.scaling.type 'yarn'"):
-        regolith.Model.load(yarn)
+    longrope = _rewrite(tmp_path, good, {"qwen2.rope.scaling.type": ("longrope", vt.STRING, None)})
+    with pytest.raises(ModelFormatError, match="rope.scaling.type 'longrope'"):
+        regolith.Model.load(longrope)
     heads = _rewrite(tmp_path, good, {"qwen2.attention.head_count_kv": (3, vt.UINT32, None)})
     with pytest.raises(ModelFormatError, match="head_count_kv"):
         regolith.Model.load(heads)
