@@ -1,14 +1,12 @@
 #include "model/causal_attention.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <string>
 
-#include "core/dequant.h"
 #include "core/errors.h"
-#include "core/quantize.h"
 #include "core/types.h"
+#include "model/state_move.h"
 
 namespace regolith {
 
@@ -135,86 +133,50 @@ void KvCache::grow(int64_t n) {
 
 void KvCache::move_state(const uint8_t* saved, size_t saved_bytes, int64_t total, const std::vector<float>& freq,
                          int64_t src, int64_t to, int64_t n, const std::vector<StateSpan>& dst) const {
-    const int64_t KV = n_head_kv_, D = head_dim_, half = int64_t(freq.size());
-    if (src < 0 || n < 0 || src + n > total || 2 * half > D)
+    const int64_t KV = n_head_kv_, D = head_dim_;
+    if (src < 0 || n < 0 || src + n > total || 2 * int64_t(freq.size()) > D)
         throw Error("KV cache: cannot move positions [" + std::to_string(src) + ", " + std::to_string(src + n) +
                     ") of a saved state of " + std::to_string(total));
     if (n == 0) return;
     const uint32_t type = kv_tensor_type(type_);
-    const bool rows = type_ == KvType::Q8_0 || type_ == KvType::I8;
-    const int64_t row_bytes = type == RG_TYPE_I8 ? D : type_row_bytes(*type_traits(type), D);
-    // the spans of state_tensors over `len` positions, in order: keys per head, then values (transposed,
-    // or rows per head), then I8's key and value scales per head
-    const auto span_bytes = [&](int64_t len) {
+    const bool rows = type_ == KvType::Q8_0 || type_ == KvType::I8, i8 = type_ == KvType::I8;
+    const int64_t row_bytes = i8 ? D : type_row_bytes(*type_traits(type), D);
+    // state_tensors' items over `len` positions: keys per head, then values (transposed, or rows per head),
+    // then I8's key and value scales per head
+    const auto items = [&](int64_t len) {
         std::vector<size_t> s(size_t(KV), size_t(len * row_bytes));
         if (!rows) {
             s.push_back(size_t(KV * D * len * element_bytes(type)));
             return s;
         }
         for (int64_t h = 0; h < KV; ++h) s.push_back(size_t(len * row_bytes));
-        if (type_ == KvType::I8)
+        if (i8)
             for (int64_t h = 0; h < 2 * KV; ++h) s.push_back(size_t(len) * sizeof(float));
         return s;
     };
-    // both as packed items: the saved state's bytes, and `out`, scattered over dst's spans at the end
-    const std::vector<size_t> from_bytes = span_bytes(total), to_bytes = span_bytes(n);
-    std::vector<const uint8_t*> in;
-    size_t at = 0;
-    for (size_t b : from_bytes) in.push_back(saved + at), at += b;
-    if (at != saved_bytes) throw Error("KV cache: a saved state that does not match the cache's layout");
-    size_t out_bytes = 0, dst_bytes = 0;
-    for (size_t b : to_bytes) out_bytes += b;
-    for (const StateSpan& sp : dst) dst_bytes += sp.bytes;
-    if (dst_bytes != out_bytes) throw Error("KV cache: destination spans that do not match its layout");
-    std::vector<uint8_t> out(out_bytes);
-    std::vector<uint8_t*> item;
-    at = 0;
-    for (size_t b : to_bytes) item.push_back(out.data() + at), at += b;
-
-    // the rotation of every pair by delta positions, in double
-    const double delta = double(to - src);
-    std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half)), row(static_cast<size_t>(D));
-    for (int64_t j = 0; j < half; ++j)
-        c[size_t(j)] = float(std::cos(delta * freq[size_t(j)])), s[size_t(j)] = float(std::sin(delta * freq[size_t(j)]));
-    const size_t i8_scales = size_t(2 * KV);  // the key scales' first span
-    for (int64_t h = 0; h < KV; ++h) {
-        for (int64_t t = 0; t < n; ++t) {
-            const uint8_t* k = in[size_t(h)] + (src + t) * row_bytes;
-            if (type_ == KvType::I8) {
-                const float scale = reinterpret_cast<const float*>(in[i8_scales + size_t(h)])[src + t];
-                for (int64_t e = 0; e < D; ++e) row[size_t(e)] = float(reinterpret_cast<const int8_t*>(k)[e]) * scale;
-            } else {
-                dequantize_row(type, k, row.data(), D);  // F32, F16, Q8_0
-            }
-            for (int64_t j = 0; j < half; ++j) {
-                const float a = row[size_t(j)], b = row[size_t(j + half)];
-                row[size_t(j)] = a * c[size_t(j)] - b * s[size_t(j)];
-                row[size_t(j + half)] = b * c[size_t(j)] + a * s[size_t(j)];
-            }
-            uint8_t* key = item[size_t(h)] + t * row_bytes;
-            if (type_ == KvType::I8)
-                reinterpret_cast<float*>(item[i8_scales + size_t(h)])[t] =
-                    quantize_i8_row(row.data(), reinterpret_cast<int8_t*>(key), D);
-            else if (type_ == KvType::F32)
-                std::memcpy(key, row.data(), size_t(D) * sizeof(float));
-            else
-                quantize_row(type, row.data(), key, D);
-        }
-    }
+    MovedItems m(saved, saved_bytes, items(total), items(n), dst, "KV cache");
+    const RopeShift turn(freq, to - src);
+    std::vector<float> buf(static_cast<size_t>(D));
+    const size_t ks = size_t(2 * KV);  // I8: the key scales' first item
+    for (int64_t h = 0; h < KV; ++h)
+        for (int64_t t = 0; t < n; ++t)
+            move_key_row(type, m.in(size_t(h)) + (src + t) * row_bytes,
+                         i8 ? reinterpret_cast<const float*>(m.in(ks + size_t(h))) + src + t : nullptr,
+                         m.out(size_t(h)) + t * row_bytes,
+                         i8 ? reinterpret_cast<float*>(m.out(ks + size_t(h))) + t : nullptr, D, turn, buf.data());
     if (!rows) {  // values transposed: row r's positions [src, src + n)
         const int64_t elt = element_bytes(type);
         for (int64_t r = 0; r < KV * D; ++r)
-            std::memcpy(item[size_t(KV)] + r * n * elt, in[size_t(KV)] + (r * total + src) * elt, size_t(n * elt));
+            std::memcpy(m.out(size_t(KV)) + r * n * elt, m.in(size_t(KV)) + (r * total + src) * elt, size_t(n * elt));
     } else {
         for (int64_t h = 0; h < KV; ++h) {
-            std::memcpy(item[size_t(KV + h)], in[size_t(KV + h)] + src * row_bytes, size_t(n * row_bytes));
-            if (type_ == KvType::I8)  // the value scales
-                std::memcpy(item[size_t(3 * KV + h)], in[size_t(3 * KV + h)] + src * sizeof(float),
+            std::memcpy(m.out(size_t(KV + h)), m.in(size_t(KV + h)) + src * row_bytes, size_t(n * row_bytes));
+            if (i8)  // the value scales
+                std::memcpy(m.out(size_t(3 * KV + h)), m.in(size_t(3 * KV + h)) + src * sizeof(float),
                             size_t(n) * sizeof(float));
         }
     }
-    at = 0;
-    for (const StateSpan& sp : dst) std::memcpy(sp.data, out.data() + at, sp.bytes), at += sp.bytes;
+    m.scatter();
 }
 
 }  // namespace regolith

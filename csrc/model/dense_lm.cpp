@@ -8,6 +8,7 @@
 #include "model/expert_file.h"
 #include "model/lm_head.h"
 #include "model/metadata.h"
+#include "model/state_move.h"
 
 namespace regolith {
 
@@ -328,12 +329,7 @@ void DenseWindow::append_moved(const std::vector<StatePart>& saved, int64_t tota
                                const std::vector<int32_t>& /*recent: no n-gram state*/) {
     std::lock_guard<std::mutex> lock(mutex_);
     const DenseConfig& c = model_.config_;
-    if (src < 0 || n < 0 || total < 0 || src + n > total)
-        throw Error("window: cannot move tokens [" + std::to_string(src) + ", " + std::to_string(src + n) +
-                    ") of a state of " + std::to_string(total));
-    if (n_past_ + n > max_ctx_)
-        throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
-                    " moved tokens exceed the window's " + std::to_string(max_ctx_));
+    check_move(total, src, n, n_past_, max_ctx_);
     const StateDtype dtype = kv_state_dtype(kv_tensor_type(kv_type_));
     if (saved.size() != kv_.size())
         throw Error("window: a saved state of " + std::to_string(saved.size()) + " parts for " +

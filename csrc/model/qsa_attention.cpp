@@ -5,12 +5,11 @@
 #include <cstring>
 #include <string>
 
-#include "core/dequant.h"
 #include "core/errors.h"
 #include "core/gguf_set.h"
-#include "core/quantize.h"
 #include "core/types.h"
 #include "model/metadata.h"
+#include "model/state_move.h"
 #include "model/weights.h"
 
 namespace regolith {
@@ -120,8 +119,7 @@ void QsaState::move_state(const uint8_t* saved, size_t saved_bytes, int64_t tota
                           int64_t src, int64_t to, int64_t n, const std::vector<StateSpan>& dst) const {
     const QsaShape& s = shape_;
     const int64_t KV = s.n_head_kv, D = s.head_dim, ID = s.index_head_dim, r = s.compress_ratio;
-    const int64_t half = int64_t(freq.size());
-    if (src < 0 || n < 0 || src + n > total || 2 * half > D)
+    if (src < 0 || n < 0 || src + n > total || 2 * int64_t(freq.size()) > D)
         throw Error("QSA state: cannot move tokens [" + std::to_string(src) + ", " + std::to_string(src + n) +
                     ") of a saved state of " + std::to_string(total));
     if (n == 0) return;
@@ -138,57 +136,23 @@ void QsaState::move_state(const uint8_t* saved, size_t saved_bytes, int64_t tota
             for (int64_t rows : {len * KV, len * KV, len, blocks}) b.push_back(size_t(rows) * sizeof(float));
         return b;
     };
-    const std::vector<size_t> from_bytes = items(0, total), to_bytes = items(to, to + n);
-    std::vector<const uint8_t*> in;
-    size_t at = 0;
-    for (size_t b : from_bytes) in.push_back(saved + at), at += b;
-    if (at != saved_bytes) throw Error("QSA state: a saved state that does not match the state's layout");
-    size_t out_bytes = 0, dst_bytes = 0;
-    for (size_t b : to_bytes) out_bytes += b;
-    for (const StateSpan& sp : dst) dst_bytes += sp.bytes;
-    if (dst_bytes != out_bytes) throw Error("QSA state: destination spans that do not match its layout");
-    std::vector<uint8_t> out(out_bytes, 0);
-    std::vector<uint8_t*> item;
-    at = 0;
-    for (size_t b : to_bytes) item.push_back(out.data() + at), at += b;
-
-    const double delta = double(to - src);
-    std::vector<float> c(static_cast<size_t>(half)), sn(static_cast<size_t>(half)), row(static_cast<size_t>(D));
-    for (int64_t j = 0; j < half; ++j)
-        c[size_t(j)] = float(std::cos(delta * freq[size_t(j)])), sn[size_t(j)] = float(std::sin(delta * freq[size_t(j)]));
-    for (int64_t i = 0; i < n * KV; ++i) {  // keys: rows (token, head)
-        const int64_t from_row = src * KV + i;
-        const uint8_t* k = in[0] + from_row * kb;
-        if (i8) {
-            const float scale = reinterpret_cast<const float*>(in[5])[from_row];
-            for (int64_t e = 0; e < D; ++e) row[size_t(e)] = float(reinterpret_cast<const int8_t*>(k)[e]) * scale;
-        } else {
-            dequantize_row(type_, k, row.data(), D);
-        }
-        for (int64_t j = 0; j < half; ++j) {
-            const float a = row[size_t(j)], b = row[size_t(j + half)];
-            row[size_t(j)] = a * c[size_t(j)] - b * sn[size_t(j)];
-            row[size_t(j + half)] = b * c[size_t(j)] + a * sn[size_t(j)];
-        }
-        uint8_t* key = item[0] + i * kb;
-        if (i8)
-            reinterpret_cast<float*>(item[5])[i] = quantize_i8_row(row.data(), reinterpret_cast<int8_t*>(key), D);
-        else if (type_ == RG_TYPE_F32)
-            std::memcpy(key, row.data(), size_t(D) * sizeof(float));
-        else
-            quantize_row(type_, row.data(), key, D);
-    }
-    std::memcpy(item[1], in[1] + src * KV * kb, size_t(n * KV * kb));  // values
-    std::memcpy(item[2], in[2] + src * ib, size_t(n * ib));            // indexer keys
-    const auto* pos = reinterpret_cast<const int64_t*>(in[3]) + src * 3;
-    auto* moved = reinterpret_cast<int64_t*>(item[3]);
+    MovedItems m(saved, saved_bytes, items(0, total), items(to, to + n), dst, "QSA state");
+    const RopeShift turn(freq, to - src);
+    std::vector<float> buf(static_cast<size_t>(D));
+    for (int64_t i = 0; i < n * KV; ++i)  // keys: rows (token, head)
+        move_key_row(type_, m.in(0) + (src * KV + i) * kb,
+                     i8 ? reinterpret_cast<const float*>(m.in(5)) + src * KV + i : nullptr, m.out(0) + i * kb,
+                     i8 ? reinterpret_cast<float*>(m.out(5)) + i : nullptr, D, turn, buf.data());
+    std::memcpy(m.out(1), m.in(1) + src * KV * kb, size_t(n * KV * kb));  // values
+    std::memcpy(m.out(2), m.in(2) + src * ib, size_t(n * ib));            // indexer keys
+    const auto* pos = reinterpret_cast<const int64_t*>(m.in(3)) + src * 3;
+    auto* moved = reinterpret_cast<int64_t*>(m.out(3));
     for (int64_t i = 0; i < n * 3; ++i) moved[i] = pos[i] + (to - src);  // every M-RoPE axis moves alike
-    if (i8) {
-        std::memcpy(item[6], in[6] + src * KV * sizeof(float), size_t(n * KV) * sizeof(float));
-        std::memcpy(item[7], in[7] + src * sizeof(float), size_t(n) * sizeof(float));
+    if (i8) {  // the values' and indexer keys' scales; the block keys (left zero) are pooled again
+        std::memcpy(m.out(6), m.in(6) + src * KV * sizeof(float), size_t(n * KV) * sizeof(float));
+        std::memcpy(m.out(7), m.in(7) + src * sizeof(float), size_t(n) * sizeof(float));
     }
-    at = 0;
-    for (const StateSpan& sp : dst) std::memcpy(sp.data, out.data() + at, sp.bytes), at += sp.bytes;
+    m.scatter();
 }
 
 QsaSeq QsaState::seq(int64_t t0, int64_t ntok) const {

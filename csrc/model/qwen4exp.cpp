@@ -6,6 +6,7 @@
 #include "model/expert_file.h"
 #include "model/lm_head.h"
 #include "model/metadata.h"
+#include "model/state_move.h"
 
 namespace regolith {
 
@@ -335,12 +336,7 @@ void Qwen4ExpWindow::set_ple_context(const std::vector<int32_t>& recent) {
 void Qwen4ExpWindow::append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n,
                                   const std::vector<int32_t>& recent) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (src < 0 || n < 0 || total < 0 || src + n > total)
-        throw Error("window: cannot move tokens [" + std::to_string(src) + ", " + std::to_string(src + n) +
-                    ") of a state of " + std::to_string(total));
-    if (n_past_ + n > max_ctx_)
-        throw Error("context overflow: " + std::to_string(n_past_) + " + " + std::to_string(n) +
-                    " moved tokens exceed the window's " + std::to_string(max_ctx_));
+    check_move(total, src, n, n_past_, max_ctx_);
     // the saved positional parts in state_parts' order (QSA before KV within a layer)
     std::vector<const StatePart*> from;
     for (size_t il = 0; il < model_.layers_.size(); ++il) {
