@@ -90,6 +90,12 @@ public:
     // "keep" policy, approximate where such layers exist (truncate(n) on attention-only models). `recent`:
     // the ids of the last kept tokens, as append_moved's. Error where !can_move().
     virtual void truncate_attention(int64_t n, const std::vector<int32_t>& recent) { refuse_moves(); }
+    // Suffix cache reuse's end: takes the whole-state parts of `saved` (as append_moved's: the Gated DeltaNet
+    // states, PLE's conv history) as this window's, its tokens unchanged, PLE's n-gram context from
+    // `recent`: after the last run moved, the recurrent layers have read the old text up to its end, whose
+    // last stretch the window's last tokens are (the "adopt" policy). Nothing for attention-only models.
+    // Error, changing nothing, for a state of another layout; if the copy fails, the window is reset.
+    virtual void adopt_recurrent(const std::vector<StatePart>& saved, const std::vector<int32_t>& recent) {}
 
     // Bytes of backend memory the window's growing attention caches hold now (QSA or KV caches; not the MTP
     // head's): what the memory plan's per-token state estimates.

@@ -1,6 +1,7 @@
 #include "model/qwen4exp.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/errors.h"
 #include "model/expert_file.h"
@@ -374,6 +375,37 @@ void Qwen4ExpWindow::append_moved(const std::vector<StatePart>& saved, int64_t t
         cp_.base = -1;
         set_ple_context(recent);
         if (mtp_) mtp_->forget(n_past_);  // the moved tokens' hidden states are unknown: the head restarts after
+    } catch (...) {
+        reset_locked();
+        throw;
+    }
+}
+
+void Qwen4ExpWindow::adopt_recurrent(const std::vector<StatePart>& saved, const std::vector<int32_t>& recent) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<const StatePart*> from;  // the saved whole parts in state_parts' order (PLE before GDN)
+    for (size_t il = 0; il < model_.layers_.size(); ++il) {
+        if (ple_[il]) from.push_back(&saved_part(saved, StateKind::Ple, uint32_t(il), StateDtype::Mixed));
+        if (gdn_[il]) from.push_back(&saved_part(saved, StateKind::Gdn, uint32_t(il), StateDtype::F32));
+    }
+    try {
+        HostStateParts host(be_, state_parts(n_past_, n_past_, true));  // no positions: the whole parts alone
+        size_t i = 0;
+        for (StatePart& p : host.parts()) {
+            if (p.kind != StateKind::Ple && p.kind != StateKind::Gdn) continue;
+            const StateSpan& s = from[i++]->spans[0];
+            // PLE's first span is its n-gram context (set from `recent` below), the rest its conv history
+            const size_t first = p.kind == StateKind::Ple ? 1 : 0;
+            size_t at = p.kind == StateKind::Ple ? p.spans[0].bytes : 0, need = at;
+            for (size_t k = first; k < p.spans.size(); ++k) need += p.spans[k].bytes;
+            if (need != s.bytes) throw Error("window: a saved " + state_part_name(p.kind, p.layer) + " of another shape");
+            for (size_t k = first; k < p.spans.size(); ++k)
+                std::memcpy(p.spans[k].data, s.data + at, p.spans[k].bytes), at += p.spans[k].bytes;
+        }
+        host.upload();
+        set_ple_context(recent);
+        armed_ = false;
+        cp_.base = -1;
     } catch (...) {
         reset_locked();
         throw;

@@ -155,6 +155,7 @@ public:
     void append_moved(const std::vector<StatePart>& saved, int64_t total, int64_t src, int64_t n,
                       const std::vector<int32_t>& recent) override;
     void truncate_attention(int64_t n, const std::vector<int32_t>& recent) override;
+    void adopt_recurrent(const std::vector<StatePart>& saved, const std::vector<int32_t>& recent) override;
 
 private:
     // A step's share of this window: its tokens, images (single-window evals only), logits, rows in the step.

@@ -315,6 +315,9 @@ void init_model(nb::module_& m) {
         .def("append_moved", &append_moved, nb::arg("snapshot"), nb::arg("src"), nb::arg("n"), nb::arg("recent"),
              "Append tokens [src, src + n) of a snapshot of this model's window at the next positions, their "
              "attention keys turned to them (suffix cache reuse); recent: the window's last token ids after.")
+        .def("adopt_recurrent", &adopt_recurrent, nb::arg("snapshot"), nb::arg("recent"),
+             "Take a snapshot's recurrent states (Gated DeltaNet, PLE's conv history) as this window's "
+             "(suffix cache reuse); recent: the window's last token ids.")
         .def(
             "truncate_attention",
             [](ModelWindow& w, int64_t n, const std::vector<int32_t>& recent) {

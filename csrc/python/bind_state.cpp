@@ -122,15 +122,31 @@ WindowSnapshot snapshot_window(regolith::ModelWindow& w) {
     return s;
 }
 
-void append_moved(regolith::ModelWindow& w, const WindowSnapshot& s, int64_t src, int64_t n,
-                  const std::vector<int32_t>& recent) {
+namespace {
+
+// The snapshot's parts as state parts of one span each (read only: the window copies out of them).
+std::vector<regolith::StatePart> saved_parts(const WindowSnapshot& s) {
     std::vector<regolith::StatePart> parts;
     for (const WindowSnapshot::Part& q : s.parts) {
-        auto* data = const_cast<uint8_t*>(q.bytes.data());  // read only: append_moved copies out of it
+        auto* data = const_cast<uint8_t*>(q.bytes.data());
         parts.push_back(regolith::StatePart{q.kind, q.layer, q.dtype, {regolith::StateSpan{data, q.bytes.size()}}});
     }
+    return parts;
+}
+
+}  // namespace
+
+void append_moved(regolith::ModelWindow& w, const WindowSnapshot& s, int64_t src, int64_t n,
+                  const std::vector<int32_t>& recent) {
+    const std::vector<regolith::StatePart> parts = saved_parts(s);
     nb::gil_scoped_release release;
     w.append_moved(parts, s.n, src, n, recent);
+}
+
+void adopt_recurrent(regolith::ModelWindow& w, const WindowSnapshot& s, const std::vector<int32_t>& recent) {
+    const std::vector<regolith::StatePart> parts = saved_parts(s);
+    nb::gil_scoped_release release;
+    w.adopt_recurrent(parts, recent);
 }
 
 void restore_window(regolith::ModelWindow& w, const WindowSnapshot& s) {

@@ -40,6 +40,8 @@ void restore_window(regolith::ModelWindow& w, const WindowSnapshot& s);
 // ModelWindow::append_moved of tokens [src, src + n) of snapshot `s` (suffix cache reuse).
 void append_moved(regolith::ModelWindow& w, const WindowSnapshot& s, int64_t src, int64_t n,
                   const std::vector<int32_t>& recent);
+// ModelWindow::adopt_recurrent of snapshot `s`.
+void adopt_recurrent(regolith::ModelWindow& w, const WindowSnapshot& s, const std::vector<int32_t>& recent);
 // Restores the file whose checked header is `head`; returns (stats, logits or None).
 nb::tuple load_window_state(regolith::ModelWindow& w, const std::string& path,
                             const regolith::StateHeader& head, bool whole, int threads, bool direct);

@@ -165,15 +165,24 @@ def prefill(
 def _prefill_moved(
     window: Window, prompt: Sequence[int], runs: Sequence[Run], progress: Callable[[int, int], None] | None
 ) -> np.ndarray:
-    """prefill's suffix cache reuse: the window cut back to the common prefix, then each gap evaluated and
-    each run of its old tokens moved after it; the logits after the prompt's last token."""
+    """prefill's suffix cache reuse: the window cut back to the common prefix (recurrent layers keep their
+    state), then each gap evaluated and each run of its old tokens moved after it. Where the last run ends
+    with the old tokens, the recurrent layers then take the old end's state (:meth:`Window.adopt_recurrent`),
+    which has read the same last stretch: before the tokens after it are evaluated, or after the prompt's
+    last token when that token ends the old tokens too (its logits then come from the state kept).
+    Returns the logits after the prompt's last token."""
     snapshot = window.snapshot()
+    old = len(snapshot.tokens)
     head = runs[0].length if runs[0].dst == 0 else 0
-    window.truncate_attention(head)  # recurrent layers keep the state after the old tokens
+    window.truncate_attention(head)
+    moved = [r for r in runs if r.dst > 0]
+    last = moved[-1]
+    adopt_after = last.src + last.length == old - 1 and last.dst + last.length == len(prompt) - 1
+    adopt_after = adopt_after and prompt[-1] == snapshot.tokens[-1]
     total = len(prompt) - reused_tokens(runs)
     done = evaluated = head
     logits = None
-    for run in [r for r in runs if r.dst > 0] + [Run(0, len(prompt), 0)]:
+    for run in [*moved, Run(0, len(prompt), 0)]:
         for start in range(done, run.dst, PREFILL_CHUNK):
             end = min(start + PREFILL_CHUNK, run.dst)
             logits = window.eval(prompt[start:end], all_logits=False)
@@ -182,7 +191,11 @@ def _prefill_moved(
                 progress(evaluated - head, total)
         if run.length:
             window.append_moved(snapshot, run.src, run.length)
+            if run is last and run.src + run.length == old:
+                window.adopt_recurrent(snapshot)
         done = run.dst + run.length
+    if adopt_after:
+        window.adopt_recurrent(snapshot)
     assert logits is not None  # the runs end before the prompt's last token
     return logits[0]
 

@@ -206,6 +206,14 @@ class Window:
         del self._tokens[n:]
         self.moved_from = n if self.moved_from is None else min(self.moved_from, n)
 
+    def adopt_recurrent(self, snapshot: WindowSnapshot) -> None:
+        """Suffix cache reuse's end on models with recurrent layers: take ``snapshot``'s recurrent states
+        (Gated DeltaNet, PLE's conv history: the state after its tokens) as the window's, its tokens
+        unchanged; nothing on attention-only models. :func:`regolith.generation.prefill` does it when the last
+        moved run ends where the snapshot's tokens end, so the recurrent layers have last read what the
+        window's last tokens are."""
+        self._w.adopt_recurrent(snapshot._state, self._tokens[-_RECENT:])
+
     def _keep_held(self) -> None:
         """After a failed call, which leaves the window unchanged or reset: drop the ids of the tokens past
         those the window holds."""
