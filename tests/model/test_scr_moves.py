@@ -132,6 +132,14 @@ def test_generation_with_scr_and_the_prompt_cache(files, tmp_path):
     assert window.moved_from is None
 
 
+def _part(window, kind: str, layer: int, tmp_path: Path) -> np.ndarray:
+    """The bytes of the window's state part (kind, layer), from its state file."""
+    path = tmp_path / "part.rgs"
+    rstate.save_window(window, path)
+    _, _, offset, nbytes, _ = next(p for p in rstate.read_header(path).parts if p[:2] == (kind, layer))
+    return np.fromfile(path, dtype=np.uint8, count=nbytes, offset=offset)
+
+
 def _layer_kv(window, layer: int, kv: int, d: int, tmp_path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Layer ``layer``'s keys [kv][n][d] and values [kv][d][n] (an f32 cache of kv heads of d)."""
     path = tmp_path / "state.rgs"
@@ -145,8 +153,8 @@ def _layer_kv(window, layer: int, kv: int, d: int, tmp_path: Path) -> tuple[np.n
 @pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
 def test_hybrid_models_move_their_attention_rows_and_keep_the_recurrent_state(arch, tmp_path):
     """Qwen3-Next / Qwen3.5: the full-attention layer's rows move, each key's rotated quarter (M-RoPE's text
-    positions alike on every axis) turned by the shift; the Gated DeltaNet layers keep their state (the
-    state after the old tokens, advanced by the gaps), so the window is approximate from the prefix on."""
+    positions alike on every axis) turned by the shift; the Gated DeltaNet layers end with the old end's
+    state (the edited prompt ends as the old tokens do), so the window is approximate from the prefix on."""
     path = convert(save_tiny_checkpoint(arch, tmp_path / "hf", 0), tmp_path / "m.gguf", "f32")
     model = regolith.Model.load(path, kv_type="f32")
     c = tiny_config(arch)
@@ -155,6 +163,7 @@ def test_hybrid_models_move_their_attention_rows_and_keep_the_recurrent_state(ar
     assert window.can_move
     window.eval(CACHED, all_logits=False)
     old_k, old_v = _layer_kv(window, 3, *shape, tmp_path)  # layer 3: full attention
+    old_gdn = _part(window, "gdn", 0, tmp_path)
     _, reused = prefill(window, EDITED, scr=True)
     assert window.tokens == EDITED and reused == len(CACHED) - 1
     assert window.moved_from == len(A) and window.n_evaluated == len(CACHED) + len(X) + 1
@@ -172,6 +181,8 @@ def test_hybrid_models_move_their_attention_rows_and_keep_the_recurrent_state(ar
         v[..., len(A) + len(X) : len(EDITED) - 1], old_v[..., len(A) : len(CACHED) - 1]
     )
     np.testing.assert_array_equal(k[:, : len(A)], old_k[:, : len(A)])
+    # the prompt's last token ends the old tokens too: after it, the recurrent layers took the old end's state
+    np.testing.assert_array_equal(_part(window, "gdn", 0, tmp_path), old_gdn)
 
 
 def _rotated(x: np.ndarray, shift: int, half: int, theta: float) -> np.ndarray:
