@@ -5,12 +5,13 @@ llama.cpp.
         --data-dir /work/bench_data] [--arena 0.125,0.25,0.5] [--prompt 16] [--decode 32]
         [--trace FILE [--replay-only]] [--json OUT]
 
-The model is a GGUF with routed experts (qwen4exp, qwen3moe, qwen35moe, qwen3next): ``--model``, or a
-synthetic one at a real model's per-layer shapes with ``--layers`` layers (written once to ``--data-dir`` and
-reused):
+The model is a GGUF with routed experts (qwen4exp, qwen3moe, qwen35moe, qwen3next, gpt-oss): ``--model``, or
+a synthetic one at a real model's per-layer shapes with ``--layers`` layers (written once to ``--data-dir``
+and reused):
 ``--synthetic flash-next`` (benchmarks/synthetic_qwen4exp.py), ``qwen3-30b-a3b`` or ``qwen3-235b-a22b``
 (benchmarks/synthetic_qwen3moe.py), ``qwen35-35b-a3b``, ``qwen35-397b-a17b`` or ``qwen3-next-80b-a3b``
-(benchmarks/synthetic_qwen35moe.py; ``--experts`` Q4_K, Q2_K, Q8_0 or Q4_K_M). All in one run:
+(benchmarks/synthetic_qwen35moe.py; ``--experts`` Q4_K, Q2_K, Q8_0 or Q4_K_M), ``gpt-oss-20b`` or
+``gpt-oss-120b`` (benchmarks/synthetic_gptoss.py; MXFP4 experts, as released). All in one run:
 
 1. The disk: O_DIRECT reads of one expert record (a routed expert's gate, up and down bytes, rounded up to
    4 KiB) from the file's expert region: sequential at queue depth 1, random at queue depth 1, random from
@@ -64,7 +65,7 @@ from rich.table import Table
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import regolith
-from benchmarks import synthetic_qwen3moe, synthetic_qwen4exp, synthetic_qwen35moe
+from benchmarks import synthetic_gptoss, synthetic_qwen3moe, synthetic_qwen4exp, synthetic_qwen35moe
 from regolith import _core
 from regolith import gguf as rgguf
 
@@ -77,9 +78,9 @@ MIN_SPARE_RAM = 2 * GiB  # "fits in memory": file size + this <= MemAvailable
 
 
 def expert_layout(path: str | os.PathLike[str]) -> dict[str, int]:
-    """The routed experts in a GGUF (qwen4exp, qwen3moe, qwen35moe, qwen3next): ``record`` (bytes of one
-    expert's gate + up + down), ``n_experts``, ``n_layers``, ``total`` bytes, and the file span ``start`` ..
-    ``end`` holding them."""
+    """The routed experts in a GGUF (qwen4exp, qwen3moe, qwen35moe, qwen3next, gpt-oss): ``record`` (bytes of
+    one expert's gate + up + down), ``n_experts``, ``n_layers``, ``total`` bytes, and the file span ``start``
+    .. ``end`` holding them."""
     with rgguf.open(path) as f:
         exps = [t for t in f.tensors.values() if t.name.endswith("_exps.weight")]
         n_experts = int(f.metadata[f"{f.architecture}.expert_count"])
@@ -478,17 +479,29 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument(
         "--synthetic",
-        choices=["flash-next", *synthetic_qwen3moe.MODELS, *synthetic_qwen35moe.MODELS],
+        choices=[
+            "flash-next",
+            *synthetic_qwen3moe.MODELS,
+            *synthetic_qwen35moe.MODELS,
+            *synthetic_gptoss.MODELS,
+        ],
         default="flash-next",
         help="the shapes of the synthetic model",
     )
     ap.add_argument("--layers", type=int, default=4, help="layers of the synthetic model")
     ap.add_argument(
         "--experts",
-        choices=list(dict.fromkeys([*synthetic_qwen4exp.EXPERT_TYPES, *synthetic_qwen35moe.EXPERT_TYPES])),
-        default="Q4_K",
-        help="the synthetic model's routed experts (qwen35-*, qwen3-next-*: Q4_K, Q2_K, Q8_0, Q4_K_M; the "
-        "others: Q4_K, Q4_0, Q8_0, IQ2_XS)",
+        choices=list(
+            dict.fromkeys(
+                [
+                    *synthetic_qwen4exp.EXPERT_TYPES,
+                    *synthetic_qwen35moe.EXPERT_TYPES,
+                    *synthetic_gptoss.EXPERT_TYPES,
+                ]
+            )
+        ),
+        help="the synthetic model's routed experts (qwen35-*, qwen3-next-*: Q4_K, Q2_K, Q8_0, Q4_K_M; "
+        "gpt-oss-*: MXFP4, the default; the others: Q4_K, the default, Q4_0, Q8_0, IQ2_XS)",
     )
     ap.add_argument("--ple", action="store_true", help="give the synthetic model a PLE layer")
     ap.add_argument("--data-dir", default="/work/bench_data", help="where the synthetic model is kept")
@@ -509,8 +522,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     fractions = [float(f) for f in args.arena.split(",")]
-    hybrid = args.synthetic in synthetic_qwen35moe.MODELS  # Qwen3.5 MoE or Qwen3-Next
-    types = synthetic_qwen35moe.EXPERT_TYPES if hybrid else synthetic_qwen4exp.EXPERT_TYPES
+    if args.synthetic in synthetic_gptoss.MODELS:
+        synthetic, types = synthetic_gptoss, synthetic_gptoss.EXPERT_TYPES
+    elif args.synthetic in synthetic_qwen35moe.MODELS:  # Qwen3.5 MoE or Qwen3-Next
+        synthetic, types = synthetic_qwen35moe, synthetic_qwen35moe.EXPERT_TYPES
+    else:
+        synthetic, types = synthetic_qwen3moe, synthetic_qwen4exp.EXPERT_TYPES
+    args.experts = args.experts or next(iter(types))
     if not args.model and args.experts not in types:
         ap.error(f"--experts {args.experts}: --synthetic {args.synthetic} takes {', '.join(types)}")
     console = Console(width=160)
@@ -532,7 +550,6 @@ def main(argv: list[str] | None = None) -> None:
         path = os.path.join(args.data_dir, f"synthetic-{args.synthetic}-{args.layers}L-{args.experts}.gguf")
         if not os.path.exists(path):
             console.print(f"writing {path} ...")
-            synthetic = synthetic_qwen35moe if hybrid else synthetic_qwen3moe
             synthetic.write(path, args.layers, model=args.synthetic, expert_type=args.experts)
     size = os.path.getsize(path)
     exp = expert_layout(path)

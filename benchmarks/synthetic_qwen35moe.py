@@ -45,7 +45,7 @@ import gguf
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import synthetic_qwen4exp as base
 from regolith.convert import qwen3next, qwen35moe
-from regolith.convert.writer import _add_kv, tensor_type
+from regolith.convert.writer import tensor_type
 
 __all__ = [
     "EXPERT_TYPES",
@@ -262,14 +262,8 @@ def _writer(
     """The metadata in ``regolith convert``'s order: type and name, the architecture's keys, the
     quantization version, the tokenizer (``tokenizer``)."""
     convert = converter(cfg)
-    writer = gguf.GGUFWriter(path=None, arch=convert.ARCH)
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(name)
-    _add_kv(writer, convert.gguf_metadata(cfg, file_type=int(file_type)))
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    if tokenizer:
-        _add_kv(writer, base.tokenizer_metadata(cfg["vocab_size"]))
-    return writer
+    md = convert.gguf_metadata(cfg, file_type=int(file_type))
+    return base.model_writer(convert.ARCH, name, md, cfg["vocab_size"] if tokenizer else None)
 
 
 def write(

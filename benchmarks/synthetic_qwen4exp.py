@@ -64,6 +64,7 @@ __all__ = [
     "config",
     "expert_bytes",
     "layout",
+    "model_writer",
     "tokenizer_metadata",
     "write",
     "write_bundle",
@@ -90,6 +91,8 @@ _SCALE_FIELDS: dict[str, tuple[tuple[int, float], ...]] = {
     "Q8_0": ((0, 1.0),),
     "IQ2_XS": ((0, 1.0),),
 }
+# Byte offsets of the blocks' power-of-two scales (E8M0: 2^(byte - 127)), set to the power of two nearest d
+_E8M0_SCALE_FIELDS: dict[str, int] = {"MXFP4": 0}
 _POOL_BYTES = 32 << 20  # random blocks generated per (type, scale); tensors are cut from them
 _PIECE_BYTES = 4 << 20  # at most this many consecutive pool bytes go to the file at once
 MIN_FREE_BYTES = 10 << 30  # write refuses to leave less free disk space than this
@@ -236,6 +239,9 @@ class _BlockPool:
         self.rng = rng
 
     def _set_scales(self, qtype: str, d: float) -> None:
+        if qtype in _E8M0_SCALE_FIELDS:
+            self.blocks[:, _E8M0_SCALE_FIELDS[qtype]] = 127 + int(np.rint(np.log2(d)))
+            return
         for off, rel in _SCALE_FIELDS[qtype]:
             self.blocks[:, off : off + 2] = np.frombuffer(np.float16(d * rel).tobytes(), np.uint8)
 
@@ -279,6 +285,22 @@ def tokenizer_metadata(vocab: int) -> list[tuple[str, Any, gguf.GGUFValueType]]:
         md = gpt2_tokenizer_metadata(tmp, vocab)
     assert md is not None
     return md
+
+
+def model_writer(
+    arch: str, name: str, metadata: list[tuple[str, Any, gguf.GGUFValueType]], vocab: int | None
+) -> gguf.GGUFWriter:
+    """A writer holding a synthetic model's metadata in ``regolith convert``'s order: type and name, the
+    architecture's keys (``metadata``, a converter's ``gguf_metadata``), the quantization version and, with
+    ``vocab``, the tiny tokenizer padded to that many tokens (:func:`tokenizer_metadata`)."""
+    writer = gguf.GGUFWriter(path=None, arch=arch)
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(name)
+    _add_kv(writer, metadata)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if vocab is not None:
+        _add_kv(writer, tokenizer_metadata(vocab))
+    return writer
 
 
 def _write_raw(writer: gguf.GGUFWriter, spec: TensorSpec, pieces: Iterator[np.ndarray]) -> None:

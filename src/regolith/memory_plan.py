@@ -26,6 +26,7 @@ __all__ = [
 GIB = 1 << 30
 DIRECT_ALIGN = 4096
 PREFILL_CHUNK = 512  # tokens per evaluation in a prefill (generation.py)
+# routed experts' weights, what streams (gpt-oss' ffn_*_exps.bias stay resident with the dense tensors)
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 _PLE_TABLE = "per_layer_token_embd.weight"
 
@@ -63,7 +64,7 @@ class ModelSizes:
     """Byte counts of a model's parts, read from its GGUF (and pack manifest)."""
 
     architecture: str
-    dense_bytes: int  # every tensor except routed experts, the PLE table and the MTP head: resident (mapped)
+    dense_bytes: int  # all but routed experts' weights, the PLE table and the MTP head: resident (mapped)
     expert_record_bytes: list[int] = field(default_factory=list)  # per MoE layer: one expert's gate+up+down
     n_expert: int = 0
     n_used: int = 0
@@ -80,8 +81,8 @@ class ModelSizes:
     ff_expert: int = 0
     mtp_bytes: int = 0  # the MTP head's tensors but its routed experts (which count as a layer's experts)
     mtp_experts: int = 0  # the MTP head's routed experts (0: no head)
-    dense_scratch: int = 0  # gemma3 / qwen2 / qwen3(moe): scratch_bytes
-    streamed_scratch: int = 0  # qwen3moe: what batching streamed experts on the host adds to it
+    dense_scratch: int = 0  # the dense engine's (gemma3, qwen2, qwen3(moe), gpt-oss): scratch_bytes
+    streamed_scratch: int = 0  # qwen3moe, gpt-oss: what batching streamed experts on the host adds to it
     vision_bytes: int = 0  # the projector's weights (mmproj): the vision encoder, loaded for images
 
     @property
@@ -171,24 +172,25 @@ def _dense_head_dim(metadata: dict[str, Any], arch: str) -> int:
 def _dense_scratch(
     metadata: dict[str, Any], arch: str, kv_heads: int, vocab: int, streamed: bool = False
 ) -> int:
-    """What a gemma3 / qwen2 / qwen3(moe) window's workspace can hold while it evaluates a prefill chunk
-    (DenseWindow's forward, csrc/model/dense_lm.cpp): per token the residual stream, its norm and the attention
-    output [hidden] x 3, queries and attention [heads * head_dim] x 2, keys and values [kv_heads * head_dim] x 2,
-    the MLP's gate and up [ff] x 2 (or the mixture of experts' buffers) and two rope tables, all f32, and the
-    last token's logits row. The
-    workspace grows by chunks of twice the last one (the first at least SCRATCH_MIN_CHUNK), each left when the
-    next tensor does not fit, so it can hold about twice the tensors, the largest one's room left unused (the
-    MLP's) and its first chunk's minimum (tests/model/test_kv_cache_types.py and test_moe_streaming.py check the
-    bound). Resident experts run on the backend from the routing on (Backend::moe_experts), their rows
-    batched by the backend, not in the workspace; ``streamed``: batched in the workspace by the host."""
+    """What a gemma3 / qwen2 / qwen3(moe) / gpt-oss window's workspace can hold while it evaluates a prefill
+    chunk (DenseWindow's forward, csrc/model/dense_lm.cpp): per token the residual stream, its norm and the
+    attention output [hidden] x 3, queries and attention [heads * head_dim] x 2, keys and values [kv_heads *
+    head_dim] x 2, the MLP's gate and up [ff] x 2 (or the mixture of experts' buffers) and two rope tables, all
+    f32, and the last token's logits row. The workspace grows by chunks of twice the last one (the first at
+    least SCRATCH_MIN_CHUNK), each left when the next tensor does not fit, so it can hold about twice the
+    tensors, the largest one's room left unused (the MLP's) and its first chunk's minimum
+    (tests/model/test_kv_cache_types.py and test_moe_streaming.py check the bound). Resident experts run on the
+    backend from the routing on (Backend::moe_experts), their rows batched by the backend, not in the
+    workspace; ``streamed``: batched in the workspace by the host."""
     p = f"{arch}."
     hidden, d = int(metadata[p + "embedding_length"]), _dense_head_dim(metadata, arch)
     n_head = int(metadata[p + "attention.head_count"])
     n_rot = int(metadata.get(p + "rope.dimension_count", d))
     t = PREFILL_CHUNK
     if p + "expert_count" in metadata:
-        # qwen3moe's layers instead of the MLP (SparseMoe::forward): router logits [n_expert], weights and ids
-        # [k]; streamed, per routed row (k per token) its token and pair ids, its input, gate, up and output
+        # qwen3moe's and gpt-oss' layers instead of the MLP (SparseMoe::forward): router logits [n_expert],
+        # weights and ids [k]; streamed, per routed row (k per token) its token and pair ids, its input, gate,
+        # up and output (gpt-oss' expert biases are resident tensors, added in place)
         ne, k = int(metadata[p + "expert_count"]), int(metadata[p + "expert_used_count"])
         fe = int(metadata[p + "expert_feed_forward_length"])
         ffn = 4 * (ne + 2 * k) + (k * (8 + 4 * (2 * hidden + 2 * fe)) if streamed else 0)
@@ -276,9 +278,9 @@ def _sizes(
 ) -> ModelSizes:
     arch = metadata.get("general.architecture", "")
     dense = sum(t.nbytes for n, t in tensors.items() if not _EXPERT.match(n) and n != _PLE_TABLE)
-    if (
-        arch not in HYBRID_ARCHITECTURES
-    ):  # gemma3, qwen2, qwen3(moe): every layer keeps every position's keys and values
+    if arch not in HYBRID_ARCHITECTURES:
+        # gemma3, qwen2, qwen3(moe), gpt-oss (csrc/model/dense_lm.cpp): every layer keeps every position's
+        # keys and values, the sliding-window layers' too
         p = f"{arch}."
         kvh = metadata[p + "attention.head_count_kv"]
         n_layer = int(metadata[p + "block_count"])
