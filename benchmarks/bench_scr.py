@@ -53,7 +53,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import regolith
 from regolith.errors import RegolithError
 from regolith.generation import PREFILL_CHUNK, prefill
-from regolith.model import KV_TYPES
+from regolith.model import KV_TYPES, _host_cpu
 from regolith.models import resolve_model
 from regolith.tokenizer import Tokenizer
 from regolith.window import Window, WindowSnapshot
@@ -263,17 +263,6 @@ def goal(rows: list[list[str]], console: Console) -> None:
         )
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["gemma3-270m", "qwen2.5-coder-0.5b", "regolith-demo"])
@@ -297,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.models:
         rows += bench_model(name, args, console) or []
     table = Table(
-        title=f"suffix cache reuse: time to first token and KL over {args.continuation} tokens; {cpu_name()}, "
+        title=f"suffix cache reuse: time to first token and KL over {args.continuation} tokens; {_host_cpu()}, "
         f"{os.cpu_count()} CPUs, threads {threads}, {started:%Y-%m-%d %H:%M} UTC"
     )
     for col in COLUMNS:

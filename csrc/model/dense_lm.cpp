@@ -334,18 +334,16 @@ void DenseWindow::append_moved(const std::vector<StatePart>& saved, int64_t tota
     if (saved.size() != kv_.size())
         throw Error("window: a saved state of " + std::to_string(saved.size()) + " parts for " +
                     std::to_string(kv_.size()) + " layers");
-    for (size_t il = 0; il < saved.size(); ++il)
-        if (saved[il].kind != StateKind::Kv || saved[il].layer != il || saved[il].dtype != dtype ||
-            saved[il].spans.size() != 1)
-            throw Error("window: a saved state of another layout or cache type");
+    std::vector<const StatePart*> from;
+    for (size_t il = 0; il < kv_.size(); ++il) from.push_back(&saved_part(saved, StateKind::Kv, uint32_t(il), dtype));
     if (n == 0) return;
     try {
         for (KvCache& kv : kv_) kv.grow(n_past_ + n);
         HostStateParts host(be_, state_parts(n_past_, n_past_ + n));
         for (size_t il = 0; il < kv_.size(); ++il) {
             const std::vector<float>& freq = c.swa[il] ? model_.rope_freq_swa_host_ : model_.rope_freq_host_;
-            kv_[il].move_state(saved[il].spans[0].data, saved[il].spans[0].bytes, total, freq, src, n_past_, n,
-                               host.parts()[il].spans);
+            const StateSpan& sp = from[il]->spans[0];
+            kv_[il].move_state(sp.data, sp.bytes, total, freq, src, n_past_, n, host.parts()[il].spans);
         }
         host.upload();
         n_past_ += n;

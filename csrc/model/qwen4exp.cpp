@@ -309,21 +309,6 @@ void Qwen4ExpWindow::import_state(int64_t from, int64_t n, bool whole, const Sta
     }
 }
 
-namespace {
-
-// The part of `saved` of this kind and layer: one contiguous span of `dtype` (Error otherwise).
-const StatePart& saved_part(const std::vector<StatePart>& saved, StateKind kind, uint32_t layer, StateDtype dtype) {
-    for (const StatePart& p : saved)
-        if (p.kind == kind && p.layer == layer) {
-            if (p.dtype != dtype || p.spans.size() != 1)
-                throw Error("window: a saved state of another layout or cache type");
-            return p;
-        }
-    throw Error("window: the saved state has no " + state_part_name(kind, layer));
-}
-
-}  // namespace
-
 void Qwen4ExpWindow::set_ple_context(const std::vector<int32_t>& recent) {
     for (size_t il = 0; il < ple_.size(); ++il) {
         if (!ple_[il]) continue;

@@ -58,6 +58,16 @@ void move_key_row(uint32_t type, const uint8_t* src, const float* src_scale, uin
         quantize_row(type, buf, dst, d);
 }
 
+const StatePart& saved_part(const std::vector<StatePart>& saved, StateKind kind, uint32_t layer, StateDtype dtype) {
+    for (const StatePart& p : saved)
+        if (p.kind == kind && p.layer == layer) {
+            if (p.dtype != dtype || p.spans.size() != 1)
+                throw Error("window: a saved state of another layout or cache type");
+            return p;
+        }
+    throw Error("window: the saved state has no " + state_part_name(kind, layer));
+}
+
 void check_move(int64_t total, int64_t src, int64_t n, int64_t n_past, int64_t max_ctx) {
     if (src < 0 || n < 0 || total < 0 || src + n > total)
         throw Error("window: cannot move tokens [" + std::to_string(src) + ", " + std::to_string(src + n) +

@@ -42,6 +42,10 @@ struct RopeShift {
 void move_key_row(uint32_t type, const uint8_t* src, const float* src_scale, uint8_t* dst, float* dst_scale,
                   int64_t d, const RopeShift& r, float* buf);
 
+// The part of `saved` (append_moved's) of this kind and layer: one contiguous span of `dtype` (Error
+// otherwise, also when it has none).
+const StatePart& saved_part(const std::vector<StatePart>& saved, StateKind kind, uint32_t layer, StateDtype dtype);
+
 // The checks of a move of tokens [src, src + n) of a saved state of `total` onto a window holding n_past of
 // max_ctx (Error otherwise: bad ranges, a context overflow).
 void check_move(int64_t total, int64_t src, int64_t n, int64_t n_past, int64_t max_ctx);
