@@ -80,6 +80,17 @@ struct Avx2Codes<RG_TYPE_IQ4_NL> {
     static float scales(const block_iq4_nl& b, int16_t*, float*) { return half_scale(b.d); }
 };
 
+// MXFP4: the doubled E2M1 values by nibble, as IQ4_NL's codebook; the block's scale a power of two from its
+// E8M0 exponent (BlockDecoder's e8m0_half).
+template <>
+struct Avx2Codes<RG_TYPE_MXFP4> {
+    static void codes(const block_mxfp4& b, __m256i* q) {
+        q[0] = nibble_lookup16(
+            b.qs, _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rg_kvalues_e2m1))));
+    }
+    static float scales(const block_mxfp4& b, int16_t*, float*) { return decode_detail::e8m0_half(b.e); }
+};
+
 template <>
 struct Avx2Codes<RG_TYPE_IQ4_XS> {
     static void codes(const block_iq4_xs& b, __m256i* q) {
