@@ -72,15 +72,22 @@ def _started(proc: subprocess.Popen, port: int) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the server did not start")
 
 
-def _serve(model: str | None, n: int, arena_gb: float, spec: bool) -> tuple[subprocess.Popen, str]:
+def _serve(
+    model: str | None, n: int, arena_gb: float, spec: bool, backend: str | None, log: str | None
+) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [sys.executable, "-c", "import sys; from regolith.cli import main; sys.exit(main(sys.argv[1:]))"]
     cmd += ["serve", *([model] if model else []), "--port", str(port), "--parallel", str(n), "--ctx", "512"]
     cmd += ["--model-name", "m", "--log-level", "warning"] + (
         ["--arena-gb", str(arena_gb)] if arena_gb else []
     )
-    cmd += [] if spec else ["--spec", "off"]
-    return _started(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port)
+    cmd += ([] if spec else ["--spec", "off"]) + (["--backend", backend] if backend else [])
+    err = open(log, "a") if log else subprocess.DEVNULL  # noqa: SIM115 (the child holds it)
+    try:
+        return _started(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err), port)
+    finally:
+        if log:
+            err.close()
 
 
 def _llama_serve(binary: str, model: str | None, n: int) -> tuple[subprocess.Popen, str]:
@@ -113,8 +120,14 @@ def run_round(
     max_tokens: int,
     spec: bool = True,
     llama_server: str | None = None,
+    backend: str | None = None,
+    log: str | None = None,
 ) -> dict[str, float]:
-    proc, url = _llama_serve(llama_server, model, n) if llama_server else _serve(model, n, arena_gb, spec)
+    proc, url = (
+        _llama_serve(llama_server, model, n)
+        if llama_server
+        else _serve(model, n, arena_gb, spec, backend, log)
+    )
     ttft: list[float] = []
     itl: list[float] = []
     tokens = [0] * n
@@ -172,6 +185,44 @@ def run_round(
     }
 
 
+def step_rounds(
+    model: str | None, arena_gb: float, clients: list[int], backend: str | None, steps: int
+) -> None:
+    """The server's ceiling: the bare step of N windows each decoding one token (:func:`regolith.eval_windows`,
+    no sampling, detokenizing or HTTP), ``steps`` steps after a short prompt, per N."""
+    import numpy as np
+
+    import regolith
+
+    m = regolith.Model.load(
+        model, arena_gb=arena_gb or None, backend=backend, n_ctx=512, windows=max(clients)
+    )
+    print(
+        f"\nbare steps on {backend or os.environ.get('REGOLITH_BACKEND') or 'cpu'} ({steps} steps of one token a window)"
+    )
+    print("| windows | ms a step | tokens/s | vs 1 window |")
+    print("|---|---|---|---|")
+    base = None
+    for n in clients:
+        wins = [m.window() for _ in range(n)]
+        last = []
+        for i, w in enumerate(wins):
+            logits = w.eval(m.tokenize(PROMPTS[i % len(PROMPTS)]))
+            last.append(int(np.argmax(logits[-1])))
+        for _ in range(2):  # warm-up (graphs captured, arena filled)
+            out = regolith.eval_windows(wins, [[t] for t in last], [False] * n)
+            last = [int(np.argmax(o[-1])) for o in out]
+        t = time.perf_counter()
+        for _ in range(steps):
+            out = regolith.eval_windows(wins, [[t] for t in last], [False] * n)
+            last = [int(np.argmax(o[-1])) for o in out]
+        ms = 1e3 * (time.perf_counter() - t) / steps
+        tok_s = n * 1e3 / ms
+        base = base or tok_s
+        print(f"| {n} | {ms:.2f} | {tok_s:.1f} | {tok_s / base:.2f}x |", flush=True)
+        del wins
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", help="model (default: the bundled demo)")
@@ -189,18 +240,40 @@ def main() -> None:
         help="--spec off at every N (speculation runs only at --parallel 1 anyway: this isolates batching)",
     )
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary: its rounds on the same GGUF too")
+    ap.add_argument("--backend", help="regolith serve --backend (default: $REGOLITH_BACKEND or cpu)")
+    ap.add_argument(
+        "--server-log", help="append each regolith server's stderr to this file (default: discarded)"
+    )
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="also time this many bare steps of N windows (eval_windows, in this process) after the rounds",
+    )
     args = ap.parse_args()
     arena = args.arena_gb if args.arena_gb is not None else (0.004 if args.model is None else 0.0)
     where = f"experts through a {arena:g} GB arena" if arena else "resident"
+    backend = args.backend or os.environ.get("REGOLITH_BACKEND") or "cpu"
     print(
-        f"{args.model or 'regolith-demo'} ({where}), {args.requests} requests x {args.max_tokens} tokens per client"
+        f"{args.model or 'regolith-demo'} ({where}, {backend}), {args.requests} requests x {args.max_tokens} "
+        "tokens per client"
     )
     print("| clients | tok/s | TTFT p50 / p95 (s) | ITL p50 / p95 (ms) | expert bytes / token |")
     print("|---|---|---|---|---|")
     engines = [("regolith", None)] + ([("llama-server", args.llama_server)] if args.llama_server else [])
     for engine, binary in engines:
         for n in (int(x) for x in args.clients.split(",")):
-            r = run_round(args.model, arena, n, args.requests, args.max_tokens, not args.no_spec, binary)
+            r = run_round(
+                args.model,
+                arena,
+                n,
+                args.requests,
+                args.max_tokens,
+                not args.no_spec,
+                binary,
+                args.backend,
+                args.server_log,
+            )
             per = f"{r['bytes_per_token'] / 2**10:.0f} KiB" if r["bytes_per_token"] else "-"
             label = f"{n}" if binary is None else f"{n}, {engine}"
             print(
@@ -208,6 +281,8 @@ def main() -> None:
                 f"{1e3 * r['itl50']:.0f} / {1e3 * r['itl95']:.0f} | {per} |",
                 flush=True,
             )
+    if args.steps:
+        step_rounds(args.model, arena, [int(x) for x in args.clients.split(",")], args.backend, args.steps)
 
 
 if __name__ == "__main__":

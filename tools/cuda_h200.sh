@@ -10,6 +10,11 @@
 #                              (docs/benchmarks.md), the call ending within SECONDS (570); run it again on the same machine to
 #                              measure the rows the first call had no time for (--record)
 #   tools/cuda_h200.sh suite   the whole CUDA model suite (tests/test_cuda_backend.py)
+#   tools/cuda_h200.sh serve [CLIENTS]
+#                              regolith as for check, then `regolith run` on cuda once and benchmarks/bench_serve.py
+#                              on cuda (the demo resident and streamed, CLIENTS 1,2,4,8, with its bare steps); the
+#                              servers' logs in $OUT/serve.log. Needs .whl/serve/ (the server's and the openai
+#                              SDK's wheels) too
 #   tools/cuda_h200.sh profile [TOKENS]
 #                              regolith and the synthetic model as for bench, then the kernels' GPU time per
 #                              resident decode token (bench_cuda.py --profile)
@@ -44,7 +49,7 @@ synthetic_model() {  # the 48-layer synthetic Flash-Next model at /tmp/fn.gguf (
         --vocab 248320 && mv /tmp/fn.part.gguf /tmp/fn.gguf
 }
 
-case "${1:?check, bench, suite or profile}" in
+case "${1:?check, bench, suite, serve or profile}" in
 check)
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
     ls src/regolith/_core*.so >/dev/null 2>&1 || time build_regolith 16
@@ -65,6 +70,15 @@ suite)
     ls src/regolith/_core*.so >/dev/null 2>&1 || build_regolith 16
     timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py tests/test_backend_conformance.py \
         2>&1 | tee "$OUT/suite.log" | tail -30
+    ;;
+serve)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/serve/*.whl
+    ls src/regolith/_core*.so >/dev/null 2>&1 || time build_regolith 16
+    time timeout 120 python3 -m regolith.cli run --backend cuda -p "class Stack:" -n 32 2>&1 | tail -4
+    for model in "" regolith-demo; do
+        timeout 200 python3 benchmarks/bench_serve.py $model --backend cuda --clients "${2:-1,2,4,8}" --requests 3 \
+            --steps 32 --server-log "$OUT/serve.log" 2>&1 | tee -a "$OUT/bench_serve.log"
+    done
     ;;
 profile)
     ls src/regolith/_core*.so >/dev/null 2>&1 || time build_regolith 16
