@@ -118,7 +118,8 @@ def prefill(
 
     ``scr`` (suffix cache reuse, where :attr:`Window.can_move`): the window's tokens after an edit are reused
     too where they reappear in the prompt (:func:`regolith.scr.plan_reuse`), moved to their new positions
-    (:meth:`Window.append_moved`) rather than evaluated, when that reuses more than the prompt cache holds;
+    (:meth:`Window.append_moved`) rather than evaluated, when that reuses more than the prompt cache's prefix;
+    or a cache entry's tokens, where one reuses more still (:meth:`PromptCache.restore_moved`);
     recurrent layers keep their state (:meth:`Window.truncate_attention`). Not exact: moved tokens keep what
     they attended to before the edit. Without such runs (no edit, an edit at the end) it is the plain path,
     bit for bit. A window holding moved tokens is never stored in the prompt cache.
@@ -129,11 +130,16 @@ def prefill(
         raise ContextOverflowError(
             f"the prompt has {len(prompt)} tokens; the context holds {window.max_ctx} (with room for one reply token)"
         )
-    if scr and window.can_move and window.n_past and not window._images:  # image tokens do not move
+    if scr and window.can_move and not window._images:  # image tokens do not move
         # the last prompt token is always evaluated: its logits are needed
-        runs = plan_reuse(window.tokens, prompt[:-1])
+        runs = plan_reuse(window.tokens, prompt[:-1]) if window.n_past else []
         reused = reused_tokens(runs)
-        if any(r.dst > 0 for r in runs) and (cache is None or cache.lookup(window, prompt) < reused):
+        prefix = cache.lookup(window, prompt) if cache is not None else 0
+        if cache is not None and cache.restore_moved(window, prompt, max(reused, prefix)):
+            # from the entry the window now holds (one holding images takes the plain path)
+            runs = [] if window._images else plan_reuse(window.tokens, prompt[:-1])
+            reused = reused_tokens(runs)
+        if any(r.dst > 0 for r in runs) and prefix < reused:
             return _prefill_moved(window, prompt, runs, progress), reused
     if cache is not None:
         hit = cache.restore(window, prompt)

@@ -19,6 +19,10 @@ Policy (docs/cache.md):
 - **Eviction.** Least recently used first (restoring an entry uses its ancestors too), descendants with
   their ancestor, until the files fit ``max_bytes``. The use time is the file's mtime, so it survives
   restarts.
+- **Suffix cache reuse.** With ``scr`` a prompt may also reuse an entry's tokens after an edit
+  (:meth:`PromptCache.restore_moved`): the entry, among the most recently used that no other entry
+  extends, whose tokens :func:`regolith.scr.plan_reuse` reuses most of is restored whole, and prefill moves
+  its runs.
 - **Failures.** An entry that cannot be read back (truncated, corrupt, another format version or model) is
   deleted with its descendants and the prompt is evaluated instead: a broken cache costs time, never output.
 
@@ -45,16 +49,28 @@ import numpy as np
 
 from . import state as _state
 from .errors import SessionError
+from .scr import plan_reuse, reused_tokens
 
 if TYPE_CHECKING:
     from .chat import ChatTemplate
     from .window import Window
 
-__all__ = ["MAX_CHAIN", "CacheHit", "CacheStats", "ChatModel", "PromptCache", "chat_boundaries"]
+__all__ = [
+    "MAX_CHAIN",
+    "MOVED_CANDIDATES",
+    "CacheHit",
+    "CacheStats",
+    "ChatModel",
+    "PromptCache",
+    "chat_boundaries",
+]
 
 # Entries in one restore chain at most: a longer chain reads more files than a whole state would.
 MAX_CHAIN = 8
 _SUFFIX = ".rgs"
+# Entries suffix cache reuse plans against (the most recently used that no other entry extends): each plan is
+# about linear in the two token lists.
+MOVED_CANDIDATES = 16
 # Temporary files older than this are left over from a killed save.
 _STALE_TMP_SECONDS = 60.0
 
@@ -308,6 +324,43 @@ class PromptCache:
                 self.stats.tokens_saved += usable - keep
                 self._refresh_totals()
                 return CacheHit(usable, logits if usable == ids.size else None)
+
+    def restore_moved(self, window: Window, prompt: Sequence[int], at_least: int) -> bool:
+        """Suffix cache reuse from the cache: bring ``window`` to the whole of the entry whose tokens
+        :func:`regolith.scr.plan_reuse` reuses most of ``prompt`` from (the last prompt token excluded, as
+        prefill evaluates it), among the :data:`MOVED_CANDIDATES` most recently used entries no other entry
+        extends, when that plan moves tokens and
+        reuses more than ``at_least``. Returns whether it did (the window is then untouched otherwise, unless an
+        unreadable entry was met: it is deleted, the next best tried, and the window may be left reset)."""
+        ids = np.asarray(prompt[:-1], dtype=np.int32)
+        model = window._model
+        fingerprint, recurrent = _model_id(model), _recurrent(model)
+        with self._lock:
+            while True:
+                best: tuple[int, _Entry | None] = (at_least, None)
+                leaves = [
+                    e
+                    for e in self._entries.values()
+                    if not e.children and e.fingerprint == fingerprint and e.n <= window.max_ctx
+                ]
+                for e in sorted(leaves, key=lambda e: e.used, reverse=True)[:MOVED_CANDIDATES]:
+                    runs = plan_reuse(e.tokens, ids)
+                    if any(r.dst > 0 for r in runs) and reused_tokens(runs) > best[0]:
+                        best = (reused_tokens(runs), e)
+                entry = best[1]
+                if entry is None:
+                    return False
+                try:
+                    self._load(window, entry, entry.n, recurrent)
+                except _Unreadable as bad:
+                    self.stats.discarded += self._discard(bad.key)
+                    self._refresh_totals()
+                    window.reset()
+                    continue
+                self.stats.hits += 1
+                self.stats.tokens_saved += best[0]
+                self._refresh_totals()
+                return True
 
     def _load(self, window: Window, entry: _Entry, usable: int, recurrent: bool) -> np.ndarray | None:
         chain = self._chain(entry)

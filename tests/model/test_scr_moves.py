@@ -132,6 +132,33 @@ def test_generation_with_scr_and_the_prompt_cache(files, tmp_path):
     assert window.moved_from is None
 
 
+def _from_window_and_from_cache(model, tmp_path: Path, prefix: int) -> None:
+    """prefill(scr=True) on a fresh window whose prompt cache holds CACHED (and an unrelated entry) moves the
+    entry's runs: the same logits, bit for bit, as from a window that held CACHED itself; without scr the cache
+    gives only the prefix (``prefix`` tokens: A, or none where a recurrent state cannot be cut back)."""
+    cache = regolith.PromptCache(tmp_path / "cache", 1 << 30, min_tokens=8)
+    for tokens in (_tokens(9, 60), CACHED):
+        w = model.window(256)
+        w.eval(tokens, all_logits=False)
+        assert cache.store(w)
+    held = model.window(256)
+    held.eval(CACHED, all_logits=False)
+    want, want_reused = prefill(held, EDITED, scr=True)
+    assert want_reused == len(CACHED) - 1
+    fresh = model.window(256)
+    got, reused = prefill(fresh, EDITED, cache=cache, scr=True)
+    assert reused == want_reused and fresh.tokens == EDITED and fresh.moved_from == held.moved_from
+    np.testing.assert_array_equal(got, want)
+    assert cache.stats.tokens_saved == want_reused
+    plain = model.window(256)
+    _, reused = prefill(plain, EDITED, cache=cache)
+    assert reused == prefix and plain.moved_from is None
+
+
+def test_scr_moves_the_runs_of_a_prompt_cache_entry(files, tmp_path):
+    _from_window_and_from_cache(regolith.Model.load(files["gemma3"], kv_type="f32"), tmp_path, len(A))
+
+
 def _part(window, kind: str, layer: int, tmp_path: Path) -> np.ndarray:
     """The bytes of the window's state part (kind, layer), from its state file."""
     path = tmp_path / "part.rgs"
@@ -183,6 +210,7 @@ def test_hybrid_models_move_their_attention_rows_and_keep_the_recurrent_state(ar
     np.testing.assert_array_equal(k[:, : len(A)], old_k[:, : len(A)])
     # the prompt's last token ends the old tokens too: after it, the recurrent layers took the old end's state
     np.testing.assert_array_equal(_part(window, "gdn", 0, tmp_path), old_gdn)
+    _from_window_and_from_cache(model, tmp_path, 0)  # the entry's recurrent state is restored whole
 
 
 def _rotated(x: np.ndarray, shift: int, half: int, theta: float) -> np.ndarray:

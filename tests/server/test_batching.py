@@ -134,3 +134,24 @@ def test_concurrent_requests_on_qwen_match_the_library():
     finally:
         live.close()
     assert got == want
+
+
+def test_the_idle_window_that_reuses_most_of_the_prompt_serves_it():
+    # Window a holds head + body, window b head + other. The prompt head + other[:20] + body shares the longer
+    # prefix with b, but with suffix cache reuse a's body moves too: a reuses 10 + 190 tokens, b 30.
+    from regolith.server.engine import Engine
+    from regolith.server.metrics import Metrics
+
+    model = regolith.Model.load(n_ctx=512)
+    ids = model.tokenize("def f(x):\n    return x * 2\n" * 40, add_special=False)
+    head, body, other = ids[:10], ids[10:200], [t + 1 for t in ids[200:250]]
+    engine = Engine(model, Metrics(), parallel=2)
+    a, b = model.window(), model.window()
+    a.eval(head + body)
+    b.eval(head + other)
+    prompt = head + other[:20] + body
+    for scr, want in [(False, b), (True, a)]:
+        model.scr = scr
+        engine._idle, engine._n_windows = [a, b], 2
+        assert engine._window_for(prompt) is want
+    assert engine._window_for(ids[300:310]) is b  # no window reuses any of it and no new one may be made

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..generation import SharedPrompt
+from ..scr import plan_reuse, reused_tokens
 from .api_error import APIError
 from .metrics import Metrics
 from .scheduler import STEP_TOKENS, StepScheduler
@@ -297,19 +298,27 @@ class Engine:
         return job
 
     def _window_for(self, prompt: Sequence[int]) -> Window:
-        """The idle window holding the longest prefix of ``prompt`` (a new one while fewer than ``parallel``
-        exist and none holds any of it)."""
+        """The idle window that reuses most of ``prompt`` (a new one while fewer than ``parallel`` exist and none
+        reuses any of it): the longest prefix it holds, or with suffix cache reuse (``Model.scr``) every run
+        of its tokens that prefill would move (:func:`regolith.scr.plan_reuse`)."""
 
-        def shared(w: Window) -> int:
+        def prefix(w: Window) -> int:
             held = w.tokens
             n = 0
             while n < min(len(held), len(prompt)) and held[n] == prompt[n]:
                 n += 1
             return n
 
+        def reused(w: Window) -> int:
+            if not (self.model.scr and w.can_move and w.n_past and prompt):
+                return prefix(w)
+            # prefill's own plan: the last prompt token is always evaluated
+            return max(prefix(w), reused_tokens(plan_reuse(w.tokens, prompt[:-1])))
+
         with self._lock:
-            best = max(self._idle, key=shared, default=None)
-            if best is None or (shared(best) == 0 and self._n_windows < self.parallel):
+            scores = [(reused(w), w) for w in self._idle]
+            best_score, best = max(scores, key=lambda sw: sw[0], default=(0, None))
+            if best is None or (best_score == 0 and self._n_windows < self.parallel):
                 self._n_windows += 1
                 window = self.model.window()
                 window.stepper = self.scheduler
