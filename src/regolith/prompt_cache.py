@@ -313,12 +313,8 @@ class PromptCache:
                 if entry is None or usable - keep < self.min_tokens:
                     self.stats.misses += 1
                     return None
-                try:
-                    logits = self._load(window, entry, usable, recurrent)
-                except _Unreadable as bad:
-                    self.stats.discarded += self._discard(bad.key)
-                    self._refresh_totals()
-                    window.reset()
+                read, logits = self._read(window, entry, usable, recurrent)
+                if not read:
                     continue
                 self.stats.hits += 1
                 self.stats.tokens_saved += usable - keep
@@ -329,9 +325,9 @@ class PromptCache:
         """Suffix cache reuse from the cache: bring ``window`` to the whole of the entry whose tokens
         :func:`regolith.scr.plan_reuse` reuses most of ``prompt`` from (the last prompt token excluded, as
         prefill evaluates it), among the :data:`MOVED_CANDIDATES` most recently used entries no other entry
-        extends, when that plan moves tokens and
-        reuses more than ``at_least``. Returns whether it did (the window is then untouched otherwise, unless an
-        unreadable entry was met: it is deleted, the next best tried, and the window may be left reset)."""
+        extends, when that plan moves tokens and reuses more than ``at_least``. Returns whether it did (the
+        window is then untouched otherwise, unless an unreadable entry was met: it is deleted, the next best
+        tried, and the window may be left reset)."""
         ids = np.asarray(prompt[:-1], dtype=np.int32)
         model = window._model
         fingerprint, recurrent = _model_id(model), _recurrent(model)
@@ -350,17 +346,25 @@ class PromptCache:
                 entry = best[1]
                 if entry is None:
                     return False
-                try:
-                    self._load(window, entry, entry.n, recurrent)
-                except _Unreadable as bad:
-                    self.stats.discarded += self._discard(bad.key)
-                    self._refresh_totals()
-                    window.reset()
+                if not self._read(window, entry, entry.n, recurrent)[0]:
                     continue
                 self.stats.hits += 1
                 self.stats.tokens_saved += best[0]
                 self._refresh_totals()
                 return True
+
+    def _read(
+        self, window: Window, entry: _Entry, usable: int, recurrent: bool
+    ) -> tuple[bool, np.ndarray | None]:
+        """(True, :meth:`_load`'s logits), or (False, None) where an entry of the chain was unreadable: it is
+        deleted with its descendants and the window reset."""
+        try:
+            return True, self._load(window, entry, usable, recurrent)
+        except _Unreadable as bad:
+            self.stats.discarded += self._discard(bad.key)
+            self._refresh_totals()
+            window.reset()
+            return False, None
 
     def _load(self, window: Window, entry: _Entry, usable: int, recurrent: bool) -> np.ndarray | None:
         chain = self._chain(entry)
