@@ -10,11 +10,12 @@
 #                              (docs/benchmarks.md), the call ending within SECONDS (570); run it again on the same machine to
 #                              measure the rows the first call had no time for (--record)
 #   tools/cuda_h200.sh suite   the whole CUDA model suite (tests/test_cuda_backend.py)
-#   tools/cuda_h200.sh serve [CLIENTS]
+#   tools/cuda_h200.sh serve [CLIENTS] [MODELS]
 #                              regolith as for check, then `regolith run` on cuda once and benchmarks/bench_serve.py
-#                              on cuda (the demo resident and streamed, CLIENTS 1,2,4,8, with its bare steps); the
-#                              servers' logs in $OUT/serve.log. Needs .whl/serve/ (the server's and the openai
-#                              SDK's wheels) too
+#                              on cuda (MODELS: "demo" the demo streamed through 4 MiB and resident, "fn" the
+#                              synthetic Flash-Next model resident; default demo; CLIENTS 1,2,4,8), with its bare
+#                              steps; the servers' logs in $OUT/serve.log. Needs .whl/serve/ (the server's and the
+#                              openai SDK's wheels) too
 #   tools/cuda_h200.sh profile [TOKENS]
 #                              regolith and the synthetic model as for bench, then the kernels' GPU time per
 #                              resident decode token (bench_cuda.py --profile)
@@ -75,9 +76,15 @@ serve)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/serve/*.whl
     ls src/regolith/_core*.so >/dev/null 2>&1 || time build_regolith 16
     time timeout 120 python3 -m regolith.cli run --backend cuda -p "class Stack:" -n 32 2>&1 | tail -4
-    for model in "" regolith-demo; do
-        timeout 200 python3 benchmarks/bench_serve.py $model --backend cuda --clients "${2:-1,2,4,8}" --requests 3 \
-            --steps 32 --server-log "$OUT/serve.log" 2>&1 | tee -a "$OUT/bench_serve.log"
+    for which in ${3:-demo}; do
+        case $which in
+        demo) models=("" regolith-demo) ;;
+        fn) synthetic_model && models=(/tmp/fn.gguf) ;;
+        esac
+        for model in "${models[@]}"; do
+            timeout 300 python3 benchmarks/bench_serve.py $model --backend cuda --clients "${2:-1,2,4,8}" \
+                --requests 3 --steps 32 --server-log "$OUT/serve.log" 2>&1 | tee -a "$OUT/bench_serve.log"
+        done
     done
     ;;
 profile)
