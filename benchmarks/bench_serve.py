@@ -237,7 +237,7 @@ def main() -> None:
     ap.add_argument(
         "--no-spec",
         action="store_true",
-        help="--spec off at every N (speculation runs only at --parallel 1 anyway: this isolates batching)",
+        help="--spec off at every N (isolates batching; above --parallel 1 only the suffix drafter drafts)",
     )
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary: its rounds on the same GGUF too")
     ap.add_argument("--backend", help="regolith serve --backend (default: $REGOLITH_BACKEND or cpu)")

@@ -615,7 +615,7 @@ def _parser() -> argparse.ArgumentParser:
         "-np",
         type=positive(int),
         help=f"requests generated at once, batched (default: as many as fit, at most {DEFAULT_PARALLEL}); "
-        "speculative decoding runs only at 1",
+        "above 1, speculative decoding drafts by the suffix drafter alone",
     )
     sv.add_argument(
         "--max-queue",

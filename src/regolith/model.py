@@ -550,6 +550,7 @@ class Model:
         prompt_logprobs: int | None = None,
         shared: SharedPrompt | None = None,
         scr: bool | None = None,
+        gate: CostGate | None = None,
         **sampling: Any,
     ) -> Generation:
         """A :class:`Generation` continuing token ids ``prompt`` on ``window`` (default: the model's window).
@@ -572,7 +573,8 @@ class Model:
         that many most likely alternatives, and ``shared`` shares one evaluation of the prompt between
         generations of it (:class:`regolith.generation.Generation`). ``scr`` (default :attr:`scr`): suffix
         cache reuse on attention-only models, the window's tokens after an edit in the prompt moved instead of
-        evaluated again (not exact: :func:`regolith.generation.prefill`).
+        evaluated again (not exact: :func:`regolith.generation.prefill`). ``gate``: the speculation cost model
+        to draft by and teach (default :attr:`spec_gate`, the model's).
         """
         params = SamplingParams(**{**SAMPLING_DEFAULTS, **sampling})
         spec = speculation(self.speculative if speculative is None else speculative)
@@ -593,7 +595,7 @@ class Model:
                 cache=None if images else self.prompt_cache,
                 boundaries=boundaries,
                 speculation=spec,
-                gate=self.spec_gate,
+                gate=self.spec_gate if gate is None else gate,
                 on_prefill=on_prefill,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,

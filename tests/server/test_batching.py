@@ -3,7 +3,8 @@ demo model resident and streamed through a 4 MiB arena.
 
 The oracle is the same request served alone: each request is first sent by itself to a ``--parallel 1``
 server (speculative decoding on, as a lone request gets it), then all of them at once to a ``--parallel 4``
-server whose steps batch them. Every reply (greedy and seeded sampling, with stop strings and log-probabilities)
+server whose steps batch them (its sequences speculating with the suffix drafter, each verification a window's
+tokens in a shared step). Every reply (greedy and seeded sampling, with stop strings and log-probabilities)
 must be identical; a client that goes away mid-stream must not change anyone else's reply; /metrics must show
 steps that carried several sequences.
 """
@@ -70,6 +71,9 @@ def test_concurrent_requests_match_each_served_alone(servers):
     metrics = httpx.get(batched.url + "/metrics", headers={"Authorization": "Bearer k"}).text
     read = re.search(r"^regolith_expert_bytes_read_total (\S+)$", metrics, re.MULTILINE)
     assert (read is not None and float(read.group(1)) > 0) == batched.app.state.server.model.plan.streaming
+    # batched sequences speculate too (suffix drafts, verified in shared steps): the repeated line's drafts
+    accepted = re.search(r"^regolith_draft_tokens_accepted_total (\S+)$", metrics, re.MULTILINE)
+    assert accepted is not None and float(accepted.group(1)) > 0
     assert batched.engine.running == 0 and batched.engine.queue_depth == 0
     windows = batched.engine._idle
     assert len(windows) == 4 and all(w.tokens and len(w.tokens) == w.n_past for w in windows)

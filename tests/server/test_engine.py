@@ -71,6 +71,9 @@ class FakeModel:
     def window(self):
         return FakeWindow()
 
+    scr = False  # Model.scr and Model.speculative, which the engine reads
+    speculative = False
+
     def __init__(self, delay=0.0):
         self.delay, self.fail_at, self.running = delay, None, False
         self.lock = threading.Lock()

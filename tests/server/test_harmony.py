@@ -98,6 +98,7 @@ class HarmonyModel:
     n_ctx = 16384
     prompt_cache = None
     plan = None
+    scr = False
 
     def __init__(self) -> None:
         self.tokenizer = harmony_tokenizer()

@@ -12,6 +12,7 @@ away) ends its generation at the next piece, or skips it if still queued; the ot
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..generation import SharedPrompt
 from ..scr import plan_reuse, reused_tokens
+from ..speculative import CostGate, speculation
 from .api_error import APIError
 from .metrics import Metrics
 from .scheduler import STEP_TOKENS, StepScheduler
@@ -112,8 +114,8 @@ class Job:
         self, model: Model, window: Window | None = None, metrics: Metrics | None = None, **overrides: Any
     ) -> None:
         """Run the generations in the calling (worker) thread on ``window`` (None: the model's own), sending
-        their pieces to the event loop; ``overrides`` replace options (the engine turns speculation off for
-        batched sequences); ``metrics`` records the time to first token and between tokens."""
+        their pieces to the event loop; ``overrides`` replace options (the engine's for batched sequences:
+        suffix drafting alone, with a cost gate per worker); ``metrics`` records the time to first token and between tokens."""
         gen = None
         try:
             for p, prompt in enumerate(self.prompts):
@@ -191,8 +193,8 @@ class Job:
 class Engine:
     """Runs :class:`Job` s on ``model``, first come first served, up to ``parallel`` at once on windows of their
     own (each keeping the prefix of its last prompt), their evaluations batched by a :class:`StepScheduler`
-    (``step_tokens``). Speculative decoding runs only when ``parallel`` is 1 (the draft head's own evaluations
-    are not batched yet).
+    (``step_tokens``). With ``parallel`` > 1, speculation drafts by the suffix drafter alone (the MTP head's
+    own evaluations are not batched) and a verification is one more window's tokens in a step.
 
     At most ``max_queue`` jobs wait; :meth:`submit` raises :class:`APIError` (503) beyond that.
     """
@@ -326,8 +328,21 @@ class Engine:
             self._idle.remove(best)
             return best
 
+    def _batched_speculation(self) -> dict[str, Any]:
+        """Options a worker's generations take when sequences are batched (``parallel`` > 1): the model's
+        speculation with its suffix drafter alone (the MTP head's own evaluations are not batched), taught to a
+        cost gate of the worker's own (a verification's cost is measured in the steps it shares, which the
+        model's gate, learned alone, does not know)."""
+        spec = speculation(self.model.speculative)
+        if spec is None or "suffix" not in spec.drafters:
+            return {"speculative": False}
+        return {
+            "speculative": dataclasses.replace(spec, drafters=("suffix",)),
+            "gate": CostGate(self.model.spec_gate.stall_clock),
+        }
+
     def _work(self) -> None:
-        overrides = {} if self.parallel == 1 else {"speculative": False}
+        overrides = {} if self.parallel == 1 else self._batched_speculation()
         while True:
             job = self._queue.get()
             if job is None:
