@@ -253,3 +253,44 @@ def test_shared_prompt_is_evaluated_once_for_several_generations(tiny):
         g = model.start(ids, window=model.window(), max_tokens=10, temperature=1.0, seed=seed, logprobs=1)
         assert ("".join(g), g.tokens, g.logprobs) == (text, tokens, logprobs)
         assert cached == (0 if seed == 1 else len(ids))
+
+
+def test_windows_made_in_one_thread_evaluate_in_others(tiny):
+    """The server's threads: a window made and cut back in one thread (a worker), evaluated by another (the
+    step scheduler's), then by a third, gives what one thread gives. A GPU backend must not leave one thread
+    holding its graph capture when a call returns (cuda: a deadlock before the bindings submitted)."""
+    import threading
+
+    from regolith.server.scheduler import StepScheduler
+
+    model, _ = tiny
+    ids = model.tokenize(PROMPT)
+    want = "".join(model.start(ids, window=model.window(), max_tokens=8, **GREEDY))
+    scheduler = StepScheduler()
+    scheduler.start()
+    made: dict[str, object] = {}
+    got: list[str] = []
+
+    def make() -> None:
+        w = made["window"] = model.window()
+        w.eval(ids[:3], all_logits=False)
+        w.truncate(2)
+
+    def generate() -> None:
+        w = made["window"]
+        w.stepper = scheduler
+        scheduler.enter()
+        try:
+            got.append("".join(model.start(ids, window=w, max_tokens=8, **GREEDY)))
+        finally:
+            scheduler.leave()
+
+    try:
+        for target in (make, generate, generate):
+            t = threading.Thread(target=target, daemon=True)
+            t.start()
+            t.join(120)
+            assert not t.is_alive(), f"{target.__name__} did not finish: the threads deadlocked"
+    finally:
+        scheduler.stop()
+    assert got == [want, want]

@@ -132,6 +132,7 @@ public:
     void eval_steps(const std::vector<WindowStep>& steps) override;
     // Always succeeds: the caches keep every position.
     bool truncate(int64_t n) override;
+    void submit() override { be_.submit(); }
     void export_state(int64_t from, const StateFn& fn) override;
     void import_state(int64_t from, int64_t n, bool whole, const StateFn& fn) override;
     bool can_move() const override { return true; }

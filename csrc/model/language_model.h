@@ -50,6 +50,10 @@ public:
     // succeeds (attention-only models cut their KV cache) need nothing and ignore it.
     static constexpr int64_t kMaxCheckpointTokens = 16;
     virtual void checkpoint() {}
+    // Submits the ops recorded so far (Backend::submit). The Python bindings call it before they return, so no
+    // thread keeps a GPU backend's graph capture (cuda: one thread's at a time) while Python runs: that thread
+    // may next wait on another (the server's step thread) that needs the backend.
+    virtual void submit() = 0;
     // The model's own draft head (qwen4exp's MTP), if it has one: up to n (<= kMaxCheckpointTokens) greedy
     // draft tokens following the window's tokens and `next`, the token to be evaluated next. Empty without a
     // draft head or before the window holds a token whose hidden state it knows.

@@ -141,6 +141,7 @@ public:
     // last eval after checkpoint() (from the per-token states it kept).
     bool truncate(int64_t n) override;
     void checkpoint() override;
+    void submit() override { be_.submit(); }
     bool has_draft_head() const override { return model_.mtp_ != nullptr; }
     std::vector<int32_t> draft(int32_t next, int64_t n) override;
     int64_t catch_up_draft_head() override;

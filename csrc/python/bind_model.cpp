@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "bind_state.h"
@@ -107,6 +108,7 @@ Logits eval(ModelWindow& w, Tokens tokens, bool all_logits) {
     Logits logits = new_array({size_t(rows), size_t(vocab)}, &out);
     {
         nb::gil_scoped_release release;
+        SubmitOnReturn submit(w);
         w.eval(tokens.data(), n, out, all_logits);
     }
     return logits;
@@ -129,6 +131,8 @@ std::vector<Logits> eval_windows(const std::vector<ModelWindow*>& windows, const
     }
     {
         nb::gil_scoped_release release;
+        std::optional<SubmitOnReturn> submit;  // the windows share a backend: one submit covers them
+        if (!windows.empty()) submit.emplace(*windows[0]);
         regolith::eval_windows(steps);
     }
     return out;
@@ -284,17 +288,32 @@ void init_model(nb::module_& m) {
         .def_prop_ro("attention_cache_bytes", &ModelWindow::attention_cache_bytes,
                      "Backend memory the attention caches hold now (the memory plan's per-token state).")
         .def_prop_ro("vocab", &ModelWindow::vocab)
-        .def("reset", &ModelWindow::reset)
-        .def("truncate", &ModelWindow::truncate, nb::arg("n"),
-             "Keep the first n tokens; False (nothing changed) when the state cannot be cut back.")
+        .def("reset",
+             [](ModelWindow& w) {
+                 SubmitOnReturn submit(w);
+                 w.reset();
+             })
+        .def(
+            "truncate",
+            [](ModelWindow& w, int64_t n) {
+                SubmitOnReturn submit(w);
+                return w.truncate(n);
+            },
+            nb::arg("n"), "Keep the first n tokens; False (nothing changed) when the state cannot be cut back.")
         .def("eval", &eval, nb::arg("tokens"), nb::arg("all_logits") = true)
-        .def("checkpoint", &ModelWindow::checkpoint,
-             "Let truncate() cut back into the next eval (at most 16 tokens): speculative verification.")
+        .def(
+            "checkpoint",
+            [](ModelWindow& w) {
+                SubmitOnReturn submit(w);
+                w.checkpoint();
+            },
+            "Let truncate() cut back into the next eval (at most 16 tokens): speculative verification.")
         .def_prop_ro("has_draft_head", &ModelWindow::has_draft_head)
         .def(
             "draft",
             [](ModelWindow& w, int32_t next, int64_t n) {
                 nb::gil_scoped_release release;
+                SubmitOnReturn submit(w);
                 return w.draft(next, n);
             },
             nb::arg("next"), nb::arg("n"), "Up to n greedy tokens from the model's draft head (MTP) after `next`.")
@@ -302,6 +321,7 @@ void init_model(nb::module_& m) {
             "catch_up_draft_head",
             [](ModelWindow& w) {
                 nb::gil_scoped_release release;
+                SubmitOnReturn submit(w);
                 return w.catch_up_draft_head();
             },
             "Let the draft head take in the held tokens it has not seen (all but the last); returns how many.")
@@ -322,6 +342,7 @@ void init_model(nb::module_& m) {
             "truncate_attention",
             [](ModelWindow& w, int64_t n, const std::vector<int32_t>& recent) {
                 nb::gil_scoped_release release;
+                SubmitOnReturn submit(w);
                 w.truncate_attention(n, recent);
             },
             nb::arg("n"), nb::arg("recent"),
@@ -390,7 +411,9 @@ void init_model(nb::module_& m) {
         .def(
             "new_window",
             [](const Qwen4ExpModel& m, int64_t max_ctx, const std::string& kv) {
-                return m.new_window(max_ctx, cache_type(kv));
+                auto w = m.new_window(max_ctx, cache_type(kv));
+                w->submit();  // its state's initial writes
+                return w;
             },
             nb::arg("max_ctx"), nb::arg("kv_type") = "f32", nb::keep_alive<0, 1>(),
             "A window of up to max_ctx tokens; kv_type: its attention caches' type ('f32', 'f16', 'q8_0', "
@@ -448,7 +471,9 @@ void init_model(nb::module_& m) {
         .def(
             "new_window",
             [](const DenseModel& m, int64_t max_ctx, const std::string& kv) {
-                return m.new_window(max_ctx, kv_type(kv));
+                auto w = m.new_window(max_ctx, kv_type(kv));
+                w->submit();  // its state's initial writes
+                return w;
             },
             nb::arg("max_ctx"), nb::arg("kv_type") = "f16", nb::keep_alive<0, 1>(),
             "A window of up to max_ctx tokens; kv_type 'f16' (llama.cpp's default cache), 'f32', 'q8_0' or "

@@ -63,6 +63,7 @@ nb::dict save_window_state(regolith::ModelWindow& w, const std::string& path, nb
     regolith::StateIoStats stats;
     {
         nb::gil_scoped_release release;
+        SubmitOnReturn submit(w);
         w.export_state(from, [&](std::vector<regolith::StatePart>& parts) {
             if (logits)
                 parts.push_back({regolith::StateKind::Logits,
@@ -88,6 +89,7 @@ nb::tuple load_window_state(regolith::ModelWindow& w, const std::string& path, c
     regolith::StateIoStats stats;
     {
         nb::gil_scoped_release release;
+        SubmitOnReturn submit(w);
         w.import_state(head.from, head.n(), whole, [&](std::vector<regolith::StatePart>& parts) {
             if (le)
                 parts.push_back({regolith::StateKind::Logits,
@@ -110,6 +112,7 @@ WindowSnapshot snapshot_window(regolith::ModelWindow& w) {
     WindowSnapshot s;
     s.n = w.n_past();
     nb::gil_scoped_release release;
+    SubmitOnReturn submit(w);
     w.export_state(0, [&](std::vector<regolith::StatePart>& parts) {
         for (const regolith::StatePart& p : parts) {
             WindowSnapshot::Part& q =
@@ -140,17 +143,20 @@ void append_moved(regolith::ModelWindow& w, const WindowSnapshot& s, int64_t src
                   const std::vector<int32_t>& recent) {
     const std::vector<regolith::StatePart> parts = saved_parts(s);
     nb::gil_scoped_release release;
+    SubmitOnReturn submit(w);
     w.append_moved(parts, s.n, src, n, recent);
 }
 
 void adopt_recurrent(regolith::ModelWindow& w, const WindowSnapshot& s, const std::vector<int32_t>& recent) {
     const std::vector<regolith::StatePart> parts = saved_parts(s);
     nb::gil_scoped_release release;
+    SubmitOnReturn submit(w);
     w.adopt_recurrent(parts, recent);
 }
 
 void restore_window(regolith::ModelWindow& w, const WindowSnapshot& s) {
     nb::gil_scoped_release release;
+    SubmitOnReturn submit(w);
     w.reset();
     w.import_state(0, s.n, true, [&](std::vector<regolith::StatePart>& parts) {
         if (parts.size() != s.parts.size())
