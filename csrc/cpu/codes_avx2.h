@@ -5,7 +5,7 @@
 //   static void codes(const Block& b, __m256i* q);                 // QK / 32 vectors of 32 codes
 //   static float scales(const Block& b, int16_t* isc, float* bias);
 //       INT types (IntScales): fills isc[NG] (and bias[NG] for affine types), returns dsuper;
-//       others (one scale per block): returns that scale.
+//       others (one scale per block): returns that scale (and fills bias[0] for affine types).
 //
 // Only included by matmul_avx2.cpp (compiled with -mavx2).
 #pragma once
@@ -39,11 +39,31 @@ inline __m256i signed_grid(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3, u
     return _mm256_sign_epi8(g, _mm256_or_si256(m, _mm256_set1_epi8(1)));
 }
 
-// 16 bytes of packed nibbles -> 32 table values: low nibbles first, then high nibbles.
-inline __m256i nibble_lookup16(const uint8_t* qs, __m256i table) {
+// 16 bytes of packed nibbles -> 32 nibbles: low nibbles first, then high nibbles (the legacy blocks' order).
+inline __m256i nibbles16(const uint8_t* qs) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    const __m256i idx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
-    return _mm256_shuffle_epi8(table, idx);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+}
+
+// 16 bytes of packed nibbles -> 32 table values, in nibbles16's order.
+inline __m256i nibble_lookup16(const uint8_t* qs, __m256i table) {
+    return _mm256_shuffle_epi8(table, nibbles16(qs));
+}
+
+// Q5_0 / Q5_1: the 32 high bits qh (little-endian) -> 0xFF in byte j where bit j is set.
+inline __m256i high_bits32(const uint8_t* qh) {
+    // byte j <- qh byte j / 8 (each 128-bit lane holds all four), then test its bit j % 8
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(load_u32(qh))), spread);
+    const __m256i mask = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+    return _mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask);
+}
+
+// Bit `from` of each byte of v moved to bit `to` of that byte by one 16-bit shift: with from, to < 8, bit
+// `to` of either byte of a lane comes from bit `from` of the same byte. Mask off the other bits (junk).
+inline __m256i move_bit(__m256i v, int from, int to) {
+    return from < to ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
 }
 
 inline __m256i iq4nl_table() {
@@ -56,22 +76,46 @@ struct Avx2Codes<RG_TYPE_Q8_0> {
     static float scales(const block_q8_0& b, int16_t*, float*) { return half_scale(b.d); }
 };
 
+// Q4_0: nibble - 8.
+template <>
+struct Avx2Codes<RG_TYPE_Q4_0> {
+    static void codes(const block_q4_0& b, __m256i* q) {
+        q[0] = _mm256_sub_epi8(nibbles16(b.qs), _mm256_set1_epi8(8));
+    }
+    static float scales(const block_q4_0& b, int16_t*, float*) { return half_scale(b.d); }
+};
+
+// Q4_1: the nibbles themselves; the block's min m is its bias.
+template <>
+struct Avx2Codes<RG_TYPE_Q4_1> {
+    static void codes(const block_q4_1& b, __m256i* q) { q[0] = nibbles16(b.qs); }
+    static float scales(const block_q4_1& b, int16_t*, float* bias) {
+        bias[0] = half_scale(b.m);
+        return half_scale(b.d);
+    }
+};
+
 // Q5_0: code j = (nibble j | high bit j << 4) - 16. Over a clear high bit, 0xF0 | nibble is nibble - 16 as
 // int8; a set high bit leaves the nibble itself (16 + nibble - 16).
 template <>
 struct Avx2Codes<RG_TYPE_Q5_0> {
     static void codes(const block_q5_0& b, __m256i* q) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
-        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
-        // byte j <- qh byte j / 8 (each 128-bit lane holds all four), then test its bit j % 8
-        const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
-                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-        const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(load_u32(b.qh))), spread);
-        const __m256i mask = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
-        const __m256i high = _mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask);
-        q[0] = _mm256_or_si256(nib, _mm256_andnot_si256(high, _mm256_set1_epi8(char(0xf0))));
+        q[0] = _mm256_or_si256(nibbles16(b.qs),
+                               _mm256_andnot_si256(high_bits32(b.qh), _mm256_set1_epi8(char(0xf0))));
     }
     static float scales(const block_q5_0& b, int16_t*, float*) { return half_scale(b.d); }
+};
+
+// Q5_1: nibble j | high bit j << 4 (0 .. 31); the block's min m is its bias.
+template <>
+struct Avx2Codes<RG_TYPE_Q5_1> {
+    static void codes(const block_q5_1& b, __m256i* q) {
+        q[0] = _mm256_or_si256(nibbles16(b.qs), _mm256_and_si256(high_bits32(b.qh), _mm256_set1_epi8(0x10)));
+    }
+    static float scales(const block_q5_1& b, int16_t*, float* bias) {
+        bias[0] = half_scale(b.m);
+        return half_scale(b.d);
+    }
 };
 
 template <>
@@ -100,6 +144,23 @@ struct Avx2Codes<RG_TYPE_IQ4_XS> {
     static float scales(const block_iq4_xs& b, int16_t* isc, float*) { return IntScales<RG_TYPE_IQ4_XS>::get(b, isc); }
 };
 
+// Q4_K / Q5_K: k_int_scales and the biases -(dmin * m) of k_scales_biases: the 6-bit scales and minima of
+// k_scale_min unpacked four at a time in 32-bit words (s = scales[0..11] as words u0, u1, u2):
+// sc[0..3] = u0 & 63, m[0..3] = u1 & 63, sc[4..7] = low nibbles of u2 | top 2 bits of u0 << 4,
+// m[4..7] = high nibbles of u2 | top 2 bits of u1 << 4.
+template <class B>
+inline float k_scales(const B& b, int16_t* isc, float* bias) {
+    const uint32_t u0 = load_u32(b.scales), u1 = load_u32(b.scales + 4), u2 = load_u32(b.scales + 8);
+    const uint32_t low6 = 0x3f3f3f3fu, nib = 0x0f0f0f0fu, top2 = 0x03030303u;
+    const uint64_t sc = (u0 & low6) | uint64_t((u2 & nib) | (((u0 >> 6) & top2) << 4)) << 32;
+    const uint64_t m = (u1 & low6) | uint64_t(((u2 >> 4) & nib) | (((u1 >> 6) & top2) << 4)) << 32;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(isc), _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
+    const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(m))));
+    const __m256 prod = _mm256_mul_ps(_mm256_set1_ps(half_scale(b.dmin)), mf);
+    _mm256_storeu_ps(bias, _mm256_xor_ps(prod, _mm256_set1_ps(-0.0f)));
+    return half_scale(b.d);
+}
+
 template <>
 struct Avx2Codes<RG_TYPE_Q4_K> {
     static void codes(const block_q4_K& b, __m256i* q) {
@@ -110,19 +171,77 @@ struct Avx2Codes<RG_TYPE_Q4_K> {
             q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
         }
     }
-    // k_int_scales and the biases -(dmin * m) of k_scales_biases: the 6-bit scales and minima of
-    // k_scale_min unpacked four at a time in 32-bit words (s = scales[0..11] as words u0, u1, u2):
-    // sc[0..3] = u0 & 63, m[0..3] = u1 & 63, sc[4..7] = low nibbles of u2 | top 2 bits of u0 << 4,
-    // m[4..7] = high nibbles of u2 | top 2 bits of u1 << 4.
-    static float scales(const block_q4_K& b, int16_t* isc, float* bias) {
+    static float scales(const block_q4_K& b, int16_t* isc, float* bias) { return k_scales(b, isc, bias); }
+};
+
+// Q5_K: Q4_K's nibbles with a 5th bit: code 32i + l takes bit i of qh[l] as its bit 4.
+template <>
+struct Avx2Codes<RG_TYPE_Q5_K> {
+    static void codes(const block_q5_K& b, __m256i* q) {
+        const __m256i lo = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10), hv = load256(b.qh);
+        for (int k = 0; k < 4; ++k) {
+            const __m256i v = load256(b.qs + 32 * k);
+            q[2 * k] =
+                _mm256_or_si256(_mm256_and_si256(v, lo), _mm256_and_si256(move_bit(hv, 2 * k, 4), bit4));
+            q[2 * k + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo),
+                                           _mm256_and_si256(move_bit(hv, 2 * k + 1, 4), bit4));
+        }
+    }
+    static float scales(const block_q5_K& b, int16_t* isc, float* bias) { return k_scales(b, isc, bias); }
+};
+
+// Q2_K: code 128h + 32k + l = bits 2k of qs[32h + l] (0 .. 3). Per 16 codes, scales[g]: the low nibble is
+// the integer sub-scale, the high nibble m the bias -(dmin * m) (IntScales<Q2_K>, BlockDecoder<Q2_K>).
+template <>
+struct Avx2Codes<RG_TYPE_Q2_K> {
+    static void codes(const block_q2_K& b, __m256i* q) {
+        const __m256i three = _mm256_set1_epi8(3);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i v = load256(b.qs + 32 * h);
+            for (int k = 0; k < 4; ++k) q[4 * h + k] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * k), three);
+        }
+    }
+    static float scales(const block_q2_K& b, int16_t* isc, float* bias) {
+        const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+        const __m128i nib = _mm_set1_epi8(0x0f);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(isc), _mm256_cvtepu8_epi16(_mm_and_si128(s, nib)));
+        const __m128i m = _mm_and_si128(_mm_srli_epi16(s, 4), nib);
+        const __m256 dmin = _mm256_set1_ps(half_scale(b.dmin)), neg = _mm256_set1_ps(-0.0f);
+        for (int i = 0; i < 2; ++i) {
+            const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(i ? _mm_srli_si128(m, 8) : m));
+            _mm256_storeu_ps(bias + 8 * i, _mm256_xor_ps(_mm256_mul_ps(dmin, mf), neg));
+        }
+        return half_scale(b.d);
+    }
+};
+
+// Q3_K: code 32i + l (i = 4h + k) = (bits 2k of qs[32h + l] | bit i of hmask[l] << 2) - 4.
+template <>
+struct Avx2Codes<RG_TYPE_Q3_K> {
+    static void codes(const block_q3_K& b, __m256i* q) {
+        const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4), hm = load256(b.hmask);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i v = load256(b.qs + 32 * h);
+            for (int k = 0; k < 4; ++k) {
+                const int i = 4 * h + k;
+                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(v, 2 * k), three);
+                const __m256i high = _mm256_and_si256(move_bit(hm, i, 2), four);
+                q[i] = _mm256_sub_epi8(_mm256_or_si256(low, high), four);
+            }
+        }
+    }
+    // IntScales<Q3_K>'s 6-bit scales - 32, unpacked four at a time in 32-bit words (scales[0..11] as u0, u1,
+    // u2): scale s takes its low 4 bits from nibble s / 8 of byte s % 8 (u0, u1) and its high 2 bits from
+    // bits 2 (s / 4) of byte 8 + s % 4 (u2).
+    static float scales(const block_q3_K& b, int16_t* isc, float*) {
         const uint32_t u0 = load_u32(b.scales), u1 = load_u32(b.scales + 4), u2 = load_u32(b.scales + 8);
-        const uint32_t low6 = 0x3f3f3f3fu, nib = 0x0f0f0f0fu, top2 = 0x03030303u;
-        const uint64_t sc = (u0 & low6) | uint64_t((u2 & nib) | (((u0 >> 6) & top2) << 4)) << 32;
-        const uint64_t m = (u1 & low6) | uint64_t(((u2 >> 4) & nib) | (((u1 >> 6) & top2) << 4)) << 32;
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(isc), _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(sc))));
-        const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(m))));
-        const __m256 prod = _mm256_mul_ps(_mm256_set1_ps(half_scale(b.dmin)), mf);
-        _mm256_storeu_ps(bias, _mm256_xor_ps(prod, _mm256_set1_ps(-0.0f)));
+        const uint32_t nib = 0x0f0f0f0fu, top2 = 0x03030303u;
+        const uint32_t s0 = (u0 & nib) | ((u2 & top2) << 4), s1 = (u1 & nib) | (((u2 >> 2) & top2) << 4);
+        const uint32_t s2 = ((u0 >> 4) & nib) | (((u2 >> 4) & top2) << 4);
+        const uint32_t s3 = ((u1 >> 4) & nib) | (((u2 >> 6) & top2) << 4);
+        const __m128i s = _mm_setr_epi32(int32_t(s0), int32_t(s1), int32_t(s2), int32_t(s3));
+        const __m256i v = _mm256_sub_epi16(_mm256_cvtepu8_epi16(s), _mm256_set1_epi16(32));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(isc), v);
         return half_scale(b.d);
     }
 };
