@@ -135,9 +135,10 @@ def prefill(
         runs = plan_reuse(window.tokens, prompt[:-1]) if window.n_past else []
         reused = reused_tokens(runs)
         prefix = cache.lookup(window, prompt) if cache is not None else 0
-        if cache is not None and cache.restore_moved(window, prompt, max(reused, prefix)):
-            # from the entry the window now holds (one holding images takes the plain path)
-            runs = [] if window._images else plan_reuse(window.tokens, prompt[:-1])
+        moved = cache.restore_moved(window, prompt, max(reused, prefix)) if cache is not None else None
+        if moved is not None:
+            # the plan against the entry the window now holds (one holding images takes the plain path)
+            runs = [] if window._images else moved
             reused = reused_tokens(runs)
         if any(r.dst > 0 for r in runs) and prefix < reused:
             return _prefill_moved(window, prompt, runs, progress), reused

@@ -49,7 +49,7 @@ import numpy as np
 
 from . import state as _state
 from .errors import SessionError
-from .scr import plan_reuse, reused_tokens
+from .scr import Run, plan_reuse, reused_tokens
 
 if TYPE_CHECKING:
     from .chat import ChatTemplate
@@ -321,19 +321,19 @@ class PromptCache:
                 self._refresh_totals()
                 return CacheHit(usable, logits if usable == ids.size else None)
 
-    def restore_moved(self, window: Window, prompt: Sequence[int], at_least: int) -> bool:
+    def restore_moved(self, window: Window, prompt: Sequence[int], at_least: int) -> list[Run] | None:
         """Suffix cache reuse from the cache: bring ``window`` to the whole of the entry whose tokens
         :func:`regolith.scr.plan_reuse` reuses most of ``prompt`` from (the last prompt token excluded, as
         prefill evaluates it), among the :data:`MOVED_CANDIDATES` most recently used entries no other entry
-        extends, when that plan moves tokens and reuses more than ``at_least``. Returns whether it did (the
-        window is then untouched otherwise, unless an unreadable entry was met: it is deleted, the next best
-        tried, and the window may be left reset)."""
+        extends, when that plan moves tokens and reuses more than ``at_least``. Returns that plan (against the
+        tokens the window now holds), or None where no entry does (the window is then untouched, unless an
+        unreadable entry was met: it is deleted, the next best tried, and the window may be left reset)."""
         ids = np.asarray(prompt[:-1], dtype=np.int32)
         model = window._model
         fingerprint, recurrent = _model_id(model), _recurrent(model)
         with self._lock:
             while True:
-                best: tuple[int, _Entry | None] = (at_least, None)
+                best: tuple[int, _Entry | None, list[Run]] = (at_least, None, [])
                 leaves = [
                     e
                     for e in self._entries.values()
@@ -342,16 +342,16 @@ class PromptCache:
                 for e in sorted(leaves, key=lambda e: e.used, reverse=True)[:MOVED_CANDIDATES]:
                     runs = plan_reuse(e.tokens, ids)
                     if any(r.dst > 0 for r in runs) and reused_tokens(runs) > best[0]:
-                        best = (reused_tokens(runs), e)
-                entry = best[1]
+                        best = (reused_tokens(runs), e, runs)
+                reused, entry, plan = best
                 if entry is None:
-                    return False
+                    return None
                 if not self._read(window, entry, entry.n, recurrent)[0]:
                     continue
                 self.stats.hits += 1
-                self.stats.tokens_saved += best[0]
+                self.stats.tokens_saved += reused
                 self._refresh_totals()
-                return True
+                return plan
 
     def _read(
         self, window: Window, entry: _Entry, usable: int, recurrent: bool

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..generation import SharedPrompt
+from ..generation import SharedPrompt, _common_prefix
 from ..scr import plan_reuse, reused_tokens
 from ..speculative import CostGate, speculation
 from .api_error import APIError
@@ -115,7 +115,8 @@ class Job:
     ) -> None:
         """Run the generations in the calling (worker) thread on ``window`` (None: the model's own), sending
         their pieces to the event loop; ``overrides`` replace options (the engine's for batched sequences:
-        suffix drafting alone, with a cost gate per worker); ``metrics`` records the time to first token and between tokens."""
+        suffix drafting alone, with a cost gate per worker); ``metrics`` records the time to first token and
+        between tokens."""
         gen = None
         try:
             for p, prompt in enumerate(self.prompts):
@@ -304,18 +305,12 @@ class Engine:
         reuses any of it): the longest prefix it holds, or with suffix cache reuse (``Model.scr``) every run
         of its tokens that prefill would move (:func:`regolith.scr.plan_reuse`)."""
 
-        def prefix(w: Window) -> int:
-            held = w.tokens
-            n = 0
-            while n < min(len(held), len(prompt)) and held[n] == prompt[n]:
-                n += 1
-            return n
-
         def reused(w: Window) -> int:
+            prefix = _common_prefix(w.tokens, prompt)
             if not (self.model.scr and w.can_move and w.n_past and prompt):
-                return prefix(w)
+                return prefix
             # prefill's own plan: the last prompt token is always evaluated
-            return max(prefix(w), reused_tokens(plan_reuse(w.tokens, prompt[:-1])))
+            return max(prefix, reused_tokens(plan_reuse(w.tokens, prompt[:-1])))
 
         with self._lock:
             scores = [(reused(w), w) for w in self._idle]
