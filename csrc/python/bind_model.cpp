@@ -131,7 +131,7 @@ std::vector<Logits> eval_windows(const std::vector<ModelWindow*>& windows, const
     }
     {
         nb::gil_scoped_release release;
-        std::optional<SubmitOnReturn> submit;  // the windows share a backend: one submit covers them
+        std::optional<SubmitOnReturn<regolith::ModelWindow>> submit;  // the windows share a backend: one submit covers them
         if (!windows.empty()) submit.emplace(*windows[0]);
         regolith::eval_windows(steps);
     }
@@ -375,6 +375,7 @@ void init_model(nb::module_& m) {
                 o.ple.io_threads = io_threads;
                 regolith::Backend& be = regolith::backend_by_name(backend);
                 nb::gil_scoped_release release;
+                SubmitOnReturn done(be);  // what loading recorded (uploads, repacks)
                 new (self) Qwen4ExpModel(files, o, be);
             },
             nb::arg("files"), nb::arg("experts_path") = "", nb::arg("arena_slots") = 0,
@@ -437,6 +438,7 @@ void init_model(nb::module_& m) {
                                    moce_bonus, moce_protect, host_slots, device_routing);
                 regolith::Backend& be = regolith::backend_by_name(backend);
                 nb::gil_scoped_release release;
+                SubmitOnReturn done(be);  // what loading recorded (uploads, repacks)
                 new (self) DenseModel(files, o, be);
             },
             nb::arg("files"), nb::arg("experts_path") = "", nb::arg("arena_slots") = 0, nb::arg("io_threads") = 4,

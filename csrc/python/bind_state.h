@@ -4,7 +4,6 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 
-#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,30 +11,6 @@
 #include "bindings.h"
 #include "model/language_model.h"
 #include "model/state_file.h"
-
-// Submits the window's ops when a binding returns, normally or by an exception (ModelWindow::submit): no
-// thread goes back to Python holding a GPU backend's graph capture. A submit failing while an exception is
-// already in flight is dropped (that exception is the one to report).
-class SubmitOnReturn {
-public:
-    explicit SubmitOnReturn(regolith::ModelWindow& w) : w_(w), in_flight_(std::uncaught_exceptions()) {}
-    ~SubmitOnReturn() noexcept(false) {
-        if (std::uncaught_exceptions() == in_flight_) {
-            w_.submit();
-            return;
-        }
-        try {
-            w_.submit();
-        } catch (...) {
-        }
-    }
-    SubmitOnReturn(const SubmitOnReturn&) = delete;
-    SubmitOnReturn& operator=(const SubmitOnReturn&) = delete;
-
-private:
-    regolith::ModelWindow& w_;
-    int in_flight_;
-};
 
 using StateTokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using StateLogits = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;

@@ -65,6 +65,7 @@ Out eval_multimodal(regolith::ModelWindow& w, Tokens tokens, F32Rows embd, I64Ve
     float* out;
     Out logits = new_array({size_t(all_logits ? n : std::min<int64_t>(n, 1)), size_t(w.vocab())}, &out);
     nb::gil_scoped_release release;
+    SubmitOnReturn submit(w);
     q->eval_multimodal(tokens.data(), n, mm, out, all_logits);
     return logits;
 }
@@ -77,6 +78,7 @@ void init_vision(nb::module_& m) {
              [](VisionEncoder* self, const std::string& path, const std::string& backend) {
                  regolith::Backend& be = regolith::backend_by_name(backend);
                  nb::gil_scoped_release release;
+                 SubmitOnReturn done(be);  // what loading recorded
                  new (self) VisionEncoder(path, be);
              },
              nb::arg("path"), nb::arg("backend") = "")
