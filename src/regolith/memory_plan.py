@@ -406,7 +406,7 @@ class MemoryPlan:
     n_ctx: int
     arena_slots: int  # 0: experts resident, mapped with the dense weights
     ple_cache_bytes: int
-    overhead_bytes: int  # the process before loading (interpreter, libraries)
+    overhead_bytes: int  # the process before the weights (interpreter, libraries, metadata, tokenizer)
     budget_bytes: int | None
     host_slots: int = 0  # records of the host-RAM tier behind a device arena (0: none)
     device: tuple[str, int] | None = None  # (backend, free bytes) where the backend has memory of its own
@@ -528,7 +528,7 @@ class MemoryPlan:
             rows.append(
                 ("vision encoder", s.vision_bytes, "the projector's weights, loaded while images are encoded")
             )
-        rows.append(("runtime (before load)", self.overhead_bytes, "interpreter and libraries"))
+        rows.append(("runtime (before load)", self.overhead_bytes, "interpreter, libraries, tokenizer"))
         return rows
 
     def on_device(self, name: str) -> bool:
