@@ -110,14 +110,16 @@ def test_plan_sizes_match_the_files_tensor_infos(models, name):
     assert sizes.state_fixed == 0
 
 
-def _expected_scratch(cfg: dict, streamed: bool) -> int:
+def _expected_scratch(cfg: dict, streamed: bool, n_ctx: int) -> int:
     """The plan's scratch from the shapes (memory_plan._dense_scratch's account of DenseWindow::forward): per
     token of a 512-token chunk the residual, its norm and the attention output [H] x 3, queries and attention
     [heads x 64] x 2, keys and values [8 x 64] x 2, two rope tables [64], router logits [E], weights and ids
     [4], positions and token id; the largest tensor once more and the logits row, all twice over (the
     workspace's doubling chunks), and a first 1 MiB chunk. Resident experts add the backend's batch (each
     routed row's input, gate, up and output, the output [H]); streamed ones batch those in the workspace.
-    20b resident: 193,559,552 B (185 MiB); 120b streamed: 312,867,840 B (298 MiB)."""
+    20b resident: 193,559,552 B (185 MiB); 120b streamed: 312,867,840 B (298 MiB). Beside the workspace, per
+    context token, the CPU attention's scores of 32 queries of a key head's group of 8 (1 KiB) and a layer's f16
+    keys and values held twice while its cache grows (2 KiB): 96 MiB at 32k, 384 MiB at 128k."""
     t, H, F, V = 512, cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
     E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
@@ -125,6 +127,8 @@ def _expected_scratch(cfg: dict, streamed: bool) -> int:
     largest = 4 * (k * max(H, F) if streamed else max(H, q, E))
     per_token = 4 * (3 * H + 2 * q + 2 * kv + 2 * cfg["head_dim"]) + ffn + 3 * 8 + 4
     scratch = 2 * (t * per_token + t * largest + 4 * V) + (1 << 20)
+    group = cfg["num_attention_heads"] // cfg["num_key_value_heads"]
+    scratch += n_ctx * (4 * 32 * group + 2 * kv * 2)
     return scratch if streamed else scratch + 4 * t * (k * (2 * H + 2 * F) + H)
 
 
@@ -183,7 +187,7 @@ def test_inspect_plan_on_a_24gb_machine(models, name):
         assert not any(p.streaming for p in plans)
         assert table["experts (resident)"][:2] == (human(sizes.expert_bytes),) * 2
         assert table["experts (resident)"][2] == f"all {sizes.n_experts_total}"
-        assert table["scratch"][:2] == (human(_expected_scratch(cfg, streamed=False)),) * 2
+        assert table["scratch"][:2] == tuple(human(_expected_scratch(cfg, False, n)) for n in CTX)
         return
     assert list(table) == [
         "dense weights (resident)",
@@ -192,7 +196,6 @@ def test_inspect_plan_on_a_24gb_machine(models, name):
         "scratch",
         "runtime (before load)",
     ]
-    scratch = _expected_scratch(cfg, streamed=True)
     # a slot: the largest record, each of its parts (4,406,400 B) padded to 4 KiB with 4 KiB more (O_DIRECT
     # reads): 3 x 4,411,392 = 13,234,176 B (12.6 MiB)
     part = cfg["intermediate_size"] * cfg["hidden_size"] // 32 * MXFP4
@@ -200,6 +203,7 @@ def test_inspect_plan_on_a_24gb_machine(models, name):
     assert part == 4_406_400 and sizes.slot_bytes == slot == 13_234_176
     runtime = (128 << 20) // slot  # at most this many slots go to the CLI's runtime (tens of MiB, measured)
     for i, (n_ctx, plan) in enumerate(zip(CTX, plans, strict=True)):
+        scratch = _expected_scratch(cfg, True, n_ctx)
         assert plan.streaming and plan.scratch_bytes == scratch
         assert table["scratch"][i] == human(scratch)
         # the arena takes what the dense weights, the KV cache and the scratch leave of the cap
@@ -210,9 +214,10 @@ def test_inspect_plan_on_a_24gb_machine(models, name):
         assert table["expert arena"][i] in arenas, n_ctx
         # more than one token's experts (36 layers x 4 = 144), far fewer than all 4,608
         assert 4 * 36 < plan.arena_slots < sizes.n_experts_total // 4
-    # 18.8 GiB - 2.29 (dense) - 2.25 (KV at 32k) - 0.29 (scratch) = 14 GiB of 12.6 MiB slots: 1,133 of the
-    # 4,608 experts (24.6%), 7.9 tokens' worth; at 128k (9 GiB of KV) 585 (12.7%), 4.1 tokens' worth
-    assert [p.arena_slots for p in plans] == [1133, 585]
+    # 18.8 GiB - 2.29 (dense) - 2.25 (KV at 32k) - 0.38 (scratch: 0.29 and 96 MiB of attention) = 13.9 GiB of
+    # 12.6 MiB slots: 1,125 of the 4,608 experts (24.4%), 7.8 tokens' worth; at 128k (9 GiB of KV, 0.67 GiB of
+    # scratch) 555 (12.0%), 3.9 tokens' worth
+    assert [p.arena_slots for p in plans] == [1125, 555]
     # the note (of the 32k plan) says how many experts the arena holds and what the experts take on disk
     cli_slots = int(re.search(r"(\d+) of 4608 experts \(", table["expert arena"][2]).group(1))
     assert plans[0].arena_slots - runtime <= cli_slots < plans[0].arena_slots

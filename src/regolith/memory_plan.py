@@ -84,6 +84,9 @@ class ModelSizes:
     dense_scratch: int = 0  # the dense engine's (gemma3, qwen2, qwen3(moe), gpt-oss): scratch_bytes
     streamed_scratch: int = 0  # qwen3moe, gpt-oss: what batching streamed experts on the host adds to it
     vision_bytes: int = 0  # the projector's weights (mmproj): the vision encoder, loaded for images
+    # the dense engine's, per context token: what attending over every key holds beside the workspace
+    # (_dense_attention_per_token)
+    attention_per_token: int = 0
 
     @property
     def expert_bytes(self) -> int:
@@ -167,6 +170,20 @@ def _dense_head_dim(metadata: dict[str, Any], arch: str) -> int:
     if p + "attention.key_length" in metadata:
         return int(metadata[p + "attention.key_length"])
     return int(metadata[p + "embedding_length"]) // int(metadata[p + "attention.head_count"])
+
+
+def _dense_attention_per_token(
+    metadata: dict[str, Any], arch: str, kv_heads: list[int], row: int, kv_type: str
+) -> int:
+    """Bytes per context token a dense model's prefill holds outside its workspace while it attends over n_ctx
+    keys: the CPU backend's scores of a block of 32 queries of a key head's group against every key
+    (csrc/cpu/attention.cpp), with an 8-bit cache those keys and values dequantized to f32, and a layer's
+    keys and values twice while its cache moves into a larger buffer (KvCache's geometric growth). 48 MiB at
+    Gemma 3's 32k context: its peak RSS was that much over the plan before they were counted."""
+    p = f"{arch}."
+    group = int(metadata[p + "attention.head_count"]) // min(kv_heads)
+    dequantized = 2 * 4 * _dense_head_dim(metadata, arch) if kv_type in ("q8_0", "i8") else 0
+    return 4 * 32 * group + dequantized + 2 * max(kv_heads) * row
 
 
 def _dense_scratch(
@@ -292,6 +309,7 @@ def _sizes(
             dense,
             state_per_token=sum(2 * h * row for h in heads),
             dense_scratch=_dense_scratch(metadata, arch, max(heads), vocab),
+            attention_per_token=_dense_attention_per_token(metadata, arch, heads, row, kv_type),
         )
         if p + "expert_count" not in metadata:
             return sizes
@@ -441,7 +459,8 @@ class MemoryPlan:
         """A step's scratch: one prefill chunk's activations and, routing on the device, a layer's records
         copied to device memory in one piece for a prefill chunk (SparseMoe::forward)."""
         staged = self.sizes.n_expert * self.sizes.slot_bytes if self.routes_on_device else 0
-        return self.sizes.scratch_bytes(self.streaming and not self.routes_on_device) + staged
+        attention = self.sizes.attention_per_token * self.n_ctx
+        return self.sizes.scratch_bytes(self.streaming and not self.routes_on_device) + staged + attention
 
     @property
     def resident_expert_bytes(self) -> int:
@@ -513,7 +532,8 @@ class MemoryPlan:
         windows = "one window" if self.windows == 1 else f"{self.windows} windows (--parallel)"
         rows.append((f"KV / state at {self.n_ctx} tokens", self.state_bytes, windows))
         staged = ", a layer's experts staged" if self.routes_on_device else ""
-        rows.append(("scratch", self.scratch_bytes, f"prefill chunk of {PREFILL_CHUNK} tokens{staged}"))
+        keys = f", attention over {self.n_ctx} keys" if s.attention_per_token else ""
+        rows.append(("scratch", self.scratch_bytes, f"prefill chunk of {PREFILL_CHUNK} tokens{keys}{staged}"))
         if s.ple_rows:
             rows.append(
                 (

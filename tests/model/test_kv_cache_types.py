@@ -395,7 +395,9 @@ def _check_scratch_plan(path, arena_gb: float | None = None) -> None:
     assert model.plan.streaming == bool(arena_gb)
     w = model.window()
     w.eval(ids, all_logits=False)
-    held, planned = w._w.scratch_peak_bytes, model.plan.scratch_bytes
+    held = w._w.scratch_peak_bytes
+    # the workspace's part: not the attention's buffers beside it
+    planned = model.plan.scratch_bytes - model.plan.sizes.attention_per_token * model.plan.n_ctx
     if not arena_gb:
         planned -= model.plan.sizes.expert_batch_bytes
     assert held <= planned <= 2 * held, (path, held, planned)
