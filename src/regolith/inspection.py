@@ -34,7 +34,7 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
     """`regolith inspect`: the summary, hyper-parameters and tensor types of a GGUF file or packed model, or
     with --plan the memory plan a load would make; returns the exit status."""
     from . import memory_plan
-    from .model import default_n_ctx, plan_sizes
+    from .model import default_n_ctx, plan_sizes, tokenizer_at_load
     from .pack import is_packed, open_packed
 
     files = resolve_files(args.model, ple=args.ple, mtp=args.mtp)
@@ -55,6 +55,8 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
             kv_type = args.kv_type or memory_plan.default_kv_type(arch)
             sizes = plan_sizes(files, f.tensors, f.metadata, packed.manifest if packed else None, kv_type)
             contexts = args.ctx or [default_n_ctx(f.metadata.get(f"{arch}.context_length"))]
+            _held = tokenizer_at_load(f.metadata)  # held while the process is measured, as a load holds it
+            overhead = memory_plan.process_rss()
         plans = [
             memory_plan.plan_memory(
                 sizes,
@@ -64,7 +66,7 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
                 ple_cache_gb=args.ple_cache_gb,
                 host_cache_gb=args.host_cache_gb,
                 device_routing=args.device_routing,
-                overhead_bytes=memory_plan.process_rss(),
+                overhead_bytes=overhead,
                 device=(backends.resolve(args.backend), dev[0]) if dev else None,
             )
             for ctx in contexts

@@ -110,10 +110,10 @@ def _warn_unlocked(reason: str) -> None:
 KV_TYPES = ("f32", "f16", "q8_0", "i8")
 
 
-def _tokenizer_at_load(metadata: Mapping[str, Any]) -> Tokenizer | None:
-    """The tokenizer, built before the memory plan measures the process (it is most of what a large
-    vocabulary costs); None where the file has none or a malformed one (:attr:`Model.tokenizer` raises then,
-    as it would have)."""
+def tokenizer_at_load(metadata: Mapping[str, Any]) -> Tokenizer | None:
+    """The tokenizer of a GGUF's metadata, built before the memory plan measures the process (it is most of
+    what a large vocabulary costs: ``Model.load``, ``regolith inspect --plan``); None where the file has none
+    or a malformed one (:attr:`Model.tokenizer` raises then, as it would have)."""
     if "tokenizer.ggml.model" not in metadata:
         return None
     try:
@@ -286,7 +286,7 @@ class Model:
         if arch not in _ARCHITECTURES:
             supported = ", ".join(sorted(_ARCHITECTURES))
             raise ModelFormatError(f"architecture {arch!r} is not supported (supported: {supported})")
-        tokenizer = _tokenizer_at_load(metadata)
+        tokenizer = tokenizer_at_load(metadata)
         # what the process holds before the weights: interpreter, libraries, the metadata and the tokenizer
         # (Gemma 3's 262k-token vocabulary: 170 MiB)
         overhead = _plan.process_rss()
