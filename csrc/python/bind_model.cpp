@@ -131,7 +131,8 @@ std::vector<Logits> eval_windows(const std::vector<ModelWindow*>& windows, const
     }
     {
         nb::gil_scoped_release release;
-        std::optional<SubmitOnReturn<regolith::ModelWindow>> submit;  // the windows share a backend: one submit covers them
+        // the windows share a backend: one submit covers them
+        std::optional<SubmitOnReturn<regolith::ModelWindow>> submit;
         if (!windows.empty()) submit.emplace(*windows[0]);
         regolith::eval_windows(steps);
     }
