@@ -439,7 +439,8 @@ class Model:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """The model's tokenizer, built from its GGUF metadata on first use."""
+        """The model's tokenizer, built from its GGUF metadata at load (so the memory plan counts it); a
+        malformed one raises :class:`regolith.ModelFormatError` here."""
         if self._tokenizer is None:
             self._tokenizer = Tokenizer.from_gguf(self._metadata)
         return self._tokenizer
