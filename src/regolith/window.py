@@ -250,6 +250,12 @@ class Window:
         """How many tokens :meth:`catch_up_draft_head` would take in now (0 without a draft head)."""
         return self._w.draft_head_lag
 
+    @property
+    def stepped(self) -> bool:
+        """Whether its text evaluations go through :attr:`stepper` now (one is set and no image is held:
+        windows holding images evaluate alone)."""
+        return self.stepper is not None and not self._images
+
     def eval(self, tokens, *, all_logits: bool = True) -> np.ndarray:
         """Evaluate ``tokens`` after those already seen; returns float32 logits of shape (len(tokens), n_vocab),
         or (1, n_vocab) for the last token only when ``all_logits`` is False (what generation needs after a
@@ -260,7 +266,7 @@ class Window:
         :class:`Window`), a text-only evaluation runs through it, as part of a step over several windows.
         """
         ids = self._checked(tokens)
-        if self.stepper is not None and not self._images and ids.size:
+        if self.stepped and ids.size:
             return self.stepper.eval(self, ids, all_logits)  # through eval_windows, which keeps the books
         try:
             logits = self._eval(ids, all_logits)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from regolith.server.api_error import APIError
-from regolith.server.engine import Engine
+from regolith.server.engine import Engine, Job, Outbox, Piece
 from regolith.server.metrics import Metrics
 
 
@@ -62,6 +62,8 @@ class FakeGeneration:
 
 
 class FakeWindow:
+    stepped = False  # FakeGeneration never evaluates through the engine's scheduler
+
     def __init__(self):
         self.tokens: list[int] = []
         self.stepper = None
@@ -209,3 +211,59 @@ def test_a_full_queue_in_each_api_schema(path, status, body):
 
     response = error_response(APIError(503, "busy", kind="overloaded"), path)
     assert response.status_code == status and json.loads(response.body) == body
+
+
+def test_the_outbox_holds_pieces_for_the_next_step_in_order():
+    """Mid-generation pieces of a job whose window steps wait in the outbox until a flush (the scheduler's, as
+    a step starts); the last piece, the end and a job evaluating alone go at once, after what was held; every
+    job's events reach its loop in the order they were sent, from any thread."""
+    loop = asyncio.new_event_loop()
+
+    def delivered(job: Job) -> list[tuple[str, object]]:
+        loop.run_until_complete(asyncio.sleep(0))
+        out = []
+        while not job._events.empty():
+            out.append(job._events.get_nowait())
+        return out
+
+    try:
+        outbox = Outbox()
+        stepped, alone = FakeWindow(), FakeWindow()
+        stepped.stepped = True
+        a, b, c = (Job([[1]], {}, guide=None, deadline=time.monotonic() + 60, loop=loop) for _ in range(3))
+        for job, window in ((a, stepped), (b, stepped), (c, alone)):
+            job.outbox, job._window = outbox, window
+        a._send("piece", Piece(0, "a0"))
+        b._send("piece", Piece(0, "b0"))
+        assert delivered(a) == [] and delivered(b) == []
+        outbox.flush()
+        assert [p.text for _, p in delivered(a)] == ["a0"] and [p.text for _, p in delivered(b)] == ["b0"]
+
+        a._send("piece", Piece(0, "a1"))
+        a._send("piece", Piece(0, "", done=True))
+        a._send("end")
+        assert [(k, getattr(v, "text", None)) for k, v in delivered(a)] == [
+            ("piece", "a1"),
+            ("piece", ""),
+            ("end", None),
+        ]
+        b._send("piece", Piece(0, "b1"))
+        c._send("piece", Piece(0, "c0"))  # c's window evaluates alone: no step will flush for it
+        assert [p.text for _, p in delivered(c)] == ["c0"] and [p.text for _, p in delivered(b)] == ["b1"]
+
+        def send(job: Job, tag: str) -> None:
+            for i in range(200):
+                job._send("piece", Piece(0, f"{tag}{i}"))
+                if i % 7 == 0:
+                    outbox.flush()
+
+        threads = [threading.Thread(target=send, args=(job, tag)) for job, tag in ((a, "x"), (b, "y"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        outbox.flush()
+        assert [p.text for _, p in delivered(a)] == [f"x{i}" for i in range(200)]
+        assert [p.text for _, p in delivered(b)] == [f"y{i}" for i in range(200)]
+    finally:
+        loop.close()

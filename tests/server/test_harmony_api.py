@@ -111,7 +111,7 @@ class ScriptedModel(HarmonyModel):
         self.seen: list[tuple[str, object]] = []
 
     def window(self):
-        return SimpleNamespace(tokens=[], stepper=None)
+        return SimpleNamespace(tokens=[], stepper=None, stepped=False)
 
     def start(self, prompt, *, guide=None, max_tokens, **options):
         self.seen.append((self.tokenizer.decode(prompt), guide))

@@ -36,7 +36,12 @@ def test_a_long_prompt_goes_in_pieces_beside_decode_tokens():
     want_short += [alone_short.eval([int(t)], all_logits=False) for t in decode]
 
     steps: list[tuple[int, int]] = []
-    scheduler = StepScheduler(step_tokens=128, on_step=lambda seqs, toks, _: steps.append((seqs, toks)))
+    started: list[int] = []  # steps run when each step started
+    scheduler = StepScheduler(
+        step_tokens=128,
+        on_step=lambda seqs, toks, _: steps.append((seqs, toks)),
+        before_step=lambda: started.append(len(steps)),
+    )
     scheduler.start()
     long_w, short_w = model.window(512), model.window(512)
     long_w.stepper = short_w.stepper = scheduler
@@ -65,3 +70,4 @@ def test_a_long_prompt_goes_in_pieces_beside_decode_tokens():
     assert max(toks for _, toks in steps) <= 128 + 12  # a piece within the budget, plus short evaluations
     assert any(seqs == 2 for seqs, _ in steps)  # the prompt's pieces shared steps with the decode tokens
     assert sum(toks for _, toks in steps) == len(long_prompt) + len(short_prompt) + len(decode)
+    assert started == list(range(len(steps)))  # before_step before each step, once

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..model import Model
     from ..window import Window
 
-__all__ = ["Engine", "Job", "Piece", "choice_seed"]
+__all__ = ["Engine", "Job", "Outbox", "Piece", "choice_seed"]
 
 log = logging.getLogger("regolith.server")
 
@@ -55,6 +55,52 @@ class Piece:
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)
     done: bool = False
+
+
+class Outbox:
+    """Jobs' events from the worker threads, handed to their event loops in batches: at each :meth:`flush`, in
+    one ``call_soon_threadsafe`` per loop, in the order they were put.
+
+    The engine flushes as each batched step starts, so while the workers of a step's sequences sample their
+    next tokens (each holding the GIL in turn, the scheduler waiting for the last of them) the event loop does
+    not wake to stream the pieces between them: it streams them while the step runs, whose evaluation releases
+    the GIL. On a GPU, where a step of eight sequences of the demo model takes 2.6 ms, the workers' turns and
+    the loop's were 2 ms between steps.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[tuple[Job, str, Any]] = []
+
+    def put(self, job: Job, kind: str, value: Any, *, flush: bool = False) -> None:
+        """Hold ``job``'s event (``flush``: then hand over every held event)."""
+        with self._lock:
+            self._items.append((job, kind, value))
+            if flush:
+                self._flush_locked()
+
+    def flush(self) -> None:
+        """Hand every held event to its job's event loop."""
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        # Under the lock, so that two flushes cannot reach a loop out of order.
+        items, self._items = self._items, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, str, Any]]] = {}
+        for item in items:
+            by_loop.setdefault(item[0]._loop, []).append(item)
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:  # the event loop has closed: nobody is listening
+                for job, _, _ in batch:
+                    job.cancel()
+
+
+def _deliver(batch: list[tuple[Job, str, Any]]) -> None:
+    for job, kind, value in batch:
+        job._events.put_nowait((kind, value))
 
 
 class Job:
@@ -87,6 +133,8 @@ class Job:
         self._loop = loop
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._cancelled = threading.Event()
+        self.outbox: Outbox | None = None  # where its events go (None: straight to the event loop)
+        self._window: Window | None = None  # the window it runs on
 
     @property
     def generation(self) -> Generation | None:
@@ -102,6 +150,12 @@ class Job:
         return self._cancelled.is_set()
 
     def _send(self, kind: str, value: Any = None) -> None:
+        if self.outbox is not None:
+            # A piece in mid-generation waits for the next step, which the generation asks for next when its
+            # window's evaluations go through the scheduler; the last piece, the end and errors go at once.
+            held = kind == "piece" and not value.done and self._window is not None and self._window.stepped
+            self.outbox.put(self, kind, value, flush=not held)
+            return
         try:
             self._loop.call_soon_threadsafe(self._events.put_nowait, (kind, value))
         except RuntimeError:  # the event loop has closed: nobody is listening
@@ -118,6 +172,7 @@ class Job:
         suffix drafting alone, with a cost gate per worker); ``metrics`` records the time to first token and
         between tokens."""
         gen = None
+        self._window = window
         try:
             for p, prompt in enumerate(self.prompts):
                 shared = SharedPrompt() if self.n > 1 else None
@@ -215,7 +270,10 @@ class Engine:
         self.metrics = metrics
         self.max_queue = max_queue
         self.parallel = parallel
-        self.scheduler = StepScheduler(step_tokens=step_tokens, on_step=metrics.record_step)
+        self.outbox = Outbox()
+        self.scheduler = StepScheduler(
+            step_tokens=step_tokens, on_step=metrics.record_step, before_step=self.outbox.flush
+        )
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._waiting = 0
         self._lock = threading.Lock()
@@ -291,6 +349,7 @@ class Engine:
             deadline=time.monotonic() + timeout,
             loop=asyncio.get_running_loop(),
         )
+        job.outbox = self.outbox
         with self._lock:
             if self._waiting >= self.max_queue:
                 raise APIError(

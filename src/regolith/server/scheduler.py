@@ -68,7 +68,8 @@ def _piece(left: int, budget: int, *, progress: bool = False) -> int:
 
 class StepScheduler:
     """Gathers windows' evaluations into batched steps (the :class:`regolith.window.Stepper` of the server's
-    windows). ``on_step(sequences, tokens, seconds)`` is told of each step run."""
+    windows). ``before_step()`` is called as each step starts (its sequences all waiting), ``on_step(sequences,
+    tokens, seconds)`` once it has run."""
 
     def __init__(
         self,
@@ -76,12 +77,14 @@ class StepScheduler:
         step_tokens: int = STEP_TOKENS,
         linger: float = 0.002,
         on_step: Callable[[int, int, float], None] | None = None,
+        before_step: Callable[[], None] | None = None,
     ):
         if step_tokens < PIECE_ALIGN:
             raise ValueError(f"step_tokens must be at least {PIECE_ALIGN}, got {step_tokens}")
         self.step_tokens = step_tokens
         self.linger = linger
         self._on_step = on_step
+        self._before_step = before_step
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
         self._active = 0  # sequences running (each either waiting here or computing on the host)
@@ -148,6 +151,8 @@ class StepScheduler:
                         break
                     self._cond.wait(remaining)
                 batch = self._take()
+            if self._before_step is not None:
+                self._before_step()
             self._run(batch)
 
     def _take(self) -> list[tuple[_Request, int]]:
