@@ -518,8 +518,10 @@ def test_plan_for_device_routing_counts_a_layers_experts_in_the_scratch(tiny):
     # a prefill chunk copies one layer's records (n_expert slots) to the device, where the on-demand arena's
     # path batches the routed rows in the scratch instead
     staged = sizes.n_expert * sizes.slot_bytes
-    assert routed.scratch_bytes == sizes.scratch_bytes() + staged and staged > 0
-    assert on_demand.scratch_bytes == sizes.scratch_bytes(streamed=True) > sizes.scratch_bytes()
+    attention = sizes.attention_per_token * 64  # at the end of the context (n_ctx)
+    assert routed.scratch_bytes == sizes.scratch_bytes() + staged + attention and staged > 0
+    assert on_demand.scratch_bytes == sizes.scratch_bytes(streamed=True) + attention
+    assert sizes.scratch_bytes(streamed=True) > sizes.scratch_bytes()
     assert routed.device_bytes - on_demand.device_bytes == routed.scratch_bytes - on_demand.scratch_bytes
     assert "a layer's experts staged" in routed.render()
     with pytest.raises(MemoryPlanError, match="holds 32 of 64"):
@@ -533,9 +535,9 @@ def test_plan_for_a_gpu_sizes_the_arena_by_its_free_memory(tiny, packed):
     roomy = mp.plan_memory(sizes, n_ctx=64, overhead_bytes=1 << 20, device=("cuda", 1 << 40))
     assert not roomy.streaming
     assert (
-        roomy.device_bytes
-        == sizes.dense_bytes + sizes.expert_bytes + roomy.state_bytes + sizes.scratch_bytes()
+        roomy.device_bytes == sizes.dense_bytes + sizes.expert_bytes + roomy.state_bytes + roomy.scratch_bytes
     )
+    assert roomy.scratch_bytes == sizes.scratch_bytes() + sizes.attention_per_token * 64
     assert roomy.host_bytes == roomy.total_bytes - roomy.device_bytes > 0
     assert "VRAM" in roomy.render() and "free on cuda" in roomy.render()
     # a packed model streams: free memory whose 90% leaves room for 5.5 slots after the fixed parts (the

@@ -18,7 +18,7 @@
 namespace regolith::cpu {
 
 struct CpuBuffer final : BackendBuffer {
-    enum class Kind { Heap, Mapped, Wrapped, Opaque, OpaqueWeights };
+    enum class Kind { Heap, Pages, Mapped, Wrapped, Opaque, OpaqueWeights };
     uint8_t* data = nullptr;
     uint64_t bytes = 0;
     Kind kind = Kind::Heap;

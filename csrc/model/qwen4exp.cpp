@@ -462,6 +462,11 @@ void Qwen4ExpWindow::eval_parts(std::vector<Part>& parts) {
     }
     try {
         forward(parts);
+        // the draft heads' held hidden states, within MtpContext::kHeldRows (in the step's workspace)
+        Workspace& ws = parts.front().w->ws_;
+        for (Part& p : parts)
+            if (p.w->mtp_) p.w->mtp_->bound(ws, *p.w->model_.mtp_);
+        ws.reset();
     } catch (...) {
         // Layers before the failure have advanced their state: forget everything rather than continue
         // from a state that matches no token sequence.

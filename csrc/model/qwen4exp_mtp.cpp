@@ -128,16 +128,9 @@ MtpContext::MtpContext(Backend& b, const MtpHead& head, int64_t max_ctx_, uint32
     : be(&b), width(head.hidden()), max_ctx(max_ctx_), kv(head.new_state(b, max_ctx_, cache_type)) {}
 
 void MtpContext::append(const int32_t* ids, const Tensor& rows) {
-    const int64_t n0 = size(), n = rows.rows;
-    if (!hidden.buffer || hidden.t.rows < n0 + n) {
-        const int64_t cap = std::min(max_ctx, std::max({n0 + n, 2 * (hidden.buffer ? hidden.t.rows : 0), int64_t(64)}));
-        OwnedTensor grown(*be, RG_TYPE_F32, cap, width);
-        // rows below known_from are unknown and never read; a restored window may not have them
-        const int64_t keep = std::min(n0, hidden.buffer ? hidden.t.rows : int64_t(0));
-        if (keep > 0) be->copy(hidden.t.row_range(0, keep), grown.t.row_range(0, keep));
-        hidden = std::move(grown);
-    }
-    be->copy(rows, hidden.t.row_range(n0, n));
+    const int64_t held = size() - base, n = rows.rows;  // rows [0, held) hold tokens [base, size())
+    if (!hidden.buffer || hidden.t.rows < held + n) resize(std::max(held + n, kBufferRows), 0, held);
+    be->copy(rows, hidden.t.row_range(held, n));
     tokens.insert(tokens.end(), ids, ids + n);
 }
 
@@ -147,12 +140,39 @@ void MtpContext::truncate(int64_t n) {
     known_from = std::min(known_from, n);
     // pair i needs token i + 1: pairs below n - 1 stay
     kv.truncate(std::min(kv.size(), std::max<int64_t>(0, n - 1 - known_from)));
+    // the next pair needs its token's hidden state: let go, the head restarts after the kept tokens
+    if (known_from + kv.size() < base) forget(n);
 }
 
 void MtpContext::forget(int64_t n) {
     tokens.resize(size_t(n), 0);
     known_from = n;
     kv.truncate(0);
+    base = n;  // rows below are unknown and never read; the held ones are dropped
+}
+
+void MtpContext::bound(Workspace& ws, const MtpHead& head) {
+    if (lag() > kHeldRows) catch_up(ws, head);
+    // needed: the pairs not taken in (from known_from + kv.size()) and, for a truncation, kHeldRows back
+    const int64_t keep = std::max(known_from, std::min(known_from + kv.size(), size() - kHeldRows));
+    const int64_t drop = keep - base, held = size() - keep;
+    if (drop < kCompactRows) return;
+    if (hidden.t.rows > kBufferRows && held <= kBufferRows) {
+        resize(kBufferRows, drop, held);  // back from a long evaluation's size
+    } else {
+        // the kept rows to the start, in pieces no longer than the shift (no piece overlaps its target)
+        for (int64_t r = 0; r < held; r += drop) {
+            const int64_t rows = std::min(drop, held - r);
+            be->copy(hidden.t.row_range(drop + r, rows), hidden.t.row_range(r, rows));
+        }
+    }
+    base = keep;
+}
+
+void MtpContext::resize(int64_t rows, int64_t from, int64_t n) {
+    OwnedTensor to(*be, RG_TYPE_F32, std::min(max_ctx, rows), width);
+    if (n > 0) be->copy(hidden.t.row_range(from, n), to.t.row_range(0, n));
+    hidden = std::move(to);
 }
 
 int64_t MtpContext::catch_up(Workspace& ws, const MtpHead& head) {
@@ -164,7 +184,7 @@ int64_t MtpContext::catch_up(Workspace& ws, const MtpHead& head) {
         std::vector<int64_t> pos(static_cast<size_t>(rows));
         for (int64_t i = 0; i < rows; ++i) pos[size_t(i)] = from + i + 1;
         const Tensor o = ws.f32(rows, head.hidden());  // [rows][H], not read: the head's KV is what stays
-        head.forward(ws, hidden.t.row_range(from, rows), tokens.data() + from + 1, pos.data(), kv, o);
+        head.forward(ws, hidden.t.row_range(from - base, rows), tokens.data() + from + 1, pos.data(), kv, o);
     }
     return count;
 }
@@ -179,7 +199,7 @@ std::vector<int32_t> MtpContext::draft(Workspace& ws, const MtpHead& head, int32
     Workspace::Scope scope(ws);
     Tensor last = ws.f32(1, H);  // [1][H]
     const int64_t p0 = n_past;
-    head.forward(ws, hidden.t.row_range(n_past - 1, 1), &next, &p0, kv, last);
+    head.forward(ws, hidden.t.row_range(n_past - 1 - base, 1), &next, &p0, kv, last);
     for (int64_t k = 0; k < n; ++k) {
         if (k > 0) {
             const int64_t p = n_past + k;

@@ -87,11 +87,23 @@ struct MtpContext {
     // plan counts that): on the tiny MTP model, one evaluation of 1,199 pairs held 7.3 MB where the prompt's
     // 512-token chunks held 3.1 MB.
     static constexpr int64_t kCatchUpRows = 128;
+    // Final hidden states held for the head: after an evaluation (bound()) it takes in its pending pairs once
+    // more than this many wait, and the rows more than this many tokens back that it has taken in are let go,
+    // so a window holds 14 MiB of them at Flash-Next's width however long its context (every row, f32, was
+    // 1 GiB of a 128k-token window: 8 KiB a token). A truncation to within them keeps the head's context; one
+    // further back restarts the head after it (forget()).
+    static constexpr int64_t kHeldRows = 1024;
+    // Rows let go at a time (the rest move to the buffer's start).
+    static constexpr int64_t kCompactRows = 256;
+    // The buffer's rows: the held ones, those not yet let go and a 512-token prefill chunk's (the memory plan's
+    // MTP_BUFFER_ROWS). A longer evaluation grows it for a moment.
+    static constexpr int64_t kBufferRows = kHeldRows + kCompactRows + 512;
 
     Backend* be;
     int64_t width;                // hidden size
     int64_t max_ctx;
-    OwnedTensor hidden;           // [capacity][width]: rows [0, size()) hold the final hidden states
+    OwnedTensor hidden;           // [capacity][width]: row r holds token base + r's final hidden state
+    int64_t base = 0;             // the first token whose hidden state is held (rows below: let go or unknown)
     std::vector<int32_t> tokens;  // [n_past]
     int64_t known_from = 0;
     MtpCache kv;
@@ -101,6 +113,10 @@ struct MtpContext {
     void append(const int32_t* ids, const Tensor& rows);  // rows [n][width]
     void truncate(int64_t n);      // keep the first n tokens
     void forget(int64_t n);        // n tokens whose ids and hidden states are unknown (a restored state)
+    // After an evaluation: catch up when more than kHeldRows pairs wait, and let go of the rows no longer needed.
+    void bound(Workspace& ws, const MtpHead& head);
+    // A buffer of `rows` (at most max_ctx) holding the n rows from row `from` of the old one first.
+    void resize(int64_t rows, int64_t from, int64_t n);
     // Runs the head over the pairs the held tokens determine that it has not consumed (all but the last
     // token's, which needs the next token), kCatchUpRows at a time: what a draft does first. Returns how many.
     int64_t catch_up(Workspace& ws, const MtpHead& head);

@@ -56,7 +56,7 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
             sizes = plan_sizes(files, f.tensors, f.metadata, packed.manifest if packed else None, kv_type)
             contexts = args.ctx or [default_n_ctx(f.metadata.get(f"{arch}.context_length"))]
             _held = tokenizer_at_load(f.metadata)  # held while the process is measured, as a load holds it
-            overhead = memory_plan.process_rss()
+            overhead = memory_plan.runtime_overhead()
         plans = [
             memory_plan.plan_memory(
                 sizes,

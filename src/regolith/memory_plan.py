@@ -26,6 +26,10 @@ __all__ = [
 GIB = 1 << 30
 DIRECT_ALIGN = 4096
 PREFILL_CHUNK = 512  # tokens per evaluation in a prefill (generation.py)
+# The final hidden states a window's draft head holds (MtpContext::kBufferRows, csrc/model/qwen4exp_mtp.h):
+# up to kHeldRows (1,024) it has taken in or not (it takes in its pending pairs once more wait), kCompactRows
+# (256) not yet let go of and a prefill chunk's.
+MTP_BUFFER_ROWS = 1024 + 256 + PREFILL_CHUNK
 # routed experts' weights, what streams (gpt-oss' ffn_*_exps.bias stay resident with the dense tensors)
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 _PLE_TABLE = "per_layer_token_embd.weight"
@@ -38,6 +42,18 @@ def _align(n: int, a: int = DIRECT_ALIGN) -> int:
 def system_memory() -> int:
     """Bytes of physical memory."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# Library code a process first runs after loading a model (its first prefill and generation: the kernels,
+# the sampler, the draft paths), beside what it held at load: 4.8 MiB of shared-library pages for the demo
+# model and Qwen2.5-Coder alike, 3.7 MiB after a prefill alone for Gemma 3 (2,048 tokens, AVX-512 kernels).
+CODE_AFTER_LOAD_BYTES = 5 << 20
+
+
+def runtime_overhead() -> int:
+    """The plan's runtime row: this process's resident set now (interpreter, libraries, the metadata and the
+    tokenizer, measured before the weights load) and the library code its first evaluations add."""
+    return process_rss() + CODE_AFTER_LOAD_BYTES
 
 
 def process_rss() -> int:
@@ -84,9 +100,13 @@ class ModelSizes:
     dense_scratch: int = 0  # the dense engine's (gemma3, qwen2, qwen3(moe), gpt-oss): scratch_bytes
     streamed_scratch: int = 0  # qwen3moe, gpt-oss: what batching streamed experts on the host adds to it
     vision_bytes: int = 0  # the projector's weights (mmproj): the vision encoder, loaded for images
-    # the dense engine's, per context token: what attending over every key holds beside the workspace
-    # (_dense_attention_per_token)
+    # per context token, what evaluating at the end of the context holds beside the workspace and the state:
+    # attending over every key, and one state buffer twice while it moves into a larger one
+    # (_dense_attention_per_token; the hybrids' in _sizes)
     attention_per_token: int = 0
+    # the CPU backend's PLE convolution of a prefill chunk: its rows after the state's history, f32, beside the
+    # workspace (csrc/cpu/ple.cpp)
+    ple_conv_bytes: int = 0
 
     @property
     def expert_bytes(self) -> int:
@@ -134,7 +154,8 @@ class ModelSizes:
         estimate = max(4 * (streams + moe + 2 * self.vocab), SCRATCH_MIN_CHUNK)
         # streamed: the routed rows batched in the workspace (their input, gate, up and output, f32), which the
         # workspace's doubling chunks may hold twice over, and a first chunk (docs/streaming.md: Flash-Next)
-        return estimate + (2 * 4 * moe + SCRATCH_MIN_CHUNK if streamed else self.expert_batch_bytes)
+        routed = 2 * 4 * moe + SCRATCH_MIN_CHUNK if streamed else self.expert_batch_bytes
+        return estimate + routed + self.ple_conv_bytes
 
 
 # The Qwen hybrid family (Gated DeltaNet and attention layers, routed experts with a shared one) that
@@ -367,7 +388,8 @@ def _sizes(
             int(metadata[p + "block_count"]) - nextn,
         )
         recurrent = [i < n_main and (i + 1) % interval != 0 for i in range(n_layer)]
-    per_token = fixed = 0
+    per_token = fixed = attention = 0
+    layer_bytes = []  # per attention layer, its state's bytes per token
     n_qsa = sum(1 for r in recurrent if not r)
     if n_qsa:
         kvh, hd = int(metadata[p + "attention.head_count_kv"]), int(metadata[p + "attention.key_length"])
@@ -375,12 +397,19 @@ def _sizes(
         ratios = [int(r) for r in metadata.get(p + "attention.compress_ratios", [])]
         for layer, rec in enumerate(recurrent):
             if not rec and not hyper:  # keys and values
-                per_token += 2 * kvh * cache_row_bytes(kv_type, hd)
+                layer_bytes.append(2 * kvh * cache_row_bytes(kv_type, hd))
             elif not rec:
                 ratio = ratios[layer] if layer < len(ratios) and ratios[layer] > 0 else 1
                 # keys, values, raw indexer keys, 3-D (M-RoPE) positions; pooled indexer keys per complete block
                 key, index_key = cache_row_bytes(kv_type, hd), cache_row_bytes(kv_type, idx)
-                per_token += 2 * kvh * key + index_key + 3 * 8 + (index_key + ratio - 1) // ratio
+                layer_bytes.append(2 * kvh * key + index_key + 3 * 8 + (index_key + ratio - 1) // ratio)
+        per_token = sum(layer_bytes)
+        if not hyper:  # full attention over every key (qwen4exp's QSA attends over its selected blocks)
+            group = int(metadata[p + "attention.head_count"]) // kvh
+            attention = 4 * 32 * group + (2 * 4 * hd if kv_type in ("q8_0", "i8") else 0)
+    if mtp_bytes:
+        # MtpContext's held final hidden states (f32) for the head: at most MTP_BUFFER_ROWS rows
+        fixed += 4 * hidden * MTP_BUFFER_ROWS
     n_gdn = n_layer - n_qsa
     if n_gdn:
         k = int(metadata[p + "ssm.conv_kernel"])
@@ -389,9 +418,11 @@ def _sizes(
         conv_dim = 2 * nk * dk + inner
         fixed += n_gdn * 4 * ((k - 1) * conv_dim + nv * dk * (inner // nv))
     hc = int(metadata[p + "hyper_connection.count"]) if hyper else 1
+    ple_conv = 0
     for _ in metadata.get(p + "ple.layers", []):
-        n = int(metadata[p + "ple.ngram_size"])
-        fixed += 8 * (n - 1) + 4 * (int(metadata[p + "ple.conv_kernel"]) - 1) * n * hc * hidden
+        n, kernel = int(metadata[p + "ple.ngram_size"]), int(metadata[p + "ple.conv_kernel"])
+        fixed += 8 * (n - 1) + 4 * (kernel - 1) * n * hc * hidden
+        ple_conv = 4 * (PREFILL_CHUNK + kernel - 1) * hc * hidden
     vocab = tensors["token_embd.weight"].shape[0]
     return ModelSizes(
         architecture=arch,
@@ -412,6 +443,9 @@ def _sizes(
         ff_expert=int(metadata[p + "expert_feed_forward_length"]),
         mtp_bytes=mtp_bytes,
         mtp_experts=n_expert if mtp_bytes else 0,
+        # a buffer growing by doubling holds its old rows beside the new for a moment, one at a time
+        attention_per_token=attention + max(layer_bytes, default=0),
+        ple_conv_bytes=ple_conv,
         _parts=parts,
     )
 
@@ -532,7 +566,7 @@ class MemoryPlan:
         windows = "one window" if self.windows == 1 else f"{self.windows} windows (--parallel)"
         rows.append((f"KV / state at {self.n_ctx} tokens", self.state_bytes, windows))
         staged = ", a layer's experts staged" if self.routes_on_device else ""
-        keys = f", attention over {self.n_ctx} keys" if s.attention_per_token else ""
+        keys = ", attention over every key" if s.attention_per_token else ""
         rows.append(("scratch", self.scratch_bytes, f"prefill chunk of {PREFILL_CHUNK} tokens{keys}{staged}"))
         if s.ple_rows:
             rows.append(

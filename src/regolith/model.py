@@ -289,7 +289,7 @@ class Model:
         tokenizer = tokenizer_at_load(metadata)
         # what the process holds before the weights: interpreter, libraries, the metadata and the tokenizer
         # (Gemma 3's 262k-token vocabulary: 170 MiB)
-        overhead = _plan.process_rss()
+        overhead = _plan.runtime_overhead()
         kv_type = kv_type or _plan.default_kv_type(arch)
         sizes = plan_sizes(files, tensors, metadata, packed.manifest if packed else None, kv_type)
         ctx = int(n_ctx or default_n_ctx(metadata.get(f"{arch}.context_length")))

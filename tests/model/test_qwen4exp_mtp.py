@@ -220,19 +220,61 @@ def test_a_long_catch_up_runs_in_prefill_chunks_with_the_same_drafts(tiny):
     within what the prompt's evaluation held and the plan counts (one evaluation of all 1,199 held twice
     the plan); the drafts equal those of a head that took the pairs in 100 at a time."""
     path, ref = tiny
-    ids = np.random.default_rng(7).integers(3, ref.cfg.vocab_size, 1201)
+    ids = np.random.default_rng(7).integers(3, ref.cfg.vocab_size, 1001)
     model = regolith.Model.load(path)
-    at_once, by_hundreds = model.window(1300), model.window(1300)
-    for i in range(0, 1200, 400):  # as generation's prefill does, in chunks within 512
-        at_once.eval(ids[i : i + 400], all_logits=False)
-    for i in range(0, 1200, 100):
+    at_once, by_hundreds = model.window(1100), model.window(1100)
+    for i in range(0, 1000, 500):  # as generation's prefill does, in chunks of 512 at most
+        at_once.eval(ids[i : i + 500], all_logits=False)
+    for i in range(0, 1000, 100):
         by_hundreds.eval(ids[i : i + 100], all_logits=False)
         assert by_hundreds.catch_up_draft_head() == (99 if i == 0 else 100)
-    assert at_once.draft_head_lag == 1199
-    nxt = int(ids[1200])
+    assert at_once.draft_head_lag == 999  # within the 1,024 pairs a window leaves for its first draft
+    nxt = int(ids[1000])
     assert at_once.draft(nxt, 4) == by_hundreds.draft(nxt, 4)
     assert at_once.draft_head_lag == 0
     assert at_once._w.scratch_peak_bytes <= model.plan.sizes.scratch_bytes()
+
+
+HELD = 1024  # MtpContext::kHeldRows
+
+
+def test_a_long_context_holds_a_bounded_number_of_hidden_states(tiny):
+    """A window holds its draft head's pending pairs up to MtpContext::kHeldRows (1,024): past that an
+    evaluation takes them in, so its hidden states stay within the plan's MTP_BUFFER_ROWS however long the
+    context; the drafts equal those of a head caught up after every chunk. A cut of its attention
+    (``truncate_attention``, suffix cache reuse's) to within the held rows keeps the head's context (the same
+    drafts as a window that never went further); one further back restarts the head after the kept tokens
+    (its pairs before them are not taken in again)."""
+    from regolith import memory_plan
+
+    path, ref = tiny
+    n = 3 * HELD
+    ids = np.random.default_rng(8).integers(3, ref.cfg.vocab_size, n + 2)
+    model = regolith.Model.load(path)
+    lazy, eager = model.window(n + 64), model.window(n + 64)
+    for i in range(0, n, 512):
+        lazy.eval(ids[i : i + 512], all_logits=False)
+        eager.eval(ids[i : i + 512], all_logits=False)
+        eager.catch_up_draft_head()
+        assert lazy.draft_head_lag <= HELD
+    assert lazy.draft_head_lag < min(n - 1, HELD)  # it took pairs in during the prompt
+    nxt = int(ids[n])
+    assert lazy.draft(nxt, 4) == eager.draft(nxt, 4)
+    assert memory_plan.MTP_BUFFER_ROWS >= HELD + 256 + 512
+
+    # within the held rows: the head keeps its context
+    short = model.window(n + 64)
+    for i in range(0, n - 100, 512):
+        short.eval(ids[i : min(i + 512, n - 100)], all_logits=False)
+    lazy.truncate_attention(n - 100)
+    nxt = int(ids[n - 100])
+    assert lazy.draft(nxt, 4) == short.draft(nxt, 4)
+    # further back: the head restarts after the kept tokens, and takes in only what follows them
+    lazy.truncate_attention(n - 2 * HELD)
+    assert lazy.draft_head_lag == 0
+    lazy.eval(ids[n - 2 * HELD : n - 2 * HELD + 10], all_logits=False)
+    assert lazy.draft_head_lag == 9
+    assert len(lazy.draft(int(ids[n - 2 * HELD + 10]), 4)) == 4
 
 
 def test_gguf_without_nextn_tensors_has_no_mtp(tmp_path):
