@@ -152,7 +152,12 @@ void MtpContext::forget(int64_t n) {
 }
 
 void MtpContext::bound(Workspace& ws, const MtpHead& head) {
-    if (lag() > kHeldRows) catch_up(ws, head);
+    if (lag() > kHeldRows) {
+        if (kv.size() == 0)
+            known_from = size() - 1 - kHeldRows;  // nothing taken in yet: the first draft gets the latest pairs
+        else
+            catch_up(ws, head);  // a head in use takes them in now rather than at its next draft
+    }
     // needed: the pairs not taken in (from known_from + kv.size()) and, for a truncation, kHeldRows back
     const int64_t keep = std::max(known_from, std::min(known_from + kv.size(), size() - kHeldRows));
     const int64_t drop = keep - base, held = size() - keep;

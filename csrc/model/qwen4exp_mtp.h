@@ -87,11 +87,13 @@ struct MtpContext {
     // plan counts that): on the tiny MTP model, one evaluation of 1,199 pairs held 7.3 MB where the prompt's
     // 512-token chunks held 3.1 MB.
     static constexpr int64_t kCatchUpRows = 128;
-    // Final hidden states held for the head: after an evaluation (bound()) it takes in its pending pairs once
-    // more than this many wait, and the rows more than this many tokens back that it has taken in are let go,
-    // so a window holds 14 MiB of them at Flash-Next's width however long its context (every row, f32, was
-    // 1 GiB of a 128k-token window: 8 KiB a token). A truncation to within them keeps the head's context; one
-    // further back restarts the head after it (forget()).
+    // Final hidden states held for the head: after an evaluation (bound()), once more than this many pairs
+    // wait, a head that has taken pairs in takes them in then, and one that has taken none in (it has not
+    // drafted) keeps only the latest this many for its first draft, costing nothing while nothing drafts; the
+    // rows more than this many tokens back that it has taken in are let go. So a window holds 14 MiB of them
+    // at Flash-Next's width however long its context (every row, f32, was 1 GiB of a 128k-token window: 8 KiB
+    // a token). A truncation to within them keeps the head's context; one further back restarts the head after
+    // it (forget()).
     static constexpr int64_t kHeldRows = 1024;
     // Rows let go at a time (the rest move to the buffer's start).
     static constexpr int64_t kCompactRows = 256;
@@ -113,7 +115,8 @@ struct MtpContext {
     void append(const int32_t* ids, const Tensor& rows);  // rows [n][width]
     void truncate(int64_t n);      // keep the first n tokens
     void forget(int64_t n);        // n tokens whose ids and hidden states are unknown (a restored state)
-    // After an evaluation: catch up when more than kHeldRows pairs wait, and let go of the rows no longer needed.
+    // After an evaluation: when more than kHeldRows pairs wait, take them in (or, with none taken in yet, drop
+    // the oldest), and let go of the rows no longer needed.
     void bound(Workspace& ws, const MtpHead& head);
     // A buffer of `rows` (at most max_ctx) holding the n rows from row `from` of the old one first.
     void resize(int64_t rows, int64_t from, int64_t n);

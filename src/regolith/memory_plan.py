@@ -27,7 +27,7 @@ GIB = 1 << 30
 DIRECT_ALIGN = 4096
 PREFILL_CHUNK = 512  # tokens per evaluation in a prefill (generation.py)
 # The final hidden states a window's draft head holds (MtpContext::kBufferRows, csrc/model/qwen4exp_mtp.h):
-# up to kHeldRows (1,024) it has taken in or not (it takes in its pending pairs once more wait), kCompactRows
+# up to kHeldRows (1,024) it has taken in or not (past that it takes them in, or keeps the latest), kCompactRows
 # (256) not yet let go of and a prefill chunk's.
 MTP_BUFFER_ROWS = 1024 + 256 + PREFILL_CHUNK
 # routed experts' weights, what streams (gpt-oss' ffn_*_exps.bias stay resident with the dense tensors)

@@ -239,9 +239,10 @@ HELD = 1024  # MtpContext::kHeldRows
 
 
 def test_a_long_context_holds_a_bounded_number_of_hidden_states(tiny):
-    """A window holds its draft head's pending pairs up to MtpContext::kHeldRows (1,024): past that an
-    evaluation takes them in, so its hidden states stay within the plan's MTP_BUFFER_ROWS however long the
-    context; the drafts equal those of a head caught up after every chunk. A cut of its attention
+    """A window holds its draft head's pending pairs up to MtpContext::kHeldRows (1,024), so its hidden states
+    stay within the plan's MTP_BUFFER_ROWS however long the context: a head that has taken nothing in (it has
+    not drafted) keeps the latest 1,024 pairs for its first draft, and one in use takes them in during the
+    evaluation, drafting what a head caught up after every chunk drafts. A cut of its attention
     (``truncate_attention``, suffix cache reuse's) to within the held rows keeps the head's context (the same
     drafts as a window that never went further); one further back restarts the head after the kept tokens
     (its pairs before them are not taken in again)."""
@@ -249,32 +250,37 @@ def test_a_long_context_holds_a_bounded_number_of_hidden_states(tiny):
 
     path, ref = tiny
     n = 3 * HELD
-    ids = np.random.default_rng(8).integers(3, ref.cfg.vocab_size, n + 2)
+    ids = np.random.default_rng(8).integers(3, ref.cfg.vocab_size, 2 * n + 2)
     model = regolith.Model.load(path)
-    lazy, eager = model.window(n + 64), model.window(n + 64)
-    for i in range(0, n, 512):
+    assert memory_plan.MTP_BUFFER_ROWS >= HELD + 256 + 512
+    lazy, eager = model.window(2 * n + 64), model.window(2 * n + 64)
+    for w in (lazy, eager):
+        for i in range(0, n, 512):
+            w.eval(ids[i : i + 512], all_logits=False)
+            assert w.draft_head_lag <= HELD
+        assert w.draft_head_lag == HELD  # nothing drafted: the latest pairs wait for the first draft
+        assert len(w.draft(int(ids[n]), 4)) == 4  # the head is in use from now on
+    for i in range(n, 2 * n, 512):
         lazy.eval(ids[i : i + 512], all_logits=False)
+        assert lazy.draft_head_lag <= HELD  # taken in during the evaluation past 1,024
         eager.eval(ids[i : i + 512], all_logits=False)
         eager.catch_up_draft_head()
-        assert lazy.draft_head_lag <= HELD
-    assert lazy.draft_head_lag < min(n - 1, HELD)  # it took pairs in during the prompt
-    nxt = int(ids[n])
+    nxt = int(ids[2 * n])
     assert lazy.draft(nxt, 4) == eager.draft(nxt, 4)
-    assert memory_plan.MTP_BUFFER_ROWS >= HELD + 256 + 512
 
     # within the held rows: the head keeps its context
-    short = model.window(n + 64)
-    for i in range(0, n - 100, 512):
-        short.eval(ids[i : min(i + 512, n - 100)], all_logits=False)
-    lazy.truncate_attention(n - 100)
-    nxt = int(ids[n - 100])
-    assert lazy.draft(nxt, 4) == short.draft(nxt, 4)
+    cut = 2 * n - 100
+    for w in (lazy, eager):
+        w.truncate_attention(cut)
+        w.eval(ids[cut : cut + 10], all_logits=False)
+        assert w.draft_head_lag == 10  # from the pair of the last kept token on: its hidden state was held
+    assert lazy.draft(int(ids[cut + 10]), 4) == eager.draft(int(ids[cut + 10]), 4)
     # further back: the head restarts after the kept tokens, and takes in only what follows them
-    lazy.truncate_attention(n - 2 * HELD)
+    lazy.truncate_attention(cut - 2 * HELD)
     assert lazy.draft_head_lag == 0
-    lazy.eval(ids[n - 2 * HELD : n - 2 * HELD + 10], all_logits=False)
+    lazy.eval(ids[cut - 2 * HELD : cut - 2 * HELD + 10], all_logits=False)
     assert lazy.draft_head_lag == 9
-    assert len(lazy.draft(int(ids[n - 2 * HELD + 10]), 4)) == 4
+    assert len(lazy.draft(int(ids[cut - 2 * HELD + 10]), 4)) == 4
 
 
 def test_gguf_without_nextn_tensors_has_no_mtp(tmp_path):
