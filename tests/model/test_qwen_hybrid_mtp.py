@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import regolith
-from regolith import _core
+from regolith import _core, memory_plan
 from regolith.speculative import Speculation
 from tests.dense_models import (
     qwen3next_mtp_weights,
@@ -130,7 +130,10 @@ def test_the_head_loads_and_the_window_drafts(tiny):
     )
     recurrent = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
     assert sizes.state_per_token == n_attn * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
-    assert sizes.state_fixed == n_gdn * 4 * ((cfg.linear_conv_kernel_dim - 1) * conv + recurrent)
+    # fixed: the Gated DeltaNet layers' conv and recurrent states, and the final hidden states (f32) the
+    # draft head holds (MtpContext::kBufferRows)
+    held = 4 * cfg.hidden_size * memory_plan.MTP_BUFFER_ROWS
+    assert sizes.state_fixed == n_gdn * 4 * ((cfg.linear_conv_kernel_dim - 1) * conv + recurrent) + held
 
 
 def test_mtp_head_matches_torch_reference(tiny):
@@ -178,14 +181,13 @@ def test_window_draft_follows_the_reference_chain(tiny):
 def test_mtp_speculation_is_token_identical_while_streaming(tiny, tmp_path):
     """The head's experts stream through the arena with the main layers' (from a pack too); greedy decoding
     with MTP drafts gives plain decoding's tokens."""
-    from regolith import memory_plan as mp
     from regolith import pack as pk
 
     path, _ = tiny
     packed = pk.pack(path, tmp_path / "mtp.pack")
     src = pk.open_packed(packed)
     with regolith.gguf.open(src.dense) as f:
-        slot = mp.sizes_from_gguf(f.tensors, f.metadata, src.manifest).slot_bytes
+        slot = memory_plan.sizes_from_gguf(f.tensors, f.metadata, src.manifest).slot_bytes
     model = regolith.Model.load(packed, arena_gb=5 * slot / 2**30, lock_memory=False, n_ctx=256)
     assert model._window is None and model.window(8).has_draft_head
     prompt = [int(t) for t in np.random.default_rng(8).integers(3, 300, 12)]
