@@ -53,7 +53,7 @@ def test_opaque_backend_is_bit_identical_to_the_cpu():
 def test_every_op_of_the_interface_has_cases():
     ops = {r["op"] for r in check.check("cpu-opaque")}
     interface = {
-        "matmul", "copy", "get_rows", "gather_rows", "top_k", "rms_norm", "rms_norm_gated", "layer_norm",
+        "matmul", "copy", "import_host", "get_rows", "gather_rows", "top_k", "rms_norm", "rms_norm_gated", "layer_norm",
         "rope", "unary", "glu", "add", "hc_mix", "hc_write", "ssm_conv", "gdn_prepare", "gdn_scan", "qsa_pool",
         "qsa_select", "qsa_attend", "attention", "moe_route", "moe_experts", "moe_combine", "ple_gate", "ple_conv",
         "add_interpolated", "vision_qkv", "softmax_scaled", "store_rows",

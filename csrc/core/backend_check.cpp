@@ -427,6 +427,22 @@ void add_vision_cases(std::vector<Case>& cs) {
                   }});
 }
 
+// Appended last: a case's inputs are seeded by its index, so new cases leave the others' as they were.
+void add_lifetime_cases(std::vector<Case>& cs) {
+    // A backend that wraps imported memory (a mapped GGUF) instead of copying it must be done reading it when
+    // free returns: the model unmaps its files right after freeing their buffers.
+    cs.push_back({"import_host", "freed before its reader ran, then overwritten", kExact, [](Run& r) {
+                      std::vector<float> host = r.floats(7 * 33);
+                      const Tensor out = r.zeros(RG_TYPE_F32, 7, 33);
+                      {
+                          const Buffer imported = Buffer::import(r.be(), host.data(), 4 * host.size());
+                          r.be().copy(imported.tensor(RG_TYPE_F32, 7, 33), out);
+                      }
+                      std::fill(host.begin(), host.end(), 0.0f);
+                      r.out(out);
+                  }});
+}
+
 std::vector<Case> all_cases() {
     std::vector<Case> cs;
     add_memory_cases(cs);
@@ -442,6 +458,7 @@ std::vector<Case> all_cases() {
     add_moe_cases(cs);
     add_ple_cases(cs);
     add_vision_cases(cs);
+    add_lifetime_cases(cs);
     return cs;
 }
 

@@ -62,6 +62,9 @@ class Device {
     // Waits until the command buffers up to `serial` have completed; rethrows a command buffer's error as an
     // Error. May be called from any thread.
     virtual void wait(uint64_t serial) = 0;
+    // Waits as wait() does but leaves a command buffer's error for the next wait (for callers that cannot
+    // throw: freeing a buffer, the device going away).
+    virtual void finish(uint64_t serial) = 0;
     virtual uint64_t completed() = 0;
     // Before the device goes away (the backend's destructor): afterwards no command buffer reads or writes
     // memory. The GPU finishes what it was given; the emulator drops what has not started (nobody can read

@@ -79,6 +79,7 @@ BackendBuffer* MetalBackend::import_host(const void* data, uint64_t bytes) {
     const uintptr_t end = (at + std::max<uint64_t>(bytes, 1) + page_size() - 1) / page_size() * page_size();
     b->device = device_->wrap(reinterpret_cast<void*>(start), end - start);
     if (b->device) {
+        b->borrowed = true;
         b->base = at - start;
         device_->make_resident(b->device);
     } else {
@@ -98,7 +99,18 @@ void MetalBackend::release(MetalBuffer* b) {
 void MetalBackend::free(BackendBuffer* buffer) {
     if (!buffer) return;
     auto* b = static_cast<MetalBuffer*>(buffer);
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (b->borrowed) {
+        // The memory is the caller's (a mapped file, unmapped once this returns): the dispatches that read it
+        // run to completion first.
+        const uint64_t serial = last_commit_ = device_->commit();
+        lock.unlock();
+        device_->finish(serial);
+        lock.lock();
+        release(b);
+        retire_locked(device_->completed());
+        return;
+    }
     // Dispatches encoded since the last commit, or committed and not yet complete, may still use it.
     retired_.push_back({b, last_commit_ + 1});
     retire_locked(device_->completed());

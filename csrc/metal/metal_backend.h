@@ -28,6 +28,7 @@ struct MetalBuffer final : BackendBuffer {
     uint64_t bytes = 0;
     uint8_t* host = nullptr;  // byte 0, as host memory
     void* mapping = nullptr;  // an arena's pages, unmapped with the buffer
+    bool borrowed = false;    // wraps the caller's memory (import_host): free waits for the work reading it
     uint64_t mapping_bytes = 0;
 };
 

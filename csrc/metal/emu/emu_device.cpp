@@ -138,6 +138,28 @@ class EmuDevice final : public metal::Device {
 
     void wait(uint64_t serial) override {
         std::lock_guard<std::mutex> run_lock(run_mu_);
+        run_until(serial);
+        if (error_) {
+            std::exception_ptr e = error_;
+            error_ = nullptr;
+            std::rethrow_exception(e);
+        }
+    }
+
+    void finish(uint64_t serial) override {
+        std::lock_guard<std::mutex> run_lock(run_mu_);
+        run_until(serial);
+    }
+
+    uint64_t completed() override {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        return completed_;
+    }
+
+  private:
+    // Runs the committed command buffers up to `serial` on this thread (run_mu_ held), keeping the first
+    // failure in error_.
+    void run_until(uint64_t serial) {
         for (;;) {
             CommandBuffer cb;
             {
@@ -156,19 +178,8 @@ class EmuDevice final : public metal::Device {
             std::lock_guard<std::mutex> lock(queue_mu_);
             completed_ = cb.serial;
         }
-        if (error_) {
-            std::exception_ptr e = error_;
-            error_ = nullptr;
-            std::rethrow_exception(e);
-        }
     }
 
-    uint64_t completed() override {
-        std::lock_guard<std::mutex> lock(queue_mu_);
-        return completed_;
-    }
-
-  private:
     CommandBuffer current_;  // being encoded (the backend serialises encoders)
     std::mutex queue_mu_;    // the queue, the serials
     std::mutex run_mu_;      // command buffers run one at a time, in order
