@@ -46,7 +46,7 @@ import regolith
 from benchmarks import synthetic_qwen4exp
 from benchmarks.bench_stream import disk_bandwidth, drop_page_cache, expert_layout
 from regolith import gguf as rgguf
-from regolith import memory_plan
+from regolith import model_sizes
 
 GiB = 2**30
 
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     arena_gb = args.arena_fraction * lay["total"] / GiB
     arena = f"arena {arena_gb:.1f} GiB ({args.arena_fraction:.0%} of experts)"
     with rgguf.open(path) as f:  # a host tier of every record, as the arena lays them out (slots)
-        sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, None)
+        sizes = model_sizes.sizes_from_gguf(f.tensors, f.metadata, None)
     tier = 1.001 * sizes.slot_bytes * sizes.n_experts_total / GiB
 
     def resident():

@@ -170,12 +170,12 @@ def _image(h: int, w: int, seed: int):
 
 def _arena_gb(path: Path, slots: int) -> float:
     """arena_gb holding ``slots`` expert slots of this model (a GGUF or a packed directory)."""
-    from regolith import memory_plan as mp
+    from regolith import model_sizes
     from regolith import pack as pk
 
     packed = pk.open_packed(path) if pk.is_packed(path) else None
     with regolith.gguf.open(packed.dense if packed else path) as f:
-        sizes = mp.sizes_from_gguf(f.tensors, f.metadata, packed.manifest if packed else None)
+        sizes = model_sizes.sizes_from_gguf(f.tensors, f.metadata, packed.manifest if packed else None)
     return slots * sizes.slot_bytes / 2**30
 
 

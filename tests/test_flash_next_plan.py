@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
 import regolith
-from regolith import memory_plan
+from regolith import memory_plan, model_sizes
 from regolith.models import resolve_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -66,7 +66,7 @@ def test_plan_sizes_match_the_files_tensor_infos(bundle):
     with regolith.gguf.open(files.mtp) as mtp:  # gguf-py 0.19 does not know Q2_0 (type 42)
         mtp_tensors = list(mtp.tensors.values())
     with regolith.gguf.open(files.model, side_files=files.side_files) as f:
-        sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, None)
+        sizes = model_sizes.sizes_from_gguf(f.tensors, f.metadata, None)
         assert len(f.tensors) == len(infos) + len(mtp_tensors)
     experts = [t for t in infos if EXPERT.search(t.name)]
     assert len(experts) == 48 * 3 and {t.tensor_type.name for t in experts} == {"IQ2_XS"}
@@ -93,7 +93,7 @@ def test_plan_sizes_match_the_files_tensor_infos(bundle):
     stored = {t.name for t in as_stored}
     converted = sum(4 * int(t.n_elements) for t in projector.tensors if t.name not in stored)
     with regolith.gguf.open(files.mmproj) as f:
-        planned = memory_plan.vision_bytes(f.tensors, f.metadata, str(files.mmproj))
+        planned = model_sizes.vision_bytes(f.tensors, f.metadata, str(files.mmproj))
     assert planned == sum(int(t.n_bytes) for t in as_stored) + converted + 4 * hd
 
 
@@ -136,7 +136,7 @@ def test_inspect_plan_prints_the_24gb_table(bundle):
     assert total.startswith("total") and total.endswith(f"of a {CAP_GB} GiB budget")
     files = resolve_files(bundle)
     with regolith.gguf.open(files.model, side_files=files.side_files) as f:
-        sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, None)
+        sizes = model_sizes.sizes_from_gguf(f.tensors, f.metadata, None)
     plans = [
         memory_plan.plan_memory(sizes, n_ctx=n, memory_gb=CAP_GB, arena_gb=6.5, overhead_bytes=0)
         for n in (32768, 65536, 131072)
@@ -157,13 +157,13 @@ def test_an_8_bit_cache_plans_128k_within_the_seeds_context_state(bundle):
     files = resolve_files(bundle)
     with regolith.gguf.open(files.model, side_files=files.side_files) as f:
         state = {
-            kv: memory_plan.sizes_from_gguf(f.tensors, f.metadata, None, kv).state_bytes(131072)
+            kv: model_sizes.sizes_from_gguf(f.tensors, f.metadata, None, kv).state_bytes(131072)
             for kv in ("f32", "q8_0", "i8")
         }
     assert state["i8"] < state["q8_0"] <= 2.23e9 < state["f32"] / 3.5
     # per token and QSA cache (the 12 layers' and the MTP head's), the default i8 within the seed's 14.2 KiB for
     # its 12 layers
     with regolith.gguf.open(files.model, side_files=files.side_files) as f:
-        i8 = memory_plan.sizes_from_gguf(f.tensors, f.metadata, None, "i8")
-        assert memory_plan.default_kv_type(f.architecture) == "i8"
+        i8 = model_sizes.sizes_from_gguf(f.tensors, f.metadata, None, "i8")
+        assert model_sizes.default_kv_type(f.architecture) == "i8"
     assert i8.state_per_token / 13 <= 14.2 * 1024 / 12

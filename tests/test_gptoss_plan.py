@@ -22,7 +22,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 import regolith
-from regolith import memory_plan
+from regolith import memory_plan, model_sizes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import synthetic_gptoss as synthetic
@@ -45,9 +45,9 @@ def models(tmp_path_factory) -> dict[str, tuple[Path, list]]:
     }
 
 
-def _sizes(path: Path) -> memory_plan.ModelSizes:
+def _sizes(path: Path) -> model_sizes.ModelSizes:
     with regolith.gguf.open(path) as f:
-        return memory_plan.sizes_from_gguf(f.tensors, f.metadata, None, "f16")
+        return model_sizes.sizes_from_gguf(f.tensors, f.metadata, None, "f16")
 
 
 def _expected_dense(cfg: dict) -> int:
@@ -111,7 +111,7 @@ def test_plan_sizes_match_the_files_tensor_infos(models, name):
 
 
 def _expected_scratch(cfg: dict, streamed: bool, n_ctx: int) -> int:
-    """The plan's scratch from the shapes (memory_plan._dense_scratch's account of DenseWindow::forward): per
+    """The plan's scratch from the shapes (model_sizes._dense_scratch's account of DenseWindow::forward): per
     token of a 512-token chunk the residual, its norm and the attention output [H] x 3, queries and attention
     [heads x 64] x 2, keys and values [8 x 64] x 2, two rope tables [64], router logits [E], weights and ids
     [4], positions and token id; the largest tensor once more and the logits row, all twice over (the

@@ -22,7 +22,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 import regolith
-from regolith import memory_plan
+from regolith import memory_plan, model_sizes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import synthetic_qwen35moe as synthetic
@@ -45,9 +45,9 @@ def models(tmp_path_factory) -> dict[str, tuple[Path, list]]:
     }
 
 
-def _sizes(path: Path) -> memory_plan.ModelSizes:
+def _sizes(path: Path) -> model_sizes.ModelSizes:
     with regolith.gguf.open(path) as f:
-        return memory_plan.sizes_from_gguf(f.tensors, f.metadata, None, "f16")
+        return model_sizes.sizes_from_gguf(f.tensors, f.metadata, None, "f16")
 
 
 def _more_bits(layer: int, n: int) -> bool:

@@ -17,7 +17,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 import regolith
-from regolith import memory_plan
+from regolith import memory_plan, model_sizes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import synthetic_qwen3moe as synthetic
@@ -43,7 +43,7 @@ def test_plan_sizes_match_the_files_tensor_infos(models, name):
     nbytes = {t.name: int(t.n_bytes) for t in reader.tensors}
     assert nbytes == {s.name: s.nbytes for s in specs}
     with regolith.gguf.open(path) as f:
-        sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, None, "f16")
+        sizes = model_sizes.sizes_from_gguf(f.tensors, f.metadata, None, "f16")
     experts = sum(n for k, n in nbytes.items() if k.endswith("_exps.weight"))
     assert sizes.expert_bytes == experts and sizes.dense_bytes == sum(nbytes.values()) - experts
     cfg = MODELS[name]
@@ -91,7 +91,7 @@ def test_inspect_plan_streams_what_does_not_fit_a_24gb_machine(models, name, are
     ]
     assert total.startswith("total") and total.endswith(f"of a {CAP_GB} GiB budget")
     with regolith.gguf.open(path) as f:
-        sizes = memory_plan.sizes_from_gguf(f.tensors, f.metadata, None, "f16")
+        sizes = model_sizes.sizes_from_gguf(f.tensors, f.metadata, None, "f16")
     plan = memory_plan.plan_memory(sizes, n_ctx=ctx, memory_gb=CAP_GB, arena_gb=arena_gb, overhead_bytes=0)
     assert (
         plan.total_bytes <= CAP_GB * 2**30 and plan.arena_slots == int(arena_gb * 2**30) // sizes.slot_bytes

@@ -25,7 +25,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 import regolith
-from regolith import MemoryPlanError, ModelFormatError, _core
+from regolith import MemoryPlanError, ModelFormatError, _core, model_sizes
 from regolith import memory_plan as mp
 from regolith import pack as pk
 
@@ -59,7 +59,7 @@ def _arena_gb(path: Path, slots: int) -> float:
     """arena_gb holding exactly ``slots`` slots of this model."""
     with regolith.gguf.open(pk.open_packed(path).dense if pk.is_packed(path) else path) as f:
         manifest = pk.open_packed(path).manifest if pk.is_packed(path) else None
-        sizes = mp.sizes_from_gguf(f.tensors, f.metadata, manifest)
+        sizes = model_sizes.sizes_from_gguf(f.tensors, f.metadata, manifest)
     return slots * sizes.slot_bytes / 2**30
 
 
@@ -582,6 +582,7 @@ RSS_SCRIPT = textwrap.dedent(
     import numpy as np
     import regolith
     from regolith import memory_plan as mp
+    from regolith import model_sizes
     regolith.backends.device_memory(regolith.backends.resolve(None))  # a GPU's driver state: before the baseline
     before = mp.process_rss()
     model = regolith.Model.load(sys.argv[1], n_ctx=64, arena_gb=float(sys.argv[2]))

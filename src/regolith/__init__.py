@@ -1,6 +1,6 @@
 """regolith: run huge sparse Mixture-of-Experts language models on machines far smaller than the model."""
 
-from . import antislop, gguf, memory_plan, models, pack, prompt_cache, quant, sampling, state
+from . import antislop, gguf, memory_plan, model_sizes, models, pack, prompt_cache, quant, sampling, state
 from .chat import ChatTemplate, ChatTemplateError
 from .errors import (
     ContextOverflowError,
@@ -48,6 +48,7 @@ __all__ = [
     "eval_windows",
     "gguf",
     "memory_plan",
+    "model_sizes",
     "models",
     "pack",
     "prompt_cache",

@@ -33,7 +33,7 @@ def _scalar_str(v: Any) -> str:
 def inspect_command(args: argparse.Namespace, console: Console) -> int:
     """`regolith inspect`: the summary, hyper-parameters and tensor types of a GGUF file or packed model, or
     with --plan the memory plan a load would make; returns the exit status."""
-    from . import memory_plan
+    from . import memory_plan, model_sizes
     from .model import default_n_ctx, plan_sizes, tokenizer_at_load
     from .pack import is_packed, open_packed
 
@@ -52,7 +52,7 @@ def inspect_command(args: argparse.Namespace, console: Console) -> int:
         dev = backends.device_memory(args.backend)  # a GPU backend: its parts against its free memory
         with _gguf.open(path, side_files=side) as f:
             arch = f.architecture or ""
-            kv_type = args.kv_type or memory_plan.default_kv_type(arch)
+            kv_type = args.kv_type or model_sizes.default_kv_type(arch)
             sizes = plan_sizes(files, f.tensors, f.metadata, packed.manifest if packed else None, kv_type)
             contexts = args.ctx or [default_n_ctx(f.metadata.get(f"{arch}.context_length"))]
             _held = tokenizer_at_load(f.metadata)  # held while the process is measured, as a load holds it

@@ -20,6 +20,7 @@ from . import _core
 from . import backends as _backends
 from . import gguf as _gguf
 from . import memory_plan as _plan
+from . import model_sizes as _sizes
 from . import pack as _pack
 from . import state as _state
 from .antislop import SlopList, SlopMatcher
@@ -51,14 +52,14 @@ def plan_sizes(
     metadata: dict[str, Any],
     manifest: dict[str, Any] | None,
     kv_type: str,
-) -> _plan.ModelSizes:
+) -> _sizes.ModelSizes:
     """The sizes the memory plan takes for ``files``: the model's parts from its tensors and metadata (and a
     packed model's manifest), with the vision encoder's weights when a projector is among the files."""
-    sizes = _plan.sizes_from_gguf(tensors, metadata, manifest, kv_type)
+    sizes = _sizes.sizes_from_gguf(tensors, metadata, manifest, kv_type)
     if files.mmproj is None:
         return sizes
     with _gguf.open(files.mmproj) as v:
-        vision = _plan.vision_bytes(v.tensors, v.metadata, os.fspath(files.mmproj))
+        vision = _sizes.vision_bytes(v.tensors, v.metadata, os.fspath(files.mmproj))
     return dataclasses.replace(sizes, vision_bytes=vision)
 
 
@@ -172,7 +173,7 @@ class Model:
         self.n_ctx = int(n_ctx or default_n_ctx(self.config.get("context_length")))
         self.plan = plan
         """The :class:`regolith.memory_plan.MemoryPlan` made at load (dense, arena, state, totals)."""
-        self.kv_type = kv_type or _plan.default_kv_type(self.config["architecture"])
+        self.kv_type = kv_type or _sizes.default_kv_type(self.config["architecture"])
         """The type of the windows' attention caches (:meth:`load`'s ``kv_type``)."""
         self._tokens_evaluated = 0
         self._tokenizer: Tokenizer | None = None
@@ -290,7 +291,7 @@ class Model:
         # what the process holds before the weights: interpreter, libraries, the metadata and the tokenizer
         # (Gemma 3's 262k-token vocabulary: 170 MiB)
         overhead = _plan.runtime_overhead()
-        kv_type = kv_type or _plan.default_kv_type(arch)
+        kv_type = kv_type or _sizes.default_kv_type(arch)
         sizes = plan_sizes(files, tensors, metadata, packed.manifest if packed else None, kv_type)
         ctx = int(n_ctx or default_n_ctx(metadata.get(f"{arch}.context_length")))
         plan = _plan.plan_memory(

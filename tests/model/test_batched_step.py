@@ -88,14 +88,14 @@ def tiny_qwen4exp(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("gguf")
-    from regolith import memory_plan as mp
+    from regolith import model_sizes
     from regolith.convert import convert
     from tests.qwen4exp_models import save_tiny_model
 
     tmp = tmp_path_factory.mktemp("qwen4exp")
     path = convert(save_tiny_model(tmp / "hf", 7, indexer_n_heads=8), tmp / "tiny.gguf", "f32")
     with regolith.gguf.open(path) as f:
-        slot = mp.sizes_from_gguf(f.tensors, f.metadata, None).slot_bytes
+        slot = model_sizes.sizes_from_gguf(f.tensors, f.metadata, None).slot_bytes
     return regolith.Model.load(path), regolith.Model.load(path, arena_gb=6 * slot / 2**30)
 
 

@@ -387,7 +387,7 @@ def _check_scratch_plan(path, arena_gb: float | None = None) -> None:
     experts, whose routed rows the backend batches outside the workspace, or streamed through an arena of
     ``arena_gb``): never more than planned, and the plan not more than twice it (docs/streaming.md: at
     Flash-Next's shapes 113 MiB held, 196 planned; streamed 241 and 397)."""
-    from regolith.memory_plan import PREFILL_CHUNK
+    from regolith.model_sizes import PREFILL_CHUNK
 
     ids = np.random.default_rng(3).integers(0, 300, PREFILL_CHUNK)
     arena = {"arena_gb": arena_gb, "lock_memory": False} if arena_gb else {}

@@ -18,8 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import regolith
-from regolith import _core
-from regolith import memory_plan as mp
+from regolith import _core, model_sizes
 from regolith import pack as pk
 from regolith.convert import convert
 from regolith.speculative import Speculation
@@ -80,7 +79,7 @@ def _arena_gb(path: Path, slots: int) -> float:
     """arena_gb holding exactly ``slots`` slots of this model."""
     src = pk.open_packed(path) if pk.is_packed(path) else None
     with regolith.gguf.open(src.dense if src else path) as f:
-        sizes = mp.sizes_from_gguf(f.tensors, f.metadata, src.manifest if src else None)
+        sizes = model_sizes.sizes_from_gguf(f.tensors, f.metadata, src.manifest if src else None)
     return slots * sizes.slot_bytes / 2**30
 
 
@@ -212,10 +211,10 @@ def test_the_plan_counts_the_scratch_a_prefill_chunk_holds(quantized, streamed):
     """The most a window's workspace held over one prefill chunk, resident or streamed experts: never more than
     the plan's scratch (less the backend's batch of resident experts, held outside the workspace), and the plan
     not more than twice it."""
-    ids = np.random.default_rng(3).integers(0, 300, mp.PREFILL_CHUNK)
+    ids = np.random.default_rng(3).integers(0, 300, model_sizes.PREFILL_CHUNK)
     slots = _slots(quantized, "layers") + 2
     arena = {"arena_gb": _arena_gb(quantized, slots), "lock_memory": False} if streamed else {}
-    model = regolith.Model.load(quantized, n_ctx=mp.PREFILL_CHUNK + 1, **arena)
+    model = regolith.Model.load(quantized, n_ctx=model_sizes.PREFILL_CHUNK + 1, **arena)
     w = model.window()
     w.eval(ids, all_logits=False)
     held = w._w.scratch_peak_bytes

@@ -246,13 +246,13 @@ def test_a_long_context_holds_a_bounded_number_of_hidden_states(tiny):
     (``truncate_attention``, suffix cache reuse's) to within the held rows keeps the head's context (the same
     drafts as a window that never went further); one further back restarts the head after the kept tokens
     (its pairs before them are not taken in again)."""
-    from regolith import memory_plan
+    from regolith import model_sizes
 
     path, ref = tiny
     n = 3 * HELD
     ids = np.random.default_rng(8).integers(3, ref.cfg.vocab_size, 2 * n + 2)
     model = regolith.Model.load(path)
-    assert memory_plan.MTP_BUFFER_ROWS >= HELD + 256 + 512
+    assert model_sizes.MTP_BUFFER_ROWS >= HELD + 256 + 512
     lazy, eager = model.window(2 * n + 64), model.window(2 * n + 64)
     for w in (lazy, eager):
         for i in range(0, n, 512):
@@ -298,7 +298,7 @@ def test_gguf_without_nextn_tensors_has_no_mtp(tmp_path):
 def test_mtp_head_streams_its_experts(tiny, tmp_path):
     """With an expert arena (from the GGUF, or a packed directory) the head's experts stream like the main
     layers' (regolith pack stores every block's experts): same drafts, same logits."""
-    from regolith import memory_plan as mp
+    from regolith import model_sizes
     from regolith import pack as pk
 
     path, ref = tiny
@@ -315,7 +315,7 @@ def test_mtp_head_streams_its_experts(tiny, tmp_path):
         dense = pk.open_packed(src).dense if pk.is_packed(src) else src
         with regolith.gguf.open(dense) as f:
             manifest = pk.open_packed(src).manifest if pk.is_packed(src) else None
-            slot = mp.sizes_from_gguf(f.tensors, f.metadata, manifest).slot_bytes
+            slot = model_sizes.sizes_from_gguf(f.tensors, f.metadata, manifest).slot_bytes
         logits, got = drafts(regolith.Model.load(src, arena_gb=3 * slot / 2**30))
         np.testing.assert_array_equal(logits, want[0])
         assert got == want[1]

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import regolith
-from regolith import _core, memory_plan
+from regolith import _core, model_sizes
 from regolith.speculative import Speculation
 from tests.dense_models import (
     qwen3next_mtp_weights,
@@ -132,7 +132,7 @@ def test_the_head_loads_and_the_window_drafts(tiny):
     assert sizes.state_per_token == n_attn * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
     # fixed: the Gated DeltaNet layers' conv and recurrent states, and the final hidden states (f32) the
     # draft head holds (MtpContext::kBufferRows)
-    held = 4 * cfg.hidden_size * memory_plan.MTP_BUFFER_ROWS
+    held = 4 * cfg.hidden_size * model_sizes.MTP_BUFFER_ROWS
     assert sizes.state_fixed == n_gdn * 4 * ((cfg.linear_conv_kernel_dim - 1) * conv + recurrent) + held
 
 
@@ -187,7 +187,7 @@ def test_mtp_speculation_is_token_identical_while_streaming(tiny, tmp_path):
     packed = pk.pack(path, tmp_path / "mtp.pack")
     src = pk.open_packed(packed)
     with regolith.gguf.open(src.dense) as f:
-        slot = memory_plan.sizes_from_gguf(f.tensors, f.metadata, src.manifest).slot_bytes
+        slot = model_sizes.sizes_from_gguf(f.tensors, f.metadata, src.manifest).slot_bytes
     model = regolith.Model.load(packed, arena_gb=5 * slot / 2**30, lock_memory=False, n_ctx=256)
     assert model._window is None and model.window(8).has_draft_head
     prompt = [int(t) for t in np.random.default_rng(8).integers(3, 300, 12)]
