@@ -98,13 +98,13 @@ struct simd_has_offset_dot : std::false_type {};
 template <class S>
 struct simd_has_offset_dot<S, std::void_t<decltype(&S::idot32_offset)>> : std::true_type {};
 
-// Asks for the cache lines kPrefetchBytes past a weight block. One thread's demand loads alone keep too few
+// Asks for the cache lines prefetch_bytes past a weight block. One thread's demand loads alone keep too few
 // lines in flight to stream from DRAM: measured on a Xeon (Sapphire Rapids class, 1 thread, 2048 x 4096
 // matvec), Q8_0 went from 6.1 to 15 GB/s and Q4_K to 12.5 of the 17 GB/s one thread reads.
 template <class Block>
 inline void prefetch_weights(const Block* block) {
     for (size_t o = 0; o < sizeof(Block); o += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + o);
+        __builtin_prefetch(reinterpret_cast<const char*>(block) + prefetch_bytes + o);
 }
 
 template <class S, class D>
@@ -707,9 +707,9 @@ struct FloatKernel {
     static void rows(const MatmulArgs& a, int64_t r0, int64_t r1, const Scratch& s) {
         if (a.ntok > kMaxTok) return panel_rows(a, r0, r1, s);
         for (int64_t r = r0; r < r1; ++r) {
-            // the next row's first kPrefetchBytes, as the quantized kernels keep theirs ahead of each block
+            // the next row's first prefetch_bytes, as the quantized kernels keep theirs ahead of each block
             const char* next = reinterpret_cast<const char*>(a.w + (r + 1) * a.row_bytes);
-            for (int64_t o = 0; o < std::min<int64_t>(a.row_bytes, kPrefetchBytes); o += 64) __builtin_prefetch(next + o);
+            for (int64_t o = 0; o < std::min<int64_t>(a.row_bytes, prefetch_bytes); o += 64) __builtin_prefetch(next + o);
             row_tokens(a, row_f32(a, r, s.row), r, 0);
         }
     }

@@ -19,6 +19,14 @@
 namespace regolith {
 namespace cpu {
 
+int64_t choose_prefetch_bytes() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();  // may run before the constructors that would (a static initializer)
+    if (__builtin_cpu_is("amd")) return 8192;
+#endif
+    return 2048;
+}
+
 void quantize_activations(const float* x, int64_t n, int block, int8_t* q, float* d, float* s) {
     for (int64_t b = 0; b < n; b += block) {
         float amax = 0.0f;
