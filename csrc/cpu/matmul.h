@@ -48,9 +48,9 @@ constexpr int kMaxTok = 8;
 constexpr int64_t kPanelRows = 16;
 // How far ahead of the block being decoded the kernels prefetch weights (matmul_impl.h, prefetch_weights):
 // rows are contiguous, so this runs into the next row and past the matrix's end (harmless: prefetches do
-// not fault). Chosen per CPU vendor from one thread's decode products (isa.cpp): 2048 bytes, the best of
-// 512-4096 on a Xeon (Sapphire Rapids class); 8192 on AMD, the best of 1024-32768 on an EPYC (Zen 5),
-// where 2048 left a Q8_0 matvec at 14-17 of the 37 GB/s one thread reads (33-34 at 8192).
+// not fault). Chosen per CPU vendor (matmul_run.cpp) from one thread's decode products: 2048 bytes, the
+// best of 512-4096 on a Xeon (Sapphire Rapids class); 8192 on AMD, the best of 1024-32768 on an EPYC
+// (Zen 5), where 2048 left a Q8_0 matvec at 14-17 of the 37 GB/s one thread reads (33-34 at 8192).
 int64_t choose_prefetch_bytes();
 inline const int64_t prefetch_bytes = choose_prefetch_bytes();
 // Float-weight prefill tiles (2 rows x 3 tokens): tokens per block, columns per pass, and the floats of one
