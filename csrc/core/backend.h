@@ -192,7 +192,7 @@ public:
     // A new buffer of `bytes` bytes (contents undefined). Throws Error when the memory is not available.
     virtual BackendBuffer* alloc(uint64_t bytes, MemoryUse use = MemoryUse::Device) = 0;
     // A read-only buffer holding `bytes` bytes of host memory (weights from a mapped file): the CPU and Metal
-    // wrap the memory, which must outlive the buffer; CUDA copies it. free() returns once no op reads it.
+    // wrap the memory, which must outlive the buffer; CUDA copies it. Freeing it returns once no op reads it.
     virtual BackendBuffer* import_host(const void* data, uint64_t bytes) = 0;
     virtual void free(BackendBuffer* buffer) = 0;
     // The buffer's memory as host memory, where it is host memory (CPU, unified memory); nullptr otherwise.
