@@ -6,11 +6,39 @@ namespace regolith {
 
 namespace check {
 
+namespace {
+
+bool float_type(uint32_t type) { return type == RG_TYPE_F32 || type == RG_TYPE_F16 || type == RG_TYPE_BF16; }
+
+// 48 tokens at once against one at a time and 5 at a time, 37 rows of `cols`; the output is
+// all + 2^40 (all - parts): the product itself where the two agree bit for bit, and off by orders of
+// magnitude where they differ by one ulp.
+void add_batch_invariance_case(std::vector<Case>& cs, uint32_t type, int64_t cols) {
+    cs.push_back({"matmul", type_name(type) + " 37x" + std::to_string(cols) + ": 48 tokens at once = 1 and 5 at a time, bit for bit",
+                  float_type(type) ? kFloatMatmul : kQuantMatmul, [=](Run& r) {
+                      const Tensor w = r.weights(type, 37, cols), x = r.f32(48, cols);
+                      const Tensor all = r.zeros(RG_TYPE_F32, 48, 37), parts = r.zeros(RG_TYPE_F32, 48, 37);
+                      r.be().matmul(w, x, all);
+                      for (int64_t t0 = 0; t0 < 48;) {
+                          const int64_t n = t0 < 24 ? 1 : std::min<int64_t>(5, 48 - t0);
+                          r.be().matmul(w, x.row_range(t0, n), parts.row_range(t0, n));
+                          t0 += n;
+                      }
+                      r.be().unary(parts, Unary::Scale, -1.0f, parts);
+                      r.be().add(all, parts, parts);
+                      r.be().unary(parts, Unary::Scale, std::ldexp(1.0f, 40), parts);
+                      r.be().add(all, parts, all);
+                      r.out(all);
+                  }});
+}
+
+}  // namespace
+
 void add_matmul_cases(std::vector<Case>& cs) {
     for (uint32_t type = 0; type < RG_TYPE_COUNT; ++type) {
         const TypeTraits* t = type_traits(type);
         if (!t || !t->supported) continue;
-        const bool fl = type == RG_TYPE_F32 || type == RG_TYPE_F16 || type == RG_TYPE_BF16;
+        const bool fl = float_type(type);
         for (int64_t ntok : {1, 3, 8, 9, 48})
             for (int64_t rows : {16, 37}) {
                 const int64_t cols = rows == 16 ? 256 : 512;
@@ -24,29 +52,10 @@ void add_matmul_cases(std::vector<Case>& cs) {
                               }});
             }
     }
-    // The matmul contract: y[t][r] depends on W row r and x[t] only. 48 tokens at once against one at a time
-    // and 5 at a time, per type; the output is all + 2^40 (all - parts): the product itself where the two
-    // agree bit for bit, and off by orders of magnitude where they differ by one ulp.
+    // The matmul contract: y[t][r] depends on W row r and x[t] only, per type.
     for (uint32_t type = 0; type < RG_TYPE_COUNT; ++type) {
         const TypeTraits* t = type_traits(type);
-        if (!t || !t->supported) continue;
-        const bool fl = type == RG_TYPE_F32 || type == RG_TYPE_F16 || type == RG_TYPE_BF16;
-        cs.push_back({"matmul", type_name(type) + " 37x512: 48 tokens at once = 1 and 5 at a time, bit for bit",
-                      fl ? kFloatMatmul : kQuantMatmul, [=](Run& r) {
-                          const Tensor w = r.weights(type, 37, 512), x = r.f32(48, 512);
-                          const Tensor all = r.zeros(RG_TYPE_F32, 48, 37), parts = r.zeros(RG_TYPE_F32, 48, 37);
-                          r.be().matmul(w, x, all);
-                          for (int64_t t0 = 0; t0 < 48;) {
-                              const int64_t n = t0 < 24 ? 1 : std::min<int64_t>(5, 48 - t0);
-                              r.be().matmul(w, x.row_range(t0, n), parts.row_range(t0, n));
-                              t0 += n;
-                          }
-                          r.be().unary(parts, Unary::Scale, -1.0f, parts);
-                          r.be().add(all, parts, parts);
-                          r.be().unary(parts, Unary::Scale, std::ldexp(1.0f, 40), parts);
-                          r.be().add(all, parts, all);
-                          r.out(all);
-                      }});
+        if (t && t->supported) add_batch_invariance_case(cs, type, 512);
     }
     // a MoE layer's batch: experts of different types over row ranges of the packed activations
     // Float weights of any row length (the models' small projections: hyper-connection mixes, gates)
@@ -443,6 +452,16 @@ void add_lifetime_cases(std::vector<Case>& cs) {
                   }});
 }
 
+// Appended after the lifetime cases: rows whose last 256-element K chunk is short (64 and 160 elements
+// past the first), the batch-invariance contract for each type whose blocks fit them.
+void add_short_chunk_cases(std::vector<Case>& cs) {
+    for (int64_t cols : {320, 416})
+        for (uint32_t type = 0; type < RG_TYPE_COUNT; ++type) {
+            const TypeTraits* t = type_traits(type);
+            if (t && t->supported && cols % t->block_elems == 0) add_batch_invariance_case(cs, type, cols);
+        }
+}
+
 std::vector<Case> all_cases() {
     std::vector<Case> cs;
     add_memory_cases(cs);
@@ -459,6 +478,7 @@ std::vector<Case> all_cases() {
     add_ple_cases(cs);
     add_vision_cases(cs);
     add_lifetime_cases(cs);
+    add_short_chunk_cases(cs);
     return cs;
 }
 
