@@ -9,6 +9,13 @@
 #                              synthetic Flash-Next model, then benchmarks/bench_cuda.py beside llama-bench
 #                              (docs/benchmarks.md), the call ending within SECONDS (570); run it again on the same machine to
 #                              measure the rows the first call had no time for (--record)
+#   tools/cuda_h200.sh quick [SECONDS]
+#                              one call for a kernel change: prepare in the background, regolith built, the
+#                              conformance suite, the kernels' time per resident decode token (profile), then
+#                              bench's resident row beside llama-bench (--record: bench on the same machine
+#                              measures the rest), within SECONDS (570)
+#   tools/cuda_h200.sh prepare starts the llama-bench build in the background and makes the synthetic model, so
+#                              that a bench call right after (same machine) spends its time measuring
 #   tools/cuda_h200.sh suite   the whole CUDA model suite (tests/test_cuda_backend.py)
 #   tools/cuda_h200.sh serve [CLIENTS] [MODELS]
 #                              regolith as for check, then `regolith run` on cuda once and benchmarks/bench_serve.py
@@ -50,7 +57,7 @@ synthetic_model() {  # the 48-layer synthetic Flash-Next model at /tmp/fn.gguf (
         --vocab 248320 && mv /tmp/fn.part.gguf /tmp/fn.gguf
 }
 
-case "${1:?check, bench, suite, serve or profile}" in
+case "${1:?check, bench, quick, prepare, suite, serve or profile}" in
 check)
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
     ls src/regolith/_core*.so >/dev/null 2>&1 || time build_regolith 16
@@ -66,6 +73,21 @@ bench)  # resumable: a second call on the same machine measures the rows the fir
         --decode 64 --record /tmp/bench_cuda.json 2>&1 | tee -a "$OUT/bench_cuda.log"
     cp /tmp/bench_cuda.json "$OUT/" 2>/dev/null
     tail -n 2 /tmp/ll/build.log
+    ;;
+quick)
+    start_llama
+    synthetic_model >"$OUT/synthetic.log" 2>&1 &
+    ls src/regolith/_core*.so >/dev/null 2>&1 || time build_regolith 12
+    time python3 -m regolith.backends.check --backend cuda 2>&1 | tee "$OUT/conformance.log" | tail -8
+    wait
+    timeout 150 python3 benchmarks/bench_cuda.py --model /tmp/fn.gguf --profile 8 2>&1 | tee "$OUT/profile.log" | head -40
+    while ! [ -x /tmp/ll/build/bin/llama-bench ] && [ $SECONDS -lt $(("${2:-570}" - 200)) ]; do sleep 5; done
+    timeout $(("${2:-570}" - SECONDS)) python3 benchmarks/bench_cuda.py --model /tmp/fn.gguf --llama-bench /tmp/ll/build/bin/llama-bench \
+        --decode 64 --skip host disk --record /tmp/bench_cuda.json 2>&1 | tee -a "$OUT/bench_cuda.log"
+    ;;
+prepare)
+    start_llama
+    synthetic_model
     ;;
 suite)
     ls src/regolith/_core*.so >/dev/null 2>&1 || build_regolith 16
