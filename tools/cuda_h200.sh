@@ -80,8 +80,8 @@ bench)  # resumable: a second call on the same machine measures the rows the fir
     ;;
 quick)
     start_llama
-    synthetic_model >"$OUT/synthetic.log" 2>&1 &
     ls src/regolith/_core*.so >/dev/null 2>&1 || time build_regolith 12
+    synthetic_model >"$OUT/synthetic.log" 2>&1 &  # imports regolith: after the build
     conformance
     wait
     timeout 150 python3 benchmarks/bench_cuda.py --model /tmp/fn.gguf --profile 8 2>&1 | tee "$OUT/profile.log" | head -40

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>))
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r0 = (tile * 4 + warp) * 16;
     if (r0 < w.rows) {
-        uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
+        uint8_t* raw = smem + warp * decode_smem_bytes<Dec>();
         __half* tile_sm = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
         int64_t tok[NT];
 #pragma unroll
@@ -188,18 +188,23 @@ __global__ void qmm_prefill(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y
         for (int i = threadIdx.x; i < kPrefillRows * S::kGranules; i += blockDim.x)
             *reinterpret_cast<uint4*>(raw + (i / S::kGranules) * S::kRawLd + (i % S::kGranules) * 16) =
                 raw_piece<Dec>(w, rb, b0, nblk, i / S::kGranules, i % S::kGranules);
-        const int vecs = elems / 8;
+        // the lane-decoded types' steps take whole tasks, zero past the chunk's elements (mma_column's order)
+        const int cols = 16 * chunk_steps<Dec>(elems), vecs = cols / 8;
         for (int v = threadIdx.x; v < kPrefillTok * vecs; v += blockDim.x) {
             const int i = v / vecs, col = (v % vecs) * 8;
             const int64_t t = tb + i;
-            *reinterpret_cast<uint4*>(tsm + i * kChunkLd + col) =
-                t < ntok ? *reinterpret_cast<const uint4*>(a.xh + t * a.ld + b0 * Dec::QK + col) : uint4{0, 0, 0, 0};
+            const uint4 x = t < ntok && col < elems ? *reinterpret_cast<const uint4*>(a.xh + t * a.ld + b0 * Dec::QK + col)
+                                                    : uint4{0, 0, 0, 0};
+            if constexpr (kLaneDecode<Dec>)
+                store_mma_columns(tsm + i * kChunkLd, col, x);
+            else
+                *reinterpret_cast<uint4*>(tsm + i * kChunkLd + col) = x;
         }
         __syncthreads();
         decode_chunk<Dec, kPrefillRows>(w, rb, b0, nblk, raw, wsm, threadIdx.x, blockDim.x);
         __syncthreads();
         if (nt > 0 && rb + 16 * wr < w.rows) {
-            for (int k = 0; k < elems; k += 16) {
+            for (int k = 0; k < 16 * chunk_steps<Dec>(elems); k += 16) {
                 uint32_t af[4], bf[4][2];
                 load_a(wsm + 16 * wr * kChunkLd, kChunkLd, k, af);
                 load_b2(tsm + 32 * wt * kChunkLd, k, bf[0], bf[1]);
@@ -278,7 +283,7 @@ void decode_products(cudaStream_t s, const MatmulView* const* js, const HalfActs
     }
     dispatch_quant_type(js[0]->w.type, [&](auto dec) {
         using D = decltype(dec);
-        constexpr size_t smem = 4 * warp_smem_bytes<D>();
+        constexpr size_t smem = 4 * decode_smem_bytes<D>();
         if (M <= 8)
             launch(qmm_decode<D, 1>, unsigned(blocks), kDecodeThreads, smem, s, jobs, K / D::QK, segment_counters());
         else
@@ -334,8 +339,8 @@ void init_matmul_kernels() {
 #define RG_INIT_(T)                                                                                  \
     {                                                                                                \
         using D = BlockDecoder<T>;                                                                   \
-        allow_smem(qmm_decode<D, 1>, 4 * warp_smem_bytes<D>(), true);                                \
-        allow_smem(qmm_decode<D, 2>, 4 * warp_smem_bytes<D>());                                      \
+        allow_smem(qmm_decode<D, 1>, 4 * decode_smem_bytes<D>(), !kLaneDecode<D>);                   \
+        allow_smem(qmm_decode<D, 2>, 4 * decode_smem_bytes<D>());                                    \
         allow_smem(qmm_prefill<D>, prefill_smem_bytes<D>());                                         \
     }
     RG_FOR_EACH_QUANT_TYPE(RG_INIT_)

@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (kDecodeMinBlocks<Dec, NT>))
     const auto pair = [&](int i) { return p0 + i < p1 ? int64_t(order[p0 + i]) : int64_t(-1); };
     if (r0 < n) {
         extern __shared__ __align__(16) uint8_t smem[];
-        uint8_t* raw = smem + warp * warp_smem_bytes<Dec>();
+        uint8_t* raw = smem + warp * decode_smem_bytes<Dec>();
         __half* tile_sm = reinterpret_cast<__half*>(raw + 16 * Staging<Dec>::kRawLd);
         const Rows we{w.at(e), n, w.stride};
         int64_t tok[NT];
@@ -297,7 +297,7 @@ void pair_products(cudaStream_t s, const View& w, const ExpertLoc& loc, int64_t 
     } else {
         dispatch_quant_type(w.type, [&](auto dec) {
             using D = decltype(dec);
-            constexpr size_t smem = 4 * warp_smem_bytes<D>();
+            constexpr size_t smem = 4 * decode_smem_bytes<D>();
             const int64_t nb = w.cols / D::QK;
             if (ids.rows <= 8) {
                 launch(qmm_grouped<D, 1>, dim3(grid(n, 64), unsigned(grid(ids.rows, 8) * per_tile), slots),
@@ -397,8 +397,9 @@ __global__ void combine_k(View ys, const int32_t* row_of, View weights, View sha
 
 void init_moe_kernels() {
 #define RG_INIT_(T)                                                                                  \
-    allow_smem(qmm_grouped<BlockDecoder<T>, 1>, 4 * warp_smem_bytes<BlockDecoder<T>>(), true);       \
-    allow_smem(qmm_grouped<BlockDecoder<T>, 2>, 4 * warp_smem_bytes<BlockDecoder<T>>());
+    allow_smem(qmm_grouped<BlockDecoder<T>, 1>, 4 * decode_smem_bytes<BlockDecoder<T>>(),            \
+               !kLaneDecode<BlockDecoder<T>>);                                                       \
+    allow_smem(qmm_grouped<BlockDecoder<T>, 2>, 4 * decode_smem_bytes<BlockDecoder<T>>());
     RG_FOR_EACH_QUANT_TYPE(RG_INIT_)
 #undef RG_INIT_
 }

@@ -4,12 +4,15 @@
 //
 // - Activations: each token row x[t] is scaled by a power of two s[t] (the smallest >= max |x[t]|, so no
 //   value overflows half precision and the scaling is exact) and rounded to f16: xh [rows][K] (acts_f16).
-// - Weights: 16 rows at a time, K in chunks of kChunk elements. A chunk's raw blocks are copied to shared
-//   memory with aligned 16-byte loads, then decoded by the shared BlockDecoder (core/block_decode.h) to
-//   scale * q + bias and rounded to f16 in shared memory, 32 elements a lane (decode_part) where the type
-//   has parts, a block a lane otherwise.
+// - Weights: 16 rows at a time, K in chunks of kChunk elements, decoded by the shared BlockDecoder
+//   (core/block_decode.h) to scale * q + bias rounded to f16. The types decoded 32 elements a task
+//   (kLaneDecode) are decoded by the decode kernel's lanes from global memory straight into their tensor-core
+//   fragments; the others (and the prefill / MoE tiles) are copied to shared memory with aligned 16-byte
+//   loads and decoded there, 32 elements a lane (decode_part) where the type has parts, a block a lane
+//   otherwise.
 // - y[t][r] = s[t] * the sum over segments of kSegment elements, in order, of the segment's sum over k steps
-//   of 16, in order, of the tensor-core product mma.m16n8k16 (f16 inputs, f32 accumulation).
+//   of 16, in order (the order of K in a step: kLaneDecode below), of the tensor-core product mma.m16n8k16
+//   (f16 inputs, f32 accumulation).
 //   An output element of that product depends on its row and column only, not on where in the tile they
 //   sit or on the tile's other rows and columns (checked by the conformance suite's "48 tokens at once =
 //   1 and 5 at a time" cases), so kernels may tile tokens as they like.
@@ -85,6 +88,41 @@ struct Staging {
     static_assert(Dec::QK <= kChunk && kChunk % Dec::QK == 0, "whole blocks per chunk");
 };
 
+// The order of K in the tensor-core steps. A chunk is summed in steps of 16 elements; in the lane-decoded
+// types (kLaneDecode: those whose 32-element tasks decode on their own, a part or a block) step ks = 8 h + s
+// takes, at the fragment positions 2t, 2t + 1, 2t + 8, 2t + 9 of lane t = 0..3 of each row (the PTX layout
+// below), elements 4 s + 0, 1, 2, 3 of the chunk's task t + 4 h: so a decode lane multiplies the codes of its
+// own two tasks, decoded in registers straight into its fragments, with no shared memory. A chunk of at
+// most 4 tasks (a short last chunk of K) takes 8 steps, others 16, the tasks past its end zero. The other
+// types take step ks = elements [16 ks, + 16) in order. Every kernel takes the same steps (prefill stages
+// its tiles at mma_column), so a product's bits do not depend on which kernel computed it.
+template <class Dec>
+constexpr bool kLaneDecode = Staging<Dec>::kTaskElems == 32;
+
+// The steps' tasks of a chunk of `elems` elements (lane-decoded types): 4 or 8.
+__host__ __device__ constexpr int lane_tasks(int elems) { return elems <= 4 * 32 ? 4 : 8; }
+
+// The 16-element steps of a chunk of `elems` elements (a multiple of the type's block).
+template <class Dec>
+__host__ __device__ constexpr int chunk_steps(int elems) {
+    return kLaneDecode<Dec> ? 2 * lane_tasks(elems) : elems / 16;
+}
+
+// The column of a staged f16 tile (16 per step) that element e of a lane-decoded chunk sits at.
+__host__ __device__ constexpr int mma_column(int e) {
+    return 16 * (8 * ((e >> 5) >> 2) + ((e >> 2) & 7)) + 2 * ((e >> 5) & 3) + (e & 1) + 8 * ((e >> 1) & 1);
+}
+
+// Stores elements e .. e + 7 (e a multiple of 8) of a lane-decoded chunk, 4 words of f16 pairs, at their
+// columns of the staged row `row`.
+__device__ inline void store_mma_columns(__half* row, int e, const uint4& h) {
+    const int c0 = mma_column(e), c1 = mma_column(e + 4);
+    *reinterpret_cast<uint32_t*>(row + c0) = h.x;
+    *reinterpret_cast<uint32_t*>(row + c0 + 8) = h.y;
+    *reinterpret_cast<uint32_t*>(row + c1) = h.z;
+    *reinterpret_cast<uint32_t*>(row + c1 + 8) = h.w;
+}
+
 // The first byte of row r's blocks from b0 on.
 __device__ inline const uint8_t* chunk_start(const Rows& w, int64_t r, int64_t b0, int block_bytes) {
     return w.base + r * w.stride + b0 * block_bytes;
@@ -124,12 +162,12 @@ __device__ inline Block load_block_words(const uint8_t* p) {
     return out.b;
 }
 
-// 8 codes q times scale sc as f16 into dst (16 bytes): f16(sc * q + bias), one rounding of the f32 value.
-// Where sc is an f16 value and there is no bias, the product is exact in f32, so the f16 product (HMUL2 of
-// q and sc as f16, one rounding) is the same number: computed that way, without the int-to-float and
-// float-to-half conversions.
+// 8 codes q times scale sc as f16: f16(sc * q + bias), one rounding of the f32 value, as 4 words of f16
+// pairs (codes 0-1, 2-3, 4-5, 6-7). Where sc is an f16 value and there is no bias, the product is exact in
+// f32, so the f16 product (HMUL2 of q and sc as f16, one rounding) is the same number: computed that way,
+// without the int-to-float and float-to-half conversions.
 template <bool HAS_BIAS>
-__device__ inline void codes_to_half(const int8_t* q, float sc, float o, __half* dst) {
+__device__ inline uint4 codes_half8(const int8_t* q, float sc, float o) {
     __half2 h[4];
     const __half hs = __float2half_rn(sc);
     if (!HAS_BIAS && __half2float(hs) == sc) {
@@ -147,40 +185,58 @@ __device__ inline void codes_to_half(const int8_t* q, float sc, float o, __half*
 #pragma unroll
         for (int j = 0; j < 4; ++j) h[j] = __floats2half2_rn(sc * float(q[2 * j]) + o, sc * float(q[2 * j + 1]) + o);
     }
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(h);
+    uint4 out;
+    memcpy(&out, h, 16);
+    return out;
 }
 
 // Decodes elements [e_lo, e_hi) of the raw chunk of ROWS rows (raw [ROWS][kRawLd], rows r0.. of w, nblk
-// blocks from b0; e_lo and e_hi multiples of the type's task) into f16 rows tile [ROWS][ld] (element e at
-// column e - e_lo), tasks shared by `threads` threads numbered `tid`. Rows past the matrix are left as they
-// are (their products are never stored).
+// blocks from b0; e_lo and e_hi multiples of the type's task) into f16 rows tile [ROWS][ld], tasks shared by
+// `threads` threads numbered `tid`: element e at column e - e_lo, or, for the lane-decoded types, the whole
+// chunk at column mma_column(e), with zeros where lane_steps' steps take elements past the chunk's. Rows
+// past the matrix are left as they are (their products are never stored).
 template <class Dec, int ROWS>
 __device__ inline void decode_chunk(const Rows& w, int64_t r0, int64_t b0, int nblk, const uint8_t* raw, __half* tile,
                                     int tid, int threads, int ld = kChunkLd, int e_lo = 0, int e_hi = kChunk) {
     using S = Staging<Dec>;
     using Block = typename S::Block;
     constexpr int QK = Dec::QK, TE = S::kTaskElems, NGT = TE / Dec::G;
-    const int hi = e_hi < nblk * QK ? e_hi : nblk * QK, p0 = e_lo / TE, per_row = (hi - e_lo) / TE;
+    const int elems = nblk * QK, hi = e_hi < elems ? e_hi : elems, p0 = e_lo / TE;
+    // the lane-decoded types' steps also take the zero tasks up to lane_tasks
+    const int per_row = (kLaneDecode<Dec> ? lane_tasks(elems) * 32 : hi - e_lo) / TE;
     for (int task = tid; task < ROWS * per_row; task += threads) {
         const int rr = task % ROWS, part = p0 + task / ROWS;
         if (r0 + rr >= w.rows) continue;
-        const int off = int(reinterpret_cast<uintptr_t>(chunk_start(w, r0 + rr, b0, int(sizeof(Block)))) & 15);
-        const int blk = part * TE / QK, c = (part * TE % QK) / 32;
-        const uint8_t* at = raw + rr * S::kRawLd + off + blk * int(sizeof(Block));
-        int8_t q[TE];
-        float scale[NGT], bias[NGT];
-        if constexpr (S::kParts) {
-            Dec::decode_part(*reinterpret_cast<const Block*>(at), c, q, scale, Dec::HAS_BIAS ? bias : nullptr);
-        } else if constexpr (S::kWordLoad) {
-            const Block b = load_block_words<Block>(at);
-            Dec::decode(b, q, scale, Dec::HAS_BIAS ? bias : nullptr);
-        } else {
-            Dec::decode(*reinterpret_cast<const Block*>(at), q, scale, Dec::HAS_BIAS ? bias : nullptr);
-        }
-        __half* dst = tile + rr * ld + part * TE - e_lo;
+        uint4 h[TE / 8];
+        if (part * TE >= hi) {
 #pragma unroll
-        for (int i = 0; i < TE; i += 8)
-            codes_to_half<Dec::HAS_BIAS>(q + i, scale[i / Dec::G], Dec::HAS_BIAS ? bias[i / Dec::G] : 0.0f, dst + i);
+            for (int i = 0; i < TE / 8; ++i) h[i] = uint4{0, 0, 0, 0};
+        } else {
+            const int off = int(reinterpret_cast<uintptr_t>(chunk_start(w, r0 + rr, b0, int(sizeof(Block)))) & 15);
+            const int blk = part * TE / QK, c = (part * TE % QK) / 32;
+            const uint8_t* at = raw + rr * S::kRawLd + off + blk * int(sizeof(Block));
+            int8_t q[TE];
+            float scale[NGT], bias[NGT];
+            if constexpr (S::kParts) {
+                Dec::decode_part(*reinterpret_cast<const Block*>(at), c, q, scale, Dec::HAS_BIAS ? bias : nullptr);
+            } else if constexpr (S::kWordLoad) {
+                const Block b = load_block_words<Block>(at);
+                Dec::decode(b, q, scale, Dec::HAS_BIAS ? bias : nullptr);
+            } else {
+                Dec::decode(*reinterpret_cast<const Block*>(at), q, scale, Dec::HAS_BIAS ? bias : nullptr);
+            }
+#pragma unroll
+            for (int i = 0; i < TE; i += 8)
+                h[i / 8] = codes_half8<Dec::HAS_BIAS>(q + i, scale[i / Dec::G], Dec::HAS_BIAS ? bias[i / Dec::G] : 0.0f);
+        }
+        __half* row = tile + rr * ld;
+        if constexpr (kLaneDecode<Dec>) {
+#pragma unroll
+            for (int i = 0; i < TE / 8; ++i) store_mma_columns(row, part * TE + 8 * i, h[i]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < TE / 8; ++i) *reinterpret_cast<uint4*>(row + part * TE - e_lo + 8 * i) = h[i];
+        }
     }
 }
 
@@ -226,16 +282,120 @@ constexpr int kWarpTileK = Staging<Dec>::kTaskElems <= kChunk / 2 ? kChunk / 2 :
 template <class Dec>
 constexpr int kWarpTileLd = kWarpTileK<Dec> + 8;
 
-// One warp's product of 16 weight rows (r0.. of w) with up to 8 NT tokens whose f16 rows this lane reads
+// A block at any address p of device memory, read as the aligned words that hold its bytes (none past
+// its last byte's word: the block may end its buffer) and shifted into place in registers.
+template <class Block>
+__device__ inline Block ldg_block_words(const uint8_t* p) {
+    constexpr int kWords = int(sizeof(Block) + 3) / 4;
+    const auto* a = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+    const unsigned off = unsigned(reinterpret_cast<uintptr_t>(p) & 3);
+    uint32_t w[kWords + 1];
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = __ldg(a + i);
+    w[kWords] = off + sizeof(Block) > 4u * kWords ? __ldg(a + kWords) : 0u;
+    union {
+        uint32_t u[kWords];
+        Block b;
+    } out;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) out.u[i] = __funnelshift_r(w[i], w[i + 1], off * 8);
+    return out.b;
+}
+
+// A lane's A-fragment words of row r (of w) for task j (elements [32 j, + 32)) of the chunk of nblk blocks
+// from b0, decoded from device memory: f[2 s] the f16 pair of the task's elements 4 s, 4 s + 1 and
+// f[2 s + 1] of 4 s + 2, 4 s + 3, for the steps s < 8 that take the task (mma_column's order); zeros for a
+// row past the matrix or a task past the chunk.
+template <class Dec>
+__device__ inline void lane_task(const Rows& w, int64_t r, int64_t b0, int nblk, int j, uint32_t (&f)[16]) {
+    using Block = typename Dec::Block;
+    constexpr int QK = Dec::QK, NGT = 32 / Dec::G;
+    if (r >= w.rows || 32 * j >= nblk * QK) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) f[i] = 0;
+        return;
+    }
+    const uint8_t* at = chunk_start(w, r, b0 + 32 * j / QK, int(sizeof(Block)));
+    int8_t q[32];
+    float scale[NGT], bias[NGT];
+    if constexpr (Staging<Dec>::kParts) {
+        Dec::decode_part(*reinterpret_cast<const Block*>(at), (32 * j % QK) / 32, q, scale,
+                         Dec::HAS_BIAS ? bias : nullptr);
+    } else {
+        const Block b = ldg_block_words<Block>(at);
+        Dec::decode(b, q, scale, Dec::HAS_BIAS ? bias : nullptr);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint4 h = codes_half8<Dec::HAS_BIAS>(q + 8 * i, scale[8 * i / Dec::G],
+                                                   Dec::HAS_BIAS ? bias[8 * i / Dec::G] : 0.0f);
+        f[4 * i] = h.x, f[4 * i + 1] = h.y, f[4 * i + 2] = h.z, f[4 * i + 3] = h.w;
+    }
+}
+
+// warp_segments for the lane-decoded types: each lane decodes its rows' (lane / 4 and lane / 4 + 8) tasks
+// lane % 4 and lane % 4 + 4 of a chunk into its fragments and reads its token's matching f16 activations
+// (16-byte loads), with no shared memory and no barrier.
+template <class Dec, int NT, class SegEnd>
+__device__ inline void lane_segments(const Rows& w, int64_t r0, int64_t nb, int64_t c_lo, int64_t c_hi,
+                                     const HalfActs& a, const int64_t (&tok)[NT], SegEnd seg_end) {
+    using S = Staging<Dec>;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    for (int64_t c = c_lo; c < c_hi; ++c) {
+        const int64_t b0 = c * S::kPerChunk;
+        const int nblk = int(nb - b0 < S::kPerChunk ? nb - b0 : S::kPerChunk), elems = nblk * Dec::QK;
+        const int64_t k0 = b0 * Dec::QK;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (h == 1 && lane_tasks(elems) == 4) break;
+            const int j = t4 + 4 * h;
+            uint32_t f0[16], f8[16], bf[NT][16];
+            lane_task<Dec>(w, r0 + g, b0, nblk, j, f0);
+            lane_task<Dec>(w, r0 + g + 8, b0, nblk, j, f8);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const bool live = tok[n] >= 0 && 32 * j < elems;
+                const uint4* x = reinterpret_cast<const uint4*>(a.xh + (live ? tok[n] * a.ld + k0 + 32 * j : 0));
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const uint4 v = live ? x[i] : uint4{0, 0, 0, 0};
+                    bf[n][4 * i] = v.x, bf[n][4 * i + 1] = v.y, bf[n][4 * i + 2] = v.z, bf[n][4 * i + 3] = v.w;
+                }
+            }
+#pragma unroll
+            for (int st = 0; st < 8; ++st) {
+                const uint32_t af[4] = {f0[2 * st], f8[2 * st], f0[2 * st + 1], f8[2 * st + 1]};
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    const uint32_t b2[2] = {bf[n][2 * st], bf[n][2 * st + 1]};
+                    mma16816(acc[n], af, b2);
+                }
+            }
+        }
+        if (segment_ends(c) || c + 1 == c_hi) {
+            seg_end(c, acc);
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+        }
+    }
+}
+
+// warp_segments for the types that are not lane-decoded: one warp's product of 16 weight rows (r0.. of w)
+// with up to 8 NT tokens whose f16 rows this lane reads
 // for its fragment column: tok[j] = the xh row of token 8 j + lane / 4, or -1 (a zero column). K chunks
 // [c_lo, c_hi) (chunk c = blocks [c kPerChunk, +kPerChunk) clipped to nb), summed per segment: at the end of
 // each segment (or of chunk c_hi - 1) seg_end(c, sums) takes its sums. raw / tile: the warp's shared memory
 // ([16][kRawLd] bytes, [16][kWarpTileLd] halves). The next chunk's raw pieces are loaded while this one is
 // decoded and multiplied.
 template <class Dec, int NT, class SegEnd>
-__device__ inline void warp_segments(const Rows& w, int64_t r0, int64_t nb, int64_t c_lo, int64_t c_hi,
-                                     const HalfActs& a, const int64_t (&tok)[NT], uint8_t* raw, __half* tile,
-                                     SegEnd seg_end) {
+__device__ inline void staged_segments(const Rows& w, int64_t r0, int64_t nb, int64_t c_lo, int64_t c_hi,
+                                       const HalfActs& a, const int64_t (&tok)[NT], uint8_t* raw, __half* tile,
+                                       SegEnd seg_end) {
     using S = Staging<Dec>;
     constexpr int kLoads = (16 * S::kGranules + 31) / 32;  // raw pieces per lane
     const int lane = threadIdx.x & 31, t4 = lane & 3;
@@ -305,6 +465,21 @@ __device__ inline void warp_segments(const Rows& w, int64_t r0, int64_t nb, int6
         }
         __syncwarp();  // the tile and raw are rewritten next chunk
     }
+}
+
+// One warp's product of 16 weight rows (r0.. of w) with up to 8 NT tokens whose f16 rows this lane reads
+// for its fragment column: tok[j] = the xh row of token 8 j + lane / 4, or -1 (a zero column). K chunks
+// [c_lo, c_hi) (chunk c = blocks [c kPerChunk, +kPerChunk) clipped to nb), summed per segment: at the end of
+// each segment (or of chunk c_hi - 1) seg_end(c, sums) takes its sums. raw / tile: the warp's shared memory
+// (decode_smem_bytes: none for the lane-decoded types).
+template <class Dec, int NT, class SegEnd>
+__device__ inline void warp_segments(const Rows& w, int64_t r0, int64_t nb, int64_t c_lo, int64_t c_hi,
+                                     const HalfActs& a, const int64_t (&tok)[NT], uint8_t* raw, __half* tile,
+                                     SegEnd seg_end) {
+    if constexpr (kLaneDecode<Dec>)
+        lane_segments<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, seg_end);
+    else
+        staged_segments<Dec, NT>(w, r0, nb, c_lo, c_hi, a, tok, raw, tile, seg_end);
 }
 
 // warp_segments with the segments' sums added in order into total.
@@ -393,6 +568,12 @@ constexpr int kDecodeMinBlocks = NT == 1 && Dec::TYPE != RG_TYPE_TQ1_0 && Dec::T
 template <class Dec>
 constexpr size_t warp_smem_bytes() {
     return size_t(16 * Staging<Dec>::kRawLd) + size_t(16 * kWarpTileLd<Dec>) * sizeof(__half);
+}
+
+// Shared memory of one decode warp: warp_smem_bytes, or none for the lane-decoded types.
+template <class Dec>
+constexpr size_t decode_smem_bytes() {
+    return kLaneDecode<Dec> ? 0 : warp_smem_bytes<Dec>();
 }
 
 // Stores a warp's total (NT 8-token tiles of 16 rows from r0): out(i, r, v) for token column i < 8 NT of
