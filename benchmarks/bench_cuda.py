@@ -149,23 +149,42 @@ def profile_decode(path: str, n_tokens: int, console: Console) -> None:
             tok = int(np.argmax(window.eval([tok], all_logits=False)[0]))
         wall = (time.perf_counter() - t) / n_tokens
     torch.cuda.synchronize()
+    # Kernels launched with programmatic dependent launch start before their predecessor ends and wait at
+    # pdl_begin, so a kernel's own span overlaps the one before: each kernel's time here is its span past the
+    # latest end before it ("own"), and the spans' gaps are time the GPU ran no kernel.
+    spans = sorted(
+        (ev.time_range.start, ev.time_range.end, ev.name)
+        for ev in prof.events()
+        if ev.device_type == torch.autograd.DeviceType.CUDA
+    )
     per: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            e = per.setdefault(ev.name, [0, 0.0])
-            e[0] += 1
-            e[1] += ev.device_time
+    idle, last_end = 0.0, None
+    for start, end, name in spans:
+        own = end - start if last_end is None else max(0.0, end - max(start, last_end))
+        if last_end is not None and start > last_end:
+            idle += start - last_end
+        last_end = end if last_end is None else max(last_end, end)
+        e = per.setdefault(name, [0, 0.0, 0.0])
+        e[0] += 1
+        e[1] += end - start
+        e[2] += own
     table = Table(title=f"resident decode, {n_tokens} tokens: {wall * 1e3:.2f} ms a token (wall)")
-    for col in ("kernel", "launches/token", "us/token", "mean us"):
+    for col in ("kernel", "launches/token", "span us/token", "own us/token", "own mean us"):
         table.add_column(col, justify="left" if col == "kernel" else "right")
-    total = 0.0
-    for name, (n, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
-        total += us / n_tokens
-        table.add_row(name[:110], f"{n / n_tokens:.1f}", f"{us / n_tokens:.1f}", f"{us / n:.2f}")
+    for name, (n, span, own) in sorted(per.items(), key=lambda kv: -kv[1][2]):
+        table.add_row(
+            name[:100],
+            f"{n / n_tokens:.1f}",
+            f"{span / n_tokens:.1f}",
+            f"{own / n_tokens:.1f}",
+            f"{own / n:.2f}",
+        )
     console.print(table)
-    launches = sum(n for n, _ in per.values()) / n_tokens
+    launches = sum(v[0] for v in per.values()) / n_tokens
+    own_ms = sum(v[2] for v in per.values()) / n_tokens / 1e3
     console.print(
-        f"kernels: {launches:.0f} a token, {total / 1e3:.2f} ms of GPU time against {wall * 1e3:.2f} ms wall"
+        f"kernels: {launches:.0f} a token, {own_ms:.2f} ms of their own GPU time and {idle / n_tokens / 1e3:.2f} ms "
+        f"with no kernel running, against {wall * 1e3:.2f} ms wall"
     )
 
 
