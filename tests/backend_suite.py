@@ -28,7 +28,7 @@ SUITE = (
 
 
 def run_suite(
-    backend: str, *pytest_args: str, paths: tuple[str, ...] = SUITE, workers: int = 2, timeout: float = 3600
+    backend: str, *pytest_args: str, paths: tuple[str, ...] = SUITE, workers: int = 2, timeout: float = 2400
 ) -> None:
     """Runs the tests in `paths` (SUITE by default) with REGOLITH_BACKEND=backend, stopping at the first failure,
     and asserts that they passed. The test files are spread over `workers` pytest-xdist processes (at most one

@@ -33,14 +33,3 @@ def _speculation_memory_in_tmp(monkeypatch, tmp_path_factory):
 
     root = tmp_path_factory.getbasetemp() / "regolith-cache"
     monkeypatch.setattr(regolith.model, "cache_root", lambda: root)
-
-
-# The tests that rerun a suite on another backend in a subprocess (tests/backend_suite.py): each takes
-# minutes on its own worker processes, so they are collected first, and the README's test command
-# (pytest-xdist, one file a worker, in collection order) starts them at once while the other workers run the
-# rest of the suite beside them.
-_SUBSUITES = ("test_opaque_backend.py", "test_metal_backend.py", "test_cuda_backend.py")
-
-
-def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name not in _SUBSUITES)
