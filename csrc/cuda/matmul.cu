@@ -204,7 +204,7 @@ __global__ void qmm_prefill(Rows w, int64_t nb, HalfActs a, int64_t ntok, View y
         decode_chunk<Dec, kPrefillRows>(w, rb, b0, nblk, raw, wsm, threadIdx.x, blockDim.x);
         __syncthreads();
         if (nt > 0 && rb + 16 * wr < w.rows) {
-            for (int k = 0; k < 16 * chunk_steps<Dec>(elems); k += 16) {
+            for (int k = 0; k < cols; k += 16) {
                 uint32_t af[4], bf[4][2];
                 load_a(wsm + 16 * wr * kChunkLd, kChunkLd, k, af);
                 load_b2(tsm + 32 * wt * kChunkLd, k, bf[0], bf[1]);

@@ -143,22 +143,28 @@ __device__ inline uint4 raw_piece(const Rows& w, int64_t r0, int64_t b0, int nbl
     return __ldg(reinterpret_cast<const uint4*>(piece));
 }
 
-// A block at any address p of shared memory, read as aligned words and shifted into place in registers.
-// Reads up to 4 bytes past the block (inside the raw row: kRawLd leaves at least 16 bytes of slack).
-template <class Block>
-__device__ inline Block load_block_words(const uint8_t* p) {
+// A block at any address p, read as the aligned words that hold its bytes (none past its last byte's word:
+// the block may end its buffer) and shifted into place in registers; from device memory through the
+// read-only cache where GLOBAL, else from shared memory.
+template <class Block, bool GLOBAL>
+__device__ inline Block block_words(const uint8_t* p) {
     constexpr int kWords = int(sizeof(Block) + 3) / 4;
     const auto* a = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
-    const unsigned shift = unsigned(reinterpret_cast<uintptr_t>(p) & 3) * 8;
+    const unsigned off = unsigned(reinterpret_cast<uintptr_t>(p) & 3);
+    const auto word = [&](int i) {
+        if constexpr (GLOBAL) return __ldg(a + i);
+        else return a[i];
+    };
     uint32_t w[kWords + 1];
 #pragma unroll
-    for (int i = 0; i <= kWords; ++i) w[i] = a[i];
+    for (int i = 0; i < kWords; ++i) w[i] = word(i);
+    w[kWords] = off + sizeof(Block) > 4u * kWords ? word(kWords) : 0u;
     union {
         uint32_t u[kWords];
         Block b;
     } out;
 #pragma unroll
-    for (int i = 0; i < kWords; ++i) out.u[i] = __funnelshift_r(w[i], w[i + 1], shift);
+    for (int i = 0; i < kWords; ++i) out.u[i] = __funnelshift_r(w[i], w[i + 1], off * 8);
     return out.b;
 }
 
@@ -220,7 +226,7 @@ __device__ inline void decode_chunk(const Rows& w, int64_t r0, int64_t b0, int n
             if constexpr (S::kParts) {
                 Dec::decode_part(*reinterpret_cast<const Block*>(at), c, q, scale, Dec::HAS_BIAS ? bias : nullptr);
             } else if constexpr (S::kWordLoad) {
-                const Block b = load_block_words<Block>(at);
+                const Block b = block_words<Block, false>(at);
                 Dec::decode(b, q, scale, Dec::HAS_BIAS ? bias : nullptr);
             } else {
                 Dec::decode(*reinterpret_cast<const Block*>(at), q, scale, Dec::HAS_BIAS ? bias : nullptr);
@@ -282,26 +288,6 @@ constexpr int kWarpTileK = Staging<Dec>::kTaskElems <= kChunk / 2 ? kChunk / 2 :
 template <class Dec>
 constexpr int kWarpTileLd = kWarpTileK<Dec> + 8;
 
-// A block at any address p of device memory, read as the aligned words that hold its bytes (none past
-// its last byte's word: the block may end its buffer) and shifted into place in registers.
-template <class Block>
-__device__ inline Block ldg_block_words(const uint8_t* p) {
-    constexpr int kWords = int(sizeof(Block) + 3) / 4;
-    const auto* a = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
-    const unsigned off = unsigned(reinterpret_cast<uintptr_t>(p) & 3);
-    uint32_t w[kWords + 1];
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) w[i] = __ldg(a + i);
-    w[kWords] = off + sizeof(Block) > 4u * kWords ? __ldg(a + kWords) : 0u;
-    union {
-        uint32_t u[kWords];
-        Block b;
-    } out;
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) out.u[i] = __funnelshift_r(w[i], w[i + 1], off * 8);
-    return out.b;
-}
-
 // A lane's A-fragment words of row r (of w) for task j (elements [32 j, + 32)) of the chunk of nblk blocks
 // from b0, decoded from device memory: f[2 s] the f16 pair of the task's elements 4 s, 4 s + 1 and
 // f[2 s + 1] of 4 s + 2, 4 s + 3, for the steps s < 8 that take the task (mma_column's order); zeros for a
@@ -322,7 +308,7 @@ __device__ inline void lane_task(const Rows& w, int64_t r, int64_t b0, int nblk,
         Dec::decode_part(*reinterpret_cast<const Block*>(at), (32 * j % QK) / 32, q, scale,
                          Dec::HAS_BIAS ? bias : nullptr);
     } else {
-        const Block b = ldg_block_words<Block>(at);
+        const Block b = block_words<Block, true>(at);
         Dec::decode(b, q, scale, Dec::HAS_BIAS ? bias : nullptr);
     }
 #pragma unroll
