@@ -14,6 +14,10 @@ tokenized by the model's tokenizer; the old context of size N is its first N tok
 - ``edit 25%`` / ``edit 50%``: a file edited in the middle: the ~30 tokens of the lines from a line start
   near 25% (50%) of the context replaced by a 4-line snippet of other code (a few dozen tokens);
 - ``strip 40%``: a stripped think block: ``--strip-tokens`` tokens removed from a line start near 40%;
+- ``regen 25%``: a reply regenerated after an edit: the window holds the context and a reply to it (the
+  ``--continuation`` tokens that follow it in the text), and the prompt is the context edited as for
+  ``edit 25%``, without the reply. On a model with recurrent layers the old end's state has then read the
+  reply last, so SCR evaluates the prompt's last tokens again (``regolith.generation.RECURRENT_TAIL``);
 - ``tool +N``: a tool result appended: the next ``--tool-tokens`` tokens of the text after the context.
   Nothing moves, so SCR must equal the plain path bit for bit (column ``same``).
 
@@ -30,8 +34,8 @@ context holds.
         [--sizes 4096 8192 16384] [--traces ...] [--kv-type f16] [--continuation 64] [--markdown]
 
 Goal (issue 25): >= 5x lower time to first token on edits in the first half of a 16k context (the
-``edit 25%``, ``edit 50%`` and ``strip 40%`` rows) with mean KL below 0.05 nats; the script says per model
-whether its rows at 16384 tokens meet it.
+``edit 25%``, ``edit 50%``, ``strip 40%`` and ``regen 25%`` rows) with mean KL below 0.05 nats; the script
+says per model whether its rows at 16384 tokens (or its largest, where its context is shorter) meet it.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,15 +56,15 @@ from rich.table import Table
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import regolith
 from regolith.errors import RegolithError
-from regolith.generation import PREFILL_CHUNK, prefill
+from regolith.generation import prefill
 from regolith.model import KV_TYPES, _host_cpu
 from regolith.models import resolve_model
 from regolith.tokenizer import Tokenizer
 from regolith.window import Window, WindowSnapshot
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ("edit 25%", "edit 50%", "strip 40%", "tool")
-GOAL_TRACES = ("edit 25%", "edit 50%", "strip 40%")  # edits in the first half of the context
+TRACES = ("edit 25%", "edit 50%", "strip 40%", "regen 25%", "tool")
+GOAL_TRACES = ("edit 25%", "edit 50%", "strip 40%", "regen 25%")  # edits in the first half of the context
 GOAL_SIZE, GOAL_SPEEDUP, GOAL_KL = 16384, 5.0, 0.05
 EDIT_TOKENS = 24  # at least this many tokens replaced: up to the next line start after them
 SNIPPET = """        # retry with a bounded backoff (edited)
@@ -89,6 +93,7 @@ class Trace:
     name: str
     prompt: list[int]  # the new prompt; the old context is the text's first `size` tokens
     continuation: list[int]  # the tokens that follow the prompt in the text
+    reply: list[int] = field(default_factory=list)  # evaluated after the old context, before the prompt
 
 
 def traces(
@@ -99,10 +104,12 @@ def traces(
     snippet = tok.encode(SNIPPET, add_special=False, parse_special=False)
     out = []
     for name in names:
-        if name.startswith("edit"):
-            at = line_start(tok, old, size * int(name[5:-1]) // 100)
+        if name.startswith(("edit", "regen")):
+            at = line_start(tok, old, size * int(name.split()[1][:-1]) // 100)
             end = line_start(tok, old, at + EDIT_TOKENS)
-            out.append(Trace(name, old[:at] + snippet + old[end:], cont))
+            out.append(
+                Trace(name, old[:at] + snippet + old[end:], cont, cont if name.startswith("regen") else [])
+            )
         elif name.startswith("strip"):
             at = line_start(tok, old, size * int(name[6:-1]) // 100)
             out.append(Trace(name, old[:at] + old[at + n_strip :], cont))
@@ -127,11 +134,13 @@ class Prefill:
     logits: np.ndarray  # (n_cont, vocab): the next-token logits at each continuation position
 
 
-def hold(window: Window, snapshot: WindowSnapshot, size: int) -> None:
-    """Bring ``window`` to the old context: the snapshot, cut back to ``size`` tokens."""
+def hold(window: Window, snapshot: WindowSnapshot, size: int, reply: Sequence[int]) -> None:
+    """Bring ``window`` to the old context: the snapshot, cut back to ``size`` tokens, and ``reply`` after it."""
     window.restore(snapshot)
     if not window.try_truncate(size):
         raise RuntimeError(f"the snapshot of {len(snapshot.tokens)} tokens cannot be cut back to {size}")
+    if reply:
+        window.eval(reply, all_logits=False)
 
 
 def run(window: Window, trace: Trace, scr: bool) -> Prefill:
@@ -148,14 +157,13 @@ def run(window: Window, trace: Trace, scr: bool) -> Prefill:
 
 def old_context(window: Window, text: list[int], size: int, base: WindowSnapshot | None) -> WindowSnapshot:
     """A snapshot holding the text's first ``size`` tokens: ``base`` where it can be cut back to them, else
-    those tokens evaluated in prefill's chunks."""
+    those tokens prefilled as the agent's earlier prompt (the snapshot keeps the logits after them)."""
     if base is not None and len(base.tokens) >= size:
         window.restore(base)
         if window.try_truncate(size):
             return base
     window.reset()
-    for start in range(0, size, PREFILL_CHUNK):
-        window.eval(text[start : min(size, start + PREFILL_CHUNK)], all_logits=False)
+    prefill(window, text[:size])
     return window.snapshot()
 
 
@@ -214,9 +222,9 @@ def bench_model(name: str, args: argparse.Namespace, console: Console) -> list[l
             tok, text, size, args.traces, args.continuation, args.strip_tokens, args.tool_tokens
         ):
             t0 = time.perf_counter()
-            hold(plain_w, base, size)
+            hold(plain_w, base, size, trace.reply)
             plain = run(plain_w, trace, scr=False)
-            hold(scr_w, base, size)
+            hold(scr_w, base, size, trace.reply)
             scr = run(scr_w, trace, scr=True)
             lp, lq = _log_softmax(plain.logits), _log_softmax(scr.logits)
             kl = (np.exp(lp) * (lp - lq)).sum(-1)
@@ -246,21 +254,23 @@ def bench_model(name: str, args: argparse.Namespace, console: Console) -> list[l
 
 
 def goal(rows: list[list[str]], console: Console) -> None:
-    """Per model with rows at GOAL_SIZE: whether its first-half edit rows meet issue 25's goal."""
+    """Per model: whether its first-half edit rows meet issue 25's goal at GOAL_SIZE, or at the largest
+    context it ran where its own context is shorter (regolith-demo's 4096 tokens)."""
     for name in dict.fromkeys(r[0] for r in rows):
-        mine = [r for r in rows if r[0] == name and r[1] == str(GOAL_SIZE) and r[2] in GOAL_TRACES]
-        if not mine:
-            console.print(f"goal: {name} has no first-half edit rows at {GOAL_SIZE} tokens")
+        sizes = {int(r[1]) for r in rows if r[0] == name and r[2] in GOAL_TRACES}
+        if not sizes:
+            console.print(f"goal: {name} has no first-half edit rows")
             continue
+        size = GOAL_SIZE if GOAL_SIZE in sizes else max(sizes)
+        mine = [r for r in rows if r[0] == name and r[1] == str(size) and r[2] in GOAL_TRACES]
         misses = [
             f"{r[2]} ({r[8]}x, KL {r[9]})"
             for r in mine
             if float(r[8]) < GOAL_SPEEDUP or float(r[9]) >= GOAL_KL
         ]
         verdict = "met" if not misses else "not met: " + ", ".join(misses)
-        console.print(
-            f"goal (>= {GOAL_SPEEDUP:g}x TTFT, mean KL < {GOAL_KL} at {GOAL_SIZE}): {name}: {verdict}"
-        )
+        where = f"{size}" if size == GOAL_SIZE else f"{size}, the largest run (the goal's is {GOAL_SIZE})"
+        console.print(f"goal (>= {GOAL_SPEEDUP:g}x TTFT, mean KL < {GOAL_KL} at {where}): {name}: {verdict}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from regolith.scr import Run, plan_reuse, reused_tokens
+from regolith.scr import Run, fits_recurrent, plan_reuse, reused_tokens
 
 
 def _brute_force(cached, prompt, max_runs, min_run, max_candidates):
@@ -122,3 +122,25 @@ def test_bad_arguments():
     for kw in ({"min_run": 0}, {"max_runs": -1}, {"max_candidates": 0}):
         with pytest.raises(ValueError):
             plan_reuse([1], [1], **kw)
+
+
+def test_which_plans_fit_a_recurrent_state():
+    """fits_recurrent: the last moved run must end where the cached tokens end (the recurrent state is the one
+    after them), or one token short where the prompt's last token is the cached last one and its logits are
+    known (that token then moves too)."""
+    cached = list(range(100))
+    edited = cached[:20] + [900, 901] + cached[20:]  # an insertion: the prompt ends as the cached tokens do
+    runs = plan_reuse(cached, edited[:-1], min_run=8)
+    assert runs[-1].src + runs[-1].length == len(cached) - 1
+    assert fits_recurrent(runs, cached, edited, end_known=True)
+    assert not fits_recurrent(runs, cached, edited, end_known=False)
+    longer = edited + [902, 903]  # the prompt goes on past the cached tokens: the run ends with them
+    runs = plan_reuse(cached, longer[:-1], min_run=8)
+    assert runs[-1].src + runs[-1].length == len(cached)
+    assert fits_recurrent(runs, cached, longer, end_known=False)
+    replied = cached + [950] * 10  # cached: the prompt and a reply; the edited prompt ends before the reply
+    runs = plan_reuse(replied, edited[:-1], min_run=8)
+    assert not fits_recurrent(runs, replied, edited, end_known=True)
+    assert not fits_recurrent(
+        plan_reuse(cached, cached[:50], min_run=8), cached, cached[:51], True
+    )  # no move

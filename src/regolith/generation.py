@@ -24,7 +24,7 @@ import numpy as np
 from .errors import ContextOverflowError
 from .logprobs import TokenLogprob, token_logprob
 from .sampling import Sampler, SamplingParams
-from .scr import Run, plan_reuse, reused_tokens
+from .scr import Run, fits_recurrent, plan_reuse, reused_tokens
 from .speculative import CostGate, Speculation, Speculator
 
 if TYPE_CHECKING:
@@ -37,6 +37,9 @@ __all__ = ["Generation", "GenerationStats", "SharedPrompt", "TokenGuide", "prefi
 
 # Prompt tokens evaluated per call: bounds activation memory and lets a cancelled request stop between chunks.
 PREFILL_CHUNK = 512
+# Prompt tokens a suffix cache reuse evaluates again at the end of a prompt on models with recurrent layers
+# where the old end's state has read other text last (_prefill_moved): measured on regolith-demo, docs/cache.md.
+RECURRENT_TAIL = 128
 # Prompt tokens per call when every position's logits are kept (prompt log-probabilities): 128 rows of a
 # 152k vocabulary are 78 MB of float32 logits.
 LOGPROBS_CHUNK = 128
@@ -119,10 +122,13 @@ def prefill(
     ``scr`` (suffix cache reuse, where :attr:`Window.can_move`): the window's tokens after an edit are reused
     too where they reappear in the prompt (:func:`regolith.scr.plan_reuse`), moved to their new positions
     (:meth:`Window.append_moved`) rather than evaluated, when that reuses more than the prompt cache's prefix;
-    or a cache entry's tokens, where one reuses more still (:meth:`PromptCache.restore_moved`);
-    recurrent layers keep their state (:meth:`Window.truncate_attention`). Not exact: moved tokens keep what
-    they attended to before the edit. Without such runs (no edit, an edit at the end) it is the plain path,
-    bit for bit. A window holding moved tokens is never stored in the prompt cache.
+    or a cache entry's tokens, where one reuses more still (:meth:`PromptCache.restore_moved`; on models
+    with recurrent layers, one whose plan :func:`regolith.scr.fits_recurrent` where the window's does not).
+    Recurrent layers keep their state through the gaps and take the old end's after the last run
+    (:meth:`Window.adopt_recurrent`). Not exact: moved tokens keep what they attended to before the edit.
+    Without such runs (no edit, an edit at the end) it is the plain path, bit for bit. A window holding moved
+    tokens is never stored in the prompt cache. The logits returned are noted on the window
+    (:meth:`Window.note_end_logits`) for a later prompt's reuse.
     """
     if not prompt:
         raise ValueError("the prompt is empty: generation needs at least one token")
@@ -131,17 +137,20 @@ def prefill(
             f"the prompt has {len(prompt)} tokens; the context holds {window.max_ctx} (with room for one reply token)"
         )
     if scr and window.can_move and not window._images:  # image tokens do not move
-        # the last prompt token is always evaluated: its logits are needed
+        # the last prompt token is evaluated (its logits are needed), unless a recurrent plan moves it too
         runs = plan_reuse(window.tokens, prompt[:-1]) if window.n_past else []
         reused = reused_tokens(runs)
+        fits = not window.recurrent or fits_recurrent(
+            runs, window.tokens, prompt, window.end_logits() is not None
+        )
         prefix = cache.lookup(window, prompt) if cache is not None else 0
-        moved = cache.restore_moved(window, prompt, max(reused, prefix)) if cache is not None else None
+        moved = cache.restore_moved(window, prompt, (fits, reused), prefix) if cache is not None else None
         if moved is not None:
             # the plan against the entry the window now holds (one holding images takes the plain path)
             runs = [] if window._images else moved
             reused = reused_tokens(runs)
         if any(r.dst > 0 for r in runs) and prefix < reused:
-            return _prefill_moved(window, prompt, runs, progress), reused
+            return _prefill_moved(window, prompt, runs, progress)
     if cache is not None:
         hit = cache.restore(window, prompt)
         if hit is not None and hit.logits is not None:
@@ -166,27 +175,46 @@ def prefill(
             assert logits is not None
             cache.store(window, logits=logits[0] if end == len(prompt) else None)
     assert logits is not None
+    window.note_end_logits(logits[0])
     return logits[0], keep
 
 
 def _prefill_moved(
     window: Window, prompt: Sequence[int], runs: Sequence[Run], progress: Callable[[int, int], None] | None
-) -> np.ndarray:
+) -> tuple[np.ndarray, int]:
     """prefill's suffix cache reuse: the window cut back to the common prefix (recurrent layers keep their
-    state), then each gap evaluated and each run of its old tokens moved after it. Where the last run ends
-    with the old tokens, the recurrent layers then take the old end's state (:meth:`Window.adopt_recurrent`),
-    which has read the same last stretch: before the tokens after it are evaluated, or after the prompt's
-    last token when that token ends the old tokens too (its logits then come from the state kept).
-    Returns the logits after the prompt's last token."""
+    state), then each gap evaluated and each run of its old tokens moved after it. On models with recurrent
+    layers, which hold only the state after all the old tokens, the last run decides what they read next
+    (docs/cache.md):
+
+    - it ends with the old tokens: they take the old end's state (:meth:`Window.adopt_recurrent`) after it,
+      which has read what precedes the tokens evaluated after it;
+    - it ends one short, where the prompt's last token ends the old tokens too and the logits after it are
+      known (:meth:`Window.end_logits`): that token moves too, the state is taken after it, and those
+      logits are the prompt's;
+    - otherwise the old end's state has read something else last (a reply after the old prompt, say): it is
+      taken after the run cut back to leave the prompt's last :data:`RECURRENT_TAIL` tokens, which are
+      evaluated again.
+
+    Returns (the logits after the prompt's last token, tokens reused)."""
     snapshot = window.snapshot()
     old = len(snapshot.tokens)
     head = runs[0].length if runs[0].dst == 0 else 0
     window.truncate_attention(head)
     moved = [r for r in runs if r.dst > 0]
-    last = moved[-1]
-    adopt_after = last.src + last.length == old - 1 and last.dst + last.length == len(prompt) - 1
-    adopt_after = adopt_after and prompt[-1] == snapshot.tokens[-1]
-    total = len(prompt) - reused_tokens(runs)
+    last, adopt, end_logits = moved[-1], None, None
+    if window.recurrent:
+        if last.src + last.length == old:
+            adopt = last
+        elif fits_recurrent(moved, snapshot.tokens, prompt, snapshot.end_logits is not None):
+            end_logits = snapshot.end_logits
+            adopt = Run(last.src, last.dst, last.length + 1)
+        else:
+            keep = min(last.length, max(0, len(prompt) - RECURRENT_TAIL - last.dst))
+            adopt = Run(last.src, last.dst, keep)
+        moved[-1] = adopt
+    reused = head + reused_tokens(moved)
+    total = len(prompt) - reused
     done = evaluated = head
     logits = None
     for run in [*moved, Run(0, len(prompt), 0)]:
@@ -198,13 +226,13 @@ def _prefill_moved(
                 progress(evaluated - head, total)
         if run.length:
             window.append_moved(snapshot, run.src, run.length)
-            if run is last and run.src + run.length == old:
-                window.adopt_recurrent(snapshot)
+        if run is adopt:
+            window.adopt_recurrent(snapshot)
         done = run.dst + run.length
-    if adopt_after:
-        window.adopt_recurrent(snapshot)
-    assert logits is not None  # the runs end before the prompt's last token
-    return logits[0]
+    first = end_logits.copy() if end_logits is not None else logits[0] if logits is not None else None
+    assert first is not None  # the runs end before the prompt's last token, or it moved with its logits
+    window.note_end_logits(first)
+    return first, reused
 
 
 def score_prompt(

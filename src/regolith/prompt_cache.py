@@ -22,7 +22,9 @@ Policy (docs/cache.md):
 - **Suffix cache reuse.** With ``scr`` a prompt may also reuse an entry's tokens after an edit
   (:meth:`PromptCache.restore_moved`): the entry, among the most recently used that no other entry
   extends, whose tokens :func:`regolith.scr.plan_reuse` reuses most of is restored whole, and prefill moves
-  its runs.
+  its runs. On recurrent models any entry may be, and one whose recurrent state fits the plan
+  (:func:`regolith.scr.fits_recurrent`: an earlier version of the prompt, stored at its end with its
+  logits) ranks first.
 - **Failures.** An entry that cannot be read back (truncated, corrupt, another format version or model) is
   deleted with its descendants and the prompt is evaluated instead: a broken cache costs time, never output.
 
@@ -49,7 +51,7 @@ import numpy as np
 
 from . import state as _state
 from .errors import SessionError
-from .scr import Run, plan_reuse, reused_tokens
+from .scr import Run, fits_recurrent, plan_reuse, reused_tokens
 
 if TYPE_CHECKING:
     from .chat import ChatTemplate
@@ -68,8 +70,8 @@ __all__ = [
 # Entries in one restore chain at most: a longer chain reads more files than a whole state would.
 MAX_CHAIN = 8
 _SUFFIX = ".rgs"
-# Entries suffix cache reuse plans against (the most recently used that no other entry extends): each plan is
-# about linear in the two token lists.
+# Entries suffix cache reuse plans against (the most recently used that no other entry extends; any entry on
+# models with recurrent layers): each plan is about linear in the two token lists.
 MOVED_CANDIDATES = 16
 # Temporary files older than this are left over from a killed save.
 _STALE_TMP_SECONDS = 60.0
@@ -154,11 +156,6 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(a.size, b.size)
     diff = np.flatnonzero(a[:n] != b[:n])
     return int(diff[0]) if diff.size else n
-
-
-def _recurrent(model: _state.ModelInfo) -> bool:
-    """Whether the model's state cannot be cut back to a prefix (recurrent layers keep no history)."""
-    return "linear_attention" in model.config.get("layer_types", ())
 
 
 def _unlink(path: Path) -> None:
@@ -282,7 +279,7 @@ class PromptCache:
 
     def _best(self, window: Window, prompt: np.ndarray) -> tuple[int, _Entry | None]:
         model = window._model
-        fingerprint, recurrent, limit = _model_id(model), _recurrent(model), int(prompt.size)
+        fingerprint, recurrent, limit = _model_id(model), window.recurrent, int(prompt.size)
         best: tuple[int, _Entry | None] = (0, None)
         for e in self._entries.values():
             if e.fingerprint != fingerprint or e.n > window.max_ctx:
@@ -302,7 +299,7 @@ class PromptCache:
         is then untouched, unless an unreadable entry was met: it is deleted, the next best tried, and the
         window may be left reset)."""
         ids = np.asarray(prompt, dtype=np.int32)
-        recurrent = _recurrent(window._model)
+        recurrent = window.recurrent
         with self._lock:
             while True:
                 held = np.asarray(window._tokens, dtype=np.int32)
@@ -321,35 +318,46 @@ class PromptCache:
                 self._refresh_totals()
                 return CacheHit(usable, logits if usable == ids.size else None)
 
-    def restore_moved(self, window: Window, prompt: Sequence[int], at_least: int) -> list[Run] | None:
+    def restore_moved(
+        self, window: Window, prompt: Sequence[int], beat: tuple[bool, int], at_least: int
+    ) -> list[Run] | None:
         """Suffix cache reuse from the cache: bring ``window`` to the whole of the entry whose tokens
         :func:`regolith.scr.plan_reuse` reuses most of ``prompt`` from (the last prompt token excluded, as
         prefill evaluates it), among the :data:`MOVED_CANDIDATES` most recently used entries no other entry
-        extends, when that plan moves tokens and reuses more than ``at_least``. Returns that plan (against the
-        tokens the window now holds), or None where no entry does (the window is then untouched, unless an
-        unreadable entry was met: it is deleted, the next best tried, and the window may be left reset)."""
+        extends, when that plan moves tokens, reuses more than ``at_least`` and ranks above ``beat``, the
+        window's own plan as (fits, tokens reused). On models with recurrent layers every entry is a
+        candidate and a plan that :func:`regolith.scr.fits_recurrent` ranks first (an entry at the end of an
+        earlier version of the prompt, stored with its logits, fits an edited resend of it); on the others
+        every plan fits. Returns that plan (against the tokens the window now holds), or None where no entry
+        does (the window is then untouched, unless an unreadable entry was met: it is deleted, the next best
+        tried, and the window may be left reset)."""
         ids = np.asarray(prompt[:-1], dtype=np.int32)
-        model = window._model
-        fingerprint, recurrent = _model_id(model), _recurrent(model)
+        fingerprint, recurrent = _model_id(window._model), window.recurrent
         with self._lock:
             while True:
-                best: tuple[int, _Entry | None, list[Run]] = (at_least, None, [])
-                leaves = [
+                best: tuple[tuple[bool, int], _Entry | None, list[Run]] = (beat, None, [])
+                candidates = [
                     e
                     for e in self._entries.values()
-                    if not e.children and e.fingerprint == fingerprint and e.n <= window.max_ctx
+                    if (recurrent or not e.children)
+                    and e.fingerprint == fingerprint
+                    and e.n <= window.max_ctx
                 ]
-                for e in sorted(leaves, key=lambda e: e.used, reverse=True)[:MOVED_CANDIDATES]:
+                for e in sorted(candidates, key=lambda e: e.used, reverse=True)[:MOVED_CANDIDATES]:
                     runs = plan_reuse(e.tokens, ids)
-                    if any(r.dst > 0 for r in runs) and reused_tokens(runs) > best[0]:
-                        best = (reused_tokens(runs), e, runs)
-                reused, entry, plan = best
+                    fits = not recurrent or fits_recurrent(runs, e.tokens, prompt, e.header.has_logits)
+                    rank = (fits, reused_tokens(runs))
+                    if any(r.dst > 0 for r in runs) and rank[1] > at_least and rank > best[0]:
+                        best = (rank, e, runs)
+                (fits, reused), entry, plan = best
                 if entry is None:
                     return None
                 if not self._read(window, entry, entry.n, recurrent)[0]:
                     continue
+                last = plan[-1]
+                moves_last = recurrent and fits and last.src + last.length < entry.n  # with the logits stored
                 self.stats.hits += 1
-                self.stats.tokens_saved += reused
+                self.stats.tokens_saved += reused + moves_last
                 self._refresh_totals()
                 return plan
 

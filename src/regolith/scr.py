@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MAX_RUNS", "MIN_RUN", "Run", "plan_reuse", "reused_tokens"]
+__all__ = ["MAX_RUNS", "MIN_RUN", "Run", "fits_recurrent", "plan_reuse", "reused_tokens"]
 
 # Tokens a run must have beyond the prefix: a shorter match saves less than relocating it costs, and short
 # matches are mostly accidental (a repeated line).
@@ -105,3 +105,27 @@ def plan_reuse(
 def reused_tokens(runs: Sequence[Run]) -> int:
     """Prompt tokens a plan reuses."""
     return sum(r.length for r in runs)
+
+
+def fits_recurrent(
+    runs: Sequence[Run], cached: Sequence[int], prompt: Sequence[int], end_known: bool
+) -> bool:
+    """Whether a plan of ``prompt[:-1]`` against ``cached`` suits a recurrent state (Gated DeltaNet), whose
+    only state is the one after all of ``cached``: true when its last moved run ends where ``cached`` ends (the
+    state has then last read what precedes the tokens evaluated after the run), or one token short of that
+    where the prompt's last token is ``cached``'s last and the logits after it are known (``end_known``): that
+    token then moves too and its logits are those known. Otherwise the tokens after the last run would be
+    read by a state that has read other text last."""
+    moved = [r for r in runs if r.dst > 0]
+    if not moved:
+        return False
+    last = moved[-1]
+    end = last.src + last.length
+    if end == len(cached):
+        return True
+    return (
+        end_known
+        and end == len(cached) - 1
+        and last.dst + last.length == len(prompt) - 1
+        and prompt[-1] == cached[-1]
+    )

@@ -66,6 +66,8 @@ class StateWindow(Protocol):
     @property
     def max_ctx(self) -> int: ...
 
+    def note_end_logits(self, logits: np.ndarray) -> None: ...
+
 
 @dataclass(frozen=True)
 class IoStats:
@@ -211,4 +213,6 @@ def load_window(
         window._keep_held()  # a failed restore leaves the window unchanged or reset
         raise
     window._tokens = head.tokens.tolist()
+    if logits is not None:
+        window.note_end_logits(logits)
     return _stats(read, time.perf_counter() - t0), logits

@@ -32,6 +32,8 @@ class WindowSnapshot:
     _state: Any
     moved_from: int | None = None
     """The first token whose state was moved rather than evaluated (:attr:`Window.moved_from`)."""
+    end_logits: np.ndarray | None = None
+    """The logits after its last token, where the window knew them (:meth:`Window.end_logits`)."""
 
     @property
     def nbytes(self) -> int:
@@ -72,6 +74,7 @@ class Window:
         """The first of the held tokens whose state :meth:`append_moved` put there (suffix cache reuse): from
         it on the state is not what evaluating the tokens gives, and the prompt cache does not store it. None
         when every held token was evaluated."""
+        self._end: tuple[np.ndarray, np.ndarray] | None = None  # (tokens, the logits after the last of them)
 
     @property
     def n_past(self) -> int:
@@ -94,6 +97,7 @@ class Window:
         self._tokens.clear()
         self._images = []
         self.moved_from = None
+        self._end = None
 
     def attach_images(self, images: Sequence[ImageSpan]) -> None:
         """Declare the images of the token sequence this window is about to be brought to (a prompt's
@@ -150,7 +154,9 @@ class Window:
         """A copy of the window's whole state (every layer's state and the token ids) in host memory, which
         :meth:`restore` puts back: several continuations of one prompt (a server's ``n`` choices) evaluate
         the prompt once, also on models whose recurrent state cannot be cut back."""
-        return WindowSnapshot(tuple(self._tokens), tuple(self._images), self._w.snapshot(), self.moved_from)
+        return WindowSnapshot(
+            tuple(self._tokens), tuple(self._images), self._w.snapshot(), self.moved_from, self.end_logits()
+        )
 
     def restore(self, snapshot: WindowSnapshot) -> None:
         """Replace the window's state with ``snapshot`` (taken from a window of the same model): it then holds
@@ -160,10 +166,38 @@ class Window:
         try:
             self._w.restore(snapshot._state)
         except BaseException:
-            self._tokens, self._images, self.moved_from = [], [], None
+            self._tokens, self._images, self.moved_from, self._end = [], [], None, None
             raise
         self._tokens, self._images = list(snapshot.tokens), list(snapshot.images)
         self.moved_from = snapshot.moved_from
+        self._end = None
+        if snapshot.end_logits is not None:
+            self.note_end_logits(snapshot.end_logits)
+
+    def note_end_logits(self, logits: np.ndarray) -> None:
+        """Remember ``logits`` as those after the window's last token (a copy): :func:`regolith.generation.prefill`
+        notes them after each prompt, the prompt cache with an entry that stored them. Suffix cache reuse on
+        models with recurrent layers then moves a prompt's last token too where it ends the window's tokens,
+        instead of evaluating it with a state that has already read it (:meth:`end_logits`)."""
+        row = np.array(logits, dtype=np.float32, copy=True)
+        row.flags.writeable = False
+        self._end = (np.asarray(self._tokens, dtype=np.int32), row)
+
+    def end_logits(self) -> np.ndarray | None:
+        """The logits :meth:`note_end_logits` remembered (read-only), while the window still holds exactly the
+        tokens it held then (None otherwise): another evaluation, a cut or a reset makes them stale."""
+        if self._end is None:
+            return None
+        tokens, logits = self._end
+        if len(tokens) != len(self._tokens) or not np.array_equal(tokens, self._tokens):
+            return None
+        return logits
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model has recurrent layers (Gated DeltaNet: qwen4exp, qwen35moe, qwen3next), whose state
+        keeps no history: it cannot be cut back to a prefix, nor can a moved token's be recomputed."""
+        return "linear_attention" in self._model.config.get("layer_types", ())
 
     @property
     def can_move(self) -> bool:
@@ -212,6 +246,7 @@ class Window:
         unchanged; nothing on attention-only models. :func:`regolith.generation.prefill` does it when the last
         moved run ends where the snapshot's tokens end, so the recurrent layers have last read what the
         window's last tokens are."""
+        self._end = None
         self._w.adopt_recurrent(snapshot._state, self._tokens[-_RECENT:])
 
     def _keep_held(self) -> None:
@@ -346,6 +381,7 @@ class Window:
         """
         head = _state.read_header(path)
         _state.check_model(self, head, path)
+        self._end = None
         if head.start == 0:
             self.reset()
         stats, _ = _state.load_window(self, path, header=head)

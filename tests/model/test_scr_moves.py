@@ -1,8 +1,10 @@
-"""Suffix cache reuse's move (``Window.append_moved``, ``prefill(scr=True)``) on the attention-only models: a
-moved token's first-layer key and value (which depend on the token and its position alone) equal what
-evaluating the edited prompt afresh gives them, for every cache type, on global and sliding-window layers,
-plain and YaRN RoPE; without an edit ``scr`` is the plain path bit for bit; a moved window is never stored in
-the prompt cache; models with recurrent state take the plain path. The plan step: tests/test_scr_plan.py."""
+"""Suffix cache reuse's move (``Window.append_moved``, ``prefill(scr=True)``): a moved token's first-layer key
+and value (which depend on the token and its position alone) equal what evaluating the edited prompt afresh
+gives them, for every cache type, on global and sliding-window layers, plain and YaRN RoPE; without an edit
+``scr`` is the plain path bit for bit; a moved window is never stored in the prompt cache; the hybrid models
+(qwen4exp, Qwen3.5, Qwen3-Next) move their attention rows and take the old end's recurrent state as
+docs/cache.md says (the last token moved with its noted logits, a cache entry that fits preferred, the
+tail read again). The plan step: tests/test_scr_plan.py."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import regolith
 from regolith import state as rstate
 from regolith.convert import convert
 from regolith.errors import RegolithError
-from regolith.generation import prefill
+from regolith.generation import RECURRENT_TAIL, prefill
 from regolith.scr import MIN_RUN
 from tests.dense_models import save_tiny_checkpoint, tiny_config, tiny_model, write_gguf
 
@@ -132,19 +134,18 @@ def test_generation_with_scr_and_the_prompt_cache(files, tmp_path):
     assert window.moved_from is None
 
 
-def _from_window_and_from_cache(model, tmp_path: Path, prefix: int) -> None:
+def _from_window_and_from_cache(model, tmp_path: Path, prefix: int, reused: int) -> None:
     """prefill(scr=True) on a fresh window whose prompt cache holds CACHED (and an unrelated entry) moves the
-    entry's runs: the same logits, bit for bit, as from a window that held CACHED itself; without scr the cache
-    gives only the prefix (``prefix`` tokens: A, or none where a recurrent state cannot be cut back)."""
+    entry's runs: the same logits, bit for bit, as from a window that held CACHED itself (``reused`` tokens);
+    without scr the cache gives only the prefix (``prefix`` tokens: A, or none where a recurrent state cannot
+    be cut back)."""
     cache = regolith.PromptCache(tmp_path / "cache", 1 << 30, min_tokens=8)
     for tokens in (_tokens(9, 60), CACHED):
-        w = model.window(256)
-        w.eval(tokens, all_logits=False)
-        assert cache.store(w)
+        prefill(model.window(256), tokens, cache=cache)  # stored at the prompt's end, with its logits
     held = model.window(256)
-    held.eval(CACHED, all_logits=False)
+    prefill(held, CACHED)
     want, want_reused = prefill(held, EDITED, scr=True)
-    assert want_reused == len(CACHED) - 1
+    assert want_reused == reused
     fresh = model.window(256)
     got, reused = prefill(fresh, EDITED, cache=cache, scr=True)
     assert reused == want_reused and fresh.tokens == EDITED and fresh.moved_from == held.moved_from
@@ -156,7 +157,10 @@ def _from_window_and_from_cache(model, tmp_path: Path, prefix: int) -> None:
 
 
 def test_scr_moves_the_runs_of_a_prompt_cache_entry(files, tmp_path):
-    _from_window_and_from_cache(regolith.Model.load(files["gemma3"], kv_type="f32"), tmp_path, len(A))
+    # an attention-only model evaluates the prompt's last token: its logits see the edit
+    _from_window_and_from_cache(
+        regolith.Model.load(files["gemma3"], kv_type="f32"), tmp_path, len(A), len(CACHED) - 1
+    )
 
 
 def _part(window, kind: str, layer: int, tmp_path: Path) -> np.ndarray:
@@ -188,12 +192,12 @@ def test_hybrid_models_move_their_attention_rows_and_keep_the_recurrent_state(ar
     shape = (c.num_key_value_heads, c.head_dim)
     window = model.window(256)
     assert window.can_move
-    window.eval(CACHED, all_logits=False)
+    prefill(window, CACHED)
     old_k, old_v = _layer_kv(window, 3, *shape, tmp_path)  # layer 3: full attention
     old_gdn = _part(window, "gdn", 0, tmp_path)
     _, reused = prefill(window, EDITED, scr=True)
-    assert window.tokens == EDITED and reused == len(CACHED) - 1
-    assert window.moved_from == len(A) and window.n_evaluated == len(CACHED) + len(X) + 1
+    assert window.tokens == EDITED and reused == len(CACHED)  # the last token too: its logits were noted
+    assert window.moved_from == len(A) and window.n_evaluated == len(CACHED) + len(X)
     k, v = _layer_kv(window, 3, *shape, tmp_path)
     rope = c.rope_parameters
     half = int(c.head_dim * rope["partial_rotary_factor"]) // 2
@@ -208,9 +212,9 @@ def test_hybrid_models_move_their_attention_rows_and_keep_the_recurrent_state(ar
         v[..., len(A) + len(X) : len(EDITED) - 1], old_v[..., len(A) : len(CACHED) - 1]
     )
     np.testing.assert_array_equal(k[:, : len(A)], old_k[:, : len(A)])
-    # the prompt's last token ends the old tokens too: after it, the recurrent layers took the old end's state
+    # the prompt's last token ends the old tokens too: with it, the recurrent layers took the old end's state
     np.testing.assert_array_equal(_part(window, "gdn", 0, tmp_path), old_gdn)
-    _from_window_and_from_cache(model, tmp_path, 0)  # the entry's recurrent state is restored whole
+    _from_window_and_from_cache(model, tmp_path, 0, len(CACHED))  # the entry's recurrent state restored whole
 
 
 def _rotated(x: np.ndarray, shift: int, half: int, theta: float) -> np.ndarray:
@@ -257,12 +261,12 @@ def test_qwen4exp_moves_its_qsa_rows_and_pools_the_blocks_again(tmp_path):
         return out
 
     window = model.window(256)
-    window.eval(cached, all_logits=False)
+    prefill(window, cached)
     old = qsa(window)
     _, reused = prefill(window, edited, scr=True)
-    assert window.tokens == edited and reused == len(cached) - 1 and window.moved_from == len(A)
+    assert window.tokens == edited and reused == len(cached) and window.moved_from == len(A)
     new = qsa(window)
-    shift, n = len(x), len(cached) - 1 - len(A)
+    shift, n = len(x), len(cached) - len(A)
     moved, was = slice(len(A) + shift, len(A) + shift + n), slice(len(A), len(A) + n)
     want = _rotated(old["k"][was], shift, half, theta)
     assert np.abs(new["k"][moved] - want).max() <= 1e-5 * np.abs(want).max()
@@ -289,3 +293,105 @@ def test_bad_moves_are_refused_and_change_nothing(files):
     with pytest.raises(RegolithError):
         window.append_moved(other.snapshot(), 0, 4)
     assert window.tokens == CACHED[:40] and window.moved_from is None
+
+
+def test_the_logits_noted_after_a_prompt_hold_while_the_window_holds_its_tokens(files, tmp_path):
+    """prefill notes the logits after the prompt (Window.end_logits): kept by a snapshot, a restore and a state
+    file that stored them, stale once the window holds other tokens, valid again where it is cut back to them."""
+    model = regolith.Model.load(files["gemma3"], kv_type="f32")
+    window = model.window(256)
+    logits, _ = prefill(window, CACHED)
+    np.testing.assert_array_equal(window.end_logits(), logits)
+    logits[:] = 0  # the caller's copy is its own
+    want = window.end_logits().copy()
+    assert want.any()
+    snap = window.snapshot()
+    window.eval(X, all_logits=False)
+    assert window.end_logits() is None and window.snapshot().end_logits is None
+    window.truncate(len(CACHED))  # an attention cache cut back: the state after CACHED again
+    np.testing.assert_array_equal(window.end_logits(), want)
+    window.reset()
+    assert window.end_logits() is None
+    window.restore(snap)
+    np.testing.assert_array_equal(window.end_logits(), want)
+    path = tmp_path / "s.rgs"
+    rstate.save_window(window, path, logits=want)
+    other = model.window(256)
+    other.load(path)
+    np.testing.assert_array_equal(other.end_logits(), want)
+    rstate.save_window(window, path)
+    other.load(path)
+    assert other.end_logits() is None  # a file without logits: unknown, though the tokens are the same
+
+
+def _hybrid(arch: str, tmp_path: Path):
+    if arch == "qwen4exp":
+        from tests.qwen4exp_models import save_tiny_model
+
+        hf = save_tiny_model(tmp_path / "hf", 0)
+    else:
+        hf = save_tiny_checkpoint(arch, tmp_path / "hf", 0)
+    return regolith.Model.load(convert(hf, tmp_path / "m.gguf", "f32"), kv_type="f32")
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe", "qwen4exp"])
+def test_a_recurrent_window_moves_the_prompts_last_token_where_its_logits_are_known(arch, tmp_path):
+    """The edited prompt ends as the old one did, after whose last token prefill noted the logits: that token
+    moves too (evaluating it would read it with a state that has read it already), the logits are the old
+    prompt's and the recurrent layers end with the old end's state; nothing after the edit is evaluated."""
+    model = _hybrid(arch, tmp_path)
+    window = model.window(256)
+    old_logits, _ = prefill(window, CACHED)
+    old_gdn = _part(window, "gdn", 0, tmp_path)
+    logits, reused = prefill(window, EDITED, scr=True)
+    assert window.tokens == EDITED and reused == len(CACHED) and window.moved_from == len(A)
+    assert window.n_evaluated == len(CACHED) + len(X)
+    np.testing.assert_array_equal(logits, old_logits)
+    np.testing.assert_array_equal(window.end_logits(), old_logits)
+    np.testing.assert_array_equal(_part(window, "gdn", 0, tmp_path), old_gdn)
+
+
+def test_a_recurrent_model_moves_the_cache_entry_its_state_fits(tmp_path):
+    """A conversation's window holds the prompt and a reply, and the prompt cache the prompt's end (with its
+    logits) and the reply's; the prompt comes again edited. The window's own tokens do not fit (its state has
+    read the reply last), nor does the reply's entry: the prompt's entry does, and its runs move, the last
+    token with them, as from a window that held the prompt alone."""
+    model = _hybrid("qwen3next", tmp_path)
+    cache = regolith.PromptCache(tmp_path / "cache", 1 << 30, min_tokens=8)
+    window = model.window(256)
+    old_logits, _ = prefill(window, CACHED, cache=cache)  # stored at the prompt's end, with the logits
+    old_gdn = _part(window, "gdn", 0, tmp_path)
+    window.eval(_tokens(6, 12), all_logits=False)
+    assert cache.store(window)  # the reply's end: an entry extending the prompt's
+    logits, reused = prefill(window, EDITED, cache=cache, scr=True)
+    assert window.tokens == EDITED and reused == len(CACHED) and window.moved_from == len(A)
+    np.testing.assert_array_equal(logits, old_logits)
+    np.testing.assert_array_equal(_part(window, "gdn", 0, tmp_path), old_gdn)
+    assert cache.stats.tokens_saved == len(CACHED)
+
+
+def test_a_recurrent_window_whose_state_read_other_text_last_reads_the_prompts_tail_again(tmp_path):
+    """The window holds a prompt and a reply; the prompt comes again edited, with no cache entry at its end.
+    The old end's state has read the reply last, so it is taken after the last run cut back to leave the
+    prompt's last RECURRENT_TAIL tokens, which are evaluated again: the logits and the recurrent state are
+    those of exactly that procedure, step by step."""
+    model = _hybrid("qwen3next", tmp_path)
+    long = _tokens(7, 160)
+    cached, edited = A + long, A + X + long
+    window = model.window(256)
+    prefill(window, cached)
+    window.eval(_tokens(6, 12), all_logits=False)  # the reply
+    snap = window.snapshot()
+    logits, reused = prefill(window, edited, scr=True)
+    moved = len(edited) - RECURRENT_TAIL - (len(A) + len(X))
+    assert window.tokens == edited and reused == len(A) + moved and moved > 0
+    assert window.n_evaluated == len(snap.tokens) + len(X) + RECURRENT_TAIL
+    by_hand = model.window(256)
+    by_hand.restore(snap)
+    by_hand.truncate_attention(len(A))
+    by_hand.eval(X, all_logits=False)
+    by_hand.append_moved(snap, len(A), moved)
+    by_hand.adopt_recurrent(snap)
+    want = by_hand.eval(edited[len(A) + len(X) + moved :], all_logits=False)[0]
+    np.testing.assert_array_equal(logits, want)
+    np.testing.assert_array_equal(_part(window, "gdn", 0, tmp_path), _part(by_hand, "gdn", 0, tmp_path))

@@ -368,7 +368,7 @@ class Engine:
             prefix = _common_prefix(w.tokens, prompt)
             if not (self.model.scr and w.can_move and w.n_past and prompt):
                 return prefix
-            # prefill's own plan: the last prompt token is always evaluated
+            # prefill's own plan, of the prompt before its last token
             return max(prefix, reused_tokens(plan_reuse(w.tokens, prompt[:-1])))
 
         with self._lock:
