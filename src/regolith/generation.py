@@ -123,7 +123,8 @@ def prefill(
     too where they reappear in the prompt (:func:`regolith.scr.plan_reuse`), moved to their new positions
     (:meth:`Window.append_moved`) rather than evaluated, when that reuses more than the prompt cache's prefix;
     or a cache entry's tokens, where one reuses more still (:meth:`PromptCache.restore_moved`; on models
-    with recurrent layers, one whose plan :func:`regolith.scr.fits_recurrent` where the window's does not).
+    with recurrent layers also one that reuses fewer, where its plan fits the recurrent state,
+    :func:`regolith.scr.fits_recurrent`, and the window's does not).
     Recurrent layers keep their state through the gaps and take the old end's after the last run
     (:meth:`Window.adopt_recurrent`). Not exact: moved tokens keep what they attended to before the edit.
     Without such runs (no edit, an edit at the end) it is the plain path, bit for bit. A window holding moved

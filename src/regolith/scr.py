@@ -123,7 +123,7 @@ def fits_recurrent(
     end = last.src + last.length
     if end == len(cached):
         return True
-    return (
+    return bool(
         end_known
         and end == len(cached) - 1
         and last.dst + last.length == len(prompt) - 1
