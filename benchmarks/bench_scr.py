@@ -295,19 +295,32 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name in args.models:
         rows += bench_model(name, args, console) or []
-    table = Table(
-        title=f"suffix cache reuse: time to first token and KL over {args.continuation} tokens; {_host_cpu()}, "
+    title = (
+        f"suffix cache reuse: time to first token and KL over {args.continuation} tokens; {_host_cpu()}, "
         f"{os.cpu_count()} CPUs, threads {threads}, {started:%Y-%m-%d %H:%M} UTC"
     )
-    for col in COLUMNS:
-        table.add_column(col, justify="left" if col in ("model", "trace") else "right")
+    show(console, title, COLUMNS, rows, args.markdown, left=("model", "trace"))
+    goal(rows, console)
+
+
+def show(
+    console: Console,
+    title: str,
+    columns: Sequence[str],
+    rows: list[list[str]],
+    markdown: bool,
+    left: Sequence[str],
+) -> None:
+    """The rows as a table (the ``left`` columns left-aligned), and as markdown too with ``markdown``."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="left" if col in left else "right")
     for row in rows:
         table.add_row(*row)
     console.print(table)
-    goal(rows, console)
-    if args.markdown:
-        print("| " + " | ".join(COLUMNS) + " |")
-        print("|" + "---|" * len(COLUMNS))
+    if markdown:
+        print("| " + " | ".join(columns) + " |")
+        print("|" + "---|" * len(columns))
         for row in rows:
             print("| " + " | ".join(row) + " |")
 

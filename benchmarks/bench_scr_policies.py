@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -134,19 +133,8 @@ def main(argv: list[str] | None = None) -> None:
                     k = kl(plain, np.vstack([first[None], w.eval(cont)]))
                     rows.append([setting, trace.name, "oracle", f"{k.mean():.4f}", f"{k[0]:.4f}"])
     columns = ("setting", "trace", "policy", "KL mean", "KL first")
-    table = Table(
-        title=f"SCR on {args.model}'s recurrent layers: {args.size} tokens, {args.continuation} compared"
-    )
-    for col in columns:
-        table.add_column(col, justify="right" if col.startswith("KL") else "left")
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
-    if args.markdown:
-        print("| " + " | ".join(columns) + " |")
-        print("|" + "---|" * len(columns))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
+    title = f"SCR on {args.model}'s recurrent layers: {args.size} tokens, {args.continuation} compared"
+    bench_scr.show(Console(), title, columns, rows, args.markdown, left=columns[:3])
 
 
 if __name__ == "__main__":
