@@ -293,24 +293,70 @@ class _CountingDrafter:
         pass
 
 
+class _NeverPaysGate(CostGate):
+    """Plain steps of `step` seconds, verifying n tokens n of them (drafts never pay), and planning `plan`
+    seconds (None: as measured), whatever the fake window's evaluations and the plans measure."""
+
+    def __init__(self, step=0.010, plan=None):
+        self.step, self.plan = step, plan
+        super().__init__()
+        for n in range(1, 9):
+            self.observe_eval(n, 0.0)
+        self.observe_eval(1, 0.0)
+
+    def observe_eval(self, n, seconds, stall=0.0):
+        super().observe_eval(n, self.step * n, 0.0)
+
+    def observe_plan(self, seconds):
+        super().observe_plan(seconds if self.plan is None else self.plan)
+
+
+def _plans(gate, tokens=512, drafter=None):
+    """Proposals a counting drafter is asked for over `tokens` declined tokens of a generation."""
+    from regolith.speculative import Speculator
+
+    drafter = drafter or _CountingDrafter()
+    for _ in range(CostGate.EXPLORE_TRIES):
+        gate.record(("counting", 0), False)  # explored: the gate trusts the record
+    spec = Speculator(_FakeWindow(), list(range(100)), Speculation(drafters=(drafter,)), gate)
+    for t in range(tokens):
+        spec.advance(t, 1000)
+    assert spec.rounds == tokens and spec.drafted == 0
+    return drafter.proposals
+
+
 def test_declining_gate_skips_planning_and_indexes_the_prompt_up_front():
     from regolith.speculative import MAX_BACKOFF, Speculator
 
-    gate = CostGate()
-    gate.observe_eval(1, 0.010)
-    for n in range(2, 9):
-        gate.observe_eval(n, 0.010 * n)  # verifying costs as much as decoding each token: never pays
-    for _ in range(CostGate.EXPLORE_TRIES):
-        gate.record(("counting", 0), False)  # explored: the gate trusts the record
     drafter = _CountingDrafter()
-    spec = Speculator(_FakeWindow(), list(range(100)), Speculation(drafters=(drafter,)), gate)
+    Speculator(_FakeWindow(), list(range(100)), Speculation(drafters=(drafter,)), _NeverPaysGate())
     assert drafter.indexed == [100]  # indexed when made, with the prompt's evaluation
-    for t in range(512):
-        spec.advance(t, 1000)
-    assert spec.rounds == 512 and spec.drafted == 0
     # planning backs off 1, 2, 4, ... MAX_BACKOFF = 16 tokens: plans at tokens 0, 2, 5, 10, then every 17th
-    # from 19 on (29 of them)
-    assert MAX_BACKOFF == 16 and drafter.proposals == 4 + 29
+    # from 19 on (29 of them); planning (microseconds) is nothing next to a 10 ms step
+    assert MAX_BACKOFF == 16 and _plans(_NeverPaysGate()) == 4 + 29
+
+
+def test_slow_planning_next_to_a_short_step_backs_off_further():
+    from regolith.speculative import LONGEST_BACKOFF, PLAN_SHARE
+
+    # plans of 60 us next to 250 us steps: half a percent of the decode time covers a plan every 48 tokens
+    gate = _NeverPaysGate(step=250e-6, plan=60e-6)
+    assert gate.longest_backoff() == 16  # not measured yet
+    # plans at 0, 2, 5, 10, 19, 36, 69, then every 49th from 118 on
+    assert PLAN_SHARE == 0.005 and _plans(gate) == 7 + 9
+    assert gate.longest_backoff() == 48
+    tiny = _NeverPaysGate(step=1e-6, plan=60e-6)
+    assert tiny.longest_backoff() == 16  # before a plan is measured
+    tiny.observe_plan(0.0)
+    assert tiny.longest_backoff() == LONGEST_BACKOFF
+
+
+def test_a_generation_starts_at_the_backoff_the_last_one_reached():
+    gate = _NeverPaysGate()
+    _plans(gate)
+    assert gate.backoff == 16
+    # the next generation skips its first 16 tokens, then plans every 17th: 16, 33, ..., 509 (30 of them)
+    assert _plans(gate) == 30
 
 
 class _KeyedCountingDrafter(_CountingDrafter):
@@ -370,6 +416,13 @@ def test_a_strong_match_ends_the_backoff():
             first_draft = i
     # drafted as soon as the match reached 3 tokens (the copy's 3rd token), not 10+ tokens later
     assert first_draft == 2
+    # the model's next generation starts backing off where this one ended; a copy of its prompt still wakes it
+    gate.backoff = MAX_BACKOFF  # as a generation that ends drafting nothing leaves it
+    spec = Speculator(_FakeWindow(), prompt, Speculation(drafters=(SuffixDrafter(),)), gate)
+    assert spec._skip == MAX_BACKOFF
+    for i, t in enumerate(prompt[:3]):
+        spec.advance(t, 1000)
+        assert bool(spec.drafted) == (i == 2)
 
 
 def test_a_generations_own_record_outweighs_the_pool():

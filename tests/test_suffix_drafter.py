@@ -83,3 +83,28 @@ def test_large_vocabulary_ids_and_long_text():
     d.append(np.concatenate([block, rng.integers(0, 262144, 1000).astype(np.int32), block[:50]]))
     tokens, match = d.propose(7)
     assert match == 50 and tokens == list(block[50:57])
+
+
+def test_push_wakes_looks_the_new_match_length_up_in_the_wake_table():
+    rng = np.random.default_rng(2)
+    text = [int(t) for t in rng.integers(0, 3, 120)]
+    d = _core.SuffixDrafter()
+    assert d.push_wakes(text[0], 0) == 0  # no table yet: nothing wakes
+    wakes = [False, False, True, False, True]  # lengths 2 and 4 and longer wake
+    d.set_wakes(wakes)
+    for i in range(1, len(text)):
+        assert d.push_wakes(text[i], i - 1) == -1 and d.size == i  # out of step: nothing appended
+        want = longest_repeated_suffix(text[: i + 1])
+        assert d.push_wakes(text[i], i) == int(wakes[min(want, len(wakes) - 1)])
+        assert d.match_len == want
+
+
+def test_the_python_drafter_catches_up_before_a_pushed_token():
+    from regolith.speculative import SuffixDrafter
+
+    text = [7, 8, 9, 7, 8, 9, 7, 8]
+    drafter = SuffixDrafter()
+    drafter.wake_on(lambda key: key[1] >= 2)  # matches of 3 tokens and more
+    assert drafter.push_wakes(text[:3]) is False and drafter.size == 3  # the first two indexed first
+    assert drafter.push_wakes(text) is True and drafter.size == len(text)  # a match of 5
+    assert drafter.push_wakes([7, 8, 9, 1]) is False and drafter.size == 4  # ahead of seq: cut back to it

@@ -94,6 +94,14 @@ int64_t SuffixDrafter::match_len() const {
     return match_end() < 0 ? 0 : st_[size_t(st_[size_t(last_)].link)].len;
 }
 
+int SuffixDrafter::push_wakes(int32_t token, int64_t expected) {
+    if (expected != size()) return -1;
+    extend(token);
+    if (wakes_.empty()) return 0;
+    const int64_t m = match_len();
+    return wakes_[size_t(std::min<int64_t>(m, int64_t(wakes_.size()) - 1))];
+}
+
 SuffixDraft SuffixDrafter::propose(int64_t max_tokens, int64_t min_match) const {
     SuffixDraft d;
     const int64_t end = match_end();

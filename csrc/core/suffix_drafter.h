@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace regolith {
@@ -37,6 +38,13 @@ public:
     // The match length a draft proposed now would continue (0: none), in O(1): a check cheap enough for the
     // tokens the speculator skips planning for.
     int64_t match_len() const;
+    // Which match lengths wake the speculator from its backoff: wakes[m] for a match of m tokens, the last
+    // entry for every longer one (empty: none wakes). Set by the speculator as its acceptance estimates move.
+    void set_wakes(std::vector<uint8_t> wakes) { wakes_ = std::move(wakes); }
+    // The tokens the speculator skips planning for, in one call: appends `token` when the text holds
+    // `expected` tokens (returns -1 and appends nothing otherwise) and returns whether the new match
+    // length wakes the speculator (1) or not (0).
+    int push_wakes(int32_t token, int64_t expected);
 
 private:
     static constexpr int kMaxRefresh = 8;
@@ -56,6 +64,7 @@ private:
     std::vector<State> st_;
     std::unordered_map<uint64_t, int32_t> edges_;  // (state << 32 | token) -> state
     std::vector<std::vector<int32_t>> out_;        // per state: the tokens of its edges (to copy on clones)
+    std::vector<uint8_t> wakes_;                   // set_wakes
     int32_t last_ = 0;
 };
 

@@ -45,6 +45,11 @@ void init_spec(nb::module_& m) {
                 return d.match_len();
             },
             nb::arg("id"), "Appends one token; returns the match length a draft proposed now would continue.")
+        .def("set_wakes", &SuffixDrafter::set_wakes, nb::arg("wakes"),
+             "Per match length (the last entry for every longer one): whether it wakes the speculator.")
+        .def("push_wakes", &SuffixDrafter::push_wakes, nb::arg("id"), nb::arg("expected"),
+             "Appends one token when the text holds `expected` tokens (else -1, nothing appended); returns "
+             "whether the new match length wakes the speculator (set_wakes), 1 or 0.")
         .def("truncate", &SuffixDrafter::truncate, nb::arg("n"))
         .def_prop_ro("match_len", &SuffixDrafter::match_len,
                      "The match length a draft proposed now would continue (0: none).")

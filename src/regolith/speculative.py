@@ -32,9 +32,10 @@ for a generation's own record, worth ``CostGate.POOL_TRIES`` of its tries.
 
 Declining costs next to nothing: the prompt is indexed when the speculator is made (with the prompt's
 evaluation), and after the gate declines, the next 1, 2, 4, ... up to ``MAX_BACKOFF`` tokens are evaluated
-without planning or timing; each only tells the suffix drafter its token (one C++ call returning the match
-length), and a match whose key has earned ``WAKE_ACCEPTANCE`` ends the backoff, so a copy that starts then is
-drafted from its first tokens.
+without planning or timing (up to as many as keep planning within ``PLAN_SHARE`` of the decode time, where a
+plain step is short; a generation starts with the backoff the model's last one reached); each only tells the
+suffix drafter its token (one C++ call returning the match length), and a match whose key has earned
+``WAKE_ACCEPTANCE`` ends the backoff, so a copy that starts then is drafted from its first tokens.
 """
 
 from __future__ import annotations
@@ -72,9 +73,15 @@ __all__ = [
 MAX_DRAFT = 7
 # Re-measure plain decoding after this many rounds without one (costs drift as the context grows).
 REMEASURE_ROUNDS = 64
-# After a round the gate decides not to draft, skip planning for 1, 2, 4, ... at most this many tokens: on
-# text where nothing pays, speculation then costs next to nothing per token.
+# After a round the gate decides not to draft, skip planning for 1, 2, 4, ... at most this many tokens (more
+# where planning is slow next to a plain step: PLAN_SHARE): on text where nothing pays, speculation then costs
+# next to nothing per token.
 MAX_BACKOFF = 16
+# Planning a round is Python between two evaluations, tens of microseconds with the caches cold after an
+# evaluation: where the plain step is short (a tiny model's quarter of a millisecond), the backoff grows past
+# MAX_BACKOFF until plans cost at most this share of the decode time they cover, up to LONGEST_BACKOFF tokens.
+PLAN_SHARE = 0.005
+LONGEST_BACKOFF = 256
 # A skipped token ends the backoff when a drafter's key for drafting now (the suffix drafter's match length)
 # has at least this acceptance: a long copy that starts while the gate is backing off is drafted from its
 # first tokens, not up to MAX_BACKOFF tokens later.
@@ -195,6 +202,24 @@ class SuffixDrafter:
             match = d.match_len
         return _SUFFIX_KEYS[min(match, _LONG_MATCH)] if match >= self._min_match else None
 
+    def wake_on(self, wakes: Callable[[Hashable], bool]) -> None:
+        """Make :meth:`push_wakes` say, per match length, whether ``wakes`` holds for the key a draft at that
+        length would start with."""
+        self._d.set_wakes([m >= self._min_match and wakes(_SUFFIX_KEYS[m]) for m in range(_LONG_MATCH + 1)])
+
+    def push_wakes(self, seq: Sequence[int]) -> bool:
+        """Index ``seq``'s last token (one C++ call when the tokens before it are indexed) and say whether the
+        match length now wakes the speculator (:meth:`wake_on`; never before it is called)."""
+        d, n = self._d, len(seq) - 1
+        woke = d.push_wakes(seq[-1], n)
+        if woke < 0:  # out of step with seq: index its tokens before the last first
+            if d.size > n:
+                d.truncate(n)
+            else:
+                self.index(seq[:-1])
+            woke = d.push_wakes(seq[-1], n)
+        return woke > 0
+
     def rollback(self, n: int) -> None:
         if n < self._d.size:
             self._d.truncate(n)
@@ -279,6 +304,8 @@ class CostGate:
         self.catch_up_seconds: dict[str, float] = {}  # per token a drafter takes in before drafting
         self.pool = Record()  # acceptance over all the model's generations
         self.rounds_since_plain = 0
+        self.plan_seconds: float | None = None  # per planned round, drafters' catch-up excluded
+        self.backoff = 0  # the planning backoff the latest generation reached: where the next one starts
         self.path: Path | None = None  # the file :meth:`remember` keeps the gate in
         self._setting: dict[str, Any] = {}
         self._saved_at: float | None = None
@@ -413,6 +440,22 @@ class CostGate:
     def observe_catch_up(self, name: str, n: int, seconds: float) -> None:
         """Drafter ``name`` took ``seconds`` to take in ``n`` tokens decoded since its last draft."""
         self._average(self.catch_up_seconds, name, seconds / n)
+
+    def observe_plan(self, seconds: float) -> None:
+        """Planning a round (asking the drafters and the cost model, a catch-up excluded) took ``seconds``."""
+        self.plan_seconds = (
+            seconds
+            if self.plan_seconds is None
+            else self.plan_seconds + self.EMA * (seconds - self.plan_seconds)
+        )
+
+    def longest_backoff(self) -> int:
+        """The most tokens to skip planning for after declined rounds: ``MAX_BACKOFF``, or as many as keep
+        planning under ``PLAN_SHARE`` of the plain decode time they cover (at most ``LONGEST_BACKOFF``)."""
+        t1 = self.eval_cost(1)
+        if self.plan_seconds is None or t1 <= 0:
+            return MAX_BACKOFF
+        return min(max(MAX_BACKOFF, math.ceil(self.plan_seconds / (PLAN_SHARE * t1))), LONGEST_BACKOFF)
 
     def record(self, key: Hashable, accepted: bool) -> None:
         self.pool.record(key, accepted)
@@ -554,12 +597,22 @@ class Speculator:
             index = getattr(d, "index", None)
             if index is not None:
                 index(self._seq)  # with the prompt's evaluation, not the first decode step
-        self._wakers = [d for d in self._drafters if hasattr(d, "key_now")]
+        # Skipped tokens ask the built-in suffix drafter through its wake table, in one C++ call made from
+        # advance (Python frames on the per-token path cost microseconds with the caches cold after an
+        # evaluation), and other drafters through key_now.
+        self._suffix = next((d for d in self._drafters if type(d) is SuffixDrafter), None)
+        self._push_wakes = self._suffix._d.push_wakes if self._suffix is not None else None
+        self._wakers = [d for d in self._drafters if hasattr(d, "key_now") and d is not self._suffix]
+        self._wakes_stale = True  # the suffix drafter's wake table is to be set (again: records changed)
         self._own = Record()  # this generation's acceptance record
         self._wake_keys: dict[Hashable, bool] = {}  # per key: whether it wakes; cleared when records change
         self._pending: list[_Pending] = []
-        self._skip = 0  # rounds left without planning
-        self._backoff = 0
+        # Rounds left without planning. Text where nothing paid is likely to go on so: a generation starts where
+        # the model's last one left off, its first plan after that backoff (a copy still wakes it at once).
+        self._backoff = self._skip = gate.backoff if config.gate else 0
+        if self._skip:
+            self._arm_wakes()
+        self._caught_up = False  # whether the latest plan had a drafter catch up (not timed as planning)
         self.drafted = 0
         self.accepted = 0
         self.rounds = 0
@@ -573,23 +626,35 @@ class Speculator:
             self._gate.record(head.key, head.token == token)
             self._own.record(head.key, head.token == token)
             self._wake_keys.clear()
+            self._wakes_stale = True
             if head.token == token:
                 self.accepted += 1
                 return head.row
             self._pending.clear()
             self._window.truncate(len(self._seq) - 1)
-        if self._skip > 0 and not self._wakes():
+        if self._skip > 0:  # declined earlier: no planning, no timing, unless a drafter's key now wakes it
             self._skip -= 1
-            self.rounds += 1
-            return self._window.eval([token], all_logits=False)[0]  # declined earlier: no planning, no timing
-        self._skip = 0
+            push = self._push_wakes
+            woke = push(token, len(self._seq) - 1) if push is not None else 0
+            if woke < 0:  # the suffix drafter is out of step with the sequence
+                woke = self._suffix.push_wakes(self._seq)  # type: ignore[union-attr]
+            if not woke and not (self._wakers and self._wakes()):
+                self.rounds += 1
+                return self._window.eval([token], all_logits=False)[0]
+            self._skip = 0
+        window, gate = self._window, self._gate
+        t0 = time.perf_counter()
         k, drafts, keys = self._plan(room)
+        if not self._caught_up:
+            gate.observe_plan(time.perf_counter() - t0)
         if k == 0 and self._config.gate:
-            self._backoff = min(max(1, 2 * self._backoff), MAX_BACKOFF)
+            self._backoff = min(max(1, 2 * self._backoff), gate.longest_backoff())
             self._skip = self._backoff
+            self._arm_wakes()
         else:
             self._backoff = 0
-        window, gate = self._window, self._gate
+        if self._config.gate:
+            gate.backoff = self._backoff
         self.rounds += 1
         clock = gate.stall_clock
         s0 = clock() if clock is not None else 0.0
@@ -610,6 +675,7 @@ class Speculator:
         cfg, gate = self._config, self._gate
         limit = min(cfg.draft_max, room, self._window.max_ctx - len(self._seq))
         best: tuple[int, list[int], list[Hashable]] = (0, [], [])
+        self._caught_up = False
         if limit <= 0:
             return best
         best_rate = 0.0
@@ -640,6 +706,7 @@ class Speculator:
                 taken = catch_up()
                 if taken:
                     gate.observe_catch_up(d.name, taken, time.perf_counter() - t0)
+                    self._caught_up = True
             t0 = time.perf_counter()
             tokens, keys = d.propose(self._seq, n)
             tokens, keys = list(tokens)[:n], list(keys)[:n]
@@ -655,19 +722,26 @@ class Speculator:
                 best, best_rate = (k, tokens, keys), rate
         return best
 
+    def _arm_wakes(self) -> None:
+        """Set the suffix drafter's wake table, if records changed since it was set (before skipping)."""
+        if self._wakes_stale and self._suffix is not None:
+            self._suffix.wake_on(self._key_wakes)
+            self._wakes_stale = False
+
     def _wakes(self) -> bool:
-        """Whether a drafter's key for drafting now has earned ``WAKE_ACCEPTANCE`` (checked on skipped tokens:
-        one C++ call and a lookup)."""
+        """Whether a drafter other than the built-in suffix drafter (which advance asks through its wake
+        table) has a key for drafting now that has earned ``WAKE_ACCEPTANCE`` (checked on skipped tokens)."""
         for d in self._wakers:
             key = d.key_now(self._seq)
-            if key is None:
-                continue
-            wakes = self._wake_keys.get(key)
-            if wakes is None:
-                wakes = self._wake_keys[key] = self._gate.acceptance(key, self._own) >= WAKE_ACCEPTANCE
-            if wakes:
+            if key is not None and self._key_wakes(key):
                 return True
         return False
+
+    def _key_wakes(self, key: Hashable) -> bool:
+        wakes = self._wake_keys.get(key)
+        if wakes is None:
+            wakes = self._wake_keys[key] = self._gate.acceptance(key, self._own) >= WAKE_ACCEPTANCE
+        return wakes
 
     def _rate(self, name: str, keys: Sequence[Hashable]) -> float:
         gate = self._gate
