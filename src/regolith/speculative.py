@@ -300,6 +300,7 @@ class CostGate:
         self.stall_seconds: dict[int, float] = {}  # the part of eval_seconds spent waiting for expert reads
         self.eval_weight: dict[int, float] = {}  # measurements behind each eval_seconds, at most 1 / EMA
         self._fitted: dict[int, float] | None = None  # eval_seconds made non-decreasing in n
+        self._costs: list[float] | None = None  # eval_cost(n) for n <= MAX_DRAFT + 1, until a measurement
         self.draft_seconds: dict[str, float] = {}
         self.catch_up_seconds: dict[str, float] = {}  # per token a drafter takes in before drafting
         self.pool = Record()  # acceptance over all the model's generations
@@ -369,7 +370,7 @@ class CostGate:
         self.eval_seconds = {n: t for n, (t, _s, _w) in evals.items()}
         self.stall_seconds = {n: s for n, (_t, s, _w) in evals.items()}
         self.eval_weight = {n: w for n, (_t, _s, w) in evals.items()}
-        self._fitted = None
+        self._fitted = self._costs = None
         self.draft_seconds, self.catch_up_seconds = draft, catch_up
         self.pool = Record({k: h for k, (h, _n) in pool.items()}, {k: n for k, (_h, n) in pool.items()})
 
@@ -430,7 +431,7 @@ class CostGate:
         """An evaluation of ``n`` tokens took ``seconds``, ``stall`` of them waiting for expert reads."""
         self._average(self.eval_seconds, n, seconds)
         self.eval_weight[n] = min(self.eval_weight.get(n, 0.0) + 1.0, 1.0 / self.EMA)
-        self._fitted = None
+        self._fitted = self._costs = None
         self._average(self.stall_seconds, n, stall)
         self.rounds_since_plain = 0 if n == 1 else self.rounds_since_plain + 1
 
@@ -489,7 +490,14 @@ class CostGate:
         """Estimated seconds to evaluate n tokens: measured (made non-decreasing in n), else interpolated
         between measured counts, else extrapolated from the nearest measured count: computing by the prior
         slope, and (streaming) waiting for as many expert reads per extra token as a plain token waits for
-        (an upper bound: a round reads the union of its tokens' experts)."""
+        (an upper bound: a round reads the union of its tokens' experts). The counts a round can evaluate
+        are estimated together once per measurement: a plan asks for them a dozen times or more."""
+        costs = self._costs
+        if costs is None:
+            costs = self._costs = [self._estimate(m) for m in range(MAX_DRAFT + 2)]
+        return costs[n] if 0 <= n < len(costs) else self._estimate(n)
+
+    def _estimate(self, n: int) -> float:
         known = self._monotone()
         if n in known:
             return known[n]
