@@ -311,11 +311,11 @@ class _NeverPaysGate(CostGate):
         super().observe_plan(seconds if self.plan is None else self.plan)
 
 
-def _plans(gate, tokens=512, drafter=None):
+def _plans(gate, tokens=512):
     """Proposals a counting drafter is asked for over `tokens` declined tokens of a generation."""
     from regolith.speculative import Speculator
 
-    drafter = drafter or _CountingDrafter()
+    drafter = _CountingDrafter()
     for _ in range(CostGate.EXPLORE_TRIES):
         gate.record(("counting", 0), False)  # explored: the gate trusts the record
     spec = Speculator(_FakeWindow(), list(range(100)), Speculation(drafters=(drafter,)), gate)
