@@ -422,10 +422,13 @@ class CostGate:
         except OSError as e:
             _log.warning("could not save the speculation cost gate to %s: %s", self.path, e)
 
+    def _moved(self, old: float | None, value: float) -> float:
+        """The moving average ``old`` moved toward ``value`` (the first value as it is)."""
+        return value if old is None else old + self.EMA * (value - old)
+
     def _average(self, table: dict, key: Hashable, value: float) -> None:
-        """Moves ``table[key]``, the moving average, toward ``value`` (the first value as it is)."""
-        old = table.get(key)
-        table[key] = value if old is None else old + self.EMA * (value - old)
+        """Moves ``table[key]``, the moving average, toward ``value``."""
+        table[key] = self._moved(table.get(key), value)
 
     def observe_eval(self, n: int, seconds: float, stall: float = 0.0) -> None:
         """An evaluation of ``n`` tokens took ``seconds``, ``stall`` of them waiting for expert reads."""
@@ -444,11 +447,7 @@ class CostGate:
 
     def observe_plan(self, seconds: float) -> None:
         """Planning a round (asking the drafters and the cost model, a catch-up excluded) took ``seconds``."""
-        self.plan_seconds = (
-            seconds
-            if self.plan_seconds is None
-            else self.plan_seconds + self.EMA * (seconds - self.plan_seconds)
-        )
+        self.plan_seconds = self._moved(self.plan_seconds, seconds)
 
     def longest_backoff(self) -> int:
         """The most tokens to skip planning for after declined rounds: ``MAX_BACKOFF``, or as many as keep
